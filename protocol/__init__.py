@@ -1,0 +1,12 @@
+"""hfai.protocol: the wire contract between CLI, controller and agents. No I/O lives here.
+
+* :mod:`hfai.protocol.types`    - enums and frozen message dataclasses (each has a ``kind`` tag)
+* :mod:`hfai.protocol.codec`    - the one msgpack codec, with a versioned envelope
+* :mod:`hfai.protocol.names`    - every subject, stream, bucket and consumer name
+* :mod:`hfai.protocol.errors`   - the typed error tree shared by all components
+"""
+
+from hfai.protocol.codec import PROTOCOL_VERSION, decode, encode
+from hfai.protocol.errors import ProtocolError
+
+__all__ = ["PROTOCOL_VERSION", "ProtocolError", "decode", "encode"]

@@ -1,0 +1,130 @@
+"""The one msgpack codec of the hfai protocol.
+
+Envelope: a msgpack map ``{"k": kind, "v": [major, minor], "b": body}``; the body is a map of the
+dataclass's fields. Enums travel as their values, nested messages as maps, tuples as arrays.
+A decoder accepts any older or equal major version and any minor version (unknown fields of a
+newer minor are ignored, so minor bumps may only add fields with defaults); everything else —
+garbage, an unknown kind, a missing field, a wrong type, a newer major — raises ProtocolError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import types
+import typing
+from typing import Any, TypeVar
+
+import msgpack
+
+from hfai.protocol import types as t
+from hfai.protocol.errors import ProtocolError
+
+PROTOCOL_VERSION = (1, 0)
+
+M = TypeVar("M")
+
+
+def encode(msg: Any) -> bytes:
+    """Serialise a registered message to bytes."""
+    kind = getattr(type(msg), "KIND", None)
+    if kind is None or t.MESSAGE_TYPES.get(kind) is not type(msg):
+        raise TypeError(f"{type(msg).__name__} is not a registered hfai message")
+    envelope = {"k": kind, "v": list(PROTOCOL_VERSION), "b": _to_wire(msg)}
+    return msgpack.packb(envelope, use_bin_type=True)
+
+
+def decode(data: bytes, expect: type[M] | tuple[type, ...] | None = None) -> M:
+    """Parse bytes into a message; with ``expect``, also insist on its type(s)."""
+    try:
+        envelope = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"not a msgpack message: {e}") from e
+    if not isinstance(envelope, dict) or not {"k", "v", "b"} <= envelope.keys():
+        raise ProtocolError("not an hfai message envelope")
+    kind, version, body = envelope["k"], envelope["v"], envelope["b"]
+    if not (isinstance(version, list) and len(version) == 2 and all(isinstance(x, int) for x in version)):
+        raise ProtocolError(f"bad protocol version {version!r}")
+    if version[0] > PROTOCOL_VERSION[0]:
+        raise ProtocolError(
+            f"message uses protocol {version[0]}.{version[1]}, this side speaks "
+            f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}: upgrade hfai"
+        )
+    cls = t.MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    msg = _from_wire(cls, body, kind)
+    if expect is not None and not isinstance(msg, expect):
+        want = expect.__name__ if isinstance(expect, type) else "/".join(c.__name__ for c in expect)
+        raise ProtocolError(f"expected {want}, got {kind}")
+    return msg
+
+
+# ------------------------------------------------------------------------------------ internals
+
+def _to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_to_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_wire(v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, vars(t))
+
+
+def _from_wire(cls: type, body: Any, where: str) -> Any:
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{where}: expected a map for {cls.__name__}")
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in body:
+            kwargs[f.name] = _convert(hints[f.name], body[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ProtocolError(f"{where}: missing field {f.name!r}")
+    return cls(**kwargs)
+
+
+_SCALARS = {int: (int,), float: (float, int), str: (str,), bool: (bool,), bytes: (bytes,)}
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, where)
+    if origin is tuple:
+        (item, _ellipsis) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where}: expected an array")
+        return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map")
+        return {_convert(key_tp, k, where): _convert(val_tp, v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise ProtocolError(f"{where}: {value!r} is not a valid {tp.__name__}") from None
+    if dataclasses.is_dataclass(tp):
+        return _from_wire(tp, value, where)
+    accepted = _SCALARS.get(tp)
+    if accepted is None:
+        raise TypeError(f"codec cannot handle field type {tp!r}")
+    # bool is an int subclass in Python: keep them apart on the wire.
+    if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
+        raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+    return float(value) if tp is float else value

@@ -1,0 +1,72 @@
+"""Every NATS subject, stream, bucket and consumer name. Nothing else in hfai spells them.
+
+API subjects carry the caller's user name as a token (``hfai.api.<user>.<verb>``): the controller
+takes the user from the subject, never from the payload, so NATS permissions alone can confine a
+user to their own subjects.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hfai.protocol.errors import InvalidRequest
+
+API_PREFIX = "hfai.api"
+API_WILDCARD = f"{API_PREFIX}.*.*"
+API_QUEUE = "hfai-controller"
+
+VERB_SUBMIT = "submit"
+VERB_LIST = "list"
+VERB_STATUS = "status"
+VERB_STOP = "stop"
+VERB_NODES = "nodes"
+VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES)
+
+EVENTS_STREAM = "HFAI_EVENTS"
+EVENTS_PREFIX = "hfai.events"
+EVENTS_WILDCARD = f"{EVENTS_PREFIX}.>"
+EVENTS_CONSUMER = "hfai-leader"
+
+TELEMETRY_PREFIX = "hfai.telemetry"
+
+BUCKET_LEADER = "hfai_leader"
+BUCKET_JOBS = "hfai_jobs"
+BUCKET_NODES = "hfai_nodes"
+BUCKET_ASSIGN = "hfai_assign"
+BUCKET_USERS = "hfai_users"
+
+LEADER_KEY = "leader"
+
+# A NATS subject token / KV key we accept for user and node names: no dots, spaces or wildcards.
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def check_token(what: str, value: str) -> str:
+    """Return ``value`` if it can be a subject token and a KV key, else raise InvalidRequest."""
+    if not _TOKEN.match(value or ""):
+        raise InvalidRequest(f"{what} {value!r} may only use letters, digits, '_' and '-' (1-64 chars)")
+    return value
+
+
+def api_subject(user: str, verb: str) -> str:
+    return f"{API_PREFIX}.{check_token('user name', user)}.{verb}"
+
+
+def parse_api_subject(subject: str) -> tuple[str, str]:
+    """(user, verb) of an API subject; raises InvalidRequest for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 4 or ".".join(parts[:2]) != API_PREFIX:
+        raise InvalidRequest(f"not an API subject: {subject}")
+    return parts[2], parts[3]
+
+
+def event_subject(node: str) -> str:
+    return f"{EVENTS_PREFIX}.{node}"
+
+
+def telemetry_subject(node: str) -> str:
+    return f"{TELEMETRY_PREFIX}.{node}"
+
+
+def agent_logs_subject(node: str) -> str:
+    return f"hfai.agent.{node}.logs"

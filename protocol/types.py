@@ -1,0 +1,417 @@
+"""Enums and message types of the hfai wire protocol.
+
+Every message is a frozen dataclass registered with a ``kind`` tag (``KIND`` class attribute);
+:mod:`hfai.protocol.codec` turns them into msgpack and back. Field types are restricted to what the
+codec understands: ``int``, ``float``, ``str``, ``bool``, ``bytes``, enums, ``X | None``,
+``tuple[X, ...]``, ``dict[str, X]`` and nested message dataclasses.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+from hfai.protocol.errors import IllegalTransition, InvalidRequest
+
+GPUS_PER_NODE = 8
+
+
+class Priority(enum.IntEnum):
+    """Job priority levels; higher wins. AUTO is resolved at submit time (see ``resolve``)."""
+
+    LOW = 0
+    BELOW_NORMAL = 5
+    NORMAL = 10
+    ABOVE_NORMAL = 20
+    HIGH = 30
+    VERY_HIGH = 40
+    EXTREME_HIGH = 50
+
+    @classmethod
+    def parse(cls, text: str | int) -> int:
+        """A priority from a level name (any case) or a number; raises InvalidRequest otherwise."""
+        if isinstance(text, int):
+            return text
+        raw = str(text).strip()
+        if raw.lstrip("-").isdigit():
+            return int(raw)
+        try:
+            return cls[raw.upper().replace("-", "_")].value
+        except KeyError:
+            names = ", ".join(f"{p.name} ({p.value})" for p in cls)
+            raise InvalidRequest(f"unknown priority {text!r}: use one of {names}, or a number") from None
+
+    @classmethod
+    def label(cls, value: int) -> str:
+        try:
+            return cls(value).name
+        except ValueError:
+            return str(value)
+
+
+class ChainState(enum.Enum):
+    """Lifecycle of a job chain (one job, possibly many runs).
+
+    QUEUED     -> RUNNING, STOPPED, FAILED
+    RUNNING    -> SUSPENDING, STOPPING, SUSPENDED (node lost), SUCCEEDED, FAILED
+    SUSPENDING -> SUSPENDED, STOPPING, SUCCEEDED, FAILED
+    SUSPENDED  -> RUNNING, STOPPED, FAILED
+    STOPPING   -> STOPPED, SUCCEEDED, FAILED
+    SUCCEEDED, FAILED, STOPPED are final.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def final(self) -> bool:
+        return self in _FINAL
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for nodes: the scheduler may start it."""
+        return self in (ChainState.QUEUED, ChainState.SUSPENDED)
+
+    @property
+    def holds_nodes(self) -> bool:
+        """Processes may be alive on the job's nodes, so the nodes are not free."""
+        return self in (ChainState.RUNNING, ChainState.SUSPENDING, ChainState.STOPPING)
+
+    def check(self, new: ChainState) -> ChainState:
+        """Return ``new`` if the edge self -> new is legal, else raise IllegalTransition."""
+        if new not in _EDGES[self]:
+            raise IllegalTransition(f"job cannot go from {self.value} to {new.value}")
+        return new
+
+
+_FINAL = frozenset({ChainState.SUCCEEDED, ChainState.FAILED, ChainState.STOPPED})
+_EDGES: dict[ChainState, frozenset[ChainState]] = {
+    ChainState.QUEUED: frozenset({ChainState.RUNNING, ChainState.STOPPED, ChainState.FAILED}),
+    ChainState.RUNNING: frozenset(
+        {ChainState.SUSPENDING, ChainState.STOPPING, ChainState.SUSPENDED, ChainState.SUCCEEDED, ChainState.FAILED}
+    ),
+    ChainState.SUSPENDING: frozenset(
+        {ChainState.SUSPENDED, ChainState.STOPPING, ChainState.SUCCEEDED, ChainState.FAILED}
+    ),
+    ChainState.SUSPENDED: frozenset({ChainState.RUNNING, ChainState.STOPPED, ChainState.FAILED}),
+    ChainState.STOPPING: frozenset({ChainState.STOPPED, ChainState.SUCCEEDED, ChainState.FAILED}),
+    ChainState.SUCCEEDED: frozenset(),
+    ChainState.FAILED: frozenset(),
+    ChainState.STOPPED: frozenset(),
+}
+
+
+class DesiredRun(enum.Enum):
+    """What the leader wants an agent to do with one run: keep it running, suspend it, stop it."""
+
+    RUN = "run"
+    SUSPEND = "suspend"
+    STOP = "stop"
+
+
+class RunEventKind(enum.Enum):
+    """Events an agent reports about one run on its node.
+
+    STARTED -> SUSPEND_ACKED? -> EXITED; or START_FAILED alone (nothing was started).
+    """
+
+    STARTED = "started"
+    SUSPEND_ACKED = "suspend_acked"
+    EXITED = "exited"
+    START_FAILED = "start_failed"
+
+
+class NodeState(enum.Enum):
+    """A node as the controller sees it. UP -> DOWN (no heartbeat) -> UP; UP <-> DRAINED (operator)."""
+
+    UP = "up"
+    DOWN = "down"
+    DRAINED = "drained"
+
+
+# --------------------------------------------------------------------------------------- messages
+
+MESSAGE_TYPES: dict[str, type] = {}
+
+
+def message(kind: str):
+    """Register a frozen dataclass as a wire message with the tag ``kind``."""
+
+    def wrap(cls):
+        cls = dataclass(frozen=True)(cls)
+        cls.KIND = kind
+        if kind in MESSAGE_TYPES:
+            raise TypeError(f"duplicate message kind {kind!r}")
+        MESSAGE_TYPES[kind] = cls
+        return cls
+
+    return wrap
+
+
+@message("job_spec")
+class JobSpec:
+    """What a user asks for. ``entrypoint`` is an argv list run in ``workdir`` on every node."""
+
+    KIND: ClassVar[str]
+    name: str
+    entrypoint: tuple[str, ...]
+    workdir: str
+    nodes: int = 1
+    priority: int = Priority.NORMAL.value
+    group: str = "default"
+    user: str = ""
+    env_name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@message("job_event")
+class JobEvent:
+    """One line of a job's history: a state it entered and why."""
+
+    KIND: ClassVar[str]
+    ts: float
+    state: ChainState
+    reason: str = ""
+
+
+@message("job_record")
+class JobRecord:
+    """The whole truth about one job chain, stored in KV ``hfai_jobs`` under its id.
+
+    ``run_id`` numbers the runs of the chain (0 = never started). ``nodes`` are the nodes of the
+    current run in rank order. ``exits`` maps node -> exit code for the current run. ``slice_turns``
+    counts how often the job gave way to an equal-priority job (round-robin order).
+    """
+
+    KIND: ClassVar[str]
+    id: str
+    spec: JobSpec
+    state: ChainState
+    submit_ts: float
+    run_id: int = 0
+    suspend_count: int = 0
+    nodes: tuple[str, ...] = ()
+    master_addr: str = ""
+    master_port: int = 0
+    started_ts: float = 0.0
+    ended_ts: float = 0.0
+    reason: str = ""
+    whole_life_state: int = 0
+    exits: dict[str, int] = field(default_factory=dict)
+    acked: tuple[str, ...] = ()
+    slice_turns: int = 0
+    history: tuple[JobEvent, ...] = ()
+
+    HISTORY_LIMIT: ClassVar[int] = 50
+
+    def transition(self, state: ChainState, ts: float, reason: str = "", **changes) -> JobRecord:
+        """A copy in ``state`` (checked against ChainState's edges) with the event appended."""
+        self.state.check(state)
+        history = (*self.history, JobEvent(ts=ts, state=state, reason=reason))[-self.HISTORY_LIMIT :]
+        return replace(self, state=state, reason=reason, history=history, **changes)
+
+
+@message("gpu_stat")
+class GpuStat:
+    KIND: ClassVar[str]
+    index: int
+    name: str
+    utilization: float
+    memory_used: int
+    memory_total: int
+    temperature: float
+    power_w: float
+    ecc_errors: int = 0
+    xid: int = 0
+    fatal: bool = False
+
+
+@message("host_stat")
+class HostStat:
+    KIND: ClassVar[str]
+    cpu_percent: float
+    memory_used: int
+    memory_total: int
+    load1: float
+
+
+@message("node_record")
+class NodeRecord:
+    """An agent's heartbeat: who it is, what it has, how it is doing. KV ``hfai_nodes``."""
+
+    KIND: ClassVar[str]
+    name: str
+    group: str
+    address: str
+    ts: float
+    seq: int
+    gpus: tuple[GpuStat, ...] = ()
+    host: HostStat | None = None
+    envs: tuple[str, ...] = ()
+    gpu_source: str = ""
+    runs: tuple[str, ...] = ()
+    agent_version: str = ""
+
+
+@message("run_assignment")
+class RunAssignment:
+    """One run the leader wants on a node, with everything the agent needs to start it."""
+
+    KIND: ClassVar[str]
+    job_id: str
+    run_id: int
+    name: str
+    user: str
+    group: str
+    priority: int
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    entrypoint: tuple[str, ...]
+    workdir: str
+    desired: DesiredRun
+    env_name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    suspend_count: int = 0
+    whole_life_state: int = 0
+    ack_window_s: float = 60.0
+    kill_window_s: float = 30.0
+
+    @property
+    def key(self) -> str:
+        return run_key(self.job_id, self.run_id)
+
+
+def run_key(job_id: str, run_id: int) -> str:
+    return f"{job_id}.{run_id}"
+
+
+@message("node_assignment")
+class NodeAssignment:
+    """Desired state of one node (KV ``hfai_assign``). ``fence`` is the writer's lease token."""
+
+    KIND: ClassVar[str]
+    node: str
+    fence: int
+    runs: tuple[RunAssignment, ...] = ()
+
+
+@message("run_event")
+class RunEvent:
+    """An agent's report about one run, sent on the durable stream ``HFAI_EVENTS``."""
+
+    KIND: ClassVar[str]
+    event: RunEventKind
+    node: str
+    job_id: str
+    run_id: int
+    ts: float
+    exit_code: int | None = None
+    acked: bool = False
+    platform_stopped: bool = False
+    whole_life_state: int | None = None
+    message: str = ""
+
+
+@message("leader_lease")
+class LeaderLease:
+    KIND: ClassVar[str]
+    holder: str
+    since: float
+
+
+# --------------------------------------------------------------------------------------- API
+
+@message("submit_request")
+class SubmitRequest:
+    KIND: ClassVar[str]
+    spec: JobSpec
+    force: bool = False
+
+
+@message("list_request")
+class ListRequest:
+    KIND: ClassVar[str]
+    all_users: bool = True
+    include_finished: bool = True
+
+
+@message("job_request")
+class JobRequest:
+    """Names one job by id or name (status)."""
+
+    KIND: ClassVar[str]
+    job: str
+
+
+@message("stop_request")
+class StopRequest:
+    KIND: ClassVar[str]
+    job: str
+
+
+@message("nodes_request")
+class NodesRequest:
+    KIND: ClassVar[str]
+
+
+@message("job_reply")
+class JobReply:
+    KIND: ClassVar[str]
+    job: JobRecord
+
+
+@message("job_list")
+class JobList:
+    KIND: ClassVar[str]
+    jobs: tuple[JobRecord, ...]
+
+
+@message("node_info")
+class NodeInfo:
+    KIND: ClassVar[str]
+    record: NodeRecord
+    state: NodeState
+    age_s: float
+    jobs: tuple[str, ...] = ()
+
+
+@message("nodes_reply")
+class NodesReply:
+    KIND: ClassVar[str]
+    nodes: tuple[NodeInfo, ...]
+
+
+@message("error_reply")
+class ErrorReply:
+    KIND: ClassVar[str]
+    code: str
+    message: str
+
+
+@message("log_request")
+class LogRequest:
+    """Asks an agent for a slice of one rank's log file."""
+
+    KIND: ClassVar[str]
+    job_id: str
+    rank: int
+    offset: int = 0
+    max_bytes: int = 65536
+
+
+@message("log_chunk")
+class LogChunk:
+    KIND: ClassVar[str]
+    data: bytes
+    offset: int
+    size: int
+    exists: bool = True

@@ -1,0 +1,115 @@
+"""The in-job side of the interrupt protocol: suspend flag, acknowledgement, whole-life state.
+
+The agent gives each run a *control directory* (``$HFAI_CONTROL_DIR``). It is the local control
+channel between agent and job, kept as plain files so that it survives an agent restart and costs
+one ``stat`` to poll:
+
+* ``suspend``          - created by the agent: the platform asks the job to checkpoint and stop;
+* ``ack``              - created by the job in :func:`go_suspend`: checkpoint saved, stop me;
+* ``whole_life_state`` - an integer the job sets; it is carried to the next run of the chain.
+
+Off the platform (no control directory) every call is a cheap no-op and
+:func:`receive_suspend_command` returns False, unless ``HFAI_SIMULATE_SUSPEND_S=N`` asks for a
+simulated suspend N seconds after the process started, to try a script's resume path locally.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+SUSPEND_FILE = "suspend"
+ACK_FILE = "ack"
+WHOLE_LIFE_FILE = "whole_life_state"
+
+_START = time.monotonic()
+
+
+def control_dir() -> str | None:
+    """The run's control directory, or None off the platform."""
+    return os.environ.get("HFAI_CONTROL_DIR") or None
+
+
+def on_platform() -> bool:
+    return control_dir() is not None
+
+
+def _simulated_suspend_due() -> bool:
+    raw = os.environ.get("HFAI_SIMULATE_SUSPEND_S")
+    if not raw:
+        return False
+    try:
+        return time.monotonic() - _START >= float(raw)
+    except ValueError:
+        return False
+
+
+def receive_suspend_command(sync: bool = False) -> bool:
+    """True once the platform asked this job to suspend. Cheap enough to call every step.
+
+    With ``sync=True`` in a torch.distributed job, every rank gets the same answer at the same
+    call (an all-reduce of the flag; see :func:`hfai.distributed.receive_suspend_command`).
+    """
+    if sync:
+        from hfai.distributed import receive_suspend_command as synced
+
+        return synced()
+    cdir = control_dir()
+    if cdir is None:
+        return _simulated_suspend_due()
+    return os.path.exists(os.path.join(cdir, SUSPEND_FILE))
+
+
+def go_suspend(exit: bool = True) -> None:
+    """Acknowledge a suspend: the checkpoint is saved, the platform may stop this job now.
+
+    By default the calling process then exits with status 0, as the platform would stop it
+    anyway; pass ``exit=False`` to return and let the platform stop it. Off the platform this is
+    a no-op, except under ``HFAI_SIMULATE_SUSPEND_S`` where it exits like on the platform.
+    """
+    cdir = control_dir()
+    if cdir is None:
+        if exit and _simulated_suspend_due():
+            print("hfai: simulated suspend acknowledged, exiting", file=sys.stderr, flush=True)
+            sys.exit(0)
+        return
+    _write_atomic(os.path.join(cdir, ACK_FILE), f"{os.getpid()} {time.time()}\n")
+    if exit:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(0)
+
+
+def get_whole_life_state() -> int:
+    """The integer last set with :func:`set_whole_life_state` in this chain (0 if never)."""
+    cdir = control_dir()
+    if cdir is not None:
+        try:
+            with open(os.path.join(cdir, WHOLE_LIFE_FILE)) as f:
+                return int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            pass
+    try:
+        return int(os.environ.get("HFAI_WHOLE_LIFE_STATE", "0"))
+    except ValueError:
+        return 0
+
+
+def set_whole_life_state(state: int) -> None:
+    """Remember ``state`` for the rest of the chain: later runs read it back after a resume."""
+    if not isinstance(state, int) or isinstance(state, bool):
+        raise TypeError(f"whole-life state must be an int, got {type(state).__name__}")
+    os.environ["HFAI_WHOLE_LIFE_STATE"] = str(state)
+    cdir = control_dir()
+    if cdir is not None:
+        _write_atomic(os.path.join(cdir, WHOLE_LIFE_FILE), f"{state}\n")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

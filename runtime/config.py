@@ -1,0 +1,136 @@
+"""Configuration of the platform daemons and the CLI: one TOML file plus environment overrides.
+
+The file is ``$HFAI_CONFIG`` if set, else ``/etc/hfai/hfai.toml`` if it exists, else defaults.
+Any field can be overridden by ``HFAI_<SECTION>_<FIELD>`` (e.g. ``HFAI_CONTROLLER_SLICE_S=600``,
+``HFAI_AGENT_NODE=gpu-17``, ``HFAI_NATS_URL=nats://10.0.0.5:4222``). Every timeout, period and
+window lives here so that tests can run the whole interrupt cycle in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from hfai.protocol.errors import InvalidRequest
+
+DEFAULT_CONFIG_PATH = Path("/etc/hfai/hfai.toml")
+
+
+def hfai_home(env: Mapping[str, str] = os.environ) -> Path:
+    """Where local state lives (``$HFAI_HOME``, default ``~/.hfai``)."""
+    return Path(env.get("HFAI_HOME") or Path.home() / ".hfai")
+
+
+@dataclass(frozen=True)
+class NatsConfig:
+    url: str = "nats://127.0.0.1:4222"
+    connect_timeout_s: float = 2.0
+    request_timeout_s: float = 5.0
+    # Replicas of KV buckets and streams: 1 on a single server, 3 on a production cluster.
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    id: str = ""
+    lease_ttl_s: float = 10.0
+    # A standby tries to take the lease this often.
+    lease_poll_s: float = 0.5
+    schedule_interval_s: float = 1.0
+    # Time slice among equal priorities: a running job older than this may yield to a waiting one.
+    slice_s: float = 1800.0
+    # Interrupt protocol windows, carried in every assignment to the agents.
+    ack_window_s: float = 60.0
+    kill_window_s: float = 30.0
+    # A node whose heartbeat is older than this is DOWN and its jobs are requeued.
+    heartbeat_timeout_s: float = 30.0
+    # Event delivery: unacked events are redelivered to the (next) leader after this.
+    event_ack_wait_s: float = 10.0
+    master_port_base: int = 20000
+    master_port_span: int = 20000
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str = ""
+    group: str = "default"
+    # Address other nodes use to reach this one (MASTER_ADDR of jobs whose rank 0 runs here).
+    address: str = ""
+    heartbeat_interval_s: float = 5.0
+    reconcile_interval_s: float = 0.5
+    # "auto" (NVML if present, else simulated), "nvml" or "sim".
+    gpu_source: str = "auto"
+    sim_gpus: int = 8
+    state_dir: str = "/var/lib/hfai/agent"
+    # HF_ENV_NAME=<name> runs the job with <env_root>/<name>/bin first on PATH.
+    env_root: str = "/opt/hfai/envs"
+    # Extra delay between SIGTERM-after-ack and SIGKILL when the job ignores SIGTERM; see runs.py.
+    term_poll_s: float = 0.1
+
+    def resolved_node(self) -> str:
+        return self.node or socket.gethostname().split(".")[0]
+
+
+@dataclass(frozen=True)
+class Config:
+    nats: NatsConfig = field(default_factory=NatsConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+
+_SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig}
+
+
+def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] = os.environ) -> Config:
+    """Read the TOML file (see module doc for which) and apply ``HFAI_<SECTION>_<FIELD>`` overrides."""
+    if path is None:
+        path = env.get("HFAI_CONFIG") or (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise InvalidRequest(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
+    sections = {}
+    for name, cls in _SECTIONS.items():
+        values = dict(data.get(name, {}))
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise InvalidRequest(f"config [{name}] has unknown keys: {', '.join(sorted(unknown))}")
+        for f in dataclasses.fields(cls):
+            raw = env.get(f"HFAI_{name.upper()}_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = raw
+        sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in values.items()})
+    return Config(**sections)
+
+
+def _coerce(cls: type, name: str, value: Any) -> Any:
+    kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    try:
+        if kind == "float":
+            return float(value)
+        if kind == "int":
+            return int(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise InvalidRequest(f"config {cls.__name__}.{name}: {value!r} is not a {kind}") from None
+
+
+def dump_toml(config: Config) -> str:
+    """The config as TOML text (what ``hfai local up`` writes for its daemons)."""
+    lines = []
+    for name in _SECTIONS:
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(getattr(config, name)):
+            value = getattr(getattr(config, name), f.name)
+            lines.append(f"{f.name} = {value!r}" if not isinstance(value, str) else f'{f.name} = "{value}"')
+        lines.append("")
+    return "\n".join(lines)
