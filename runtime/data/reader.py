@@ -1,0 +1,299 @@
+"""``FileReader``: random batched reads from one ffrecord file, a list of them, or a directory.
+
+What a caller gets back: :meth:`FileReader.read` returns a list of writable 1-D ``numpy.uint8``
+arrays, one per index, in the order asked. They are views into one buffer allocated for the
+batch (one allocation per batch, not per sample), hold no reference to the file, and stay valid
+after the reader is closed. They are copies, not views of the file's memory map: a map view
+would tie the caller's arrays to the file's lifetime and turn a truncated file into SIGBUS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from hfai.data.errors import ChecksumError, DataError, FormatError
+from hfai.data.fetch import ThreadedReads, copy_mapped
+from hfai.data.checksum import crc32
+from hfai.data.recordfile import RecordFile, pread_exact
+
+logger = logging.getLogger(__name__)
+
+IO_MODES = ("auto", "mmap", "pread", "direct")
+DEFAULT_THREADS = 16  # reads in flight on a cold cache; more stops paying off on one local disk
+_PROBES = 4  # samples per batch checked for page-cache residency in io="auto"
+_VALIDATE_BLOCK = 16 << 20
+PathArg = str | os.PathLike
+
+
+def resolve_paths(fnames: PathArg | Sequence[PathArg]) -> list[str]:
+    """The ``.ffr`` files named by a file, a dataset directory, or a list of either.
+
+    A directory stands for every ``*.ffr`` directly inside it, ordered by plain string sort of
+    the path (``PART_10.ffr`` before ``PART_9.ffr``), as in the original ffrecord.
+    """
+    items = [fnames] if isinstance(fnames, (str, os.PathLike)) else list(fnames)
+    if not items:
+        raise FormatError("no ffrecord files given")
+    paths: list[str] = []
+    for item in items:
+        path = os.fspath(item)
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(path, name) for name in os.listdir(path)
+                if name.endswith(".ffr") and os.path.isfile(os.path.join(path, name))
+            )
+            if not found:
+                raise FormatError(f"{path}: directory holds no *.ffr files")
+            paths.extend(found)
+        elif os.path.exists(path):
+            paths.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or directory")
+    return paths
+
+
+def as_indices(indices, n: int) -> np.ndarray:
+    """Validate sample indices; return them as a 1-D int64 array.
+
+    Raises :class:`IndexError` for an index outside ``[0, n)`` (negative indices are refused,
+    not counted from the end) and :class:`TypeError` for anything but integers.
+    """
+    array = np.asarray(indices)
+    if array.ndim != 1:
+        if array.ndim == 0:
+            raise TypeError("read() takes a sequence of indices; use read_one(i) for one sample")
+        raise TypeError(f"indices must be 1-D, got shape {array.shape}")
+    if array.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"sample indices must be integers, got dtype {array.dtype}")
+    array = array.astype(np.int64, copy=False)
+    low, high = int(array.min()), int(array.max())
+    if low < 0:
+        raise IndexError(f"sample index {low} is negative; indices run from 0 to n - 1 = {n - 1}")
+    if high >= n:
+        raise IndexError(f"sample index {high} out of range for a dataset of {n} samples")
+    return array
+
+
+class FileReader:
+    """Read samples of an ffrecord dataset by global index.
+
+    Args:
+        fnames: a ``.ffr`` file, a directory of them, or a list of files/directories; global
+            index ``i`` runs through the files in that order.
+        check_data: verify each sample's CRC-32 on every read; a mismatch raises
+            :class:`~hfai.data.errors.ChecksumError` naming the file and sample.
+        io: ``"auto"`` (default) copies batches whose pages are cached from a memory map and
+            sends the others to a thread pool of positioned reads; ``"mmap"`` and ``"pread"``
+            force one path; ``"direct"`` reads through ``O_DIRECT``, bypassing the page cache.
+        threads: size of the read pool (reads in flight on a cold cache).
+
+    Every header is validated at open (a truncated or corrupt file raises
+    :class:`~hfai.data.errors.FormatError`). The reader is picklable (it reopens the files when
+    unpickled) and fork-safe (a child process may keep using a reader opened before ``fork()``).
+    It is not meant to be shared by threads that call :meth:`close` concurrently with reads.
+    """
+
+    def __init__(
+        self,
+        fnames: PathArg | Sequence[PathArg],
+        check_data: bool = True,
+        *,
+        io: str = "auto",
+        threads: int = DEFAULT_THREADS,
+    ):
+        if io not in IO_MODES:
+            raise ValueError(f"io must be one of {IO_MODES}, got {io!r}")
+        self.paths = resolve_paths(fnames)
+        self.check_data = bool(check_data)
+        self.io = io
+        self._reads = ThreadedReads(threads)
+        self._files: list[RecordFile] | None = []
+        try:
+            for path in self.paths:
+                self._files.append(RecordFile(path))
+        except BaseException:
+            self.close()
+            raise
+        counts = np.array([f.n for f in self._files], dtype=np.int64)
+        self._first = np.concatenate(([0], np.cumsum(counts)))  # global index of each file's sample 0
+        self.n = int(self._first[-1])
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, indices: Iterable[int]) -> list[np.ndarray]:
+        """Read the samples at ``indices`` (any order, repeats allowed) as uint8 arrays.
+
+        See the module docstring for what the arrays are. Raises :class:`IndexError`,
+        :class:`~hfai.data.errors.ChecksumError` (first bad sample in ``indices`` order).
+        """
+        files = self._open_files()
+        idx = as_indices(indices, self.n)
+        file_ids, local = self._locate(idx)
+        starts, ends, crcs = self._gather(files, file_ids, local)
+        dests = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=dests[1:])
+        out = np.empty(int(dests[-1]), dtype=np.uint8)
+        jobs = self._jobs(files, file_ids, starts, ends, dests, crcs)
+        bad = self._fill(jobs, memoryview(out))
+        if bad is not None:
+            position, actual = bad
+            f = 0 if file_ids is None else int(file_ids[position])
+            raise ChecksumError(files[f].path, int(idx[position]), int(local[position]), int(crcs[position]), actual)
+        bounds = dests.tolist()
+        return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def read_one(self, index: int) -> np.ndarray:
+        """Read one sample (see :meth:`read`)."""
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(f"sample index must be an int, not {type(index).__name__}")
+        return self.read([index])[0]
+
+    def _locate(self, idx: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """File id (None when there is one file) and in-file index of each global index."""
+        if len(self._first) == 2:
+            return None, idx
+        file_ids = np.searchsorted(self._first, idx, side="right") - 1
+        return file_ids, idx - self._first[file_ids]
+
+    @staticmethod
+    def _gather(files, file_ids, local):
+        if file_ids is None:
+            h = files[0].header
+            return h.offsets[local], h.ends[local], h.checksums[local]
+        starts = np.empty(len(local), dtype=np.int64)
+        ends = np.empty_like(starts)
+        crcs = np.empty(len(local), dtype=np.uint32)
+        for f in np.unique(file_ids).tolist():
+            mask = file_ids == f
+            h = files[f].header
+            starts[mask] = h.offsets[local[mask]]
+            ends[mask] = h.ends[local[mask]]
+            crcs[mask] = h.checksums[local[mask]]
+        return starts, ends, crcs
+
+    @staticmethod
+    def _jobs(files, file_ids, starts, ends, dests, crcs):
+        """Per file, the spans ``(position, start, end, dest, crc)`` it must fill."""
+        if file_ids is None:
+            spans = list(zip(range(len(starts)), starts.tolist(), ends.tolist(), dests.tolist(), crcs.tolist()))
+            return [(files[0], spans)]
+        jobs = []
+        for f in np.unique(file_ids).tolist():
+            pos = np.flatnonzero(file_ids == f)
+            spans = list(zip(pos.tolist(), starts[pos].tolist(), ends[pos].tolist(), dests[pos].tolist(), crcs[pos].tolist()))
+            jobs.append((files[f], spans))
+        return jobs
+
+    def _fill(self, jobs, out: memoryview):
+        mode = self.io
+        if mode == "auto":
+            mode = "mmap" if self._cached(jobs) else "pread"
+        if mode == "mmap":
+            bad = [b for b in (copy_mapped(f, spans, out, self.check_data) for f, spans in jobs) if b]
+            return min(bad) if bad else None
+        return self._reads.fill(jobs, out, self.check_data, direct=mode == "direct")
+
+    @staticmethod
+    def _cached(jobs) -> bool:
+        """Whether the first few samples of the batch are all in the page cache.
+
+        Indices of a shuffled batch are spread over the file, so a few probes stand for the
+        whole batch; when residency cannot be known, assume cold (the pool is safe either way).
+        """
+        probed = 0
+        for f, spans in jobs:
+            for _, start, end, _, _ in spans[: _PROBES - probed]:
+                if not f.probe.resident(start, end):
+                    return False
+                probed += 1
+            if probed >= _PROBES:
+                break
+        return True
+
+    # -- whole-dataset operations ----------------------------------------------------------
+
+    def validate(self, progress: Callable[[int], None] | None = None) -> None:
+        """Check the CRC of every sample, reading sequentially in large blocks.
+
+        Raises :class:`~hfai.data.errors.ChecksumError` for the first bad sample;
+        ``progress(k)`` is called after each block of ``k`` samples.
+        """
+        for f, first in zip(self._open_files(), self._first.tolist()):
+            _validate_file(f, first, progress)
+
+    def sample_lengths(self) -> np.ndarray:
+        """The byte length of every sample, by global index (int64)."""
+        files = self._open_files()
+        return np.concatenate([f.header.lengths for f in files]) if files else np.empty(0, np.int64)
+
+    @property
+    def legacy_files(self) -> list[str]:
+        """Files whose header checksum is 0 (legacy): their headers were not validated."""
+        return [f.path for f in self._open_files() if f.header.legacy]
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _open_files(self) -> list[RecordFile]:
+        if self._files is None:
+            raise DataError("the FileReader is closed")
+        return self._files
+
+    @property
+    def closed(self) -> bool:
+        return self._files is None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def close(self) -> None:
+        """Release files, maps and read threads. Safe to call twice."""
+        files, self._files = self._files, None
+        self._reads.close()
+        for f in files or ():
+            f.close()
+
+    def __enter__(self) -> FileReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may already be gone
+            pass
+
+    def __getstate__(self) -> dict:
+        return {"paths": self.paths, "check_data": self.check_data, "io": self.io, "threads": self._reads.threads}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["paths"], state["check_data"], io=state["io"], threads=state["threads"])
+
+    def __repr__(self) -> str:
+        return f"FileReader(n={self.n}, files={len(self.paths)}, io={self.io!r})"
+
+
+def _validate_file(f: RecordFile, first: int, progress) -> None:
+    h = f.header
+    i = 0
+    while i < h.n:
+        # The largest run of whole samples starting at i that fits in one block (at least one).
+        j = int(np.searchsorted(h.ends, h.offsets[i] + _VALIDATE_BLOCK, side="right"))
+        j = min(max(j, i + 1), h.n)
+        base = int(h.offsets[i])
+        block = memoryview(bytearray(int(h.ends[j - 1]) - base))
+        pread_exact(f.fd, block, base, f.path)
+        for k, start, end, expected in zip(range(i, j), h.offsets[i:j].tolist(), h.ends[i:j].tolist(), h.checksums[i:j].tolist()):
+            actual = crc32(block[start - base : end - base])
+            if actual != expected:
+                raise ChecksumError(f.path, first + k, k, expected, actual)
+        if progress is not None:
+            progress(j - i)
+        i = j
