@@ -74,6 +74,20 @@ def pack_folder(
     if not os.path.isdir(src):
         raise NotADirectoryError(f"{src}: not a directory")
     tree, files = scan_tree(src)
+    write_packed(out, tree, files, index=index, progress=progress, fsync=fsync)
+    return len(files)
+
+
+def write_packed(
+    out: str | os.PathLike,
+    tree: Tree,
+    files: list[str],
+    *,
+    index: bool = True,
+    progress: Callable[[int], None] | None = None,
+    fsync: bool = True,
+) -> None:
+    """Write the output of :func:`scan_tree` to ``out`` (see :func:`pack_folder`)."""
     with FileWriter(out, len(files) + int(index), fsync=fsync) as writer:
         for path in files:
             with open(path, "rb") as f:
@@ -82,7 +96,6 @@ def pack_folder(
                 progress(1)
         if index:
             writer.write_one(MAGIC + pickle.dumps(tree, protocol=4))
-    return len(files)
 
 
 class _IndexUnpickler(pickle.Unpickler):

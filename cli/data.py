@@ -1,0 +1,132 @@
+"""``hfai data``: pack, inspect, verify and print ffrecord datasets.
+
+Kept light to import: numpy and ``hfai.data`` are imported inside the commands, never torch.
+User mistakes (missing or corrupt files, bad indices) end in a one-line error and exit status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import click
+
+
+def _user_errors(command):
+    """Turn the errors a user can cause into a one-line ``Error: ...`` instead of a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        from hfai.data.errors import DataError
+
+        try:
+            return command(*args, **kwargs)
+        except (DataError, OSError, IndexError) as e:
+            raise click.ClickException(str(e)) from e
+
+    return wrapper
+
+
+@click.group("data")
+def data_group() -> None:
+    """Pack, inspect and verify ffrecord datasets (.ffr files and directories of them)."""
+
+
+@data_group.command("pack")
+@click.argument("src_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--plain", is_flag=True, help="Write only the files' bytes, without the path index.")
+@click.option("--no-fsync", is_flag=True, help="Skip the fsync before publishing OUT (faster, less durable).")
+@_user_errors
+def pack(src_dir: str, out: str, plain: bool, no_fsync: bool) -> None:
+    """Aggregate every file under SRC_DIR into the ffrecord file OUT.
+
+    By default OUT is a packed folder (files readable by path, e.g. with hfai.data.PackedFolder);
+    with --plain sample i is the i-th file in sorted depth-first order. OUT appears only when
+    complete.
+    """
+    from hfai.data.packed import scan_tree, write_packed
+
+    tree, files = scan_tree(src_dir)
+    with click.progressbar(length=len(files), label=f"packing {len(files)} files", file=click.get_text_stream("stderr")) as bar:
+        write_packed(out, tree, files, index=not plain, progress=bar.update, fsync=not no_fsync)
+    click.echo(f"{out}: {len(files)} files packed" + ("" if plain else " (packed folder)"))
+
+
+@data_group.command("info")
+@click.argument("path", type=click.Path())
+@_user_errors
+def info(path: str) -> None:
+    """Show the files, sample count and sizes of an ffrecord file or directory."""
+    from hfai.data.reader import FileReader
+
+    with FileReader(path, check_data=False) as reader:
+        lengths = reader.sample_lengths()
+        click.echo(f"path:          {path}")
+        click.echo(f"files:         {len(reader.paths)}")
+        click.echo(f"samples:       {reader.n}")
+        click.echo(f"data bytes:    {int(lengths.sum())} ({_human(int(lengths.sum()))})")
+        if reader.n:
+            click.echo(f"sample bytes:  min {int(lengths.min())}, mean {lengths.mean():.1f}, max {int(lengths.max())}")
+        legacy = reader.legacy_files
+        click.echo(f"header:        {'legacy (checksum 0) in ' + str(len(legacy)) + ' file(s)' if legacy else 'checksummed'}")
+        click.echo(f"packed folder: {_packed_summary(reader)}")
+
+
+def _packed_summary(reader) -> str:
+    from hfai.data.errors import FormatError
+    from hfai.data.packed import MAGIC, decode_index
+
+    if len(reader.paths) != 1 or reader.n == 0:
+        return "no"
+    last = reader.read_one(reader.n - 1)
+    if last[: len(MAGIC)].tobytes() != MAGIC:
+        return "no"
+    try:
+        decode_index(last.tobytes(), reader.paths[0])
+    except FormatError as e:
+        return f"corrupt index ({e})"
+    return f"yes ({reader.n - 1} files)"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@data_group.command("verify")
+@click.argument("path", type=click.Path())
+@_user_errors
+def verify(path: str) -> None:
+    """Check the header and every sample's CRC; report the first bad sample (exit status 1)."""
+    from hfai.data.reader import FileReader
+
+    with FileReader(path, check_data=True) as reader:
+        with click.progressbar(length=reader.n, label="verifying", file=click.get_text_stream("stderr")) as bar:
+            reader.validate(progress=bar.update)
+        click.echo(f"{path}: OK, {reader.n} samples in {len(reader.paths)} file(s), all checksums match")
+
+
+@data_group.command("cat")
+@click.argument("file", type=click.Path())
+@click.argument("index")
+@_user_errors
+def cat(file: str, index: str) -> None:
+    """Write sample INDEX of FILE to stdout, raw. In a packed folder INDEX may be a path."""
+    from hfai.data.packed import PackedFolder
+    from hfai.data.reader import FileReader
+
+    try:
+        i = int(index)
+    except ValueError:
+        with PackedFolder(file) as folder:
+            data = folder.read_one(index)
+    else:
+        with FileReader(file) as reader:
+            data = reader.read_one(i)
+    out = click.get_binary_stream("stdout")
+    out.write(data.tobytes())
+    out.flush()

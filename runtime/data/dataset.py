@@ -1,0 +1,64 @@
+"""torch integration: a map-style ``Dataset`` that reads a whole batch in one call.
+
+Importing this module imports torch; ``hfai.data.Dataset`` loads it lazily.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from hfai.data.reader import FileReader
+
+
+class Dataset(torch.utils.data.Dataset):
+    """An ffrecord dataset as a ``torch.utils.data.Dataset``.
+
+    ``__getitems__`` (the batch hook of the stock ``torch.utils.data.DataLoader``, torch ≥ 2.0)
+    fetches every sample of a batch with one :meth:`FileReader.read`, so the reads run in
+    parallel; it works with ``num_workers=0`` and with worker processes started by fork or
+    spawn (the reader is fork-safe and picklable). Repeated indices in a batch are fine.
+
+    Each sample is a uint8 numpy array (see :class:`~hfai.data.FileReader`), passed through
+    ``transform`` if given. Override :meth:`process` to decode a whole batch at once. The
+    default collate function stacks equal-length samples into a uint8 tensor; samples of
+    different lengths need a ``transform`` or a ``collate_fn``.
+    """
+
+    def __init__(
+        self,
+        fnames: str | os.PathLike | Sequence[str | os.PathLike],
+        check_data: bool = True,
+        transform: Callable[[np.ndarray], Any] | None = None,
+        **reader_options,
+    ):
+        self.reader = FileReader(fnames, check_data, **reader_options)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return self.reader.n
+
+    def __getitem__(self, index: int) -> Any:
+        return self.process([index], [self.reader.read_one(index)])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return self.process(indices, self.reader.read(indices))
+
+    def process(self, indices: Sequence[int], samples: list[np.ndarray]) -> list[Any]:
+        """Turn the raw samples of one batch into the items the collate function receives."""
+        if self.transform is None:
+            return samples
+        return [self.transform(s) for s in samples]
+
+    def loader(self, batch_size: int, **kwargs) -> "DataLoader":
+        """A resumable :class:`~hfai.data.loader.DataLoader` over this dataset (see there)."""
+        from hfai.data.loader import DataLoader
+
+        return DataLoader(self, batch_size, **kwargs)
+
+    def close(self) -> None:
+        self.reader.close()
