@@ -48,6 +48,10 @@ def check_token(what: str, value: str) -> str:
     return value
 
 
+def is_token(value: str) -> bool:
+    return bool(_TOKEN.match(value or ""))
+
+
 def api_subject(user: str, verb: str) -> str:
     return f"{API_PREFIX}.{check_token('user name', user)}.{verb}"
 

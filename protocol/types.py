@@ -186,7 +186,7 @@ class JobRecord:
     """The whole truth about one job chain, stored in KV ``hfai_jobs`` under its id.
 
     ``run_id`` numbers the runs of the chain (0 = never started). ``nodes`` are the nodes of the
-    current run in rank order. ``exits`` maps node -> exit code for the current run. ``slice_turns``
+    current run in rank order (``last_nodes``: of the latest run, kept after it ends, for logs). ``exits`` maps node -> exit code for the current run. ``slice_turns``
     counts how often the job gave way to an equal-priority job (round-robin order).
     """
 
@@ -207,6 +207,7 @@ class JobRecord:
     exits: dict[str, int] = field(default_factory=dict)
     acked: tuple[str, ...] = ()
     slice_turns: int = 0
+    last_nodes: tuple[str, ...] = ()
     history: tuple[JobEvent, ...] = ()
 
     HISTORY_LIMIT: ClassVar[int] = 50

@@ -1,0 +1,114 @@
+"""The agent's reconciliation plan (pure): desired runs + what is on the node -> actions.
+
+Level-triggered: the same inputs always give the same plan, so the agent can re-plan every tick
+and after a restart. A run is started only if this node has never had it (its run directory is
+the record), so no run is ever started twice on a node.
+
+Interrupt windows, per run, measured from when the agent raised the suspend flag:
+  no ack within ``ack_window_s``  -> SIGTERM;  ack -> SIGTERM at once (the job has checkpointed);
+  still alive ``kill_window_s`` after the SIGTERM -> SIGKILL.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from hfai.protocol.types import DesiredRun, RunAssignment, RunEventKind
+
+
+class RunPhase(enum.Enum):
+    """A run on this node: ALIVE -> EXITED (exit status known or process gone)."""
+
+    ALIVE = "alive"
+    EXITED = "exited"
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """A snapshot of one run directory on this node."""
+
+    key: str
+    assignment: RunAssignment
+    phase: RunPhase
+    exit_code: int | None = None
+    suspend_ts: float | None = None
+    acked: bool = False
+    term_ts: float | None = None
+    sent: frozenset[RunEventKind] = frozenset()
+
+
+class Act(enum.Enum):
+    START = "start"
+    RAISE_SUSPEND = "raise_suspend"
+    TERMINATE = "terminate"
+    KILL = "kill"
+    REPORT_STARTED = "report_started"
+    REPORT_ACK = "report_ack"
+    REPORT_EXIT = "report_exit"
+    REPORT_NEVER_RAN = "report_never_ran"
+    CLEANUP = "cleanup"
+
+
+@dataclass(frozen=True)
+class Action:
+    act: Act
+    key: str
+    run: RunAssignment | None = None
+
+
+def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: float) -> list[Action]:
+    actions: list[Action] = []
+    for key, ra in desired.items():
+        lr = local.get(key)
+        if lr is None:
+            if ra.desired is DesiredRun.RUN:
+                actions.append(Action(Act.START, key, ra))
+            else:
+                # Suspended or stopped before it ever started here: say so, or the leader waits.
+                actions.append(Action(Act.REPORT_NEVER_RAN, key, ra))
+            continue
+        actions.extend(_plan_known(ra, lr, now))
+    for key, lr in local.items():
+        if key in desired:
+            continue
+        if lr.phase is RunPhase.ALIVE:
+            # No longer wanted here (job failed elsewhere, requeued after a failover, ...).
+            actions.extend(_stop(lr, now))
+        elif RunEventKind.EXITED not in lr.sent:
+            actions.append(Action(Act.REPORT_EXIT, key, lr.assignment))
+        else:
+            actions.append(Action(Act.CLEANUP, key, lr.assignment))
+    return actions
+
+
+def _plan_known(ra: RunAssignment, lr: LocalRun, now: float) -> list[Action]:
+    key = lr.key
+    out: list[Action] = []
+    if RunEventKind.STARTED not in lr.sent:
+        out.append(Action(Act.REPORT_STARTED, key, ra))
+    if lr.acked and RunEventKind.SUSPEND_ACKED not in lr.sent:
+        out.append(Action(Act.REPORT_ACK, key, ra))
+    if lr.phase is RunPhase.EXITED:
+        if RunEventKind.EXITED not in lr.sent:
+            out.append(Action(Act.REPORT_EXIT, key, ra))
+        return out
+    if ra.desired is DesiredRun.SUSPEND:
+        if lr.suspend_ts is None:
+            out.append(Action(Act.RAISE_SUSPEND, key, ra))
+        elif lr.term_ts is None and (lr.acked or now - lr.suspend_ts >= ra.ack_window_s):
+            out.append(Action(Act.TERMINATE, key, ra))
+        elif lr.term_ts is not None and now - lr.term_ts >= ra.kill_window_s:
+            out.append(Action(Act.KILL, key, ra))
+    elif ra.desired is DesiredRun.STOP:
+        out.extend(_stop(lr, now, ra))
+    return out
+
+
+def _stop(lr: LocalRun, now: float, ra: RunAssignment | None = None) -> list[Action]:
+    ra = ra or lr.assignment
+    if lr.term_ts is None:
+        return [Action(Act.TERMINATE, lr.key, ra)]
+    if now - lr.term_ts >= ra.kill_window_s:
+        return [Action(Act.KILL, lr.key, ra)]
+    return []

@@ -1,0 +1,261 @@
+"""The node agent: heartbeats with telemetry, watches its node's desired state, reconciles.
+
+Tasks (all owned, all cancelled on close): heartbeat, assignment watch, reconcile loop, and the
+log service. Events go to the durable stream with a ``Nats-Msg-Id`` so a retried publish is
+never counted twice; an event is marked sent only after JetStream acknowledged it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+
+import psutil
+
+from hfai import _nats
+from hfai._version import __version__
+from hfai.agent.gpu import open_gpu_source
+from hfai.agent.plan import Act, Action, RunPhase, plan
+from hfai.agent.runs import RunStore, StartError
+from hfai.config import Config
+from hfai.protocol import decode, encode, names
+from hfai.protocol.errors import ProtocolError
+from hfai.protocol.types import (
+    ErrorReply,
+    HostStat,
+    LogChunk,
+    LogRequest,
+    NodeAssignment,
+    NodeRecord,
+    RunAssignment,
+    RunEvent,
+    RunEventKind,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, config: Config):
+        self.config = config
+        self.ac = config.agent
+        self.node = names.check_token("node name", self.ac.resolved_node())
+        self.address = self.ac.address or _default_address()
+        self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root)
+        self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
+        self._desired: dict[str, RunAssignment] = {}
+        self._fence = self._load_fence()
+        self._have_assignment = False
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._nc = None
+        self._seq = 0
+        self._closed = False
+
+    async def start(self) -> None:
+        self._nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
+        self._js = self._nc.jetstream()
+        buckets = await _nats.ensure_buckets(self._js, self.config)
+        await _nats.ensure_events_stream(self._js, self.config)
+        self._nodes_kv, self._assign_kv = buckets.nodes, buckets.assign
+        self._log_sub = await self._nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
+        await self._heartbeat_once()
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._watch_assignment(), name="assignment-watch"),
+            asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+        ]
+        adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
+        log.info("agent %s up (gpus: %s, address %s)%s", self.node, self.gpus.name, self.address,
+                 f"; adopted running runs {adopted}" if adopted else "")
+
+    async def close(self) -> None:
+        """Stop all tasks and disconnect. Running jobs keep running: they are not the agent's
+        to kill on a restart; the next agent adopts them. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._nc is not None:
+            try:
+                await self._nc.drain()
+            except Exception:
+                pass
+        self.gpus.close()
+
+    # ---------------------------------------------------------------------------- heartbeat
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ac.heartbeat_interval_s)
+            try:
+                await self._heartbeat_once()
+            except Exception as e:  # NATS away: keep trying, the controller will notice
+                log.warning("heartbeat failed: %s", e)
+
+    async def _heartbeat_once(self) -> None:
+        self._seq += 1
+        alive = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
+        record = NodeRecord(
+            name=self.node, group=self.ac.group, address=self.address, ts=time.time(), seq=self._seq,
+            gpus=self.gpus.sample(busy=bool(alive)), host=_host_stat(), envs=self.store.environments(),
+            gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
+        )
+        data = encode(record)
+        await self._nodes_kv.put(self.node, data)
+        await self._nc.publish(names.telemetry_subject(self.node), data)
+
+    # --------------------------------------------------------------------------- assignment
+
+    async def _watch_assignment(self) -> None:
+        watcher = await self._assign_kv.watch(self.node)
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    self._have_assignment = True
+                    self._wake.set()
+                    continue
+                self._on_assignment(entry)
+        finally:
+            await watcher.stop()
+
+    def _on_assignment(self, entry) -> None:
+        self._have_assignment = True
+        if entry.value is None or entry.operation in ("DEL", "PURGE"):
+            self._desired = {}
+            self._wake.set()
+            return
+        try:
+            a = decode(entry.value, NodeAssignment)
+        except ProtocolError as e:
+            log.warning("ignoring undecodable assignment: %s", e)
+            return
+        if a.fence < self._fence:
+            log.warning("ignoring assignment with stale fence %d (newest seen %d)", a.fence, self._fence)
+            return
+        if a.fence > self._fence:
+            self._fence = a.fence
+            self._save_fence()
+        self._desired = {r.key: r for r in a.runs}
+        self._wake.set()
+
+    def _load_fence(self) -> int:
+        try:
+            return int((self.store.root / "fence").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _save_fence(self) -> None:
+        (self.store.root / "fence").write_text(str(self._fence))
+
+    # ---------------------------------------------------------------------------- reconcile
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            if self._have_assignment:
+                try:
+                    await self.reconcile()
+                except Exception:
+                    log.exception("reconcile failed; retrying")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.ac.reconcile_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def reconcile(self) -> None:
+        actions = plan(self._desired, self.store.snapshot(), time.time())
+        for action in actions:
+            await self._do(action)
+
+    async def _do(self, a: Action) -> None:
+        key, ra = a.key, a.run
+        if a.act is Act.START:
+            try:
+                self.store.start(ra)
+                log.info("started %s (job %s rank %d)", key, ra.name, ra.rank)
+            except StartError as e:
+                log.warning("cannot start %s: %s", key, e)
+                if await self._publish(ra, RunEventKind.START_FAILED, message=str(e)):
+                    self.store.mark_sent(key, RunEventKind.STARTED)
+                    self.store.mark_sent(key, RunEventKind.EXITED)
+        elif a.act is Act.RAISE_SUSPEND:
+            log.info("asking %s to suspend", key)
+            self.store.raise_suspend(key)
+        elif a.act is Act.TERMINATE:
+            log.info("terminating %s", key)
+            self.store.signal(key, signal.SIGTERM)
+        elif a.act is Act.KILL:
+            log.warning("killing %s: still alive after the kill window", key)
+            self.store.signal(key, signal.SIGKILL)
+        elif a.act is Act.REPORT_STARTED:
+            await self._report(key, ra, RunEventKind.STARTED)
+        elif a.act is Act.REPORT_ACK:
+            await self._report(key, ra, RunEventKind.SUSPEND_ACKED, acked=True)
+        elif a.act is Act.REPORT_EXIT:
+            run = self.store.snapshot().get(key)
+            stopped = run is not None and (run.suspend_ts is not None or run.term_ts is not None)
+            await self._report(key, ra, RunEventKind.EXITED, exit_code=run.exit_code if run else -1,
+                               acked=bool(run and run.acked), platform_stopped=stopped,
+                               whole_life_state=self.store.whole_life_state(key))
+        elif a.act is Act.REPORT_NEVER_RAN:
+            self.store.record_never_ran(ra)
+            self.store.mark_sent(key, RunEventKind.STARTED)
+            await self._report(key, ra, RunEventKind.EXITED, exit_code=-1, platform_stopped=True,
+                               message="stopped before it started on this node")
+        elif a.act is Act.CLEANUP:
+            self.store.cleanup(key)
+
+    async def _report(self, key: str, ra: RunAssignment, kind: RunEventKind, **fields) -> None:
+        if await self._publish(ra, kind, **fields):
+            self.store.mark_sent(key, kind)
+
+    async def _publish(self, ra: RunAssignment, kind: RunEventKind, **fields) -> bool:
+        ev = RunEvent(event=kind, node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=time.time(), **fields)
+        try:
+            await self._js.publish(
+                names.event_subject(self.node), encode(ev),
+                headers={"Nats-Msg-Id": f"{self.node}:{ra.key}:{kind.value}"},
+                timeout=self.config.nats.request_timeout_s,
+            )
+            return True
+        except Exception as e:  # not acknowledged: the next reconcile tick tries again
+            log.warning("could not report %s of %s: %s", kind.value, ra.key, e)
+            return False
+
+    # --------------------------------------------------------------------------------- logs
+
+    async def _serve_logs(self, msg) -> None:
+        try:
+            req = decode(msg.data, LogRequest)
+            path = self.store.log_path(names.check_token("job id", req.job_id), req.rank)
+            try:
+                with open(path, "rb") as f:
+                    size = f.seek(0, 2)
+                    f.seek(max(0, min(req.offset, size)))
+                    data = f.read(max(0, min(req.max_bytes, 1 << 20)))
+                reply = LogChunk(data=data, offset=req.offset, size=size)
+            except FileNotFoundError:
+                reply = LogChunk(data=b"", offset=req.offset, size=0, exists=False)
+        except Exception as e:
+            reply = ErrorReply(code=getattr(e, "code", "invalid"), message=str(e))
+        if msg.reply:
+            await msg.respond(encode(reply))
+
+
+def _host_stat() -> HostStat:
+    vm = psutil.virtual_memory()
+    return HostStat(cpu_percent=psutil.cpu_percent(interval=None), memory_used=int(vm.used),
+                    memory_total=int(vm.total), load1=psutil.getloadavg()[0])
+
+
+def _default_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,353 @@
+"""The ``hfai`` command.
+
+Light on purpose: nothing heavy is imported until a command runs (``hfai --help`` never imports
+torch, nor nats). User mistakes end with one line on stderr and a non-zero exit, not a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from hfai.cli import render
+from hfai.protocol.errors import HfaiError
+
+# Subcommand groups defined in their own modules, imported only when used.
+LAZY_GROUPS = {
+    "data": ("hfai.cli.data", "data"),
+    "sim": ("hfai.cli.sim", "sim"),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY_GROUPS])
+
+    def get_command(self, ctx, name):
+        if name in LAZY_GROUPS:
+            import importlib
+
+            module, attr = LAZY_GROUPS[name]
+            try:
+                mod = importlib.import_module(module)
+            except ImportError:
+                return None
+            found = getattr(mod, attr, None)
+            if not isinstance(found, click.Command):
+                found = next((v for v in vars(mod).values() if isinstance(v, click.Group) and v.name == name), None)
+            return found
+        return super().get_command(ctx, name)
+
+
+def run_async(fn):
+    """Run an async command body; typed hfai errors become a clean one-line failure."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return asyncio.run(fn(*args, **kwargs))
+        except HfaiError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            sys.exit(130)
+
+    return wrapper
+
+
+def cli_config():
+    """Config for talking to the cluster: HFAI_CONFIG / /etc/hfai/hfai.toml, else a running
+    ``hfai local`` cluster, else defaults (``HFAI_NATS_URL`` overrides the URL in every case)."""
+    from hfai.cli.local import LocalCluster
+    from hfai.config import DEFAULT_CONFIG_PATH, load_config
+
+    if os.environ.get("HFAI_CONFIG") or DEFAULT_CONFIG_PATH.exists():
+        return load_config()
+    local = LocalCluster.load()
+    if local is not None:
+        return load_config(local.config_path)
+    return load_config()
+
+
+def api():
+    from hfai.cli.client import ApiClient
+
+    return ApiClient(cli_config())
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hfai")
+def main():
+    """hfai: share a GPU cluster by task-level time-sharing.
+
+    \b
+    Submit a training script to the cluster:   hfai python train.py -- -n 2 --name mnist -p LOW
+    Run the same script locally:               hfai python train.py
+    A whole cluster on this machine:           hfai local up --nodes 2
+    """
+
+
+# -------------------------------------------------------------------------------- submission
+
+def submit_options(f):
+    options = [
+        click.option("-n", "--nodes", type=int, default=1, show_default=True,
+                     help="Whole nodes (8 GPUs each)."),
+        click.option("--name", help="Job name (default: the script's file name)."),
+        click.option("-p", "--priority", default="NORMAL", show_default=True,
+                     help="LOW, BELOW_NORMAL, NORMAL, ABOVE_NORMAL, HIGH, VERY_HIGH, EXTREME_HIGH or 0-50."),
+        click.option("-g", "--group", default="default", show_default=True, help="Node group (pool)."),
+        click.option("-e", "--env", "env_vars", multiple=True, metavar="K=V", help="Extra environment variable."),
+        click.option("-i", "--env-name", default=lambda: os.environ.get("HF_ENV_NAME", ""),
+                     help="Environment (HF_ENV_NAME) to run in, from the nodes' environment root."),
+        click.option("-f", "--force", is_flag=True, help="Submit even if a job of that name is active."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def build_spec(command: list[str], nodes: int, name: str | None, priority: str, group: str,
+               env_vars: tuple[str, ...], env_name: str):
+    from hfai.protocol.types import JobSpec, Priority
+
+    env = {}
+    for item in env_vars:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"-e expects KEY=VALUE, got {item!r}")
+        env[key] = value
+    try:
+        prio = Priority.parse(priority)
+    except HfaiError as e:
+        raise click.UsageError(str(e)) from None
+    if nodes < 1:
+        raise click.UsageError(f"-n/--nodes must be at least 1, not {nodes}")
+    default_name = Path(command[0] if command[0] not in ("python", "python3", "bash") else command[1]).stem
+    return JobSpec(name=name or default_name, entrypoint=tuple(command), workdir=os.getcwd(), nodes=nodes,
+                   priority=prio, group=group, env_name=env_name, env=env)
+
+
+@run_async
+async def _submit(spec, force: bool) -> None:
+    from hfai.protocol.types import Priority
+
+    async with api() as client:
+        job = await client.submit(spec, force=force)
+    click.echo(f"submitted job {job.spec.name} ({job.id}): {job.spec.nodes} node(s), "
+               f"priority {Priority.label(job.spec.priority)}")
+    click.echo(f"  follow it with:  hfai logs {job.id} -f      see the queue with:  hfai ps")
+
+
+def _check_script(path: str) -> None:
+    if not Path(path).is_file():
+        raise click.UsageError(f"file {path!r} does not exist (relative to {os.getcwd()})")
+
+
+@main.command("python", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("file", type=str)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def python_cmd(file: str, args: tuple[str, ...]):
+    """Run FILE with python: on the cluster if hfai options follow `--`, else here.
+
+    \b
+      hfai python train.py --lr 0.1 -- -n 2 --name mnist -p HIGH
+      hfai python train.py --lr 0.1           (runs locally)
+    """
+    _check_script(file)
+    if "--" not in args:
+        os.execv(sys.executable, [sys.executable, file, *args])
+    cut = args.index("--")
+    script_args, hfai_args = list(args[:cut]), list(args[cut + 1:])
+    ctx = _submit_parser.make_context("hfai python FILE [ARGS] --", hfai_args)
+    with ctx:
+        p = ctx.params
+        spec = build_spec(["python", file, *script_args], p["nodes"], p["name"], p["priority"], p["group"],
+                          p["env_vars"], p["env_name"])
+    _submit(spec, p["force"])
+
+
+@click.command()
+@submit_options
+def _submit_parser(**_kwargs):
+    """(parses the hfai options after `--`)"""
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@submit_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def submit(command, nodes, name, priority, group, env_vars, env_name, force):
+    """Submit any COMMAND (python file.py ..., bash file.sh, an executable) as a job."""
+    command = list(command)
+    if command and command[0] in ("python", "python3", "bash") and len(command) > 1:
+        _check_script(command[1])
+    spec = build_spec(command, nodes, name, priority, group, env_vars, env_name)
+    _submit(spec, force)
+
+
+# ------------------------------------------------------------------------------------ queries
+
+@main.command()
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include finished jobs.")
+@click.option("--mine", is_flag=True, help="Only my jobs.")
+@run_async
+async def ps(show_all: bool, mine: bool):
+    """List jobs: id, name, user, nodes, priority, state, suspend count, age."""
+    async with api() as client:
+        jobs = await client.list(all_users=not mine, include_finished=show_all)
+    click.echo(render.jobs_table(jobs))
+
+
+@main.command()
+@click.argument("job")
+@run_async
+async def status(job: str):
+    """Show one job (by id or name): state, why, nodes, history."""
+    async with api() as client:
+        record = await client.status(job)
+    click.echo(render.job_details(record))
+
+
+@main.command()
+@click.argument("job")
+@run_async
+async def stop(job: str):
+    """Stop a job (by id or name): waiting jobs at once, running ones through their nodes' agents."""
+    async with api() as client:
+        record = await client.stop(job)
+    click.echo(f"job {record.spec.name} ({record.id}): {record.state.value}")
+
+
+@main.command()
+@run_async
+async def nodes():
+    """Nodes: state, GPUs busy, utilisation, memory, jobs."""
+    async with api() as client:
+        infos = await client.nodes()
+    click.echo(render.nodes_table(infos))
+
+
+@main.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("-r", "--rank", default=0, show_default=True, help="Which node rank's output.")
+@click.option("--poll", default=0.5, hidden=True)
+@run_async
+async def logs(job: str, follow: bool, rank: int, poll: float):
+    """Print a job's output (stdout and stderr of one rank, all its runs)."""
+    async with api() as client:
+        record = await client.status(job)
+        offset = 0
+        while True:
+            nodes = record.nodes or record.last_nodes
+            if rank < 0 or (nodes and rank >= len(nodes)):
+                raise click.UsageError(f"job {record.id} has ranks 0..{max(0, len(nodes) - 1)}")
+            if nodes:
+                chunk = await client.log_chunk(nodes[rank], record.id, rank, offset)
+                if chunk.data:
+                    sys.stdout.buffer.write(chunk.data)
+                    sys.stdout.flush()
+                    offset += len(chunk.data)
+                    if offset < chunk.size:
+                        continue
+            elif not follow:
+                click.echo(f"job {record.id} has not run yet ({record.state.value}: {record.reason})", err=True)
+            if not follow or record.state.final:
+                return
+            await asyncio.sleep(poll)
+            record = await client.status(record.id)
+
+
+# ------------------------------------------------------------------------------------ daemons
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def controller(args):
+    """Run a controller replica (same as `hfai-controller`)."""
+    from hfai.controller.__main__ import main as run
+
+    sys.exit(run(list(args)))
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def agent(args):
+    """Run this node's agent (same as `hfai-agent`)."""
+    from hfai.agent.__main__ import main as run
+
+    sys.exit(run(list(args)))
+
+
+@main.group()
+def local():
+    """A whole cluster on this machine: NATS, a controller, N agents with simulated GPUs."""
+
+
+@local.command("up")
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--slice", "slice_s", type=float, default=None, help="Time slice among equal priorities, seconds.")
+def local_up(nodes: int, slice_s: float | None):
+    """Start the local cluster in the background (state under $HFAI_HOME/local)."""
+    import dataclasses
+
+    from hfai.cli.local import LOCAL_CONTROLLER, LocalCluster
+
+    cc = LOCAL_CONTROLLER if slice_s is None else dataclasses.replace(LOCAL_CONTROLLER, slice_s=slice_s)
+    cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc)
+    try:
+        cluster.up()
+        asyncio.run(_wait_ready(cluster, nodes))
+    except HfaiError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"local cluster up: {nodes} node(s) x 8 simulated GPUs, NATS at {cluster.url}")
+    click.echo(f"  state and logs: {cluster.root}   stop it with: hfai local down")
+
+
+async def _wait_ready(cluster, nodes: int, timeout_s: float = 30.0) -> None:
+    from hfai.cli.client import ApiClient
+    from hfai.protocol.errors import Unavailable
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with ApiClient(cluster.config()) as client:
+        while loop.time() < deadline:
+            try:
+                if len(await client.nodes()) >= nodes:
+                    return
+            except Unavailable:
+                pass
+            await asyncio.sleep(0.1)
+    raise Unavailable(f"the local cluster did not come up within {timeout_s:g}s; see {cluster.root}/logs")
+
+
+@local.command("down")
+def local_down():
+    """Stop the local cluster and the jobs it runs."""
+    from hfai.cli.local import LocalCluster
+
+    cluster = LocalCluster.load()
+    if cluster is None:
+        raise click.ClickException("no local cluster is running")
+    cluster.down()
+    click.echo("local cluster stopped")
+
+
+@local.command("status")
+def local_status():
+    """Which local daemons are alive."""
+    from hfai.cli.local import LocalCluster
+
+    cluster = LocalCluster.load()
+    if cluster is None:
+        raise click.ClickException("no local cluster is running")
+    click.echo(f"NATS {cluster.url}, state in {cluster.root}")
+    for name, alive in cluster.alive().items():
+        click.echo(f"  {name:<16} {'running' if alive else 'dead'}")
+
+
+if __name__ == "__main__":
+    main()

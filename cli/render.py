@@ -1,0 +1,71 @@
+"""Plain-text tables for the CLI (pure functions of protocol records, easy to test)."""
+
+from __future__ import annotations
+
+import time
+
+from hfai.protocol.types import JobRecord, NodeInfo, Priority
+
+
+def age(seconds: float) -> str:
+    """Compact age: 42s, 5m, 3h, 2d."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None = None) -> str:
+    if not jobs:
+        return "no jobs"
+    now = time.time() if now is None else now
+    rows = [
+        [j.id, j.spec.name, j.spec.user, str(j.spec.nodes), Priority.label(j.spec.priority), j.state.value,
+         str(j.suspend_count), age(now - j.submit_ts), _short(j.reason)]
+        for j in jobs
+    ]
+    return table(["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"], rows)
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def job_details(j: JobRecord) -> str:
+    s = j.spec
+    lines = [
+        f"job        {s.name} ({j.id})",
+        f"user       {s.user}   group {s.group}   priority {Priority.label(s.priority)}",
+        f"state      {j.state.value}: {j.reason}",
+        f"nodes      {s.nodes} requested; {', '.join(j.nodes) or '-'} now",
+        f"runs       {j.run_id} (suspended {j.suspend_count} times)   whole-life state {j.whole_life_state}",
+        f"command    {' '.join(s.entrypoint)}",
+        f"workdir    {s.workdir}" + (f"   env {s.env_name}" if s.env_name else ""),
+        "history:",
+    ]
+    for ev in j.history:
+        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(ev.ts))}  {ev.state.value:<11} {ev.reason}")
+    return "\n".join(lines)
+
+
+def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
+    if not nodes:
+        return "no nodes"
+    rows = []
+    for n in nodes:
+        gpus = n.record.gpus
+        busy = sum(1 for g in gpus if g.utilization > 5.0)
+        util = sum(g.utilization for g in gpus) / len(gpus) if gpus else 0.0
+        used = sum(g.memory_used for g in gpus) / 2**30
+        total = sum(g.memory_total for g in gpus) / 2**30
+        rows.append([n.record.name, n.record.group, n.state.value, f"{busy}/{len(gpus)}", f"{util:.0f}%",
+                     f"{used:.0f}/{total:.0f} GiB", n.record.gpu_source, f"{n.age_s:.1f}s", ",".join(n.jobs) or "-"])
+    return table(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS"], rows)

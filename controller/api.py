@@ -1,0 +1,167 @@
+"""The API every controller replica serves on the queue group ``hfai-controller``.
+
+The caller's user name is the third token of the subject (``hfai.api.<user>.<verb>``), never a
+payload field. Any error becomes an ``ErrorReply``; nothing a client sends can stop the service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import replace
+from typing import Awaitable, Callable
+
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+from hfai.controller.store import KVCache, cas_update
+from hfai.controller.transitions import apply_stop
+from hfai.controller.nodes import NodeTracker
+from hfai.protocol import decode, encode, names
+from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound
+from hfai.protocol.types import (
+    ChainState,
+    ErrorReply,
+    JobEvent,
+    JobList,
+    JobRecord,
+    JobReply,
+    JobRequest,
+    JobSpec,
+    ListRequest,
+    NodesReply,
+    NodesRequest,
+    Priority,
+    StopRequest,
+    SubmitRequest,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_NAME = 128
+
+
+class ApiService:
+    def __init__(self, jobs_kv: KeyValue, jobs: KVCache[JobRecord], nodes: NodeTracker,
+                 on_submit: Callable[[], None] | None = None):
+        self._kv = jobs_kv
+        self._jobs = jobs
+        self._nodes = nodes
+        self._on_submit = on_submit or (lambda: None)
+        self._handlers: dict[str, tuple[type, Callable[[str, object], Awaitable[object]]]] = {
+            names.VERB_SUBMIT: (SubmitRequest, self.submit),
+            names.VERB_LIST: (ListRequest, self.list),
+            names.VERB_STATUS: (JobRequest, self.status),
+            names.VERB_STOP: (StopRequest, self.stop),
+            names.VERB_NODES: (NodesRequest, self.nodes),
+        }
+
+    async def handle(self, msg: Msg) -> None:
+        """Serve one request message; always replies (if the caller gave a reply subject)."""
+        try:
+            reply = await self._dispatch(msg.subject, msg.data)
+        except HfaiError as e:
+            reply = ErrorReply(code=e.code, message=str(e))
+        except Exception as e:  # a bug must not take the replica down; tell the caller and log it
+            log.exception("internal error serving %s", msg.subject)
+            reply = ErrorReply(code="internal", message=f"internal controller error: {e}")
+        if msg.reply:
+            try:
+                await msg.respond(encode(reply))
+            except Exception as e:
+                log.debug("could not reply on %s: %s", msg.reply, e)
+
+    async def _dispatch(self, subject: str, data: bytes) -> object:
+        user, verb = names.parse_api_subject(subject)
+        names.check_token("user name", user)
+        if verb not in self._handlers:
+            raise InvalidRequest(f"unknown API verb {verb!r}; known: {', '.join(names.VERBS)}")
+        kind, handler = self._handlers[verb]
+        return await handler(user, decode(data, kind))
+
+    # ---------------------------------------------------------------------------------- verbs
+
+    async def submit(self, user: str, req: SubmitRequest) -> JobReply:
+        spec = self._validate(replace(req.spec, user=user))
+        if not req.force:
+            for j in self._jobs.values.values():
+                if j.spec.user == user and j.spec.name == spec.name and not j.state.final:
+                    raise Conflict(f"job {spec.name!r} is already {j.state.value} as {j.id}; "
+                                   "stop it first, or submit with -f/--force to run another")
+        now = time.time()
+        record = JobRecord(
+            id=uuid.uuid4().hex[:10], spec=spec, state=ChainState.QUEUED, submit_ts=now, reason="queued",
+            history=(JobEvent(ts=now, state=ChainState.QUEUED, reason=f"submitted by {user}"),),
+        )
+        rev = await self._kv.create(record.id, encode(record))
+        self._jobs.put_local(record.id, record, rev)
+        self._on_submit()
+        return JobReply(job=record)
+
+    def _validate(self, spec: JobSpec) -> JobSpec:
+        if not spec.name or len(spec.name) > MAX_NAME or any(c in spec.name for c in "\n\r\t"):
+            raise InvalidRequest(f"job name must be 1-{MAX_NAME} printable characters")
+        if spec.nodes < 1:
+            raise InvalidRequest(f"a job needs at least 1 node, not {spec.nodes}")
+        if spec.priority not in {p.value for p in Priority}:
+            raise InvalidRequest(f"unknown priority {spec.priority}: use one of "
+                                 + ", ".join(f"{p.name} ({p.value})" for p in Priority))
+        if not spec.entrypoint or not spec.entrypoint[0]:
+            raise InvalidRequest("the job has no command to run")
+        if not os.path.isabs(spec.workdir):
+            raise InvalidRequest(f"workdir must be an absolute path, not {spec.workdir!r}")
+        names.check_token("group", spec.group)
+        group_nodes = [r for r in self._nodes.records() if r.group == spec.group]
+        if not group_nodes:
+            raise InvalidRequest(f"group {spec.group!r} has no nodes")
+        if spec.nodes > len(group_nodes):
+            raise InvalidRequest(f"the job asks for {spec.nodes} nodes but group {spec.group!r} has "
+                                 f"{len(group_nodes)}")
+        if spec.env_name:
+            offered = set.intersection(*(set(r.envs) for r in group_nodes))
+            if spec.env_name not in offered:
+                known = ", ".join(sorted(offered)) or "none"
+                raise InvalidRequest(f"unknown environment HF_ENV_NAME={spec.env_name!r}; "
+                                     f"environments on group {spec.group!r}: {known}")
+        return spec
+
+    async def list(self, user: str, req: ListRequest) -> JobList:
+        jobs = [
+            j for j in self._jobs.values.values()
+            if (req.all_users or j.spec.user == user) and (req.include_finished or not j.state.final)
+        ]
+        return JobList(jobs=tuple(sorted(jobs, key=lambda j: (j.submit_ts, j.id))))
+
+    async def status(self, user: str, req: JobRequest) -> JobReply:
+        return JobReply(job=await self._find(user, req.job))
+
+    async def stop(self, user: str, req: StopRequest) -> JobReply:
+        job = await self._find(user, req.job)
+        if job.spec.user != user:
+            raise Conflict(f"job {job.id} belongs to {job.spec.user}; you can only stop your own jobs")
+        record, rev, changed = await cas_update(self._kv, job.id, lambda j: apply_stop(j, time.time(), user))
+        if changed:
+            self._jobs.put_local(record.id, record, rev)
+            self._on_submit()
+        return JobReply(job=record)
+
+    async def nodes(self, user: str, req: NodesRequest) -> NodesReply:
+        return NodesReply(nodes=tuple(self._nodes.infos(list(self._jobs.values.values()))))
+
+    async def _find(self, user: str, ref: str) -> JobRecord:
+        """A job by id, else the newest job with that name (the caller's own first)."""
+        if not ref:
+            raise InvalidRequest("name a job by id or name")
+        try:
+            if names.is_token(ref):
+                return decode((await self._kv.get(ref)).value, JobRecord)
+        except nats.js.errors.KeyNotFoundError:
+            pass
+        named = [j for j in self._jobs.values.values() if j.spec.name == ref]
+        if not named:
+            raise NotFound(f"no job with id or name {ref!r}")
+        own = [j for j in named if j.spec.user == user] or named
+        return max(own, key=lambda j: (j.submit_ts, j.id))

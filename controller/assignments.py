@@ -1,0 +1,56 @@
+"""Desired state of every node, derived from the job records alone (pure).
+
+The leader never stores "what it told the agents" anywhere else: after a failover the new leader
+derives the same assignments from the same records, so nothing is lost or started twice.
+"""
+
+from __future__ import annotations
+
+from hfai.protocol.types import ChainState, DesiredRun, JobRecord, NodeAssignment, RunAssignment
+
+_DESIRED = {
+    ChainState.RUNNING: DesiredRun.RUN,
+    ChainState.SUSPENDING: DesiredRun.SUSPEND,
+    ChainState.STOPPING: DesiredRun.STOP,
+}
+
+
+def desired_assignments(jobs: list[JobRecord], nodes: list[str], fence: int, ack_window_s: float,
+                        kill_window_s: float) -> dict[str, NodeAssignment]:
+    """node -> NodeAssignment for every known node (nodes without work get an empty one)."""
+    runs: dict[str, list[RunAssignment]] = {n: [] for n in nodes}
+    for job in sorted(jobs, key=lambda j: j.id):
+        desired = _DESIRED.get(job.state)
+        if desired is None:
+            continue
+        for rank, node in enumerate(job.nodes):
+            runs.setdefault(node, []).append(_run(job, rank, desired, ack_window_s, kill_window_s))
+    return {n: NodeAssignment(node=n, fence=fence, runs=tuple(rs)) for n, rs in runs.items()}
+
+
+def _run(job: JobRecord, rank: int, desired: DesiredRun, ack_window_s: float, kill_window_s: float) -> RunAssignment:
+    s = job.spec
+    return RunAssignment(
+        job_id=job.id, run_id=job.run_id, name=s.name, user=s.user, group=s.group, priority=s.priority,
+        rank=rank, world_size=len(job.nodes), master_addr=job.master_addr, master_port=job.master_port,
+        entrypoint=s.entrypoint, workdir=s.workdir, desired=desired, env_name=s.env_name, env=dict(s.env),
+        suspend_count=job.suspend_count, whole_life_state=job.whole_life_state,
+        ack_window_s=ack_window_s, kill_window_s=kill_window_s,
+    )
+
+
+def same_work(a: NodeAssignment | None, b: NodeAssignment) -> bool:
+    """True if ``a`` already tells the agent exactly what ``b`` does (fence aside)."""
+    return a is not None and a.runs == b.runs
+
+
+def pick_master_port(job_id: str, run_id: int, in_use: set[int], base: int, span: int) -> int:
+    """A port for MASTER_PORT, stable per run and distinct from ports of other live runs."""
+    import zlib
+
+    start = zlib.crc32(f"{job_id}.{run_id}".encode()) % span
+    for i in range(span):
+        port = base + (start + i) % span
+        if port not in in_use:
+            return port
+    raise RuntimeError("no free master port in the configured range")

@@ -1,0 +1,199 @@
+"""What the lease holder does: consume agent events, watch node liveness, run the policy, and
+write per-node assignments — a thin executor around pure functions.
+
+Every write is a compare-and-set on a job record, and assignments are derived from the records
+alone (see assignments.py), so a new leader continues exactly where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from hfai._nats import events_subscription
+from hfai.config import Config
+from hfai.controller import transitions
+from hfai.controller.assignments import desired_assignments, pick_master_port, same_work
+from hfai.controller.election import LeaseElection
+from hfai.controller.nodes import NodeTracker
+from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Suspend, Wait, decide
+from hfai.controller.store import KVCache, cas_update
+from hfai.protocol import decode, encode
+from hfai.protocol.errors import HfaiError, ProtocolError
+from hfai.protocol.types import JobRecord, NodeAssignment, NodeState, RunEvent
+
+log = logging.getLogger(__name__)
+
+EVENT_BATCH = 256
+
+
+class Leader:
+    def __init__(self, config: Config, js: JetStreamContext, jobs_kv: KeyValue, assign_kv: KeyValue,
+                 jobs: KVCache[JobRecord], nodes: NodeTracker, election: LeaseElection, wake: asyncio.Event):
+        self.config = config
+        self.cc = config.controller
+        self._js = js
+        self._jobs_kv = jobs_kv
+        self._assign_kv = assign_kv
+        self.jobs = jobs
+        self.nodes = nodes
+        self.election = election
+        self.wake = wake
+        self.fence = election.token or 0
+        self._assigned: dict[str, NodeAssignment] = {}
+        self._lost_nodes: set[str] = set()
+
+    async def run(self) -> None:
+        """Lead until the lease is lost or the task is cancelled."""
+        log.info("leading with fence %d", self.fence)
+        await self._load_assignments()
+        # Give every node a full heartbeat window after a takeover before calling it dead.
+        now = time.monotonic()
+        for name in self.nodes.cache.values:
+            self.nodes.cache.seen[name] = max(self.nodes.cache.seen.get(name, now), now)
+        psub = await events_subscription(self._js, self.config)
+        events = asyncio.create_task(self._consume_events(psub), name="leader-events")
+        try:
+            while self.election.is_leader:
+                await self.tick()
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), self.cc.schedule_interval_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            events.cancel()
+            await asyncio.gather(events, return_exceptions=True)
+            try:
+                await psub.unsubscribe()
+            except Exception:
+                pass
+        log.info("no longer leading (fence %d)", self.fence)
+
+    async def tick(self) -> None:
+        await self._check_nodes()
+        await self._schedule()
+        await self._publish_assignments()
+
+    # ------------------------------------------------------------------------------- events
+
+    async def _consume_events(self, psub) -> None:
+        while True:
+            try:
+                msgs = await psub.fetch(EVENT_BATCH, timeout=1.0)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
+            except nats.errors.Error as e:
+                log.warning("event fetch failed: %s", e)
+                await asyncio.sleep(0.5)
+                continue
+            for m in msgs:
+                await self._handle_event(m)
+            self.wake.set()
+
+    async def _handle_event(self, m) -> None:
+        try:
+            ev = decode(m.data, RunEvent)
+        except ProtocolError as e:
+            log.warning("dropping undecodable event on %s: %s", m.subject, e)
+            await m.ack()
+            return
+        if not self.election.is_leader:
+            return  # unacked: the next leader gets it again
+        try:
+            await self._update(ev.job_id, lambda j: transitions.apply_event(j, ev, time.time()))
+        except HfaiError as e:
+            log.warning("event %s for %s not applied: %s", ev.event.value, ev.job_id, e)
+        await m.ack()
+
+    # -------------------------------------------------------------------------------- nodes
+
+    async def _check_nodes(self) -> None:
+        now = time.monotonic()
+        down = {name for name in self.nodes.cache.values if self.nodes.state(name, now) is NodeState.DOWN}
+        for name in sorted(down - self._lost_nodes):
+            log.warning("node %s is down", name)
+        self._lost_nodes = down
+        for job in list(self.jobs.values.values()):
+            for node in job.nodes:
+                if node in down and job.state.holds_nodes:
+                    await self._update(job.id, lambda j, n=node: transitions.apply_node_lost(j, n, time.time()))
+                    break
+
+    # ----------------------------------------------------------------------------- schedule
+
+    async def _schedule(self) -> None:
+        records = {j.id: j for j in self.jobs.values.values() if not j.state.final}
+        views = [
+            JobView(id=j.id, user=j.spec.user, priority=j.spec.priority, nodes=j.spec.nodes,
+                    submit_ts=j.submit_ts, state=j.state, group=j.spec.group, held=j.nodes,
+                    started_ts=j.started_ts, slice_turns=j.slice_turns)
+            for j in records.values()
+        ]
+        now_mono = time.monotonic()
+        node_views = [
+            NodeView(name=r.name, group=r.group, schedulable=self.nodes.state(r.name, now_mono) is NodeState.UP)
+            for r in self.nodes.records()
+        ]
+        for d in decide(views, node_views, time.time(), PolicyConfig(slice_s=self.cc.slice_s)):
+            if not self.election.is_leader:
+                return
+            if isinstance(d, Start):
+                addr = self.nodes.cache.values[d.nodes[0]].address
+                port = self._master_port(d.job_id, records[d.job_id].run_id + 1, addr)
+                await self._update(d.job_id, lambda j, d=d: transitions.apply_start(j, d, time.time(), addr, port))
+            elif isinstance(d, Suspend):
+                log.info("suspending %s: %s", d.job_id, d.reason)
+                await self._update(d.job_id, lambda j, d=d: transitions.apply_suspend(j, d, time.time()))
+            elif isinstance(d, Wait):
+                if records[d.job_id].reason != d.reason:
+                    await self._update(d.job_id, lambda j, d=d: transitions.apply_wait_reason(j, d.reason))
+
+    def _master_port(self, job_id: str, run_id: int, addr: str) -> int:
+        in_use = {j.master_port for j in self.jobs.values.values() if j.state.holds_nodes and j.master_addr == addr}
+        return pick_master_port(job_id, run_id, in_use, self.cc.master_port_base, self.cc.master_port_span)
+
+    async def _update(self, job_id: str, change) -> None:
+        try:
+            record, rev, changed = await cas_update(self._jobs_kv, job_id, change)
+        except HfaiError as e:
+            log.warning("could not update job %s: %s", job_id, e)
+            return
+        if changed:
+            self.jobs.put_local(job_id, record, rev)
+            if record.state.final or record.state.holds_nodes:
+                log.info("job %s (%s) -> %s: %s", job_id, record.spec.name, record.state.value, record.reason)
+
+    # -------------------------------------------------------------------------- assignments
+
+    async def _load_assignments(self) -> None:
+        for key in await _keys(self._assign_kv):
+            try:
+                self._assigned[key] = decode((await self._assign_kv.get(key)).value, NodeAssignment)
+            except Exception as e:
+                log.debug("skipping assignment %s: %s", key, e)
+
+    async def _publish_assignments(self) -> None:
+        wanted = desired_assignments(
+            list(self.jobs.values.values()), list(self.nodes.cache.values), self.fence,
+            self.cc.ack_window_s, self.cc.kill_window_s,
+        )
+        for node, assignment in wanted.items():
+            if same_work(self._assigned.get(node), assignment) or not self.election.is_leader:
+                continue
+            await self._assign_kv.put(node, encode(assignment))
+            self._assigned[node] = assignment
+
+
+async def _keys(kv: KeyValue) -> list[str]:
+    import nats.js.errors
+
+    try:
+        return await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return []

@@ -1,0 +1,46 @@
+"""Node liveness as one controller replica sees it, from the heartbeat records in ``hfai_nodes``.
+
+Liveness uses this replica's own monotonic clock (when it last saw the record change), never the
+timestamps agents write, so clock skew between hosts cannot make a node look dead or alive.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hfai.controller.store import KVCache
+from hfai.protocol.types import JobRecord, NodeInfo, NodeRecord, NodeState
+
+
+def node_state(last_seen: float | None, now: float, timeout_s: float, fatal_gpu: bool = False) -> NodeState:
+    """Pure: UP while heartbeats are fresh and no GPU reports a fatal error; DOWN otherwise."""
+    if last_seen is None or now - last_seen > timeout_s or fatal_gpu:
+        return NodeState.DOWN
+    return NodeState.UP
+
+
+class NodeTracker:
+    def __init__(self, cache: KVCache[NodeRecord], heartbeat_timeout_s: float):
+        self.cache = cache
+        self.timeout_s = heartbeat_timeout_s
+
+    def records(self) -> list[NodeRecord]:
+        return list(self.cache.values.values())
+
+    def state(self, name: str, now: float | None = None) -> NodeState:
+        record = self.cache.values.get(name)
+        fatal = record is not None and any(g.fatal for g in record.gpus)
+        return node_state(self.cache.seen.get(name), time.monotonic() if now is None else now, self.timeout_s, fatal)
+
+    def infos(self, jobs: list[JobRecord]) -> list[NodeInfo]:
+        now = time.monotonic()
+        on_node: dict[str, list[str]] = {}
+        for j in jobs:
+            if j.state.holds_nodes:
+                for n in j.nodes:
+                    on_node.setdefault(n, []).append(j.id)
+        return [
+            NodeInfo(record=r, state=self.state(r.name, now), age_s=now - self.cache.seen.get(r.name, now),
+                     jobs=tuple(on_node.get(r.name, ())))
+            for r in sorted(self.records(), key=lambda r: r.name)
+        ]

@@ -1,0 +1,114 @@
+"""Pure state changes of job records: applying agent events, policy decisions and node loss.
+
+Each function takes a record and returns the new record, or None when nothing changes, so the
+leader can write it with compare-and-set and simply retry on a conflict. Events are idempotent:
+a redelivered event (same node, same run) changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hfai.controller.policy import Start, Suspend
+from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
+
+
+def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
+    """The record after one agent event, or None if the event is stale or already applied."""
+    if ev.job_id != job.id or ev.run_id != job.run_id or job.state.final or not job.state.holds_nodes:
+        return None
+    if ev.node not in job.nodes:
+        return None
+    if ev.event is RunEventKind.STARTED:
+        return None
+    if ev.event is RunEventKind.SUSPEND_ACKED:
+        if ev.node in job.acked:
+            return None
+        return replace(job, acked=(*job.acked, ev.node))
+    if ev.event is RunEventKind.START_FAILED:
+        return _finish(job, ChainState.FAILED, now, f"could not start on {ev.node}: {ev.message}")
+    # EXITED
+    if ev.node in job.exits:
+        return None
+    code = ev.exit_code if ev.exit_code is not None else -1
+    exits = {**job.exits, ev.node: code}
+    wls = ev.whole_life_state if ev.whole_life_state is not None else job.whole_life_state
+    job = replace(job, exits=exits, whole_life_state=wls)
+    rank = job.nodes.index(ev.node)
+    if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
+        # One rank failing fails the gang; the other nodes lose the run from their assignment.
+        return _finish(job, ChainState.FAILED, now, f"rank {rank} on {ev.node} exited with code {code}")
+    if len(exits) < len(job.nodes):
+        return job
+    return _all_exited(job, now)
+
+
+def _all_exited(job: JobRecord, now: float) -> JobRecord:
+    codes = job.exits
+    if job.state is ChainState.SUSPENDING:
+        if all(c == 0 for c in codes.values()) and not job.acked:
+            # It finished its work before it saw the suspend request.
+            return _finish(job, ChainState.SUCCEEDED, now, "finished while being suspended")
+        how = "acknowledged" if len(job.acked) == len(job.nodes) else "stopped after the interrupt windows"
+        return requeue(job, now, f"{job.reason}; {how}")
+    if job.state is ChainState.STOPPING:
+        return _finish(job, ChainState.STOPPED, now, job.reason or "stopped")
+    if all(c == 0 for c in codes.values()):
+        return _finish(job, ChainState.SUCCEEDED, now, "all ranks exited 0")
+    return _finish(job, ChainState.FAILED, now, f"exit codes {codes}")
+
+
+def _finish(job: JobRecord, state: ChainState, now: float, reason: str) -> JobRecord:
+    return job.transition(state, now, reason, ended_ts=now)
+
+
+def requeue(job: JobRecord, now: float, reason: str) -> JobRecord:
+    """Back in line (SUSPENDED) keeping the original submit time; never counted as a failure."""
+    return job.transition(
+        ChainState.SUSPENDED, now, reason,
+        suspend_count=job.suspend_count + 1, nodes=(), exits={}, acked=(), master_addr="", master_port=0,
+    )
+
+
+def apply_start(job: JobRecord, d: Start, now: float, master_addr: str, master_port: int) -> JobRecord | None:
+    if not job.state.waiting:
+        return None
+    resumed = job.run_id > 0
+    reason = f"resumed on {', '.join(d.nodes)}" if resumed else f"started on {', '.join(d.nodes)}"
+    return job.transition(
+        ChainState.RUNNING, now, reason,
+        run_id=job.run_id + 1, nodes=d.nodes, last_nodes=d.nodes, exits={}, acked=(), started_ts=now,
+        master_addr=master_addr, master_port=master_port,
+    )
+
+
+def apply_suspend(job: JobRecord, d: Suspend, now: float) -> JobRecord | None:
+    if job.state is not ChainState.RUNNING:
+        return None
+    turns = job.slice_turns + 1 if d.sliced else job.slice_turns
+    return job.transition(ChainState.SUSPENDING, now, d.reason, slice_turns=turns)
+
+
+def apply_wait_reason(job: JobRecord, reason: str) -> JobRecord | None:
+    if not job.state.waiting or job.reason == reason:
+        return None
+    # A wait reason is not a state change: no history entry, or the history would fill with noise.
+    return replace(job, reason=reason)
+
+
+def apply_node_lost(job: JobRecord, node: str, now: float) -> JobRecord | None:
+    """A node of the job stopped heartbeating: requeue (or finish a stop); not a user failure."""
+    if not job.state.holds_nodes or node not in job.nodes:
+        return None
+    if job.state is ChainState.STOPPING:
+        return _finish(job, ChainState.STOPPED, now, f"{job.reason}; node {node} lost")
+    return requeue(job, now, f"node {node} lost (no heartbeat); requeued")
+
+
+def apply_stop(job: JobRecord, now: float, by: str) -> JobRecord | None:
+    """A user's stop: waiting jobs stop at once, running ones are asked to stop."""
+    if job.state.final or job.state is ChainState.STOPPING:
+        return None
+    if job.state.waiting:
+        return _finish(job, ChainState.STOPPED, now, f"stopped by {by}")
+    return job.transition(ChainState.STOPPING, now, f"stopped by {by}")

@@ -1,0 +1,116 @@
+"""NATS plumbing shared by the controller, the agent and the CLI (never imported by jobs).
+
+Connecting, and making sure the JetStream buckets and the events stream exist. Creation is
+idempotent and any component may do it first: a fresh cluster needs no setup step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, AckPolicy, DeliverPolicy, StreamConfig
+from nats.js.kv import KeyValue
+
+from hfai.config import Config
+from hfai.protocol import names
+from hfai.protocol.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+EVENTS_MAX_AGE_S = 7 * 24 * 3600
+
+
+async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
+    """Connect to NATS or raise Unavailable with the URL in the message."""
+
+    async def on_error(e: Exception) -> None:
+        log.debug("nats error: %s", e)
+
+    try:
+        return await nats.connect(
+            config.nats.url,
+            name=name,
+            connect_timeout=config.nats.connect_timeout_s,
+            allow_reconnect=reconnect,
+            max_reconnect_attempts=-1 if reconnect else 0,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+        )
+    except (OSError, nats.errors.NoServersError, asyncio.TimeoutError, nats.errors.Error) as e:
+        raise Unavailable(
+            f"cannot reach NATS at {config.nats.url} ({e.__class__.__name__}); is the cluster up? "
+            "(`hfai local up` starts a local one)"
+        ) from e
+
+
+@dataclass
+class Buckets:
+    leader: KeyValue
+    jobs: KeyValue
+    nodes: KeyValue
+    assign: KeyValue
+    users: KeyValue
+
+
+async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | None = None) -> KeyValue:
+    try:
+        return await js.key_value(name)
+    except nats.js.errors.BucketNotFoundError:
+        pass
+    try:
+        return await js.create_key_value(bucket=name, history=1, ttl=ttl, replicas=replicas)
+    except nats.js.errors.APIError:
+        # Lost a creation race with another component: the bucket exists now.
+        return await js.key_value(name)
+
+
+async def ensure_buckets(js: JetStreamContext, config: Config) -> Buckets:
+    r = config.nats.replicas
+    return Buckets(
+        # The lease expires through the bucket TTL: a plain update keeps it (see docs/architecture.md).
+        leader=await _bucket(js, names.BUCKET_LEADER, r, ttl=config.controller.lease_ttl_s),
+        jobs=await _bucket(js, names.BUCKET_JOBS, r),
+        nodes=await _bucket(js, names.BUCKET_NODES, r),
+        assign=await _bucket(js, names.BUCKET_ASSIGN, r),
+        users=await _bucket(js, names.BUCKET_USERS, r),
+    )
+
+
+async def ensure_events_stream(js: JetStreamContext, config: Config) -> None:
+    cfg = StreamConfig(
+        name=names.EVENTS_STREAM,
+        subjects=[names.EVENTS_WILDCARD],
+        max_age=EVENTS_MAX_AGE_S,
+        num_replicas=config.nats.replicas,
+        duplicate_window=120.0,
+    )
+    try:
+        await js.stream_info(names.EVENTS_STREAM)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(cfg)
+        except nats.js.errors.APIError:
+            await js.stream_info(names.EVENTS_STREAM)
+
+
+async def events_subscription(js: JetStreamContext, config: Config) -> JetStreamContext.PullSubscription:
+    """The leader's durable pull consumer on the events stream (explicit acks)."""
+    await ensure_events_stream(js, config)
+    return await js.pull_subscribe(
+        names.EVENTS_WILDCARD,
+        durable=names.EVENTS_CONSUMER,
+        stream=names.EVENTS_STREAM,
+        config=ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=config.controller.event_ack_wait_s,
+            deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=10000,
+        ),
+    )
