@@ -7,7 +7,7 @@ User mistakes (missing or corrupt files, bad indices) end in a one-line error an
 from __future__ import annotations
 
 import functools
-import os
+import sys
 
 import click
 
@@ -48,7 +48,7 @@ def pack(src_dir: str, out: str, plain: bool, no_fsync: bool) -> None:
     from hfai.data.packed import scan_tree, write_packed
 
     tree, files = scan_tree(src_dir)
-    with click.progressbar(length=len(files), label=f"packing {len(files)} files", file=click.get_text_stream("stderr")) as bar:
+    with click.progressbar(length=len(files), label=f"packing {len(files)} files", file=sys.stderr) as bar:
         write_packed(out, tree, files, index=not plain, progress=bar.update, fsync=not no_fsync)
     click.echo(f"{out}: {len(files)} files packed" + ("" if plain else " (packed folder)"))
 
@@ -105,7 +105,7 @@ def verify(path: str) -> None:
     from hfai.data.reader import FileReader
 
     with FileReader(path, check_data=True) as reader:
-        with click.progressbar(length=reader.n, label="verifying", file=click.get_text_stream("stderr")) as bar:
+        with click.progressbar(length=reader.n, label="verifying", file=sys.stderr) as bar:
             reader.validate(progress=bar.update)
         click.echo(f"{path}: OK, {reader.n} samples in {len(reader.paths)} file(s), all checksums match")
 
@@ -127,6 +127,4 @@ def cat(file: str, index: str) -> None:
     else:
         with FileReader(file) as reader:
             data = reader.read_one(i)
-    out = click.get_binary_stream("stdout")
-    out.write(data.tobytes())
-    out.flush()
+    click.echo(data.tobytes(), nl=False)  # bytes go to the binary stdout, unchanged

@@ -80,14 +80,13 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Read the state now, not when the generator first runs: DataLoader creates the
-        # iterator early (and its workers prefetch), so a later set_step must not leak in.
-        skip, self._skip = self._skip, 0
-        return self._batches(self._order(), skip, self.num_batches())
-
-    def _batches(self, order: np.ndarray, skip: int, count: int) -> Iterator[list[int]]:
+        # The epoch and the pending skip are read when the first batch is drawn, not here:
+        # torch's multi-process iterator calls iter() twice (in __init__ and in _reset) and
+        # only draws from the second, so a skip consumed here would be lost.
         size = self.batch_size
-        for b in range(skip, count):
+        skip, self._skip = self._skip, 0
+        order = self._order()
+        for b in range(skip, self.num_batches()):
             yield order[b * size : (b + 1) * size].tolist()
 
     def __len__(self) -> int:

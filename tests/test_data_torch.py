@@ -1,0 +1,127 @@
+"""torch integration: batched __getitems__ with the stock DataLoader, and resumable loading."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hfai.data import DataLoader, Dataset, FileWriter  # noqa: E402
+from hfai.data.loader import ResumableBatchSampler  # noqa: E402
+
+N, WIDTH = 40, 8
+
+
+@pytest.fixture(scope="module")
+def ffr(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("torch") / "t.ffr"
+    with FileWriter(path, N) as w:
+        for i in range(N):
+            w.write_one(np.full(WIDTH, i, dtype=np.uint8))
+    return str(path)
+
+
+class CountingDataset(Dataset):
+    """Records every batch of indices it is asked for (in this process)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches: list[list[int]] = []
+
+    def __getitems__(self, indices):
+        self.batches.append(list(indices))
+        return super().__getitems__(indices)
+
+
+def first_bytes(batch) -> list[int]:
+    return batch[:, 0].tolist()
+
+
+@pytest.mark.parametrize(
+    ("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")], ids=["inline", "fork", "spawn"]
+)
+def test_stock_dataloader_reads_whole_batches(ffr, workers, context):
+    ds = Dataset(ffr)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=6, shuffle=False, num_workers=workers, multiprocessing_context=context
+    )
+    batches = list(loader)
+    assert [b.shape for b in batches] == [(6, WIDTH)] * 6 + [(4, WIDTH)]
+    assert batches[0].dtype == torch.uint8
+    assert sum((first_bytes(b) for b in batches), []) == list(range(N))
+
+
+def test_getitems_is_one_call_per_batch_and_handles_repeats(ffr):
+    ds = CountingDataset(ffr)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=[[3, 3, 0], [5]], num_workers=0)
+    assert [first_bytes(b) for b in loader] == [[3, 3, 0], [5]]
+    assert ds.batches == [[3, 3, 0], [5]]
+
+
+def test_transform_and_getitem(ffr):
+    ds = Dataset(ffr, transform=lambda a: int(a.sum()))
+    assert ds[3] == 3 * WIDTH and ds.__getitems__([1, 2]) == [WIDTH, 2 * WIDTH]
+    with pytest.raises(IndexError):
+        ds[-1]
+
+
+def test_set_step_resumes_mid_epoch_without_reading_skipped_batches(ffr):
+    ds = CountingDataset(ffr)
+    loader = ds.loader(5, shuffle=True, seed=7)
+    loader.set_epoch(3)
+    full = [first_bytes(b) for b in loader]
+    assert sorted(sum(full, [])) == list(range(N)) and len(full) == 8
+
+    ds.batches.clear()
+    loader.set_epoch(3)
+    loader.set_step(3)
+    assert len(loader) == 5
+    resumed = [first_bytes(b) for b in loader]
+    assert resumed == full[3:]
+    assert ds.batches == full[3:]  # the first 3 batches were never read
+    assert [first_bytes(b) for b in loader] == full  # set_step is one-shot
+
+
+def test_set_step_with_worker_processes(ffr):
+    loader = DataLoader(Dataset(ffr), 5, seed=1, num_workers=2, multiprocessing_context="fork")
+    full = [first_bytes(b) for b in loader]
+    loader.set_step(6)
+    assert [first_bytes(b) for b in loader] == full[6:]
+
+
+def test_epochs_shuffle_differently_and_reproducibly():
+    a, b = ResumableBatchSampler(N, 4, seed=0), ResumableBatchSampler(N, 4, seed=0)
+    a.set_epoch(1)
+    b.set_epoch(1)
+    assert list(a) == list(b)
+    b.set_epoch(2)
+    assert list(a) != list(b)
+
+
+def test_sharding_splits_an_epoch_between_ranks():
+    shards = [list(ResumableBatchSampler(41, 4, seed=5, num_replicas=2, rank=r)) for r in (0, 1)]
+    flat = [sum(s, []) for s in shards]
+    assert len(flat[0]) == len(flat[1]) == 20 and not set(flat[0]) & set(flat[1])
+
+
+def test_set_step_rejects_steps_outside_the_epoch():
+    s = ResumableBatchSampler(10, 3, drop_last=True)
+    with pytest.raises(ValueError):
+        s.set_step(4)
+    s.set_step(3)
+    assert list(s) == []
+
+
+def test_importing_hfai_data_and_its_cli_does_not_import_torch():
+    code = (
+        "import sys, hfai, hfai.data, hfai.cli.data; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "import importlib; importlib.reload(hfai.cli.data)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    cli_only = "import sys, hfai.cli.data; assert 'numpy' not in sys.modules and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", cli_only], check=True)
