@@ -1,0 +1,112 @@
+"""Test harness: a real local cluster (nats-server, controllers, agents as processes) per test,
+with every window short so a whole interrupt cycle takes seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hfai.cli.client import ApiClient
+from hfai.cli.local import LocalCluster
+from hfai.config import AgentConfig, ControllerConfig
+from hfai.protocol import decode, names
+from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease
+
+TEST_CONTROLLER = ControllerConfig(
+    lease_ttl_s=2.0, lease_poll_s=0.2, schedule_interval_s=0.2, slice_s=3600.0,
+    ack_window_s=10.0, kill_window_s=3.0, heartbeat_timeout_s=6.0, event_ack_wait_s=2.0,
+)
+TEST_AGENT = AgentConfig(heartbeat_interval_s=0.5, reconcile_interval_s=0.2, gpu_source="sim")
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+class Cluster:
+    """A LocalCluster plus synchronous helpers for tests."""
+
+    def __init__(self, root: Path, nodes: int = 2, controllers: int = 1, **controller_overrides):
+        cc = dataclasses.replace(TEST_CONTROLLER, **controller_overrides)
+        self.local = LocalCluster(root=root, nodes=nodes, controllers=controllers, controller=cc, agent=TEST_AGENT)
+        self.nodes = nodes
+
+    def __enter__(self) -> Cluster:
+        self.local.up()
+        self.wait(lambda: len(self.run(lambda api: api.nodes())) == self.nodes, 30, "nodes to register")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.local.down()
+
+    @property
+    def config(self):
+        return self.local.config()
+
+    def run(self, fn, user: str = "tester"):
+        async def go():
+            async with ApiClient(self.config, user=user) as api:
+                return await fn(api)
+
+        return asyncio.run(go())
+
+    def submit(self, entrypoint: list[str], name: str, nodes: int = 1, priority: int = 10, user: str = "tester",
+               workdir: Path | None = None, **spec) -> JobRecord:
+        s = JobSpec(name=name, entrypoint=tuple(entrypoint), workdir=str(workdir or REPO), nodes=nodes,
+                    priority=priority, **spec)
+        return self.run(lambda api: api.submit(s), user=user)
+
+    def job(self, ref: str) -> JobRecord:
+        return self.run(lambda api: api.status(ref))
+
+    def wait(self, cond, timeout: float, what: str, poll: float = 0.1):
+        deadline = time.monotonic() + timeout
+        last_error = None
+        while time.monotonic() < deadline:
+            try:
+                value = cond()
+                if value:
+                    return value
+            except Exception as e:  # e.g. the API is briefly unavailable during a failover
+                last_error = e
+            time.sleep(poll)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
+
+    def wait_state(self, ref: str, state: ChainState, timeout: float = 60.0) -> JobRecord:
+        def check():
+            j = self.job(ref)
+            assert not (j.state.final and j.state is not state), f"job {ref} ended {j.state}: {j.reason}"
+            return j if j.state is state else None
+
+        return self.wait(check, timeout, f"job {ref} to be {state.value}")
+
+    def log(self, job_id: str, rank: int = 0, node: str | None = None) -> str:
+        node = node or self.job(job_id).last_nodes[rank]
+        path = self.local.root / "agents" / node / "logs" / job_id / f"rank{rank}.log"
+        return path.read_text() if path.exists() else ""
+
+    def leader(self) -> str | None:
+        async def go():
+            import nats
+            import nats.js.errors
+
+            nc = await nats.connect(self.config.nats.url)
+            try:
+                kv = await nc.jetstream().key_value(names.BUCKET_LEADER)
+                try:
+                    return decode((await kv.get(names.LEADER_KEY)).value, LeaderLease).holder
+                except nats.js.errors.KeyNotFoundError:
+                    return None
+            finally:
+                await nc.close()
+
+        return asyncio.run(go())
+
+    def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        env = dict(os.environ, HFAI_CONFIG=str(self.local.config_path), HFAI_USER="tester")
+        return subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=cwd or REPO, env=env,
+                              capture_output=True, text=True, timeout=60)

@@ -1,0 +1,95 @@
+"""Integration: the time-sharing cycle with real processes, and a job that ignores interrupts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hfai.protocol.types import ChainState, Priority
+from spine_cluster import JOBS, REPO, Cluster
+
+torch = pytest.importorskip("torch")
+
+TRAIN = str(REPO / "examples" / "train.py")
+TRAIN_ARGS = ["--steps", "40", "--step-time", "0.05", "--seed", "7"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reference_run(workdir, out) -> None:
+    """The same 2-rank training, uninterrupted, outside the platform."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env.pop("HFAI_CONTROL_DIR", None)
+        procs.append(subprocess.Popen([sys.executable, TRAIN, *TRAIN_ARGS, "--out", str(out),
+                                       "--ckpt-dir", str(workdir / "ref_ckpt")], env=env, cwd=workdir))
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+
+
+def test_preempted_job_checkpoints_resumes_and_matches_uninterrupted_run(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    _reference_run(work, work / "reference.pt")
+
+    with Cluster(tmp_path / "cluster", nodes=2) as c:
+        low = c.submit(["python", TRAIN, *TRAIN_ARGS, "--out", str(work / "final.pt")], name="low", nodes=2,
+                       priority=Priority.LOW, workdir=work)
+        c.wait_state(low.id, ChainState.RUNNING)
+        c.wait(lambda: "step 10 " in c.log(low.id), 60, "the low-priority job to train a few steps")
+        high = c.submit(["python", TRAIN, "--steps", "3", "--step-time", "0", "--ckpt-dir", str(work / "hi")],
+                        name="high", nodes=1, priority=Priority.HIGH, workdir=work)
+        c.wait_state(low.id, ChainState.SUSPENDED, timeout=30)
+        c.wait_state(high.id, ChainState.SUCCEEDED, timeout=60)
+        done = c.wait_state(low.id, ChainState.SUCCEEDED, timeout=90)
+
+        assert done.suspend_count == 1 and done.run_id == 2
+        states = [e.state for e in done.history]
+        assert states == [ChainState.QUEUED, ChainState.RUNNING, ChainState.SUSPENDING, ChainState.SUSPENDED,
+                          ChainState.RUNNING, ChainState.SUCCEEDED]
+        assert "acknowledged" in done.history[3].reason
+        assert "resumed from step" in c.log(low.id)
+        assert done.whole_life_state > 0  # set by the job at its checkpoint, carried to the next run
+
+        ps = c.cli("ps", "-a")
+        assert ps.returncode == 0, ps.stderr
+        row = next(line for line in ps.stdout.splitlines() if line.startswith(low.id))
+        assert row.split()[5:7] == ["succeeded", "1"]
+
+    final = torch.load(work / "final.pt")
+    reference = torch.load(work / "reference.pt")
+    assert final.keys() == reference.keys()
+    for key in final:
+        assert torch.equal(final[key], reference[key]), key
+
+
+def test_job_ignoring_the_interrupt_is_killed_after_the_windows_and_requeued(tmp_path):
+    with Cluster(tmp_path, nodes=1, ack_window_s=1.5, kill_window_s=1.0) as c:
+        stubborn = c.submit(["bash", str(JOBS / "stubborn.sh")], name="stubborn", priority=Priority.LOW)
+        c.wait_state(stubborn.id, ChainState.RUNNING)
+        c.wait(lambda: "stubborn job" in c.log(stubborn.id), 20, "the stubborn job to print")
+        high = c.submit(["python", "-c", "print('urgent work done')"], name="urgent", priority=Priority.HIGH)
+        requeued = c.wait_state(stubborn.id, ChainState.SUSPENDED, timeout=30)
+        suspending, suspended = requeued.history[-2], requeued.history[-1]
+        assert suspending.state is ChainState.SUSPENDING
+        # Not acknowledged: it took at least the acknowledgement window plus the kill window.
+        assert suspended.ts - suspending.ts >= 1.5 + 1.0 - 0.3
+        assert "stopped after the interrupt windows" in suspended.reason
+        assert requeued.suspend_count == 1 and requeued.state is not ChainState.FAILED
+        c.wait_state(high.id, ChainState.SUCCEEDED)
+        again = c.wait_state(stubborn.id, ChainState.RUNNING)
+        assert again.run_id == 2
+
+        stop = c.cli("stop", stubborn.id)
+        assert stop.returncode == 0, stop.stderr
+        c.wait_state(stubborn.id, ChainState.STOPPED, timeout=20)
