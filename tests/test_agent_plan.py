@@ -1,0 +1,54 @@
+"""The agent's pure reconciliation plan: start once, interrupt windows, stop, report, clean up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hfai.agent.plan import Act, LocalRun, RunPhase, plan
+from hfai.protocol.types import DesiredRun, RunAssignment, RunEventKind
+
+RA = RunAssignment(job_id="j", run_id=1, name="n", user="u", group="g", priority=10, rank=0, world_size=1,
+                   master_addr="a", master_port=1, entrypoint=("true",), workdir="/", desired=DesiredRun.RUN,
+                   ack_window_s=10.0, kill_window_s=3.0)
+ALL_SENT = frozenset({RunEventKind.STARTED})
+
+
+def acts(desired, local, now=100.0):
+    return [(a.act, a.key) for a in plan(desired, local, now)]
+
+
+def local(**kw) -> LocalRun:
+    return LocalRun(**{"key": RA.key, "assignment": RA, "phase": RunPhase.ALIVE, "sent": ALL_SENT, **kw})
+
+
+def test_start_only_runs_this_node_never_had():
+    assert acts({RA.key: RA}, {}) == [(Act.START, RA.key)]
+    assert acts({RA.key: RA}, {RA.key: local()}) == []
+    done = local(phase=RunPhase.EXITED, exit_code=0, sent=ALL_SENT | {RunEventKind.EXITED})
+    assert acts({RA.key: RA}, {RA.key: done}) == []
+
+
+def test_suspend_windows():
+    s = replace(RA, desired=DesiredRun.SUSPEND)
+    assert acts({s.key: s}, {s.key: local()}) == [(Act.RAISE_SUSPEND, s.key)]
+    assert acts({s.key: s}, {s.key: local(suspend_ts=95.0)}) == []
+    assert acts({s.key: s}, {s.key: local(suspend_ts=89.0)}) == [(Act.TERMINATE, s.key)]  # ack window over
+    acked = local(suspend_ts=99.0, acked=True)
+    assert acts({s.key: s}, {s.key: acked}) == [(Act.REPORT_ACK, s.key), (Act.TERMINATE, s.key)]
+    assert acts({s.key: s}, {s.key: local(suspend_ts=80.0, term_ts=98.0)}) == []
+    assert acts({s.key: s}, {s.key: local(suspend_ts=80.0, term_ts=96.0)}) == [(Act.KILL, s.key)]
+
+
+def test_exit_is_reported_once_and_unwanted_runs_are_stopped_then_cleaned():
+    gone = local(phase=RunPhase.EXITED, exit_code=0)
+    assert acts({RA.key: RA}, {RA.key: gone}) == [(Act.REPORT_EXIT, RA.key)]
+    assert acts({}, {RA.key: local()}) == [(Act.TERMINATE, RA.key)]
+    assert acts({}, {RA.key: local(term_ts=90.0)}) == [(Act.KILL, RA.key)]
+    assert acts({}, {RA.key: gone}) == [(Act.REPORT_EXIT, RA.key)]
+    reported = replace(gone, sent=ALL_SENT | {RunEventKind.EXITED})
+    assert acts({}, {RA.key: reported}) == [(Act.CLEANUP, RA.key)]
+
+
+def test_suspended_before_start_is_reported_not_started():
+    s = replace(RA, desired=DesiredRun.SUSPEND)
+    assert acts({s.key: s}, {}) == [(Act.REPORT_NEVER_RAN, s.key)]

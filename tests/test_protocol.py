@@ -1,0 +1,107 @@
+"""The wire contract: golden bytes, round trips, and typed errors for every kind of bad input."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from hfai.protocol import PROTOCOL_VERSION, ProtocolError, decode, encode, names
+from hfai.protocol.errors import InvalidRequest
+from hfai.protocol.types import (
+    MESSAGE_TYPES,
+    ChainState,
+    DesiredRun,
+    JobRecord,
+    JobSpec,
+    ListRequest,
+    NodeAssignment,
+    Priority,
+    RunAssignment,
+    RunEvent,
+    RunEventKind,
+    StopRequest,
+)
+
+SPEC = JobSpec(name="mnist", entrypoint=("python", "train.py"), workdir="/home/a", nodes=2, priority=30, user="alice")
+
+
+def test_golden_bytes_of_a_small_message():
+    # Pinned: changing the encoding of an existing message breaks deployed agents and controllers.
+    # {"k": "stop_request", "v": [1, 0], "b": {"job": "abc"}}
+    assert encode(StopRequest(job="abc")).hex() == (
+        "83" "a16b" "ac73746f705f72657175657374" "a176" "920100" "a162" "81" "a36a6f62" "a3616263"
+    )
+
+
+def test_golden_envelope_fields():
+    raw = msgpack.unpackb(encode(ListRequest(all_users=False)))
+    assert raw == {"k": "list_request", "v": list(PROTOCOL_VERSION), "b": {"all_users": False, "include_finished": True}}
+
+
+def test_round_trip_of_nested_messages():
+    record = JobRecord(id="j1", spec=SPEC, state=ChainState.SUSPENDED, submit_ts=1.5, nodes=("n0", "n1"),
+                       exits={"n0": 0, "n1": -15}, history=())
+    ra = RunAssignment(job_id="j1", run_id=2, name="mnist", user="alice", group="default", priority=30, rank=1,
+                       world_size=2, master_addr="10.0.0.1", master_port=20001, entrypoint=("python", "t.py"),
+                       workdir="/w", desired=DesiredRun.SUSPEND, env={"A": "1"})
+    for msg in (record, NodeAssignment(node="n1", fence=42, runs=(ra,)),
+                RunEvent(event=RunEventKind.EXITED, node="n0", job_id="j1", run_id=2, ts=3.0, exit_code=None)):
+        assert decode(encode(msg)) == msg
+    assert decode(encode(record), JobRecord).exits == {"n0": 0, "n1": -15}
+
+
+def test_every_registered_kind_is_unique_and_encodable_names():
+    assert len(MESSAGE_TYPES) == len(set(MESSAGE_TYPES))
+    assert all(cls.KIND == kind for kind, cls in MESSAGE_TYPES.items())
+
+
+@pytest.mark.parametrize("data, text", [
+    (b"", "msgpack"),
+    (b"\xc1", "msgpack"),
+    (msgpack.packb([1, 2, 3]), "envelope"),
+    (msgpack.packb({"k": "nope", "v": [1, 0], "b": {}}), "unknown message kind"),
+    (msgpack.packb({"k": "stop_request", "v": [1, 0], "b": {}}), "missing field 'job'"),
+    (msgpack.packb({"k": "stop_request", "v": [1, 0], "b": {"job": 5}}), "expected str"),
+    (msgpack.packb({"k": "stop_request", "v": [2, 0], "b": {"job": "a"}}), "upgrade hfai"),
+    (msgpack.packb({"k": "stop_request", "v": "1.0", "b": {"job": "a"}}), "version"),
+    (msgpack.packb({"k": "run_event", "v": [1, 0], "b": {"event": "exploded", "node": "n", "job_id": "j",
+                                                         "run_id": 1, "ts": 1.0}}), "not a valid RunEventKind"),
+    (msgpack.packb({"k": "list_request", "v": [1, 0], "b": {"all_users": 1}}), "expected bool"),
+])
+def test_bad_input_raises_one_typed_error(data, text):
+    with pytest.raises(ProtocolError, match=text):
+        decode(data)
+
+
+def test_newer_minor_version_with_unknown_field_is_accepted():
+    data = msgpack.packb({"k": "stop_request", "v": [1, 9], "b": {"job": "a", "reason": "new field"}})
+    assert decode(data) == StopRequest(job="a")
+
+
+def test_expected_type_is_enforced():
+    with pytest.raises(ProtocolError, match="expected StopRequest"):
+        decode(encode(ListRequest()), StopRequest)
+
+
+def test_chain_state_edges():
+    assert ChainState.QUEUED.check(ChainState.RUNNING) is ChainState.RUNNING
+    from hfai.protocol.errors import IllegalTransition
+
+    with pytest.raises(IllegalTransition):
+        ChainState.SUCCEEDED.check(ChainState.RUNNING)
+    with pytest.raises(IllegalTransition):
+        ChainState.QUEUED.check(ChainState.SUSPENDING)
+
+
+def test_priority_parsing():
+    assert Priority.parse("high") == 30 and Priority.parse("EXTREME_HIGH") == 50 and Priority.parse("5") == 5
+    with pytest.raises(InvalidRequest, match="unknown priority"):
+        Priority.parse("urgent")
+
+
+def test_subjects_carry_the_user_and_reject_bad_tokens():
+    assert names.api_subject("alice", "submit") == "hfai.api.alice.submit"
+    assert names.parse_api_subject("hfai.api.alice.submit") == ("alice", "submit")
+    for bad in ("a.b", "*", "", "a b", ">"):
+        with pytest.raises(InvalidRequest):
+            names.api_subject(bad, "submit")

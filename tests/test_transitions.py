@@ -1,0 +1,83 @@
+"""Pure job-record transitions and assignment derivation."""
+
+from __future__ import annotations
+
+from hfai.controller import transitions as tr
+from hfai.controller.assignments import desired_assignments, pick_master_port
+from hfai.controller.policy import Start, Suspend
+from hfai.protocol.types import ChainState, DesiredRun, JobRecord, JobSpec, RunEvent, RunEventKind
+
+SPEC = JobSpec(name="j", entrypoint=("python", "t.py"), workdir="/w", nodes=2, user="alice")
+
+
+def running() -> JobRecord:
+    j = JobRecord(id="j1", spec=SPEC, state=ChainState.QUEUED, submit_ts=1.0)
+    return tr.apply_start(j, Start("j1", ("n0", "n1")), 2.0, "10.0.0.1", 20000)
+
+
+def exited(node, code, run=1, stopped=False, wls=None):
+    return RunEvent(event=RunEventKind.EXITED, node=node, job_id="j1", run_id=run, ts=5.0, exit_code=code,
+                    platform_stopped=stopped, whole_life_state=wls)
+
+
+def test_start_sets_a_new_run():
+    j = running()
+    assert (j.state, j.run_id, j.nodes, j.master_port) == (ChainState.RUNNING, 1, ("n0", "n1"), 20000)
+    assert tr.apply_start(j, Start("j1", ("n2",)), 3.0, "x", 1) is None  # already running
+
+
+def test_success_needs_every_rank():
+    j = tr.apply_event(running(), exited("n0", 0), 6.0)
+    assert j.state is ChainState.RUNNING
+    j = tr.apply_event(j, exited("n1", 0), 7.0)
+    assert j.state is ChainState.SUCCEEDED and j.ended_ts == 7.0
+
+
+def test_one_failing_rank_fails_the_gang_and_events_are_idempotent():
+    j = tr.apply_event(running(), exited("n1", 3), 6.0)
+    assert j.state is ChainState.FAILED and "rank 1" in j.reason
+    assert tr.apply_event(j, exited("n1", 3), 6.0) is None
+
+
+def test_suspend_cycle_requeues_without_counting_failure():
+    j = tr.apply_suspend(running(), Suspend("j1", "preempted", "x", sliced=True), 3.0)
+    assert j.state is ChainState.SUSPENDING and j.slice_turns == 1
+    j = tr.apply_event(j, RunEvent(event=RunEventKind.SUSPEND_ACKED, node="n0", job_id="j1", run_id=1, ts=4.0), 4.0)
+    j = tr.apply_event(j, RunEvent(event=RunEventKind.SUSPEND_ACKED, node="n1", job_id="j1", run_id=1, ts=4.0), 4.0)
+    j = tr.apply_event(j, exited("n0", -15, stopped=True, wls=12), 5.0)
+    j = tr.apply_event(j, exited("n1", -15, stopped=True), 5.0)
+    assert j.state is ChainState.SUSPENDED and j.suspend_count == 1 and j.nodes == () and j.whole_life_state == 12
+    assert "acknowledged" in j.reason and j.submit_ts == 1.0
+    again = tr.apply_start(j, Start("j1", ("n1", "n0")), 9.0, "a", 2)
+    assert again.run_id == 2 and "resumed" in again.reason
+
+
+def test_stale_events_are_ignored():
+    assert tr.apply_event(running(), exited("n0", 1, run=0), 5.0) is None
+    assert tr.apply_event(running(), exited("n9", 1), 5.0) is None
+
+
+def test_node_loss_requeues_and_stop_paths():
+    j = tr.apply_node_lost(running(), "n1", 5.0)
+    assert j.state is ChainState.SUSPENDED and "lost" in j.reason
+    stopping = tr.apply_stop(running(), 5.0, "alice")
+    assert stopping.state is ChainState.STOPPING
+    assert tr.apply_node_lost(stopping, "n0", 6.0).state is ChainState.STOPPED
+    queued = JobRecord(id="q", spec=SPEC, state=ChainState.QUEUED, submit_ts=1.0)
+    assert tr.apply_stop(queued, 2.0, "alice").state is ChainState.STOPPED
+
+
+def test_assignments_are_derived_from_records():
+    j = running()
+    susp = tr.apply_suspend(j, Suspend("j1", "p", "x"), 3.0)
+    a = desired_assignments([susp], ["n0", "n1", "n2"], fence=7, ack_window_s=5, kill_window_s=2)
+    assert a["n2"].runs == () and a["n0"].fence == 7
+    r0, r1 = a["n0"].runs[0], a["n1"].runs[0]
+    assert (r0.rank, r1.rank, r0.world_size, r0.desired) == (0, 1, 2, DesiredRun.SUSPEND)
+    assert r0.ack_window_s == 5 and r0.master_addr == "10.0.0.1"
+
+
+def test_master_ports_do_not_collide():
+    first = pick_master_port("j", 1, set(), 20000, 100)
+    assert pick_master_port("j", 1, set(), 20000, 100) == first
+    assert pick_master_port("j", 1, {first}, 20000, 100) != first
