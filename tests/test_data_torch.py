@@ -62,6 +62,16 @@ def test_getitems_is_one_call_per_batch_and_handles_repeats(ffr):
     assert ds.batches == [[3, 3, 0], [5]]
 
 
+def test_fast_collate_matches_default_collate():
+    from hfai.data.dataset import collate
+
+    same = [np.arange(i, i + 5, dtype=np.uint8) for i in range(3)]
+    assert torch.equal(collate(same), torch.utils.data.default_collate(same))
+    assert collate([1, 2]).tolist() == [1, 2]  # anything else: default_collate
+    with pytest.raises(RuntimeError):  # unequal lengths cannot be stacked, as with default_collate
+        collate([np.zeros(2, np.uint8), np.zeros(3, np.uint8)])
+
+
 def test_transform_and_getitem(ffr):
     ds = Dataset(ffr, transform=lambda a: int(a.sum()))
     assert ds[3] == 3 * WIDTH and ds.__getitems__([1, 2]) == [WIDTH, 2 * WIDTH]

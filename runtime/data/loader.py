@@ -98,7 +98,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
     ``DataLoader(dataset, batch_size, shuffle=True, seed=0, drop_last=False, num_replicas=1,
     rank=0, **kwargs)``; the remaining keyword arguments (``num_workers``, ``pin_memory``,
-    ``collate_fn``, ``multiprocessing_context``, ...) go to torch's DataLoader unchanged.
+    ``collate_fn``, ``multiprocessing_context``, ...) go to torch's DataLoader unchanged. The
+    default ``collate_fn`` is :func:`hfai.data.dataset.collate`.
     """
 
     def __init__(
@@ -117,6 +118,10 @@ class DataLoader(torch.utils.data.DataLoader):
             len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
             num_replicas=num_replicas, rank=rank,
         )
+        if "collate_fn" not in kwargs:
+            from hfai.data.dataset import collate
+
+            kwargs["collate_fn"] = collate
         super().__init__(dataset, batch_sampler=sampler, **kwargs)
 
     def set_epoch(self, epoch: int) -> None:
