@@ -161,10 +161,10 @@ class Control:
         start = time.monotonic()
         next_liveness = start + p.liveness_interval_s
         while True:
-            self.check_abort()
             waiting = missing()
             if not waiting:
-                return
+                return  # arrived peers win over an abort raised after they arrived
+            self.check_abort()
             now = time.monotonic()
             if now >= next_liveness:
                 next_liveness = now + p.liveness_interval_s

@@ -259,13 +259,13 @@ class ReduceGroup:
                 mine = torch.tensor(desc, dtype=torch.int64)
                 seen = [torch.empty_like(mine) for _ in range(self.topo.num_nodes)]
                 dist.all_gather(seen, mine, group=self._leaders_pg)
-                for node, other in enumerate(seen):
-                    if not torch.equal(other, mine):
-                        self._ctl.abort(L.ABORT_SIZE_MISMATCH)
-                        raise SizeMismatchError(
-                            f"node {node} reduces (seq, offset, numel, dtype, op)="
-                            f"{tuple(other.tolist())}, node {self.topo.node_rank} {desc}"
-                        )
+                if any(not torch.equal(other, mine) for other in seen):
+                    self._ctl.abort(L.ABORT_SIZE_MISMATCH)
+                    lines = "; ".join(
+                        f"node {node}: seq={d[0]} offset={d[1]} numel={d[2]} dtype={d[3]} op={d[4]}"
+                        for node, d in enumerate(t.tolist() for t in seen)
+                    )
+                    raise SizeMismatchError(f"nodes disagree on the collective: {lines}")
             if node_sum.size == 0:
                 return
             t = torch.from_numpy(node_sum)

@@ -1,0 +1,155 @@
+"""Harness for the hfai.reduce tests: run a function on N real local ranks (spawned processes,
+torch.distributed over gloo on CPU), with a hard deadline, and collect every rank's outcome.
+
+Also tests the harness itself, so a broken harness cannot make the other tests pass vacuously.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+import torch.multiprocessing as mp
+
+#: The gloo default group's own timeout; every test's own waits are shorter.
+PG_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rank: int
+    ok: bool
+    value: object = None
+    error_type: str = ""
+    message: str = ""
+    exitcode: int | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world, port, results, args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=PG_TIMEOUT_S),
+    )
+    try:
+        value = fn(rank, world, *args)
+        results.put(Outcome(rank, True, value))
+    except BaseException as e:  # reported to the parent, which decides what was expected
+        msg = f"{e}\n{traceback.format_exc()}"
+        results.put(Outcome(rank, False, None, type(e).__name__, msg))
+    # Flush the result, then leave at once: a rank whose peers died must not block in teardown.
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def run_ranks(fn, world: int, *args, deadline_s: float = 60.0) -> dict[int, Outcome]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; return each rank's outcome.
+
+    A rank that exits without reporting (killed) gets ``ok=False, error_type="exit"`` and its
+    exit code. Ranks still running at ``deadline_s`` are killed and reported as ``"deadline"``.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world, port, results, args), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    outcomes: dict[int, Outcome] = {}
+    end = time.monotonic() + deadline_s
+    while len(outcomes) < world and time.monotonic() < end:
+        try:
+            o = results.get(timeout=0.2)
+            outcomes[o.rank] = o
+        except queue_mod.Empty:
+            if all(not p.is_alive() for p in procs):
+                # Drain what the last exiting ranks flushed before giving up on the rest.
+                while True:
+                    try:
+                        o = results.get(timeout=0.5)
+                        outcomes[o.rank] = o
+                    except queue_mod.Empty:
+                        break
+                break
+    for r, p in enumerate(procs):
+        p.join(timeout=max(0.1, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+            outcomes.setdefault(r, Outcome(r, False, error_type="deadline", exitcode=p.exitcode))
+        outcomes.setdefault(r, Outcome(r, False, error_type="exit", exitcode=p.exitcode))
+    return outcomes
+
+
+def assert_all_ok(outcomes: dict[int, Outcome]) -> list:
+    bad = [o for o in outcomes.values() if not o.ok]
+    assert not bad, "\n".join(f"rank {o.rank}: {o.error_type}: {o.message}" for o in bad)
+    return [outcomes[r].value for r in sorted(outcomes)]
+
+
+def shm_segments() -> set[str]:
+    from hfai.reduce.shm import list_segments
+
+    return set(list_segments())
+
+
+@pytest.fixture
+def no_leaked_segments():
+    """Fail the test if it leaves a new hfai.reduce segment in /dev/shm."""
+    before = shm_segments()
+    yield
+    leaked = shm_segments() - before
+    assert not leaked, f"leaked shared-memory segments: {sorted(leaked)}"
+
+
+# --- self-tests of the harness -----------------------------------------------------------------
+
+
+def _report_rank(rank, world):
+    return (rank, world)
+
+
+def _raise_on_one(rank, world):
+    if rank == 1:
+        raise ValueError("boom")
+    return rank
+
+
+def _kill_self_or_sleep(rank, world):
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+@pytest.mark.timeout(60)
+def test_harness_reports_values_errors_and_deaths():
+    assert assert_all_ok(run_ranks(_report_rank, 2)) == [(0, 2), (1, 2)]
+    out = run_ranks(_raise_on_one, 2)
+    assert out[0].ok and not out[1].ok and out[1].error_type == "ValueError"
+    with pytest.raises(AssertionError, match="boom"):
+        assert_all_ok(out)
+    out = run_ranks(_kill_self_or_sleep, 2, deadline_s=3)
+    assert out[0].error_type == "exit" and out[0].exitcode == -signal.SIGKILL
+    assert out[1].error_type == "deadline"
