@@ -5,8 +5,9 @@ and after a restart. A run is started only if this node has never had it (its ru
 the record), so no run is ever started twice on a node.
 
 Interrupt windows, per run, measured from when the agent raised the suspend flag:
-  no ack within ``ack_window_s``  -> SIGTERM;  ack -> SIGTERM at once (the job has checkpointed);
-  still alive ``kill_window_s`` after the SIGTERM -> SIGKILL.
+  no ack within ``ack_window_s`` -> SIGTERM;
+  ack -> the job normally exits by itself (``go_suspend`` exits); still alive ``ack_exit_grace_s``
+  after its ack -> SIGTERM;  still alive ``kill_window_s`` after a SIGTERM -> SIGKILL.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class LocalRun:
     exit_code: int | None = None
     suspend_ts: float | None = None
     acked: bool = False
+    ack_ts: float | None = None
     term_ts: float | None = None
     sent: frozenset[RunEventKind] = frozenset()
 
@@ -57,7 +59,8 @@ class Action:
     run: RunAssignment | None = None
 
 
-def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: float) -> list[Action]:
+def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: float,
+         ack_exit_grace_s: float = 2.0) -> list[Action]:
     actions: list[Action] = []
     for key, ra in desired.items():
         lr = local.get(key)
@@ -68,7 +71,7 @@ def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: flo
                 # Suspended or stopped before it ever started here: say so, or the leader waits.
                 actions.append(Action(Act.REPORT_NEVER_RAN, key, ra))
             continue
-        actions.extend(_plan_known(ra, lr, now))
+        actions.extend(_plan_known(ra, lr, now, ack_exit_grace_s))
     for key, lr in local.items():
         if key in desired:
             continue
@@ -82,7 +85,7 @@ def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: flo
     return actions
 
 
-def _plan_known(ra: RunAssignment, lr: LocalRun, now: float) -> list[Action]:
+def _plan_known(ra: RunAssignment, lr: LocalRun, now: float, ack_exit_grace_s: float) -> list[Action]:
     key = lr.key
     out: list[Action] = []
     if RunEventKind.STARTED not in lr.sent:
@@ -96,13 +99,18 @@ def _plan_known(ra: RunAssignment, lr: LocalRun, now: float) -> list[Action]:
     if ra.desired is DesiredRun.SUSPEND:
         if lr.suspend_ts is None:
             out.append(Action(Act.RAISE_SUSPEND, key, ra))
-        elif lr.term_ts is None and (lr.acked or now - lr.suspend_ts >= ra.ack_window_s):
+        elif lr.term_ts is None and (_ack_grace_over(lr, now, ack_exit_grace_s)
+                                     or (not lr.acked and now - lr.suspend_ts >= ra.ack_window_s)):
             out.append(Action(Act.TERMINATE, key, ra))
         elif lr.term_ts is not None and now - lr.term_ts >= ra.kill_window_s:
             out.append(Action(Act.KILL, key, ra))
     elif ra.desired is DesiredRun.STOP:
         out.extend(_stop(lr, now, ra))
     return out
+
+
+def _ack_grace_over(lr: LocalRun, now: float, grace_s: float) -> bool:
+    return lr.acked and now - (lr.ack_ts if lr.ack_ts is not None else now) >= grace_s
 
 
 def _stop(lr: LocalRun, now: float, ra: RunAssignment | None = None) -> list[Action]:

@@ -86,10 +86,13 @@ class RunStore:
             else:
                 exit_code = -signal.SIGKILL  # the launcher died without recording the job's status
         suspend = d / "control" / SUSPEND_FILE
+        ack = d / "control" / ACK_FILE
+        ack_ts = ack.stat().st_mtime if ack.exists() else None
         return LocalRun(
             key=d.name, assignment=ra, phase=phase, exit_code=exit_code,
             suspend_ts=suspend.stat().st_mtime if suspend.exists() else None,
-            acked=(d / "control" / ACK_FILE).exists(),
+            acked=ack_ts is not None,
+            ack_ts=ack_ts,
             term_ts=_read_float(d / "term"),
             sent=frozenset(k for k in RunEventKind if (d / f"{k.value}.sent").exists()),
         )

@@ -169,7 +169,7 @@ class Agent:
                 pass
 
     async def reconcile(self) -> None:
-        actions = plan(self._desired, self.store.snapshot(), time.time())
+        actions = plan(self._desired, self.store.snapshot(), time.time(), self.ac.ack_exit_grace_s)
         for action in actions:
             await self._do(action)
 

@@ -123,6 +123,27 @@ class LocalCluster:
             self.start_agent(i)
         self.save()
 
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the API answers and every agent has registered."""
+        import asyncio
+
+        from hfai.cli.client import ApiClient
+
+        async def poll() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            async with ApiClient(self.config()) as client:
+                while loop.time() < deadline:
+                    try:
+                        if len(await client.nodes()) >= self.nodes:
+                            return
+                    except Unavailable:
+                        pass
+                    await asyncio.sleep(0.1)
+            raise Unavailable(f"the local cluster did not come up within {timeout_s:g}s; see {self.root}/logs")
+
+        asyncio.run(poll())
+
     def _spawn(self, name: str, module: str, extra_env: dict[str, str]) -> subprocess.Popen:
         env = dict(os.environ, HFAI_CONFIG=str(self.config_path), **extra_env)
         with open(self.root / "logs" / f"{name}.log", "ab") as logf:

@@ -300,28 +300,11 @@ def local_up(nodes: int, slice_s: float | None):
     cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc)
     try:
         cluster.up()
-        asyncio.run(_wait_ready(cluster, nodes))
+        cluster.wait_ready()
     except HfaiError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"local cluster up: {nodes} node(s) x 8 simulated GPUs, NATS at {cluster.url}")
     click.echo(f"  state and logs: {cluster.root}   stop it with: hfai local down")
-
-
-async def _wait_ready(cluster, nodes: int, timeout_s: float = 30.0) -> None:
-    from hfai.cli.client import ApiClient
-    from hfai.protocol.errors import Unavailable
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    async with ApiClient(cluster.config()) as client:
-        while loop.time() < deadline:
-            try:
-                if len(await client.nodes()) >= nodes:
-                    return
-            except Unavailable:
-                pass
-            await asyncio.sleep(0.1)
-    raise Unavailable(f"the local cluster did not come up within {timeout_s:g}s; see {cluster.root}/logs")
 
 
 @local.command("down")

@@ -69,8 +69,8 @@ class AgentConfig:
     state_dir: str = "/var/lib/hfai/agent"
     # HF_ENV_NAME=<name> runs the job with <env_root>/<name>/bin first on PATH.
     env_root: str = "/opt/hfai/envs"
-    # Extra delay between SIGTERM-after-ack and SIGKILL when the job ignores SIGTERM; see runs.py.
-    term_poll_s: float = 0.1
+    # A job that acknowledged a suspend normally exits by itself; after this long it gets SIGTERM.
+    ack_exit_grace_s: float = 2.0
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]

@@ -37,7 +37,7 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         self.local.up()
-        self.wait(lambda: len(self.run(lambda api: api.nodes())) == self.nodes, 30, "nodes to register")
+        self.local.wait_ready()
         return self
 
     def __exit__(self, *exc) -> None:

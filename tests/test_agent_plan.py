@@ -33,8 +33,10 @@ def test_suspend_windows():
     assert acts({s.key: s}, {s.key: local()}) == [(Act.RAISE_SUSPEND, s.key)]
     assert acts({s.key: s}, {s.key: local(suspend_ts=95.0)}) == []
     assert acts({s.key: s}, {s.key: local(suspend_ts=89.0)}) == [(Act.TERMINATE, s.key)]  # ack window over
-    acked = local(suspend_ts=99.0, acked=True)
-    assert acts({s.key: s}, {s.key: acked}) == [(Act.REPORT_ACK, s.key), (Act.TERMINATE, s.key)]
+    acked = local(suspend_ts=99.0, acked=True, ack_ts=99.5)
+    assert acts({s.key: s}, {s.key: acked}) == [(Act.REPORT_ACK, s.key)]  # it exits by itself, normally
+    late = local(suspend_ts=95.0, acked=True, ack_ts=97.0, sent=ALL_SENT | {RunEventKind.SUSPEND_ACKED})
+    assert acts({s.key: s}, {s.key: late}) == [(Act.TERMINATE, s.key)]  # the ack grace is over
     assert acts({s.key: s}, {s.key: local(suspend_ts=80.0, term_ts=98.0)}) == []
     assert acts({s.key: s}, {s.key: local(suspend_ts=80.0, term_ts=96.0)}) == [(Act.KILL, s.key)]
 
