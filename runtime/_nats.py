@@ -35,7 +35,8 @@ async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
 
     try:
         return await nats.connect(
-            config.nats.url,
+            # A cluster is given as a comma-separated list of server URLs.
+            [u.strip() for u in config.nats.url.split(",") if u.strip()],
             name=name,
             connect_timeout=config.nats.connect_timeout_s,
             allow_reconnect=reconnect,
