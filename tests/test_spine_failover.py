@@ -63,3 +63,27 @@ def test_time_slices_let_equal_priority_jobs_of_different_users_take_turns(tmp_p
         finished = [c.wait_state(j.id, ChainState.SUCCEEDED, timeout=120) for j in jobs]
         assert sum(f.suspend_count for f in finished) >= 2
         assert all("time slice" in " ".join(e.reason for e in f.history) for f in finished[:1])
+
+
+def test_node_that_stops_heartbeating_is_drained_and_its_job_requeued_elsewhere(tmp_path):
+    import os
+    import signal
+
+    with Cluster(tmp_path, nodes=2, heartbeat_timeout_s=3.0) as c:
+        job = c.submit(["python", STEPS, "30", "0.2"], name="victim-of-a-crash", workdir=tmp_path)
+        first = c.wait_state(job.id, ChainState.RUNNING)
+        dead = first.nodes[0]
+        c.wait(lambda: "starts at step" in c.log(job.id, node=dead), 30, "the job to start")
+        # The node dies: its agent and the job's processes vanish at once.
+        c.local.kill(f"agent-{dead}")
+        for pidfile in (c.local.root / "agents" / dead / "runs").glob("*/child_pid"):
+            os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+        moved = c.wait(lambda: (j := c.job(job.id)).state is ChainState.RUNNING and j.run_id == 2 and j, 30,
+                       "the job to be requeued onto the other node")
+        assert moved.nodes != (dead,) and moved.suspend_count == 1
+        lost = [e for e in moved.history if e.state is ChainState.SUSPENDED]
+        assert lost and f"node {dead} lost" in lost[0].reason
+        nodes = {n.record.name: n.state.value for n in c.run(lambda api: api.nodes())}
+        assert nodes[dead] == "down"
+        done = c.wait_state(job.id, ChainState.SUCCEEDED, timeout=60)
+        assert done.state is not ChainState.FAILED
