@@ -114,7 +114,7 @@ class RunStore:
 
     # -------------------------------------------------------------------------------- act
 
-    def start(self, ra: RunAssignment) -> None:
+    def start(self, ra: RunAssignment) -> subprocess.Popen:
         """Create the run directory and launch the job; raises StartError if it cannot run here."""
         d = self.dir(ra.key)
         d.mkdir(parents=True)
@@ -139,6 +139,7 @@ class RunStore:
         self._children[ra.key] = popen
         created = psutil.Process(popen.pid).create_time()
         _write(d / "launcher_pid", f"{popen.pid} {created}".encode())
+        return popen
 
     def start_error(self, key: str) -> str:
         return _read_text(self.dir(key) / "start_error") or ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import time
@@ -53,6 +54,7 @@ class Agent:
         self._tasks: list[asyncio.Task] = []
         self._nc = None
         self._seq = 0
+        self._pidfds: set[int] = set()
         self._closed = False
 
     async def start(self) -> None:
@@ -81,6 +83,11 @@ class Agent:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for fd in list(self._pidfds):
+            loop.remove_reader(fd)
+            os.close(fd)
+        self._pidfds.clear()
         if self._nc is not None:
             try:
                 await self._nc.drain()
@@ -177,7 +184,8 @@ class Agent:
         key, ra = a.key, a.run
         if a.act is Act.START:
             try:
-                self.store.start(ra)
+                popen = self.store.start(ra)
+                self._wake_on_exit(popen.pid)
                 log.info("started %s (job %s rank %d)", key, ra.name, ra.rank)
             except StartError as e:
                 log.warning("cannot start %s: %s", key, e)
@@ -210,6 +218,27 @@ class Agent:
                                message="stopped before it started on this node")
         elif a.act is Act.CLEANUP:
             self.store.cleanup(key)
+
+    def _wake_on_exit(self, pid: int) -> None:
+        """Re-plan as soon as a launcher exits instead of at the next periodic tick.
+
+        A pidfd becomes readable when the process exits (Linux >= 5.3); without pidfds the
+        periodic reconcile tick notices the exit a little later.
+        """
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:
+            loop.remove_reader(fd)
+            self._pidfds.discard(fd)
+            os.close(fd)
+            self._wake.set()
+
+        loop.add_reader(fd, exited)
+        self._pidfds.add(fd)
 
     async def _report(self, key: str, ra: RunAssignment, kind: RunEventKind, **fields) -> None:
         if await self._publish(ra, kind, **fields):

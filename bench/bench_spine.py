@@ -176,7 +176,7 @@ def main() -> int:
         ("HIGH exits -> LOW process restarted", "high_exit_to_low_process"),
     ]
     for label, key in rows:
-        print(f"  {label:<52} {med(key) * 1000:8.1f} ms")
+        print(f"  {label:<52} {med(key) * 1000:8.1f} ms   (all: {' '.join(f'{v * 1000:.0f}' for v in out[key])})")
     print(f"ratio slurm/hfai submit->running: {SLURM_SUBMIT_TO_RUNNING_S / med('submit_to_running'):.1f}x "
           f"({SLURM_SUBMIT_TO_RUNNING_S:.1f} s vs {med('submit_to_running'):.3f} s)")
     print(f"ratio slurm/hfai high-priority submit->running: "

@@ -60,8 +60,9 @@ class Leader:
         events = asyncio.create_task(self._consume_events(psub), name="leader-events")
         try:
             while self.election.is_leader:
-                await self.tick()
+                # Clear before the tick: a wake-up that arrives during the tick must start another.
                 self.wake.clear()
+                await self.tick()
                 try:
                     await asyncio.wait_for(self.wake.wait(), self.cc.schedule_interval_s)
                 except asyncio.TimeoutError:
