@@ -60,7 +60,7 @@ def plan(specs: Sequence[ParamSpec], cap_bytes: int, first_bytes: int = FIRST_BU
     for i in reversed(range(len(specs))):
         spec = specs[i]
         nbytes = spec.numel * spec.itemsize
-        cap = first_bytes if not buckets else cap_bytes
+        cap = min(first_bytes, cap_bytes) if not buckets else cap_bytes
         if open_params and (spec.acc_key != open_key or open_bytes + nbytes > cap):
             close()
         open_key = spec.acc_key

@@ -76,6 +76,7 @@ class DistributedDataParallel(nn.Module):
         if init_sync:
             self._broadcast(list(self._params) + list(module.buffers()))
         self._sync_enabled = True
+        self._require_forward_param_sync = True
         self._step_active = False
         self._build(bucket_cap_mb, reduce_config, node_key)
 
@@ -87,14 +88,20 @@ class DistributedDataParallel(nn.Module):
                  for p, r in zip(self._params, rules)]
         cap = int((bucket_cap_mb if bucket_cap_mb is not None else 25) * MiB)
         self._buckets = B.plan(specs, cap)
+        # After the buckets, one fp32 per parameter for the used-parameter counts.
+        self._used_offset = B.total_bytes(self._buckets)
+        capacity = self._used_offset + 4 * len(self._params)
         config = reduce_config or ReduceConfig()
-        config = ReduceConfig(**{**config.__dict__, "capacity_bytes": max(1, B.total_bytes(self._buckets))})
+        config = ReduceConfig(**{**config.__dict__, "capacity_bytes": max(1, capacity)})
         self._group = ReduceGroup.create(self.process_group, config, node_key)
         on_cuda = any(p.is_cuda for p in self._params)
         if on_cuda:
             self._group.pin_for_cuda()
         self._copy_stream = torch.cuda.Stream() if on_cuda else None
         slot = self._group.shared_buffer()
+        self._used = slot[self._used_offset : self._used_offset + 4 * len(self._params)].view(
+            torch.float32
+        )
         self._views: list[torch.Tensor] = [None] * len(self._params)  # type: ignore[list-item]
         self._bucket_of = [0] * len(self._params)
         bucket_views = []
@@ -125,11 +132,15 @@ class DistributedDataParallel(nn.Module):
     # --- public API --------------------------------------------------------------------------
 
     def forward(self, *inputs, **kwargs):
-        if self.broadcast_buffers and torch.is_grad_enabled():
+        # As torch's DDP: buffers are broadcast from rank 0 before a forward unless the previous
+        # forward ran without gradient sync (inside no_sync() or with grad disabled).
+        if self._require_forward_param_sync and self.broadcast_buffers:
             buffers = list(self.module.buffers())
             if buffers:
                 self._broadcast(buffers)
-        return self.module(*inputs, **kwargs)
+        output = self.module(*inputs, **kwargs)
+        self._require_forward_param_sync = torch.is_grad_enabled() and self._sync_enabled
+        return output
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -227,9 +238,12 @@ class DistributedDataParallel(nn.Module):
     def _globally_used(self, unused: list[int]) -> dict[int, bool]:
         if not self.find_unused_parameters:
             return {}
-        used = torch.ones(len(self._params), dtype=torch.float32)
+        # In the arena, not through allreduce(): that stages through the slot's first bytes,
+        # where the gradient buckets live.
+        used = self._used
+        used.fill_(1.0)
         used[unused] = 0.0
-        self._group.allreduce(used)
+        self._group.allreduce_shared(used)
         return {i: bool(used[i] > 0) for i in range(len(self._params))}
 
     def _unstage(self, i: int) -> None:

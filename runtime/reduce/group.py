@@ -151,7 +151,8 @@ class ReduceGroup:
 
         Any shape, empty included; fp32/fp64 and fp16/bf16 (summed in fp32, then rounded back);
         CPU or CUDA. Every rank must pass the same numel, dtype and op, else every rank raises
-        :class:`SizeMismatchError`.
+        :class:`SizeMismatchError`. The tensor is staged through this rank's slot: it overwrites
+        the start of :meth:`shared_buffer`.
         """
         rule = _validate(tensor)
         with self._lock:
@@ -171,6 +172,7 @@ class ReduceGroup:
 
         Slice it and ``.view(torch.float32)`` (or float64) to get tensors that
         :meth:`allreduce_shared` reduces with no copy in or out: the way to reach memory speed.
+        :meth:`allreduce` stages through the same memory, so do not mix the two on data you keep.
         """
         self._check_usable()
         return self._own_bytes()
