@@ -1,40 +1,102 @@
 """The scheduling policy: one pure function from (jobs, nodes, now, config) to decisions.
 
 It never touches NATS, clocks or files; the leader's executor applies what it returns, and the
-trace simulator can run the very same function in virtual time.
+trace simulator (:mod:`hfai.controller.sim`) runs the very same function in virtual time.
+docs/scheduling.md states the rules for users; in short, per node group:
 
-Rules (docs/architecture.md, "Scheduling policy"):
+1. Order: higher *effective* priority first (ABOVE_NORMAL counts as NORMAL once the job has run
+   ``above_normal_s`` in total); within a priority, first-come-first-served by original submit
+   time (a resumed job keeps its place), except that each time-slice turn a job had moves it
+   ``turn_s`` later (round-robin with a bounded wait).
+2. Quotas: a job starts only if its user's nodes at its (declared) priority in its group stay
+   within the quota; otherwise it waits, saying so, and reserves nothing.
+3. Gang: a job gets all its nodes at once (elastic jobs: at least ``min_nodes``) or waits;
+   victims are whole jobs, never part of a gang (an elastic job may be shrunk, which is a whole
+   restart at a smaller size).
+4. A job that does not fit counts free nodes and nodes already being released (jobs in their
+   interrupt window count as leaving and are never asked twice), then picks the victims that cost
+   least: lowest priority first, most recently started first; never a job of the same user and
+   priority. Preemption happens only if it frees enough nodes, so nobody is interrupted for
+   nothing, and victims that turn out not to be needed are dropped again.
+5. Time slicing: a running job of the same effective priority but another user that has held its
+   nodes for at least ``slice_s`` may be suspended (it moves back in the round-robin). A job that
+   just (re)started is never sliced, so it keeps its nodes for at least one slice.
+6. Reservation and backfill: a blocked job that is waiting for nodes it has already claimed
+   (being released) pins the free nodes; one that cannot claim enough yet only lets jobs behind it
+   use the free nodes if it could later preempt them (lower priority, or same priority and another
+   user, i.e. at most one slice away), so backfill never starves the head of the line.
+7. Elastic jobs (``min_nodes..max_nodes``) start with what is left after every waiting job was
+   served, grow into idle nodes when nothing waits (a ``Resize``: restart at a larger size), and
+   are shrunk (a ``Resize`` to a smaller size) before whole jobs are taken as victims.
+8. Nodes that are not schedulable (drained, down, GPU errors) get no work.
 
-1. Higher priority first; within a priority, fewer time-slice turns first (round-robin), then
-   first-come-first-served by original submit time (a resumed job keeps its place).
-2. Gang: a job gets all its nodes at once or waits; victims are whole jobs.
-3. A job that does not fit takes the free nodes as a reservation (nothing behind it may use
-   them), counts nodes that are already being released, and then preempts running jobs of lower
-   priority - lowest priority first, most recently started first (least work lost).
-4. Time slicing: a running job of the same priority but another user that has held its nodes
-   for at least ``slice_s`` may be suspended for a waiting one. Never for the same user at the
-   same priority; a job that just (re)started keeps its nodes for one slice.
-5. Preemption happens only if it frees enough nodes for the waiting job, so nobody is
-   interrupted for nothing; jobs already suspending are not asked twice.
+Cost: O((W + R) log(W + R)) for W waiting and R running jobs, with per-priority totals so that a
+waiting job never scans the running jobs just to learn it cannot preempt any.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Union
+from typing import Iterable, Mapping, Union
 
 from hfai.protocol.types import ChainState, Priority
+
+#: Wildcard for the user or group part of a quota key.
+ANY = "*"
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Node quotas per (user, priority, group): the most nodes a user's jobs of that priority may
+    hold in that group at once. ``limits`` maps ``(user, priority, group)`` to a node count; the
+    user or the group may be :data:`ANY`. The most specific key wins: (user, p, group), (user, p,
+    ANY), (ANY, p, group), (ANY, p, ANY). No matching key means no limit.
+    """
+
+    limits: Mapping[tuple[str, int, str], int] = field(default_factory=dict)
+
+    def limit(self, user: str, priority: int, group: str) -> int | None:
+        if not self.limits:
+            return None
+        get = self.limits.get
+        for key in ((user, priority, group), (user, priority, ANY), (ANY, priority, group), (ANY, priority, ANY)):
+            found = get(key)
+            if found is not None:
+                return found
+        return None
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
+    #: A running job holds its nodes at least this long before an equal-priority job may take
+    #: them (time slice), and an elastic job runs this long before it is grown.
     slice_s: float = 1800.0
+    #: ABOVE_NORMAL counts as NORMAL once the job has run this long in total (anti-hogging).
+    above_normal_s: float = math.inf
+    quotas: Quotas = field(default_factory=Quotas)
+    #: Grow an elastic job only if it gains at least this fraction of its size (and one node):
+    #: growing costs a restart, so a tiny gain is not worth it.
+    grow_min_gain: float = 0.25
+    #: Round-robin weight of one time-slice turn: a job that yielded k times queues as if it had
+    #: been submitted k * turn_s later. Short new jobs overtake long ones that already had turns,
+    #: yet only jobs submitted within that window can, so every job's wait stays bounded.
+    turn_s: float = 86400.0
+    #: False: leave out Wait decisions of jobs that stay where they are (the simulator does not
+    #: need them; the live leader wants every reason).
+    explain_waits: bool = True
 
 
 @dataclass(frozen=True)
 class JobView:
-    """What the policy needs to know about a job."""
+    """What the policy needs to know about a job.
+
+    ``priority`` is the declared level (never AUTO: resolve that at submit, :func:`resolve_auto`).
+    ``nodes`` is the size asked for; an elastic job also sets ``min_nodes``/``max_nodes`` (0: same
+    as ``nodes``). ``held`` are the nodes of the current run (its length is the running size).
+    ``run_s`` is the time the job ran in earlier runs of its chain, not counting the current one.
+    """
 
     id: str
     user: str
@@ -46,6 +108,24 @@ class JobView:
     held: tuple[str, ...] = ()
     started_ts: float = 0.0
     slice_turns: int = 0
+    min_nodes: int = 0
+    max_nodes: int = 0
+    run_s: float = 0.0
+
+    @property
+    def lo(self) -> int:
+        """Fewest nodes the job can run on."""
+        return self.min_nodes or self.nodes
+
+    @property
+    def hi(self) -> int:
+        """Most nodes the job can use."""
+        return max(self.max_nodes or self.nodes, self.lo)
+
+    @property
+    def size(self) -> int:
+        """Nodes it holds now, else the nodes it asks for."""
+        return len(self.held) or self.nodes
 
 
 @dataclass(frozen=True)
@@ -57,6 +137,8 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Start:
+    """Run the job on ``nodes`` (rank order); ``len(nodes)`` is its world size this run."""
+
     job_id: str
     nodes: tuple[str, ...]
     reason: str = ""
@@ -64,11 +146,22 @@ class Start:
 
 @dataclass(frozen=True)
 class Suspend:
+    """Interrupt the job (checkpoint, release the nodes) and requeue it keeping its place."""
+
     job_id: str
     reason: str
     for_job: str
     # True when the job yields to an equal-priority job (it then moves back in the round-robin).
     sliced: bool = False
+
+
+@dataclass(frozen=True)
+class Resize(Suspend):
+    """An elastic job changes size: interrupt it exactly like :class:`Suspend`; the policy then
+    restarts it (a :class:`Start`) with about ``size`` nodes and a new world size. ``for_job`` is
+    empty when it grows into idle nodes."""
+
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,115 +173,389 @@ class Wait:
 Decision = Union[Start, Suspend, Wait]
 
 
+_ABOVE_NORMAL = Priority.ABOVE_NORMAL.value
+
+
+def effective_priority(job: JobView, now: float, config: PolicyConfig) -> int:
+    """The priority the job is scheduled at: ABOVE_NORMAL decays to NORMAL after running
+    ``config.above_normal_s`` in total, so nobody holds the cluster at that level for ever."""
+    if job.priority != _ABOVE_NORMAL or config.above_normal_s == math.inf:
+        return job.priority
+    ran = job.run_s + (now - job.started_ts if job.state.holds_nodes else 0.0)
+    return Priority.NORMAL.value if ran >= config.above_normal_s else job.priority
+
+
+def quota_usage(jobs: Iterable[JobView]) -> dict[tuple[str, int, str], int]:
+    """Nodes held now per (user, declared priority, group)."""
+    used: dict[tuple[str, int, str], int] = defaultdict(int)
+    for j in jobs:
+        if j.state.holds_nodes:
+            used[(j.user, j.priority, j.group)] += len(j.held)
+    return used
+
+
+def resolve_auto(user: str, group: str, nodes: int, jobs: Iterable[JobView], quotas: Quotas,
+                 fallback: int = Priority.NORMAL.value) -> int:
+    """AUTO at submit time: the highest level at which the user has a quota with room for
+    ``nodes`` more nodes in ``group``. Levels without a quota do not count (else AUTO would always
+    mean EXTREME_HIGH on a cluster without quotas); with no such level, ``fallback``."""
+    used = quota_usage(jobs)
+    for level in sorted(Priority, reverse=True):
+        limit = quotas.limit(user, level.value, group)
+        if limit is not None and used.get((user, level.value, group), 0) + nodes <= limit:
+            return level.value
+    return fallback
+
+
 def decide(jobs: Iterable[JobView], nodes: Iterable[NodeView], now: float, config: PolicyConfig) -> list[Decision]:
     """All decisions for this moment. Deterministic for the same inputs."""
-    jobs = list(jobs)
     by_group: dict[str, list[NodeView]] = defaultdict(list)
     for n in nodes:
         by_group[n.group].append(n)
-    busy = {name for j in jobs if j.state.holds_nodes for name in j.held}
+    buckets: dict[str, _Bucket] = defaultdict(_Bucket)
+    busy: set[str] = set()
+    used: dict[tuple[str, int, str], int] = defaultdict(int)
+    # One pass over the jobs (state tests by identity: this loop runs for every job, every round).
+    for j in jobs:
+        s = j.state
+        if s is _QUEUED or s is _SUSPENDED:
+            buckets[j.group].waiting.append(j)
+            continue
+        if s is _RUNNING:
+            buckets[j.group].running.append(j)
+        elif s is _SUSPENDING or s is _STOPPING:
+            buckets[j.group].leaving.append(j)
+        else:
+            continue
+        busy.update(j.held)
+        used[(j.user, j.priority, j.group)] += len(j.held)
     decisions: list[Decision] = []
-    groups = sorted({j.group for j in jobs if j.state.waiting})
-    for group in groups:
-        decisions.extend(_decide_group(jobs, by_group.get(group, []), busy, group, now, config))
+    for group in sorted(buckets):
+        b = buckets[group]
+        if b.waiting or any(j.max_nodes > len(j.held) for j in b.running):  # elastic can grow
+            decisions.extend(_GroupRound(b, by_group.get(group, []), busy, used, group, now, config).run())
     return decisions
 
 
+_QUEUED, _SUSPENDED, _RUNNING = ChainState.QUEUED, ChainState.SUSPENDED, ChainState.RUNNING
+_SUSPENDING, _STOPPING = ChainState.SUSPENDING, ChainState.STOPPING
+
+
 @dataclass
+class _Bucket:
+    """The live jobs of one group, by what they mean to the scheduler."""
+
+    waiting: list[JobView] = field(default_factory=list)
+    running: list[JobView] = field(default_factory=list)
+    leaving: list[JobView] = field(default_factory=list)  # in their interrupt window
+
+
+# ------------------------------------------------------------------------------- victim pool
+
+
+@dataclass
+class _Level:
+    """Running jobs of one effective priority that could be victims, cheapest first."""
+
+    jobs: list[JobView]
+    nodes: int = 0
+    # Of those, the jobs time slicing may take (held their nodes >= one slice), longest first,
+    # with their node totals per user, so "how much could job X take" is O(1).
+    sliceable: list[JobView] = field(default_factory=list)
+    slice_ids: set[str] = field(default_factory=set)
+    slice_nodes: int = 0
+    slice_nodes_by_user: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
 class _Pool:
-    """Running jobs of one group that could still be chosen as victims, with quick totals."""
+    """Running jobs of one group that may still be chosen as victims, with quick totals."""
 
-    victims_by_prio: dict[int, list[JobView]]
-    nodes_by_prio: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    taken: set[str] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, running: list[JobView]) -> _Pool:
+    def __init__(self, running: list[JobView], prio: dict[str, int], now: float, config: PolicyConfig):
+        self.prio = prio
+        self.levels: dict[int, _Level] = {}
         by_prio: dict[int, list[JobView]] = defaultdict(list)
         for j in running:
-            by_prio[j.priority].append(j)
-        pool = cls(victims_by_prio=by_prio)
-        for prio, js in by_prio.items():
+            by_prio[prio[j.id]].append(j)
+        for p, js in by_prio.items():
             # Most recently started first: preempting it loses the least work.
             js.sort(key=lambda j: (-j.started_ts, j.id))
-            pool.nodes_by_prio[prio] = sum(j.nodes for j in js)
-        return pool
+            level = _Level(jobs=js, nodes=sum(len(j.held) for j in js))
+            level.sliceable = sorted((j for j in js if now - j.started_ts >= config.slice_s),
+                                     key=lambda j: (j.started_ts, j.id))
+            for j in level.sliceable:
+                level.slice_ids.add(j.id)
+                level.slice_nodes += len(j.held)
+                level.slice_nodes_by_user[j.user] += len(j.held)
+            self.levels[p] = level
+        self.order = sorted(self.levels)
+        self.taken: set[str] = set()
 
     def take(self, job: JobView) -> None:
+        """Mark ``job`` as a victim (whole or shrunk): it cannot be chosen again this round."""
         self.taken.add(job.id)
-        self.nodes_by_prio[job.priority] -= job.nodes
+        level = self.levels[self.prio[job.id]]
+        level.nodes -= len(job.held)
+        if job.id in level.slice_ids:
+            level.slice_nodes -= len(job.held)
+            level.slice_nodes_by_user[job.user] -= len(job.held)
+
+    def lower_nodes(self, prio: int) -> int:
+        return sum(self.levels[p].nodes for p in self.order if p < prio)
+
+    def slice_nodes(self, prio: int, user: str) -> int:
+        level = self.levels.get(prio)
+        if level is None:
+            return 0
+        return level.slice_nodes - level.slice_nodes_by_user.get(user, 0)
+
+    def could_take_any(self, prio: int) -> bool:
+        """Whether a job at ``prio`` could preempt anything at all (cheap early-out)."""
+        return self.lower_nodes(prio) > 0 or (prio in self.levels and self.levels[prio].slice_nodes > 0)
 
 
-def _decide_group(jobs: list[JobView], group_nodes: list[NodeView], busy: set[str], group: str, now: float,
-                  config: PolicyConfig) -> list[Decision]:
-    schedulable = sorted(n.name for n in group_nodes if n.schedulable)
-    free = [n for n in schedulable if n not in busy]
-    mine = [j for j in jobs if j.group == group]
-    leaving = sum(
-        sum(1 for n in j.held if n in schedulable)
-        for j in mine
-        if j.state in (ChainState.SUSPENDING, ChainState.STOPPING)
-    )
-    pool = _Pool.of([j for j in mine if j.state is ChainState.RUNNING])
-    waiting = sorted((j for j in mine if j.state.waiting), key=lambda j: (-j.priority, j.slice_turns, j.submit_ts, j.id))
-    out: list[Decision] = []
-    for job in waiting:
-        if job.nodes > len(schedulable):
-            out.append(Wait(job.id, f"needs {job.nodes} nodes, group {group!r} has {len(schedulable)} usable"))
-            continue
-        if job.nodes <= len(free):
-            out.append(Start(job.id, tuple(free[: job.nodes]), "nodes free"))
-            free = free[job.nodes :]
-            continue
-        # Blocked: reserve what is free and what is being released, then look for victims.
-        need = job.nodes - len(free)
-        free = []
-        from_leaving = min(need, leaving)
-        leaving -= from_leaving
-        need -= from_leaving
-        if need <= 0:
-            out.append(Wait(job.id, "waiting for nodes that are being released"))
-            continue
-        victims = _choose_victims(job, need, pool, now, config)
-        if victims is None:
-            out.append(Wait(job.id, f"waiting for {need} more node(s), held by jobs it may not preempt"))
-            continue
-        for v, sliced in victims:
-            pool.take(v)
-            if sliced:
-                reason = f"time slice: yields to job {job.id} of equal priority after {(now - v.started_ts) / 60:.1f} min"
-            else:
-                reason = (f"preempted by job {job.id} (priority {Priority.label(job.priority)} > "
-                          f"{Priority.label(v.priority)})")
-            out.append(Suspend(v.id, reason, for_job=job.id, sliced=sliced))
-        out.append(Wait(job.id, "waiting for preempted jobs to checkpoint and release their nodes"))
-    return out
+# --------------------------------------------------------------------------------- one group
 
 
-def _choose_victims(job: JobView, need: int, pool: _Pool, now: float,
-                    config: PolicyConfig) -> list[tuple[JobView, bool]] | None:
-    """Whole running jobs whose nodes add up to ``need``, cheapest first; None if impossible."""
-    lower = sorted(p for p in pool.nodes_by_prio if p < job.priority)
-    slice_ok = [
-        v for v in pool.victims_by_prio.get(job.priority, ())
-        if v.id not in pool.taken and v.user != job.user and now - v.started_ts >= config.slice_s
-    ]
-    available = sum(pool.nodes_by_prio[p] for p in lower) + sum(v.nodes for v in slice_ok)
-    if available < need:
-        return None
-    chosen: list[tuple[JobView, bool]] = []
-    for prio in lower:
-        for v in pool.victims_by_prio[prio]:
-            if v.id in pool.taken:
+@dataclass
+class _Victim:
+    job: JobView
+    gives: int  # nodes it frees for the waiting job
+    sliced: bool
+    shrink: bool
+
+
+class _GroupRound:
+    """One scheduling round in one node group. Holds the running state of the scan so each step
+    is a small method; ``run`` returns the decisions."""
+
+    def __init__(self, jobs: _Bucket, group_nodes: list[NodeView], busy: set[str],
+                 used: dict[tuple[str, int, str], int], group: str, now: float, config: PolicyConfig):
+        self.group, self.now, self.config = group, now, config
+        self.used = dict(used)  # this round's starts are added here
+        self.prio = {j.id: effective_priority(j, now, config) for j in (*jobs.waiting, *jobs.running)}
+        usable = {n.name for n in group_nodes if n.schedulable}
+        self.usable = len(usable)
+        self.free = sorted(usable - busy)
+        self.fi = 0  # free[:fi] are taken or pinned this round
+        self.leaving = sum(sum(1 for n in j.held if n in usable) for j in jobs.leaving)
+        self.running = jobs.running
+        self.pool = _Pool(self.running, self.prio, now, config)
+        turn_s, prio = config.turn_s, self.prio
+        self.waiting = sorted(jobs.waiting, key=lambda j: (-prio[j.id], j.submit_ts + j.slice_turns * turn_s, j.id))
+        # Soft reservation (rule 6): the lowest priority of a blocked job, and its users there.
+        self.floor_prio: int | None = None
+        self.floor_users: set[str] = set()
+        self.blocked = False  # some job waits for nodes (not for quota): no growth this round
+        self.starts: list[tuple[JobView, list[str]]] = []
+        self.out: list[Decision] = []
+
+    # -- helpers
+
+    def n_free(self) -> int:
+        return len(self.free) - self.fi
+
+    def take_free(self, k: int) -> list[str]:
+        got = self.free[self.fi:self.fi + k]
+        self.fi += k
+        return got
+
+    def room(self, job: JobView) -> int | None:
+        """Nodes the job may still add under its quota (None: no limit)."""
+        limit = self.config.quotas.limit(job.user, job.priority, self.group)
+        if limit is None:
+            return None
+        return limit - self.used.get((job.user, job.priority, self.group), 0)
+
+    def wait(self, job: JobView, reason: str, *, quiet: bool = False) -> None:
+        if self.config.explain_waits or not quiet:
+            self.out.append(Wait(job.id, reason))
+
+    def hopeless(self, p: int) -> bool:
+        """No job at priority ``p`` can start or preempt anything any more this round."""
+        return self.fi >= len(self.free) and self.leaving == 0 and not self.pool.could_take_any(p)
+
+    def may_backfill(self, job: JobView) -> bool:
+        """A job behind a blocked one may use free nodes only if that one could take them back."""
+        if self.floor_prio is None:
+            return True
+        p = self.prio[job.id]
+        return p < self.floor_prio or (p == self.floor_prio and job.user not in self.floor_users)
+
+    # -- the round
+
+    def run(self) -> list[Decision]:
+        waiting, prio, i = self.waiting, self.prio, 0
+        while i < len(waiting):
+            job = waiting[i]
+            p = prio[job.id]
+            if not self.config.explain_waits and self.hopeless(p):
+                # Nothing is free or leaving and nothing may be preempted at this level: every
+                # job left at this level stays where it is, so skip them all at once.
+                self.blocked = True
+                while i < len(waiting) and prio[waiting[i].id] == p:
+                    i += 1
                 continue
-            chosen.append((v, False))
-            need -= v.nodes
-            if need <= 0:
-                return chosen
-    # Round-robin among equals: the one that has held its nodes longest yields first.
-    for v in sorted(slice_ok, key=lambda v: (v.started_ts, v.id)):
-        chosen.append((v, True))
-        need -= v.nodes
-        if need <= 0:
-            return chosen
-    return None
+            self.place(job)
+            i += 1
+        self.widen_starts()
+        if not self.blocked:
+            self.grow_running()
+        self.out.extend(Start(j.id, tuple(ns), "nodes free" if len(ns) == j.size else
+                              f"nodes free ({len(ns)} of {j.lo}..{j.hi})") for j, ns in self.starts)
+        return self.out
+
+    def place(self, job: JobView) -> None:
+        lo = job.lo
+        if lo > self.usable:
+            self.wait(job, f"needs {lo} nodes, group {self.group!r} has {self.usable} usable")
+            return
+        room = self.room(job)
+        if room is not None and room < lo:
+            self.wait(job, f"over quota: user {job.user!r} holds {self.used.get((job.user, job.priority, self.group), 0)}"
+                           f" of {room + self.used.get((job.user, job.priority, self.group), 0)} node(s) at "
+                           f"{Priority.label(job.priority)} in group {self.group!r}, job needs {lo}")
+            return
+        if lo <= self.n_free() and self.may_backfill(job):
+            self.used[(job.user, job.priority, self.group)] = self.used.get((job.user, job.priority, self.group), 0) + lo
+            self.starts.append((job, self.take_free(lo)))
+            return
+        self.blocked = True
+        if self.hopeless(self.prio[job.id]):
+            # Cheap path for the long tail of a full cluster: nothing this job could do.
+            why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
+            self.wait(job, f"waiting for nodes: {why}, and no running job may be preempted for it", quiet=True)
+            self.note_soft_reservation(job)
+            return
+        self.claim(job)
+
+    def claim(self, job: JobView) -> None:
+        """Blocked: count free and leaving nodes, then victims; pin what it counts on if it can
+        get enough, else leave a soft reservation."""
+        if not self.may_backfill(job):
+            # Whatever it freed (free nodes, victims) would go to that job ahead of it: preempting
+            # for it would only churn (victims restarting on nodes this job may not use).
+            self.wait(job, "waiting behind an earlier job of the same user and priority that is waiting for nodes",
+                      quiet=True)
+            return
+        need = job.lo - self.n_free()
+        from_leaving = min(need, self.leaving)
+        if need - from_leaving <= 0:
+            self.leaving -= from_leaving
+            self.pin_free(job)
+            self.wait(job, "waiting for nodes that are being released", quiet=True)
+            return
+        victims = self.choose_victims(job, need - from_leaving)
+        if victims is None:
+            self.wait(job, f"waiting for {need - from_leaving} more node(s), held by jobs it may not preempt",
+                      quiet=True)
+            self.note_soft_reservation(job)
+            return
+        self.leaving -= from_leaving
+        self.pin_free(job)
+        for v in victims:
+            self.pool.take(v.job)
+            self.out.append(self.victim_decision(job, v))
+        self.wait(job, "waiting for preempted jobs to checkpoint and release their nodes")
+
+    def pin_free(self, job: JobView) -> None:
+        self.fi = len(self.free)
+
+    def note_soft_reservation(self, job: JobView) -> None:
+        p = self.prio[job.id]
+        if self.floor_prio is None or p < self.floor_prio:
+            self.floor_prio, self.floor_users = p, {job.user}
+        elif p == self.floor_prio:
+            self.floor_users.add(job.user)
+
+    def victim_decision(self, job: JobView, v: _Victim) -> Suspend:
+        vp, jp = self.prio[v.job.id], self.prio[job.id]
+        if v.sliced:
+            why = (f"time slice: yields to job {job.id} of equal priority after "
+                   f"{(self.now - v.job.started_ts) / 60:.1f} min")
+        else:
+            why = f"preempted by job {job.id} (priority {Priority.label(jp)} > {Priority.label(vp)})"
+        if v.shrink:
+            size = len(v.job.held) - v.gives
+            return Resize(v.job.id, f"{why}: shrinks to {size} node(s)", for_job=job.id, sliced=v.sliced, size=size)
+        return Suspend(v.job.id, why, for_job=job.id, sliced=v.sliced)
+
+    def choose_victims(self, job: JobView, need: int) -> list[_Victim] | None:
+        """Jobs (or elastic surplus) whose nodes add up to ``need``, cheapest first; None if
+        impossible. Victims that turn out not to be needed are dropped again."""
+        p = self.prio[job.id]
+        if self.pool.lower_nodes(p) + self.pool.slice_nodes(p, job.user) < need:
+            return None
+        chosen: list[_Victim] = []
+        left = need
+        for v in self.candidates(job, p):
+            gives = len(v.held)
+            shrink = v.hi > v.lo and len(v.held) - v.lo >= left
+            if shrink:
+                gives = left
+            chosen.append(_Victim(v, gives, sliced=self.prio[v.id] == p, shrink=shrink))
+            left -= gives
+            if left <= 0:
+                return _drop_unneeded(chosen, need)
+        return None
+
+    def candidates(self, job: JobView, p: int):
+        for prio in self.pool.order:
+            if prio >= p:
+                break
+            for v in self.pool.levels[prio].jobs:
+                if v.id not in self.pool.taken:
+                    yield v
+        level = self.pool.levels.get(p)
+        if level is not None:
+            # Round-robin among equals: the one that has held its nodes longest yields first.
+            for v in level.sliceable:
+                if v.id not in self.pool.taken and v.user != job.user:
+                    yield v
+
+    # -- elastic
+
+    def widen_starts(self) -> None:
+        """Elastic jobs started this round take idle nodes up to their maximum, once every waiting
+        job had its turn and none is blocked (so the extra nodes are not anybody's reservation)."""
+        if self.blocked:
+            return
+        for job, ns in self.starts:
+            extra = min(job.hi - len(ns), self.n_free())
+            room = self.room(job)
+            if room is not None:
+                extra = min(extra, room)
+            if extra > 0:
+                ns.extend(self.take_free(extra))
+                self.used[(job.user, job.priority, self.group)] += extra
+
+    def grow_running(self) -> None:
+        """Nothing waits: restart running elastic jobs that ran a slice at a size that uses idle
+        nodes, oldest first, if the gain is worth a restart."""
+        for job in sorted(self.running, key=lambda j: (j.started_ts, j.id)):
+            if len(job.held) >= job.hi or self.now - job.started_ts < self.config.slice_s:
+                continue
+            extra = min(job.hi - len(job.held), self.n_free())
+            room = self.room(job)
+            if room is not None:
+                extra = min(extra, room)
+            if extra < max(1.0, self.config.grow_min_gain * len(job.held)):
+                continue
+            self.take_free(extra)  # set aside for its restart
+            self.used[(job.user, job.priority, self.group)] += extra
+            size = len(job.held) + extra
+            self.out.append(Resize(job.id, f"grows from {len(job.held)} to {size} nodes into idle nodes",
+                                   for_job="", size=size))
+
+
+def _drop_unneeded(chosen: list[_Victim], need: int) -> list[_Victim]:
+    """Without the victims that are not needed after all (the last, bigger one covered them).
+    The list is cheapest first, so walking back from the end drops the most expensive first."""
+    total = sum(v.gives for v in chosen)
+    kept = [chosen[-1]]
+    for v in reversed(chosen[:-1]):
+        if total - v.gives >= need:
+            total -= v.gives
+        else:
+            kept.append(v)
+    kept.reverse()
+    return kept
