@@ -22,9 +22,10 @@ docs/scheduling.md states the rules for users; in short, per node group:
    nodes for at least ``slice_s`` may be suspended (it moves back in the round-robin). A job that
    just (re)started is never sliced, so it keeps its nodes for at least one slice.
 6. Reservation and backfill: a blocked job that is waiting for nodes it has already claimed
-   (being released) pins the free nodes; one that cannot claim enough yet only lets jobs behind it
-   use the free nodes if it could later preempt them (lower priority, or same priority and another
-   user, i.e. at most one slice away), so backfill never starves the head of the line.
+   (being released) pins the free nodes; one that cannot claim enough yet lets jobs behind it use
+   the free nodes if it could later preempt them (lower priority, or same priority and another
+   user, i.e. at most one slice away), and its own user's equal-priority jobs only until it has
+   waited ``own_backfill_s``, so backfill never starves the head of the line.
 7. Elastic jobs (``min_nodes..max_nodes``) start with what is left after every waiting job was
    served, grow into idle nodes when nothing waits (a ``Resize``: restart at a larger size), and
    are shrunk (a ``Resize`` to a smaller size) before whole jobs are taken as victims.
@@ -39,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Union
+from typing import Iterable, Iterator, Mapping, Union
 
 from hfai.protocol.types import ChainState, Priority
 
@@ -83,6 +84,9 @@ class PolicyConfig:
     #: been submitted k * turn_s later. Short new jobs overtake long ones that already had turns,
     #: yet only jobs submitted within that window can, so every job's wait stays bounded.
     turn_s: float = 86400.0
+    #: A blocked job lets later jobs of its own user and priority run on the free nodes (it could
+    #: not take them back) until it has waited this long; then it keeps them free for itself.
+    own_backfill_s: float = 4 * 3600.0
     #: False: leave out Wait decisions of jobs that stay where they are (the simulator does not
     #: need them; the live leader wants every reason).
     explain_waits: bool = True
@@ -96,6 +100,7 @@ class JobView:
     ``nodes`` is the size asked for; an elastic job also sets ``min_nodes``/``max_nodes`` (0: same
     as ``nodes``). ``held`` are the nodes of the current run (its length is the running size).
     ``run_s`` is the time the job ran in earlier runs of its chain, not counting the current one.
+    ``queued_ts`` is when a waiting job last entered the queue (0: at ``submit_ts``).
     """
 
     id: str
@@ -111,6 +116,12 @@ class JobView:
     min_nodes: int = 0
     max_nodes: int = 0
     run_s: float = 0.0
+    queued_ts: float = 0.0
+
+    @property
+    def waited_since(self) -> float:
+        """When it last entered the queue (submit or requeue)."""
+        return self.queued_ts or self.submit_ts
 
     @property
     def lo(self) -> int:
@@ -259,12 +270,14 @@ class _Level:
 
     jobs: list[JobView]
     nodes: int = 0
+    head: int = 0  # jobs[:head] are all taken (victims come off the front: a lazy deletion)
     # Of those, the jobs time slicing may take (held their nodes >= one slice), longest first,
     # with their node totals per user, so "how much could job X take" is O(1).
     sliceable: list[JobView] = field(default_factory=list)
     slice_ids: set[str] = field(default_factory=set)
     slice_nodes: int = 0
     slice_nodes_by_user: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    slice_head: int = 0
 
 
 class _Pool:
@@ -289,10 +302,12 @@ class _Pool:
             self.levels[p] = level
         self.order = sorted(self.levels)
         self.taken: set[str] = set()
+        self.lower_cache: dict[int, int] = {}
 
     def take(self, job: JobView) -> None:
         """Mark ``job`` as a victim (whole or shrunk): it cannot be chosen again this round."""
         self.taken.add(job.id)
+        self.lower_cache.clear()
         level = self.levels[self.prio[job.id]]
         level.nodes -= len(job.held)
         if job.id in level.slice_ids:
@@ -300,7 +315,24 @@ class _Pool:
             level.slice_nodes_by_user[job.user] -= len(job.held)
 
     def lower_nodes(self, prio: int) -> int:
-        return sum(self.levels[p].nodes for p in self.order if p < prio)
+        found = self.lower_cache.get(prio)
+        if found is None:
+            found = self.lower_cache[prio] = sum(self.levels[p].nodes for p in self.order if p < prio)
+        return found
+
+    def untaken(self, level: _Level, sliceable: bool) -> Iterator[JobView]:
+        """The level's candidates not taken yet, cheapest first, skipping the taken front fast."""
+        jobs = level.sliceable if sliceable else level.jobs
+        i = level.slice_head if sliceable else level.head
+        while i < len(jobs) and jobs[i].id in self.taken:
+            i += 1
+        if sliceable:
+            level.slice_head = i
+        else:
+            level.head = i
+        for v in jobs[i:] if i else jobs:
+            if v.id not in self.taken:
+                yield v
 
     def slice_nodes(self, prio: int, user: str) -> int:
         level = self.levels.get(prio)
@@ -434,7 +466,7 @@ class _GroupRound:
         if not self.may_backfill(job):
             # Whatever it freed (free nodes, victims) would go to that job ahead of it: preempting
             # for it would only churn (victims restarting on nodes this job may not use).
-            self.wait(job, "waiting behind an earlier job of the same user and priority that is waiting for nodes",
+            self.wait(job, "waiting behind an earlier job of the same user and priority that waits for nodes",
                       quiet=True)
             return
         need = job.lo - self.n_free()
@@ -463,8 +495,8 @@ class _GroupRound:
     def note_soft_reservation(self, job: JobView) -> None:
         p = self.prio[job.id]
         if self.floor_prio is None or p < self.floor_prio:
-            self.floor_prio, self.floor_users = p, {job.user}
-        elif p == self.floor_prio:
+            self.floor_prio, self.floor_users = p, set()
+        if p == self.floor_prio and self.now - job.waited_since >= self.config.own_backfill_s:
             self.floor_users.add(job.user)
 
     def victim_decision(self, job: JobView, v: _Victim) -> Suspend:
@@ -498,18 +530,17 @@ class _GroupRound:
                 return _drop_unneeded(chosen, need)
         return None
 
-    def candidates(self, job: JobView, p: int):
-        for prio in self.pool.order:
+    def candidates(self, job: JobView, p: int) -> Iterator[JobView]:
+        pool = self.pool
+        for prio in pool.order:
             if prio >= p:
                 break
-            for v in self.pool.levels[prio].jobs:
-                if v.id not in self.pool.taken:
-                    yield v
-        level = self.pool.levels.get(p)
+            yield from pool.untaken(pool.levels[prio], sliceable=False)
+        level = pool.levels.get(p)
         if level is not None:
             # Round-robin among equals: the one that has held its nodes longest yields first.
-            for v in level.sliceable:
-                if v.id not in self.pool.taken and v.user != job.user:
+            for v in pool.untaken(level, sliceable=True):
+                if v.user != job.user:
                     yield v
 
     # -- elastic

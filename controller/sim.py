@@ -252,6 +252,7 @@ class _Job:
     first_start: float = -1.0
     end: float = -1.0
     interrupts: int = 0
+    queued_ts: float = 0.0
     gen: int = 0  # bumps on every start/suspend, so stale heap events are recognised
     view: JobView | None = None
 
@@ -260,7 +261,7 @@ class _Job:
         elastic = t.max_nodes > t.nodes
         return JobView(
             id=self.id, user=t.user, priority=t.priority, nodes=t.hi, submit_ts=t.submit_s, state=self.state,
-            held=self.held, started_ts=self.started_ts, slice_turns=self.slice_turns, run_s=self.run_s,
+            held=self.held, started_ts=self.started_ts, slice_turns=self.slice_turns, run_s=self.run_s, queued_ts=self.queued_ts,
             min_nodes=t.nodes if elastic else 0, max_nodes=t.max_nodes if elastic else 0,
         )
 
@@ -392,6 +393,7 @@ class Simulator:
         """The checkpoint is written: the nodes are free and the job is back in line."""
         self.free(job)
         job.state = ChainState.SUSPENDED
+        job.queued_ts = self.now
         job.view = job.make_view()
         self.waiting += 1
 
