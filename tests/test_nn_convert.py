@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import hfai.nn
+import hfai.nn.lstm
 
 
 class _Model(torch.nn.Module):
@@ -36,7 +37,12 @@ def _outputs_and_grads(model, x):
     return [loss] + [p.grad for p in model.parameters()]
 
 
-def test_to_hfai_same_outputs_and_gradients():
+def test_to_hfai_same_outputs_and_gradients(monkeypatch):
+    # Run hfai's LSTM route on CPU too (by default CPU LSTMs run torch's kernel).
+    monkeypatch.setattr(hfai.nn.lstm, "_ROUTE_CPU", True)
+    calls = []
+    original = hfai.nn.lstm.lstm_layer
+    monkeypatch.setattr(hfai.nn.lstm, "lstm_layer", lambda *a: calls.append(1) or original(*a))
     torch.manual_seed(0)
     model = _Model().double()
     reference = copy.deepcopy(model)
@@ -53,6 +59,7 @@ def test_to_hfai_same_outputs_and_gradients():
     x = torch.randn(3, 5, 6, dtype=torch.float64)
     for got, expected in zip(_outputs_and_grads(model, x), _outputs_and_grads(reference, x)):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+    assert calls, "the converted LSTM did not run hfai's route"
 
 
 def test_to_hfai_not_inplace_leaves_model_alone():

@@ -1,5 +1,9 @@
 """hfai.nn.LSTM against torch.nn.LSTM on CPU: outputs, final states and every gradient.
 
+On CPU hfai.nn.LSTM normally runs torch's kernel; the autouse fixture below switches on hfai's
+own route (the code CUDA runs, with the pure-torch step instead of the Triton one) so that these
+tests check it. ``test_cpu_runs_torch_by_default`` checks the default.
+
 Tolerances: in float64 only the order of floating-point sums differs from torch (one big matmul
 instead of per-step ones, gradients summed over the sequence at once), so results agree to
 ~1e-12 relative; we allow 1e-9. In float32 we compare both implementations to a float64
@@ -17,6 +21,11 @@ from hfai.nn import lstm as lstm_mod
 from hfai.nn.lstm import LSTMLayerFunction
 
 INPUT, HIDDEN = 7, 5
+
+
+@pytest.fixture(autouse=True)
+def _hfai_route_on_cpu(monkeypatch):
+    monkeypatch.setattr(lstm_mod, "_ROUTE_CPU", True)
 
 
 def _pair(dtype=torch.float64, **kwargs):
@@ -172,3 +181,11 @@ def test_wrong_hidden_shape_raises_torch_error():
     bad = torch.zeros(1, 2, HIDDEN, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="Expected hidden"):
         ours(x, (bad, bad))
+
+
+def test_cpu_runs_torch_by_default(monkeypatch):
+    monkeypatch.setattr(lstm_mod, "_ROUTE_CPU", False)
+    monkeypatch.setattr(lstm_mod, "lstm_layer", lambda *a: pytest.fail("hfai route ran on CPU"))
+    ref, ours = _pair(torch.float32, num_layers=2)
+    x = torch.randn(4, 2, INPUT)
+    assert torch.equal(ours(x)[0], ref(x)[0])

@@ -1,0 +1,97 @@
+"""hfai.nn vs torch.nn: forward+backward medians and the speed ratio, measured in one run.
+
+Shapes are the issue's: LayerNorm(1024) on 64x512x1024; MultiheadAttention(512, 8 heads) batch 16
+seq 256, called with need_weights=False and with the default; LSTM(256 -> 512, 2 layers) seq 100
+batch 32. Every input requires grad (as inside a model), so neither side can skip a gradient.
+torch and hfai run interleaved, repetition by repetition, so machine noise hits both alike.
+CPU always; CUDA too when a device is present. Ratio = torch time / hfai time (>1: hfai faster).
+
+    python bench/bench_nn.py [--threads 2] [--repeats 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+import hfai.nn
+
+
+def _step(module: torch.nn.Module, inputs: list[torch.Tensor], call: dict) -> Callable[[], None]:
+    def run() -> None:
+        out = module(*inputs, **call)
+        out = out[0] if isinstance(out, tuple) else out
+        out.sum().backward()
+
+    return run
+
+
+def _timed(run: Callable[[], None], device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _compare(torch_run, hfai_run, device: str, repeats: int) -> tuple[float, float]:
+    for _ in range(2):  # warm-up: allocator, kernel compilation, oneDNN primitive caches
+        torch_run(), hfai_run()
+    times: dict[str, list[float]] = {"torch": [], "hfai": []}
+    for _ in range(repeats):
+        times["torch"].append(_timed(torch_run, device))
+        times["hfai"].append(_timed(hfai_run, device))
+    return statistics.median(times["torch"]), statistics.median(times["hfai"])
+
+
+def _cases(device: str):
+    """(name, torch module, hfai module with the same weights, inputs, call kwargs)."""
+
+    def pair(cls_torch, cls_hfai, *args):
+        torch.manual_seed(0)
+        ref = cls_torch(*args).to(device)
+        ours = cls_hfai(*args).to(device)
+        ours.load_state_dict(ref.state_dict())
+        return ref, ours
+
+    def leaf(*shape):
+        return torch.randn(shape, device=device, requires_grad=True)
+
+    ln = pair(torch.nn.LayerNorm, hfai.nn.LayerNorm, 1024)
+    yield "LayerNorm(1024) 64x512x1024", *ln, [leaf(64, 512, 1024)], {}
+    mha = pair(torch.nn.MultiheadAttention, hfai.nn.MultiheadAttention, 512, 8)
+    x = leaf(256, 16, 512)
+    yield "MHA(512,8) b16 s256 need_weights=False", *mha, [x, x, x], {"need_weights": False}
+    yield "MHA(512,8) b16 s256 default (weights)", *mha, [x, x, x], {}
+    lstm = pair(torch.nn.LSTM, hfai.nn.LSTM, 256, 512, 2)
+    yield "LSTM(256->512, 2 layers) s100 b32", *lstm, [leaf(100, 32, 256)], {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads, both sides")
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    print(f"torch {torch.__version__}, {args.threads} CPU threads, repeats {args.repeats}, "
+          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}")  # fmt: skip
+    print(f"{'device':6} {'case':42} {'torch ms':>9} {'hfai ms':>9} {'ratio':>6}")
+    for device in devices:
+        for name, ref, ours, inputs, call in _cases(device):
+            t_torch, t_hfai = _compare(
+                _step(ref, inputs, call), _step(ours, inputs, call), device, args.repeats
+            )
+            print(f"{device:6} {name:42} {t_torch * 1e3:9.1f} {t_hfai * 1e3:9.1f} "
+                  f"{t_torch / t_hfai:5.2f}x", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
