@@ -110,3 +110,30 @@ def test_lstm_step_kernels_match_torch(seq, batch, hidden):
     got = [out, h, c, *(t.grad for t in leaves), *(w.grad for w in weights)]
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.double().cpu(), e, rtol=1e-5, atol=1e-5)
+
+
+def test_lstm_step_kernels_fp16_keep_cell_state_fp32():
+    """fp16 storage: each stored value is within a few half ulps; c is carried in fp32, so the
+    error does not grow with the number of steps (checked over 30 steps)."""
+    from hfai.nn.lstm import LSTMLayerFunction
+
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(4, 7).double()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.half().double())  # the reference starts from the same rounded weights
+    x = torch.randn(30, 3, 4).half().double().requires_grad_()
+    out, (h, c) = ref(x)
+    (out.sum() + c.sum()).backward()
+
+    leaves = [x.detach().half().to(DEVICE).requires_grad_()]
+    weights = [p.detach().half().to(DEVICE).requires_grad_() for p in ref.parameters()]
+    zeros = torch.zeros(3, 7, dtype=torch.float16, device=DEVICE)
+    o, hh, cc = LSTMLayerFunction.apply(*leaves, zeros, zeros, *weights, True)
+    (o.float().sum() + cc.float().sum()).backward()
+    assert o.dtype == cc.dtype == leaves[0].grad.dtype == torch.float16
+    torch.testing.assert_close(o.double().cpu(), out, rtol=0, atol=4e-3)
+    torch.testing.assert_close(cc.double().cpu(), c[0], rtol=0, atol=4e-3)
+    torch.testing.assert_close(leaves[0].grad.double().cpu(), x.grad, rtol=1e-2, atol=1e-2)
+    for w, p in zip(weights, ref.parameters()):
+        torch.testing.assert_close(w.grad.double().cpu(), p.grad, rtol=1e-2, atol=5e-2)

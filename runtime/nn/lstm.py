@@ -112,7 +112,8 @@ class LSTMLayerFunction(torch.autograd.Function):
         triton = use_triton(x) if triton is None else triton
         gates = _input_projection(x, w_ih, b_ih, b_hh).view(steps, batch, 4 * hidden)
         hs = x.new_empty(steps + 1, batch, hidden)
-        cs = x.new_empty(steps + 1, batch, hidden)
+        # The Triton step keeps the cell state in fp32 (it is carried through every step).
+        cs = x.new_empty(steps + 1, batch, hidden, dtype=torch.float32 if triton else x.dtype)
         tcs = x.new_empty(steps, batch, hidden)
         hs[0].copy_(h0)
         cs[0].copy_(c0)
@@ -127,7 +128,7 @@ class LSTMLayerFunction(torch.autograd.Function):
         ctx.triton = triton
         ctx.save_for_backward(x, w_ih, w_hh, gates, hs, cs, tcs)
         ctx.has_bias = b_ih is not None
-        return hs[1:], hs[steps].clone(), cs[steps].clone()
+        return hs[1:], hs[steps].clone(), cs[steps].to(x.dtype, copy=True)
 
     @staticmethod
     @once_differentiable

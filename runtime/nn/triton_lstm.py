@@ -6,8 +6,9 @@ launch backward, instead of the ~15 small kernels autograd would run per step.
 
 Layouts (all contiguous, one time step): gates ``(B, 4H)`` in torch's gate order ``i, f, g, o``,
 states ``(B, H)``. The forward kernel overwrites the pre-activation gates with the activated ones,
-which the backward kernel reads. Arithmetic is fp32 whatever the storage dtype; the running cell
-gradient ``dc`` is always an fp32 buffer.
+which the backward kernel reads. Arithmetic is fp32 whatever the storage dtype; the cell state
+``c`` is stored in its buffer's dtype (the caller keeps it fp32 so that bf16/fp16 runs do not
+round it at every step) and the running cell gradient ``dc`` is always an fp32 buffer.
 
 Importing this module imports triton: only do it when ``hfai.nn._backend.use_triton`` said so
 (or under ``TRITON_INTERPRET=1`` in tests).
@@ -51,7 +52,7 @@ def _lstm_cell_fwd_kernel(G, C_PREV, C, H_OUT, TC, n, H, BLOCK: tl.constexpr):
     tl.store(gate + H, f.to(out_ty), mask=mask)
     tl.store(gate + 2 * H, g.to(out_ty), mask=mask)
     tl.store(gate + 3 * H, o.to(out_ty), mask=mask)
-    tl.store(C + offs, c.to(out_ty), mask=mask)
+    tl.store(C + offs, c.to(C.dtype.element_ty), mask=mask)
     tl.store(TC + offs, tc.to(out_ty), mask=mask)
     tl.store(H_OUT + offs, (o * tc).to(out_ty), mask=mask)
 
