@@ -146,9 +146,13 @@ def test_segment_create_attach_share_and_unlink():
         shm.unlink_name(seg.name)
 
 
+# The child loads shm.py by path: it needs only the standard library, and skipping the package
+# (which imports torch) keeps these tests fast.
 _CHILD = """
-import os, signal, sys
-from hfai.reduce import shm
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("shm", sys.argv[2])
+shm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shm)
 seg = shm.Segment.create(4096)
 print(seg.name, flush=True)
 if sys.argv[1] == "kill":
@@ -158,7 +162,10 @@ if sys.argv[1] == "kill":
 
 def _child_segment(mode: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _CHILD, mode, shm.__file__],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return proc.stdout.strip()
 

@@ -232,6 +232,9 @@ class DistributedDataParallel(nn.Module):
                 if i in had_grad and not had_grad[i] and not globally_used.get(i, True):
                     continue
                 self._unstage(i)
+            if self._copy_stream is not None:
+                # The host-to-device copies read the arena, which peers overwrite next step.
+                torch.cuda.current_stream().synchronize()
         finally:
             self._step_active = False
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from hfai.reduce import cuda, kernels, layout as L, topology
+from hfai.reduce import cuda, kernels, layout as L, rendezvous, topology
 from hfai.reduce.control import Control, WaitPolicy
 from hfai.reduce.dtypes import ReduceOp, rule_for
 from hfai.reduce.errors import (
@@ -38,7 +37,6 @@ from hfai.reduce.errors import (
     SizeMismatchError,
     UnsupportedTensorError,
 )
-from hfai.reduce.shm import Segment
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +88,7 @@ class ReduceGroup:
     def __init__(self, topo, segment, lay, control, config, pg, leaders_pg) -> None:
         self.topo: topology.Topology = topo
         self.config: ReduceConfig = config
-        self._seg: Segment | None = segment
+        self._seg = segment
         self._lay: L.ArenaLayout = lay
         self._ctl: Control = control
         self._pg = pg
@@ -126,7 +124,7 @@ class ReduceGroup:
         pg = process_group or dist.group.WORLD
         topo = topology.discover(pg, node_key)
         lay = L.ArenaLayout(topo.local_size, L.slot_bytes_for(config.capacity_bytes))
-        segment = _open_arena(topo, lay, pg, config)
+        segment = rendezvous.open_arena(topo, lay, pg)
         header = np.frombuffer(segment.buffer, dtype=np.int64, count=lay.header_words)
         control = Control(header, lay, topo.local_rank, config.wait_policy())
         try:
@@ -137,7 +135,7 @@ class ReduceGroup:
                 segment.unlink()  # from here on a crash cannot leak the segment
         if not control.enable_liveness_checks():
             logger.warning("peer pids not visible (PID namespaces?); relying on timeouts only")
-        leaders_pg = _leaders_group(topo, pg, config)
+        leaders_pg = rendezvous.leaders_group(topo, pg, config.timeout_s, config.inter_node_backend)
         return cls(topo, segment, lay, control, config, pg, leaders_pg)
 
     # --- public API --------------------------------------------------------------------------
@@ -342,50 +340,3 @@ def _check_descriptors(descs: list[tuple[int, ...]], members: tuple[int, ...]) -
         for r, d in enumerate(descs)
     )
     raise SizeMismatchError(f"ranks disagree on the collective: {lines}")
-
-
-def _open_arena(topo, lay: L.ArenaLayout, pg, config: ReduceConfig) -> Segment:
-    """Leader creates, everyone learns the name, the others attach. Errors reach every rank."""
-    offer: str | tuple[str, str] | None = None
-    segment = None
-    if topo.is_leader:
-        try:
-            segment = Segment.create(lay.total_bytes)
-            header = np.frombuffer(segment.buffer, dtype=np.int64, count=lay.header_words)
-            header[[L.G_MAGIC, L.G_VERSION, L.G_NRANKS, L.G_SLOT_BYTES]] = [
-                L.MAGIC, L.VERSION, lay.nranks, lay.slot_bytes,
-            ]
-            offer = segment.name
-        except OSError as e:
-            offer = ("error", f"node leader could not create {lay.total_bytes} B of shm: {e}")
-    offers: list = [None] * topo.world_size
-    dist.all_gather_object(offers, offer, group=pg)
-    mine = offers[topo.node_members[0]]
-    if isinstance(mine, (tuple, list)):
-        if segment is not None:
-            segment.unlink()
-        raise ReduceError(mine[1])
-    if segment is None:
-        segment = Segment.attach(mine)
-        header = np.frombuffer(segment.buffer, dtype=np.int64, count=L.HEADER_LINES_BEFORE_RANKS * 8)
-        if int(header[L.G_MAGIC]) != L.MAGIC or int(header[L.G_SLOT_BYTES]) != lay.slot_bytes:
-            raise ReduceError(
-                "shared arena header does not match this rank's configuration; every rank must "
-                "pass the same ReduceConfig"
-            )
-    return segment
-
-
-def _leaders_group(topo, pg, config: ReduceConfig):
-    if topo.num_nodes == 1:
-        return None
-    timeout = timedelta(seconds=config.timeout_s)
-    if pg is dist.group.WORLD:
-        # Every rank must call new_group; non-leaders get a non-member handle and ignore it.
-        return dist.new_group(list(topo.leaders), timeout=timeout, backend=config.inter_node_backend)
-    if not topo.is_leader:
-        return None
-    ranks = [dist.get_global_rank(pg, r) for r in topo.leaders]
-    return dist.new_group(
-        ranks, timeout=timeout, backend=config.inter_node_backend, use_local_synchronization=True
-    )
