@@ -20,13 +20,24 @@ from typing import Callable
 import torch
 
 import hfai.nn
+import hfai.nn.lstm
+
+
+_CPU_ROUTE = "_hfai_cpu_route"  # pseudo call argument: run hfai.nn.lstm's CPU route
 
 
 def _step(module: torch.nn.Module, inputs: list[torch.Tensor], call: dict) -> Callable[[], None]:
+    call = dict(call)
+    cpu_route = call.pop(_CPU_ROUTE, False)
+
     def run() -> None:
-        out = module(*inputs, **call)
-        out = out[0] if isinstance(out, tuple) else out
-        out.sum().backward()
+        hfai.nn.lstm._ROUTE_CPU = cpu_route and isinstance(module, hfai.nn.LSTM)
+        try:
+            out = module(*inputs, **call)
+            out = out[0] if isinstance(out, tuple) else out
+            out.sum().backward()
+        finally:
+            hfai.nn.lstm._ROUTE_CPU = False
 
     return run
 
@@ -71,7 +82,11 @@ def _cases(device: str):
     yield "MHA(512,8) b16 s256 need_weights=False", *mha, [x, x, x], {"need_weights": False}
     yield "MHA(512,8) b16 s256 default (weights)", *mha, [x, x, x], {}
     lstm = pair(torch.nn.LSTM, hfai.nn.LSTM, 256, 512, 2)
-    yield "LSTM(256->512, 2 layers) s100 b32", *lstm, [leaf(100, 32, 256)], {}
+    seq = leaf(100, 32, 256)
+    yield "LSTM(256->512, 2 layers) s100 b32", *lstm, [seq], {}
+    if device == "cpu":
+        # For the record: hfai's own route on CPU, which is not the default (see docs/nn.md).
+        yield "  same, hfai's CPU route (not default)", *lstm, [seq], {_CPU_ROUTE: True}
 
 
 def main() -> None:

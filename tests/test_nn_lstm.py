@@ -189,3 +189,11 @@ def test_cpu_runs_torch_by_default(monkeypatch):
     ref, ours = _pair(torch.float32, num_layers=2)
     x = torch.randn(4, 2, INPUT)
     assert torch.equal(ours(x)[0], ref(x)[0])
+
+
+def test_state_of_another_dtype_goes_to_torch():
+    _, ours = _pair(num_layers=1)
+    x = torch.randn(3, 2, INPUT, dtype=torch.float64)
+    h = torch.zeros(1, 2, HIDDEN, dtype=torch.float32)
+    with pytest.raises(RuntimeError):  # torch's own dtype check, not a silent conversion
+        ours(x, (h, h))

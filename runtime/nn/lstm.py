@@ -238,7 +238,7 @@ class LSTM(torch.nn.LSTM):
     """
 
     def forward(self, input, hx=None):  # noqa: D102 (same contract as torch.nn.LSTM.forward)
-        if not self._hfai_accelerates(input):
+        if not self._hfai_accelerates(input, hx):
             return super().forward(input, hx)
         batched = input.dim() == 3
         if not batched:
@@ -263,9 +263,15 @@ class LSTM(torch.nn.LSTM):
             return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
         return output, (h_n, c_n)
 
-    def _hfai_accelerates(self, input) -> bool:
+    def _hfai_accelerates(self, input, hx) -> bool:
         if not isinstance(input, Tensor) or input.dim() not in (2, 3) or self.proj_size > 0:
             return False
+        if hx is not None and not (
+            isinstance(hx, tuple)
+            and len(hx) == 2
+            and all(h.dtype == input.dtype and h.device == input.device for h in hx)
+        ):
+            return False  # torch reports the mismatch (or handles what it accepts)
         probe = input if input.dim() == 3 else input.unsqueeze(1)
         return is_accelerated(probe, self._flat_weights, float(self.dropout), self.training)
 
