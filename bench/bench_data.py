@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -94,62 +95,71 @@ def rate(plan, seconds: float) -> float:
 
 
 def line(label: str, samples_per_s: float) -> None:
-    print(f"  {label:<34} {samples_per_s:>11,.0f} samples/s {samples_per_s * SAMPLE / 1e6:>9,.1f} MB/s")
+    print(f"  {label:<36} {samples_per_s:>11,.0f} samples/s {samples_per_s * SAMPLE / 1e6:>9,.1f} MB/s")
 
 
-def measure(label, run, make_plan, repeats, before=None) -> float:
-    rates = []
-    for k in range(repeats):
-        plan = make_plan(k)
-        if before:
-            before()
-        rates.append(rate(plan, run(plan)))
-    best = statistics.median(rates)
-    line(label, best)
-    return best
+def ratio_line(name: str, ratios: list[float], target: str) -> None:
+    print(
+        f"RATIO {name} hfai.data / one-file-per-sample: {statistics.median(ratios):.2f}x "
+        f"(median of {len(ratios)} paired rounds, range {min(ratios):.2f}-{max(ratios):.2f}; {target})"
+    )
 
 
-def bench_random(ffr, small, n, threads):
-    print(f"random batches of {BATCH} x {SAMPLE} B, checksums on ({BACKEND} CRC-32), median of 3 runs")
-    warm = FileReader(ffr, check_data=True, threads=threads)
-    warm.validate()  # reads the whole file once: warms the cache and checks every sample
-    time_small(small, batches(n, n // BATCH + 1, 99))  # touch (most of) the small files too
+def paired(rounds: int, ours, theirs) -> tuple[list[float], list[float]]:
+    """Alternate the two measurements so that both see the same background load."""
+    a, b = [], []
+    for k in range(rounds):
+        a.append(ours(k))
+        b.append(theirs(k))
+    return a, b
+
+
+def bench_warm(ffr: str, small: str, n: int, threads: int) -> None:
+    reader = FileReader(ffr, check_data=True, threads=threads)
+    reader.validate()  # reads the whole file once: warms the cache and checks every sample
+    time_small(small, [list(range(i, min(i + BATCH, n))) for i in range(0, n, BATCH)])  # and every small file
     print("warm page cache:")
-    ours = measure("hfai.data FileReader (io=auto)", lambda p: time_ours(warm, p), lambda k: batches(n, 2000, k), 3)
-    line_off = FileReader(ffr, check_data=False)
-    measure("hfai.data, checksums off", lambda p: time_ours(line_off, p), lambda k: batches(n, 2000, k), 3)
-    base = measure("one file per sample", lambda p: time_small(small, p), lambda k: batches(n, 300, 10 + k), 3)
-    print(f"RATIO warm  hfai.data / one-file-per-sample: {ours / base:.2f}x  (target >= 6x; original ffrecord ~4.3x)")
 
-    for r in (warm, line_off):
-        r.close()
+    def ours(k):
+        plan = batches(n, 600, k)
+        return rate(plan, time_ours(reader, plan))
 
+    def theirs(k):
+        plan = batches(n, 100, 100 + k)
+        return rate(plan, time_small(small, plan))
+
+    a, b = paired(5, ours, theirs)
+    line("hfai.data FileReader (io=auto)", statistics.median(a))
+    line("one file per sample", statistics.median(b))
+    with FileReader(ffr, check_data=False) as unchecked:
+        line("hfai.data, checksums off", statistics.median(
+            [rate(p, time_ours(unchecked, p)) for p in (batches(n, 600, 200 + k) for k in range(3))]))
+    reader.close()
+    ratio_line("warm", [x / y for x, y in zip(a, b)], "target >= 6x; original ffrecord ~4.3x")
+
+
+def bench_cold(ffr: str, small: str, n: int, threads: int) -> None:
     print("cold page cache:")
     how: list[str] = []
-    ours = measure_cold(f"hfai.data FileReader ({threads} threads)", ffr, small, n, how, 80, 20, threads=threads)
-    measure_cold("hfai.data io=mmap (no read threads)", ffr, small, n, how, 20, 30, io="mmap")
-    base = measure("one file per sample", lambda p: time_small(small, p), lambda k: batches(n, 40, 40 + k), 3,
-                   lambda: how.append(drop_caches(ffr, small, n)))
-    print(f"  (cache dropped with {how[0]})")
-    print(f"RATIO cold  hfai.data / one-file-per-sample: {ours / base:.2f}x  (target >= 2.5x; original ffrecord ~1.6x)")
 
-
-def measure_cold(label, ffr, small, n, how, count, seed, **options) -> float:
-    """Each run: drop the cache, then open a fresh reader (untimed) and time its batches.
-
-    Fresh, because pages a reader has mapped stay in its page tables and survive drop_caches.
-    """
-    readers: list[FileReader] = []
-
-    def before():
-        for r in readers:
-            r.close()
+    def ours(k, **options):
+        # A fresh reader after each drop: pages a reader has mapped survive drop_caches.
         how.append(drop_caches(ffr, small, n))
-        readers.append(FileReader(ffr, check_data=True, **options))
+        with FileReader(ffr, check_data=True, **options) as reader:
+            plan = batches(n, 80, 300 + k)
+            return rate(plan, time_ours(reader, plan))
 
-    result = measure(label, lambda p: time_ours(readers[-1], p), lambda k: batches(n, count, seed + k), 3, before)
-    readers[-1].close()
-    return result
+    def theirs(k):
+        how.append(drop_caches(ffr, small, n))
+        plan = batches(n, 40, 400 + k)
+        return rate(plan, time_small(small, plan))
+
+    a, b = paired(3, lambda k: ours(k, threads=threads), theirs)
+    line(f"hfai.data FileReader ({threads} threads)", statistics.median(a))
+    line("one file per sample", statistics.median(b))
+    line("hfai.data io=mmap (no read threads)", ours(9, io="mmap"))
+    print(f"  (cache dropped with {how[0]})")
+    ratio_line("cold", [x / y for x, y in zip(a, b)], "target >= 2.5x; original ffrecord ~1.6x")
 
 
 def bench_loader(ffr, small, n):
@@ -165,6 +175,9 @@ def bench_loader(ffr, small, n):
             with open(small_path(small, i), "rb") as f:
                 return np.frombuffer(bytearray(f.read()), dtype=np.uint8)  # writable, as torch wants
 
+    with FileReader(ffr) as r:  # the cold runs above dropped the cache: warm it again
+        r.validate()
+    time_small(small, [list(range(first, min(first + BATCH, n))) for first in range(0, n, BATCH)])
     print(f"DataLoader epoch over all {n} samples, batch {BATCH}, shuffled, warm cache:")
     for workers in (0, 2):
         results = {}
@@ -177,7 +190,7 @@ def bench_loader(ffr, small, n):
             results[name] = count / (time.perf_counter() - t)
             line(f"{name}, {workers} workers", results[name])
         ratio = results["hfai.data Dataset.loader"] / results["one file per sample"]
-        print(f"RATIO loader {workers} workers hfai.data / one-file-per-sample: {ratio:.2f}x")
+        print(f"RATIO loader, {workers} workers, hfai.data / one-file-per-sample: {ratio:.2f}x (one epoch each)")
 
 
 def main() -> int:
@@ -187,6 +200,8 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="parent of the temporary directory")
     parser.add_argument("--no-loader", action="store_true", help="skip the DataLoader epochs")
     args = parser.parse_args()
+    # SIGTERM (e.g. a timeout) must still run the cleanup below, not leave 2 GB behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = tempfile.mkdtemp(prefix="hfai-bench-data-", dir=args.dir)
     try:
         n = args.samples
@@ -194,7 +209,9 @@ def main() -> int:
         size = os.path.getsize(ffr)
         print(f"hfai.data benchmark: {n} samples of {SAMPLE} B, record file {size / 1e9:.2f} GB, {os.cpu_count()} CPUs")
         print(f"write: one record file {t_ffr:.1f} s, {n} small files {t_small:.1f} s")
-        bench_random(ffr, small, n, args.threads)
+        print(f"random batches of {BATCH} x {SAMPLE} B, checksums on ({BACKEND} CRC-32)")
+        bench_warm(ffr, small, n, args.threads)
+        bench_cold(ffr, small, n, args.threads)
         if not args.no_loader:
             bench_loader(ffr, small, n)
     finally:

@@ -79,6 +79,28 @@ def test_indices_may_be_numpy_arrays_and_ranges(ffr):
         assert len(r.read(range(50))) == 50 == len(r)
 
 
+def test_read_returns_a_batch_over_one_buffer(ffr):
+    with FileReader(ffr) as r:
+        batch = r.read([3, 1, 3])
+    assert isinstance(batch, list) and batch.intact()
+    assert batch.buffer.tobytes() == sample(3) + sample(1) + sample(3)
+    assert batch.bounds == [0, len(sample(3)), len(sample(3)) + len(sample(1)), 2 * len(sample(3)) + len(sample(1))]
+    assert batch.uniform_length() is None
+    with FileReader(ffr) as r:
+        assert r.read([4, 8]).uniform_length() == 0  # i % 4 == 0: empty samples
+
+
+def test_page_probe_tells_cached_from_dropped_pages(ffr):
+    with FileReader(ffr) as r:
+        r.validate()  # reads every page
+        f = r._files[0]
+        end = int(f.header.ends[-1])
+        assert f.probe.available and f.probe.resident(0, end)
+        os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the writer fsynced: pages are clean
+        assert f.probe.resident(0, end) is False
+        assert as_bytes(r.read([49, 1])) == [sample(49), sample(1)]  # io=auto takes the cold path
+
+
 def test_closed_reader_refuses_reads_and_closes_twice(ffr):
     r = FileReader(ffr)
     r.close()

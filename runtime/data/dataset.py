@@ -13,26 +13,36 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from hfai.data.reader import FileReader
+from hfai.data.reader import Batch, FileReader
 
 
 def collate(batch: list[Any]) -> Any:
     """Collate function for raw samples: equal-length uint8 arrays become one ``(B, L)`` tensor.
 
     torch's ``default_collate`` turns each sample into a tensor and then stacks them, which costs
-    more than reading the batch; this stacks with one numpy copy. In a worker process the tensor
-    is allocated in shared memory (as ``default_collate`` does), so handing it to the main process
-    copies nothing. Any other batch goes to ``default_collate``.
+    more than reading the batch. A batch straight from :meth:`FileReader.read` already lies in one
+    contiguous buffer: in the main process it becomes the tensor without a copy, in a worker it is
+    copied once into shared memory (as ``default_collate`` does) so that handing it to the main
+    process copies nothing. Other lists of equal-length uint8 arrays are stacked with one numpy
+    call; anything else goes to ``default_collate``.
     """
+    if isinstance(batch, Batch) and batch.intact():
+        length = batch.uniform_length()
+        if length is not None:
+            return _to_tensor(batch.buffer[batch.bounds[0] : batch.bounds[-1]].reshape(len(batch), length))
     first = batch[0] if batch else None
     if not (isinstance(first, np.ndarray) and first.dtype == np.uint8 and first.ndim == 1) or not all(
         isinstance(b, np.ndarray) and b.dtype == np.uint8 and b.shape == first.shape for b in batch
     ):
         return torch.utils.data.default_collate(batch)
-    out = torch.empty((len(batch), first.shape[0]), dtype=torch.uint8)
-    if torch.utils.data.get_worker_info() is not None:
-        out.share_memory_()
-    np.stack(batch, out=out.numpy())
+    return _to_tensor(np.stack(batch))
+
+
+def _to_tensor(array: np.ndarray) -> torch.Tensor:
+    if torch.utils.data.get_worker_info() is None:
+        return torch.from_numpy(array)
+    out = torch.empty(array.shape, dtype=torch.uint8).share_memory_()
+    out.numpy()[...] = array
     return out
 
 

@@ -5,6 +5,7 @@ in the batch buffer, which CRC it must have) and then filled by one of:
 
 - :func:`copy_mapped`: copy from the file's memory map on the calling thread. Fastest when the
   pages are cached (about 1 µs per 4 KiB sample), but every uncached page would block it.
+  :func:`gather_rows` does the same for fixed-size samples with one numpy gather.
 - :class:`ThreadedReads`: positioned reads (``os.preadv``, which releases the GIL) on a pool of
   threads, so many reads are in flight at once: the fast path for a cold cache. Each thread
   checks the CRCs of what it read while the others wait on the disk, so checksums stay off the
@@ -22,6 +23,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
+
+import numpy as np
 
 from hfai.data.checksum import crc32
 from hfai.data.errors import FormatError
@@ -55,6 +58,31 @@ def copy_mapped(file: RecordFile, spans: list[Span], out: memoryview, check: boo
         return None
     finally:
         source.release()  # a live export would stop RecordFile.close() from unmapping
+
+
+def gather_rows(file: RecordFile, local: np.ndarray, out: np.ndarray, positions: np.ndarray | None = None) -> None:
+    """Copy whole samples of a file whose samples all have length ``out.shape[1]``.
+
+    The file's data region is viewed as an ``(n, L)`` array over the memory map and the batch
+    gathered with one numpy call (into ``out``, or into its rows ``positions``).
+    """
+    h = file.header
+    length = out.shape[1]
+    rows = np.frombuffer(file.map, dtype=np.uint8, count=h.n * length, offset=int(h.offsets[0]))
+    try:
+        if positions is None:
+            np.take(rows.reshape(h.n, length), local, axis=0, out=out)
+        else:
+            out[positions] = rows.reshape(h.n, length)[local]
+    finally:
+        del rows  # a live view of the map would stop RecordFile.close() from unmapping
+
+
+def check_rows(rows: np.ndarray, expected: np.ndarray) -> Bad | None:
+    """CRC of each row against ``expected``; the first mismatch or None."""
+    actual = np.fromiter(map(crc32, rows), dtype=np.uint32, count=len(rows))
+    bad = np.flatnonzero(actual != expected)
+    return (int(bad[0]), int(actual[bad[0]])) if bad.size else None
 
 
 def pread_spans(file: RecordFile, spans: list[Span], out: memoryview, check: bool) -> Bad | None:
@@ -100,11 +128,10 @@ def pread_spans_direct(file: RecordFile, spans: list[Span], out: memoryview, che
             raise FormatError(f"{file.path}: unexpected end of file at byte {first + got}: truncated")
         chunk = bounce[start - first : end - first]
         out[dest : dest + end - start] = chunk
-        bad = check and crc32(chunk) != expected
-        actual = crc32(chunk) if bad else expected
+        actual = crc32(chunk) if check else expected
         chunk.release()
         bounce.release()
-        if bad:
+        if actual != expected:
             return position, actual
     return None
 

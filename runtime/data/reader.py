@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from hfai.data.errors import ChecksumError, DataError, FormatError
-from hfai.data.fetch import ThreadedReads, copy_mapped
+from hfai.data.fetch import ThreadedReads, check_rows, copy_mapped, gather_rows
 from hfai.data.checksum import crc32
 from hfai.data.recordfile import RecordFile, pread_exact
 
@@ -27,6 +27,50 @@ DEFAULT_THREADS = 16  # reads in flight on a cold cache: 8-16 measured best on a
 _PROBES = 4  # samples per batch checked for page-cache residency in io="auto"
 _VALIDATE_BLOCK = 16 << 20
 PathArg = str | os.PathLike
+
+
+class Batch(list):
+    """What :meth:`FileReader.read` returns: a list of uint8 arrays, plus the buffer behind them.
+
+    ``buffer`` holds the samples back to back and ``bounds[i]:bounds[i + 1]`` is sample ``i``,
+    so consumers that want the whole batch (e.g. :func:`hfai.data.dataset.collate`) can use it
+    in one piece, after checking :meth:`intact`.
+    """
+
+    __slots__ = ("buffer", "bounds", "_views")
+
+    def __init__(self, buffer: np.ndarray, bounds: list[int]):
+        views = [buffer[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        super().__init__(views)
+        self.buffer = buffer
+        self.bounds = bounds
+        self._views = tuple(views)
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray) -> Batch:
+        """A batch whose samples are the rows of a C-contiguous 2-D uint8 array."""
+        count, length = rows.shape
+        batch = cls.__new__(cls)
+        views = list(rows)  # row views made in C: cheaper than slicing in Python
+        list.__init__(batch, views)
+        batch.buffer = rows.reshape(-1)
+        batch.bounds = list(range(0, count * length + 1, length))
+        batch._views = tuple(views)
+        return batch
+
+    def intact(self) -> bool:
+        """True while the list still holds exactly the arrays it was created with."""
+        return len(self) == len(self._views) and all(a is b for a, b in zip(self, self._views))
+
+    def uniform_length(self) -> int | None:
+        """The common sample length, or None if lengths differ or the batch is empty."""
+        if not self._views:
+            return None
+        first, last = self.bounds[0], self.bounds[-1]
+        length = self.bounds[1] - first
+        if length == 0:
+            return 0 if last == first else None
+        return length if self.bounds == list(range(first, last + 1, length)) else None
 
 
 def resolve_paths(fnames: PathArg | Sequence[PathArg]) -> list[str]:
@@ -123,30 +167,31 @@ class FileReader:
         counts = np.array([f.n for f in self._files], dtype=np.int64)
         self._first = np.concatenate(([0], np.cumsum(counts)))  # global index of each file's sample 0
         self.n = int(self._first[-1])
+        self._row_length = _common_length(self._files)
 
     # -- reading ---------------------------------------------------------------------------
 
-    def read(self, indices: Iterable[int]) -> list[np.ndarray]:
+    def read(self, indices: Iterable[int]) -> Batch:
         """Read the samples at ``indices`` (any order, repeats allowed) as uint8 arrays.
 
-        See the module docstring for what the arrays are. Raises :class:`IndexError`,
-        :class:`~hfai.data.errors.ChecksumError` (first bad sample in ``indices`` order).
+        Returns a :class:`Batch` (a list; see the module docstring for what the arrays are).
+        Raises :class:`IndexError`, :class:`~hfai.data.errors.ChecksumError` (first bad sample
+        in ``indices`` order).
         """
         files = self._open_files()
         idx = as_indices(indices, self.n)
         file_ids, local = self._locate(idx)
         starts, ends, crcs = self._gather(files, file_ids, local)
-        dests = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(ends - starts, out=dests[1:])
-        out = np.empty(int(dests[-1]), dtype=np.uint8)
-        jobs = self._jobs(files, file_ids, starts, ends, dests, crcs)
-        bad = self._fill(jobs, memoryview(out))
+        mode = self._mode(files, file_ids, starts, ends)
+        if mode == "mmap" and self._row_length is not None and len(idx):
+            batch, bad = self._read_rows(files, file_ids, local, crcs)
+        else:
+            batch, bad = self._read_spans(files, file_ids, starts, ends, crcs, mode)
         if bad is not None:
             position, actual = bad
             f = 0 if file_ids is None else int(file_ids[position])
             raise ChecksumError(files[f].path, int(idx[position]), int(local[position]), int(crcs[position]), actual)
-        bounds = dests.tolist()
-        return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return batch
 
     def read_one(self, index: int) -> np.ndarray:
         """Read one sample (see :meth:`read`)."""
@@ -190,31 +235,45 @@ class FileReader:
             jobs.append((files[f], spans))
         return jobs
 
-    def _fill(self, jobs, out: memoryview):
-        mode = self.io
-        if mode == "auto":
-            mode = "mmap" if self._cached(jobs) else "pread"
-        if mode == "mmap":
-            bad = [b for b in (copy_mapped(f, spans, out, self.check_data) for f, spans in jobs) if b]
-            return min(bad) if bad else None
-        return self._reads.fill(jobs, out, self.check_data, direct=mode == "direct")
+    def _mode(self, files, file_ids, starts, ends) -> str:
+        """The read path for this batch: ``io``, or in "auto" mode a guess from a few probes.
 
-    @staticmethod
-    def _cached(jobs) -> bool:
-        """Whether the first few samples of the batch are all in the page cache.
-
-        Indices of a shuffled batch are spread over the file, so a few probes stand for the
-        whole batch; when residency cannot be known, assume cold (the pool is safe either way).
+        Indices of a shuffled batch are spread over the file, so whether its first few samples
+        are in the page cache stands for the whole batch; when residency cannot be known, assume
+        cold (the thread pool is correct either way, the map is slow on a cold cache).
         """
-        probed = 0
-        for f, spans in jobs:
-            for _, start, end, _, _ in spans[: _PROBES - probed]:
-                if not f.probe.resident(start, end):
-                    return False
-                probed += 1
-            if probed >= _PROBES:
-                break
-        return True
+        if self.io != "auto":
+            return self.io
+        for p in range(min(_PROBES, len(starts))):
+            f = files[0 if file_ids is None else int(file_ids[p])]
+            if not f.probe.resident(int(starts[p]), int(ends[p])):
+                return "pread"
+        return "mmap"
+
+    def _read_spans(self, files, file_ids, starts, ends, crcs, mode):
+        """The general path: one span per sample, copied from the map or read by the pool."""
+        dests = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=dests[1:])
+        out = np.empty(int(dests[-1]), dtype=np.uint8)
+        jobs = self._jobs(files, file_ids, starts, ends, dests, crcs)
+        if mode == "mmap":
+            found = [b for b in (copy_mapped(f, spans, memoryview(out), self.check_data) for f, spans in jobs) if b]
+            bad = min(found) if found else None
+        else:
+            bad = self._reads.fill(jobs, memoryview(out), self.check_data, direct=mode == "direct")
+        return Batch(out, dests.tolist()), bad
+
+    def _read_rows(self, files, file_ids, local, crcs):
+        """Cached samples that all have one length: gather whole rows with numpy, in C."""
+        out = np.empty((len(local), self._row_length), dtype=np.uint8)
+        if file_ids is None:
+            gather_rows(files[0], local, out)
+        else:
+            for f in np.unique(file_ids).tolist():
+                positions = np.flatnonzero(file_ids == f)
+                gather_rows(files[f], local[positions], out, positions)
+        bad = check_rows(out, crcs) if self.check_data else None
+        return Batch.from_rows(out), bad
 
     # -- whole-dataset operations ----------------------------------------------------------
 
@@ -278,6 +337,15 @@ class FileReader:
 
     def __repr__(self) -> str:
         return f"FileReader(n={self.n}, files={len(self.paths)}, io={self.io!r})"
+
+
+def _common_length(files: list[RecordFile]) -> int | None:
+    """The length every sample of every file has (fixed-size records), or None."""
+    lengths = {f.uniform_length for f in files if f.n}
+    if len(lengths) != 1:
+        return None
+    (length,) = lengths
+    return length or None
 
 
 def _validate_file(f: RecordFile, first: int, progress) -> None:

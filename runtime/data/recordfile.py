@@ -11,6 +11,8 @@ import mmap
 import os
 import warnings
 
+import numpy as np
+
 from hfai.data.errors import DataError, FormatError, LegacyHeaderWarning
 from hfai.data.layout import PREFIX_SIZE, Header, decode_header, decode_prefix, header_size
 from hfai.data.residency import PageProbe
@@ -43,6 +45,11 @@ class RecordFile:
             self.close()
             raise
         self.probe = PageProbe(self.map)
+        lengths = self.header.lengths
+        # Fixed-size records allow reading a batch as rows of an (n, L) array.
+        self.uniform_length: int | None = (
+            int(lengths[0]) if self.n and bool(np.all(lengths == lengths[0])) else None
+        )
         if self.header.legacy and self.header.n:
             warnings.warn(
                 f"{path}: header checksum is 0 (a legacy file), so its header is not validated",

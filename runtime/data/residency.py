@@ -48,7 +48,12 @@ class PageProbe:
             array = np.frombuffer(mapping, dtype=np.uint8)
             self._base = array.ctypes.data
             del array
-        self._vector = np.zeros(64, dtype=np.uint8)
+        self._grow(16)
+
+    def _grow(self, pages: int) -> None:
+        # A ctypes array, its address taken once: numpy's .ctypes costs more than mincore itself.
+        self._vector = (ctypes.c_ubyte * pages)()
+        self._vector_address = ctypes.addressof(self._vector)
 
     @property
     def available(self) -> bool:
@@ -62,7 +67,7 @@ class PageProbe:
         first = start - start % PAGE
         pages = (end - first + PAGE - 1) // PAGE
         if pages > len(self._vector):
-            self._vector = np.zeros(pages, dtype=np.uint8)
-        if _MINCORE(self._base + first, end - first, self._vector.ctypes.data) != 0:
+            self._grow(pages)
+        if _MINCORE(self._base + first, end - first, self._vector_address) != 0:
             return None
-        return bool(np.all(self._vector[:pages] & 1))
+        return all(flag & 1 for flag in self._vector[:pages])
