@@ -36,7 +36,7 @@ def data_group() -> None:
 @click.argument("src_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--plain", is_flag=True, help="Write only the files' bytes, without the path index.")
-@click.option("--no-fsync", is_flag=True, help="Skip the fsync before publishing OUT (faster, less durable).")
+@click.option("--no-fsync", is_flag=True, help="Skip the fsync before publishing OUT (faster, not durable).")
 @_user_errors
 def pack(src_dir: str, out: str, plain: bool, no_fsync: bool) -> None:
     """Aggregate every file under SRC_DIR into the ffrecord file OUT.
@@ -48,7 +48,8 @@ def pack(src_dir: str, out: str, plain: bool, no_fsync: bool) -> None:
     from hfai.data.packed import scan_tree, write_packed
 
     tree, files = scan_tree(src_dir)
-    with click.progressbar(length=len(files), label=f"packing {len(files)} files", file=sys.stderr) as bar:
+    label = f"packing {len(files)} files"
+    with click.progressbar(length=len(files), label=label, file=sys.stderr) as bar:
         write_packed(out, tree, files, index=not plain, progress=bar.update, fsync=not no_fsync)
     click.echo(f"{out}: {len(files)} files packed" + ("" if plain else " (packed folder)"))
 
@@ -67,9 +68,11 @@ def info(path: str) -> None:
         click.echo(f"samples:       {reader.n}")
         click.echo(f"data bytes:    {int(lengths.sum())} ({_human(int(lengths.sum()))})")
         if reader.n:
-            click.echo(f"sample bytes:  min {int(lengths.min())}, mean {lengths.mean():.1f}, max {int(lengths.max())}")
+            low, mean, high = int(lengths.min()), float(lengths.mean()), int(lengths.max())
+            click.echo(f"sample bytes:  min {low}, mean {mean:.1f}, max {high}")
         legacy = reader.legacy_files
-        click.echo(f"header:        {'legacy (checksum 0) in ' + str(len(legacy)) + ' file(s)' if legacy else 'checksummed'}")
+        header = f"legacy (checksum 0) in {len(legacy)} file(s)" if legacy else "checksummed"
+        click.echo(f"header:        {header}")
         click.echo(f"packed folder: {_packed_summary(reader)}")
 
 

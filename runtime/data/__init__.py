@@ -19,7 +19,11 @@ from hfai.data.packed import PackedFolder, pack_folder
 from hfai.data.reader import FileReader
 from hfai.data.writer import FileWriter, MultiFileWriter
 
-_TORCH_ATTRS = {"Dataset": "hfai.data.dataset", "DataLoader": "hfai.data.loader", "ResumableBatchSampler": "hfai.data.loader"}
+_TORCH_ATTRS = {
+    "Dataset": "hfai.data.dataset",
+    "DataLoader": "hfai.data.loader",
+    "ResumableBatchSampler": "hfai.data.loader",
+}
 
 __all__ = [
     "ChecksumError",

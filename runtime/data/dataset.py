@@ -29,7 +29,8 @@ def collate(batch: list[Any]) -> Any:
     if isinstance(batch, Batch) and batch.intact():
         length = batch.uniform_length()
         if length is not None:
-            return _to_tensor(batch.buffer[batch.bounds[0] : batch.bounds[-1]].reshape(len(batch), length))
+            whole = batch.buffer[batch.bounds[0] : batch.bounds[-1]]
+            return _to_tensor(whole.reshape(len(batch), length))
     first = batch[0] if batch else None
     if not (isinstance(first, np.ndarray) and first.dtype == np.uint8 and first.ndim == 1) or not all(
         isinstance(b, np.ndarray) and b.dtype == np.uint8 and b.shape == first.shape for b in batch

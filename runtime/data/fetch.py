@@ -60,7 +60,9 @@ def copy_mapped(file: RecordFile, spans: list[Span], out: memoryview, check: boo
         source.release()  # a live export would stop RecordFile.close() from unmapping
 
 
-def gather_rows(file: RecordFile, local: np.ndarray, out: np.ndarray, positions: np.ndarray | None = None) -> None:
+def gather_rows(
+    file: RecordFile, local: np.ndarray, out: np.ndarray, positions: np.ndarray | None = None
+) -> None:
     """Copy whole samples of a file whose samples all have length ``out.shape[1]``.
 
     The file's data region is viewed as an ``(n, L)`` array over the memory map and the batch

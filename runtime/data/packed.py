@@ -175,7 +175,9 @@ class PackedFolder:
     def is_dir(self, name: str | os.PathLike) -> bool:
         return self.exists(name) and isinstance(self._lookup(name), dict)
 
-    def list(self, name: str | os.PathLike = "", *, files: bool = True, dirs: bool = True, recursive: bool = False) -> list[str]:
+    def list(
+        self, name: str | os.PathLike = "", *, files: bool = True, dirs: bool = True, recursive: bool = False
+    ) -> list[str]:
         """Entry names under directory ``name`` (``""``: the root), in sample order.
 
         With ``recursive=True`` the names are paths relative to ``name``.
@@ -189,7 +191,8 @@ class PackedFolder:
             if (dirs and is_dir) or (files and not is_dir):
                 out.append(child)
             if recursive and is_dir:
-                out.extend(f"{child}/{p}" for p in self.list(f"{name}/{child}" if name else child, files=files, dirs=dirs, recursive=True))
+                below = self.list(f"{name}/{child}" if name else child, files=files, dirs=dirs, recursive=True)
+                out.extend(f"{child}/{p}" for p in below)
         return out
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ from hfai.data.recordfile import RecordFile, pread_exact
 logger = logging.getLogger(__name__)
 
 IO_MODES = ("auto", "mmap", "pread", "direct")
-DEFAULT_THREADS = 16  # reads in flight on a cold cache: 8-16 measured best on a 2-core VM; more adds GIL contention
+# Reads in flight on a cold cache: 8-16 measured best on a 2-core VM; more only adds GIL contention.
+DEFAULT_THREADS = 16
 _PROBES = 4  # samples per batch checked for page-cache residency in io="auto"
 _VALIDATE_BLOCK = 16 << 20
 PathArg = str | os.PathLike
@@ -190,7 +191,8 @@ class FileReader:
         if bad is not None:
             position, actual = bad
             f = 0 if file_ids is None else int(file_ids[position])
-            raise ChecksumError(files[f].path, int(idx[position]), int(local[position]), int(crcs[position]), actual)
+            expected = int(crcs[position])
+            raise ChecksumError(files[f].path, int(idx[position]), int(local[position]), expected, actual)
         return batch
 
     def read_one(self, index: int) -> np.ndarray:
@@ -231,7 +233,8 @@ class FileReader:
         jobs = []
         for f in np.unique(file_ids).tolist():
             pos = np.flatnonzero(file_ids == f)
-            spans = list(zip(pos.tolist(), starts[pos].tolist(), ends[pos].tolist(), dests[pos].tolist(), crcs[pos].tolist()))
+            columns = (pos, starts[pos], ends[pos], dests[pos], crcs[pos])
+            spans = list(zip(*(c.tolist() for c in columns)))
             jobs.append((files[f], spans))
         return jobs
 
@@ -257,8 +260,9 @@ class FileReader:
         out = np.empty(int(dests[-1]), dtype=np.uint8)
         jobs = self._jobs(files, file_ids, starts, ends, dests, crcs)
         if mode == "mmap":
-            found = [b for b in (copy_mapped(f, spans, memoryview(out), self.check_data) for f, spans in jobs) if b]
-            bad = min(found) if found else None
+            view = memoryview(out)
+            found = [copy_mapped(f, spans, view, self.check_data) for f, spans in jobs]
+            bad = min((b for b in found if b is not None), default=None)
         else:
             bad = self._reads.fill(jobs, memoryview(out), self.check_data, direct=mode == "direct")
         return Batch(out, dests.tolist()), bad
@@ -330,7 +334,13 @@ class FileReader:
             pass
 
     def __getstate__(self) -> dict:
-        return {"paths": self.paths, "check_data": self.check_data, "io": self.io, "threads": self._reads.threads}
+        # Only what reopening needs: descriptors, maps and threads belong to one process.
+        return {
+            "paths": self.paths,
+            "check_data": self.check_data,
+            "io": self.io,
+            "threads": self._reads.threads,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["paths"], state["check_data"], io=state["io"], threads=state["threads"])
@@ -358,7 +368,8 @@ def _validate_file(f: RecordFile, first: int, progress) -> None:
         base = int(h.offsets[i])
         block = memoryview(bytearray(int(h.ends[j - 1]) - base))
         pread_exact(f.fd, block, base, f.path)
-        for k, start, end, expected in zip(range(i, j), h.offsets[i:j].tolist(), h.ends[i:j].tolist(), h.checksums[i:j].tolist()):
+        spans = zip(range(i, j), h.offsets[i:j].tolist(), h.ends[i:j].tolist(), h.checksums[i:j].tolist())
+        for k, start, end, expected in spans:
             actual = crc32(block[start - base : end - base])
             if actual != expected:
                 raise ChecksumError(f.path, first + k, k, expected, actual)

@@ -43,7 +43,8 @@ def _create_temp(path: str) -> tuple[int, str]:
     while True:
         tmp = _temp_name(path)
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+            return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
             continue
 
@@ -171,7 +172,7 @@ class FileWriter:
 
     def __del__(self) -> None:
         if getattr(self, "_file", None) is not None:
-            warnings.warn(f"unclosed FileWriter for {self.path}; discarding it", ResourceWarning, stacklevel=1)
+            warnings.warn(f"unclosed FileWriter for {self.path}; discarding it", ResourceWarning, stacklevel=2)
             self.abort()
 
 
@@ -217,7 +218,8 @@ class MultiFileWriter:
         self._closed = False
 
     def _open_part(self, k: int) -> FileWriter:
-        return FileWriter(os.path.join(self._tmp_dir, PART_NAME.format(k)), self._sizes[k], fsync=self._fsync)
+        path = os.path.join(self._tmp_dir, PART_NAME.format(k))
+        return FileWriter(path, self._sizes[k], fsync=self._fsync)
 
     def write_one(self, buffer) -> None:
         """Append one sample (see :meth:`FileWriter.write_one`)."""
@@ -240,7 +242,9 @@ class MultiFileWriter:
         if self._count != self.n:
             count = self._count
             self.abort()
-            raise WriterError(f"{self.path}: closed after {count} of the declared {self.n} samples; discarded")
+            raise WriterError(
+                f"{self.path}: closed after {count} of the declared {self.n} samples; discarded"
+            )
         try:
             self._writer.close()
             if os.path.isdir(self.path) and not os.listdir(self.path):
