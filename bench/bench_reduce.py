@@ -1,7 +1,7 @@
 """Benchmark hfai.reduce against torch.distributed gloo all_reduce on one machine.
 
 Prints, for 2 and 4 local ranks and 1/16/64/256 MiB fp32 tensors, the median time of
-  gloo      torch.distributed.all_reduce (gloo backend), the peer named in issue 5
+  gloo      torch.distributed.all_reduce (gloo backend), the peer we measure against
   ours      hfai.reduce allreduce(tensor): copy into shared memory, sum, copy out
   resident  hfai.reduce allreduce_shared(): the buffer already lives in shared memory (how
             DistributedDataParallel keeps its gradient buckets)
@@ -55,11 +55,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def timed(fn, reps: int) -> float:
-    """Median over ``reps`` of the slowest rank's time (each rank starts after a barrier)."""
+def timed(fn, reps: int, reset) -> float:
+    """Median over ``reps`` of the slowest rank's time (each rank starts after a barrier).
+
+    ``reset`` refills the input outside the timed region, so repeated sums cannot overflow.
+    """
     fn()  # warm-up: first touch of buffers, connection setup
     times = []
     for _ in range(reps):
+        reset()
         dist.barrier()
         t0 = time.perf_counter()
         fn()
@@ -84,12 +88,11 @@ def worker(rank: int, world: int, port: int, queue) -> None:
         n = size * MiB // 4
         x = torch.ones(n)
         reps = repeats(size)
-        t_gloo = timed(lambda: dist.all_reduce(x), reps)
-        t_ours = timed(lambda: group.allreduce(x), reps)
         view = shared[:n]
-        t_res = timed(lambda: group.allreduce_shared(view), reps)
+        t_gloo = timed(lambda: dist.all_reduce(x), reps, lambda: x.fill_(1.0))
+        t_ours = timed(lambda: group.allreduce(x), reps, lambda: x.fill_(1.0))
+        t_res = timed(lambda: group.allreduce_shared(view), reps, lambda: view.fill_(1.0))
         rows.append((size, t_gloo, t_ours, t_res))
-        del x
     group.close()
     dist.destroy_process_group()
     if rank == 0:
@@ -99,22 +102,17 @@ def worker(rank: int, world: int, port: int, queue) -> None:
 def run(world: int) -> list[tuple]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, free_port_for(world), queue)) for r in range(world)]
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, world, port, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    rows = queue.get(timeout=600)
-    for p in procs:
-        p.join(timeout=60)
-    return rows
-
-
-_ports: dict[int, int] = {}
-
-
-def free_port_for(world: int) -> int:
-    if world not in _ports:
-        _ports[world] = free_port()
-    return _ports[world]
+    try:
+        return queue.get(timeout=600)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
 
 
 def main() -> int:

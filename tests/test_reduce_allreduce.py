@@ -41,7 +41,7 @@ def _reference(x: torch.Tensor) -> torch.Tensor:
 SHAPES = [(0,), (1,), (7,), (3, 5), (4097,), (3, 1000, 3)]
 
 
-def _matches_torch(rank, world, nodes, shapes):
+def _matches_torch(rank, world, nodes, shapes, mismatch_kinds):
     # A small slot (16 KiB) forces multi-chunk transfers even for these modest sizes.
     group = _group(rank, world, nodes, capacity_bytes=16 * 1024)
     assert group.topo.num_nodes == nodes
@@ -58,6 +58,10 @@ def _matches_torch(rank, world, nodes, shapes):
                 assert out is x and x.shape == shape and x.dtype == dtype
                 torch.testing.assert_close(x, expected, **TOL[dtype])
                 checked += 1
+    # A leaf that requires grad is reduced in place, as torch.distributed does.
+    w = torch.nn.Parameter(torch.full((3,), float(rank)))
+    R.allreduce(w)
+    assert w.tolist() == [float(sum(range(world)))] * 3 and w.requires_grad
     # Non-contiguous input is reduced in place too.
     base = torch.full((6, 4), float(rank + 1))
     R.allreduce(base.t())
@@ -69,14 +73,25 @@ def _matches_torch(rank, world, nodes, shapes):
     assert [t.tolist() for t in ts[:3]] == [[world * 1.0] * 3, [[world * 2.0] * 2] * 5, [world * 3.0]]
     R.destroy()
     _shared_buffer(rank, world, nodes)
-    return checked
+    return checked, _mismatches(rank, world, mismatch_kinds)
 
 
-# Two simulated nodes of two ranks oversubscribe the 2-core test machine: fewer shapes there.
-@pytest.mark.parametrize("world,nodes,shapes", [(2, 1, SHAPES), (4, 2, SHAPES[::2])])
-def test_allreduce_and_shared_buffer_match_torch_distributed(world, nodes, shapes):
-    counts = assert_all_ok(run_ranks(_matches_torch, world, nodes, shapes))
-    assert counts == [len(shapes) * 4 * 2] * world
+# Spawning ranks dominates these tests' time, so one spawn checks results, the shared buffer
+# and then (each on a fresh group, since a mismatch aborts its group) the mismatch errors.
+# Two simulated nodes of two ranks oversubscribe a 2-core machine: fewer shapes there.
+@pytest.mark.parametrize(
+    "world,nodes,shapes,kinds,errors",
+    [
+        (2, 1, SHAPES, ["numel", "empty", "dtype"], [["SizeMismatchError"] * 3] * 2),
+        # Leaders see the nodes disagree; their local ranks learn it from the aborted arena.
+        (4, 2, SHAPES[::2], ["numel-across-nodes"],
+         [["SizeMismatchError"], ["GroupAbortedError"]] * 2),
+    ],
+)
+def test_allreduce_matches_torch_and_mismatches_raise(world, nodes, shapes, kinds, errors):
+    values = assert_all_ok(run_ranks(_matches_torch, world, nodes, shapes, kinds))
+    assert [v[0] for v in values] == [len(shapes) * 4 * 2] * world
+    assert [v[1] for v in values] == errors
 
 
 def _shared_buffer(rank, world, nodes):
@@ -135,17 +150,6 @@ def _mismatch(rank, world, kind):
             group.allreduce(torch.zeros(1))
         raise e
     return "no error"
-
-
-def test_size_or_dtype_mismatch_raises_on_every_rank():
-    values = assert_all_ok(run_ranks(_mismatches, 2, ["numel", "empty", "dtype"]))
-    assert values == [["SizeMismatchError"] * 3] * 2
-
-
-def test_mismatch_between_nodes_raises_everywhere():
-    values = assert_all_ok(run_ranks(_mismatches, 4, ["numel-across-nodes"]))
-    # Leaders see the disagreement; their local ranks learn it through the aborted arena.
-    assert values == [["SizeMismatchError"], ["GroupAbortedError"]] * 2
 
 
 def test_unsupported_dtype_and_missing_init_raise_typed_errors():

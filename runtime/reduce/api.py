@@ -73,16 +73,21 @@ def allreduce_coalesced(
     Every rank must pass the same list of shapes and dtypes, in the same order.
     """
     group = group or get_group()
+    with torch.no_grad():
+        _coalesced(group, tensors, op)
+    return list(tensors)
+
+
+def _coalesced(group: ReduceGroup, tensors: Sequence[torch.Tensor], op: ReduceOp) -> None:
     by_acc: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_acc.setdefault(rule_for(t.dtype).acc, []).append(t)
     for acc in sorted(by_acc, key=str):
         members = by_acc[acc]
-        flat = torch.cat([t.reshape(-1).to(acc) for t in members]) if members else None
+        flat = torch.cat([t.reshape(-1).to(acc) for t in members])
         group.allreduce(flat, op)
         offset = 0
         for t in members:
             n = t.numel()
             t.copy_(flat[offset : offset + n].view(t.shape))
             offset += n
-    return list(tensors)

@@ -153,7 +153,8 @@ class ReduceGroup:
         the start of :meth:`shared_buffer`.
         """
         rule = _validate(tensor)
-        with self._lock:
+        # no_grad: like torch.distributed, reduce leaf tensors that require grad in place.
+        with self._lock, torch.no_grad():
             self._check_usable()
             if tensor.is_cuda:
                 self.pin_for_cuda()
@@ -183,14 +184,14 @@ class ReduceGroup:
             raise UnsupportedTensorError("allreduce_shared needs a contiguous fp32/fp64 CPU view")
         with self._lock:
             self._check_usable()
-            base = view.data_ptr() - self._slot_ptr()
+            base = view.data_ptr() - self._slot_ptr() if view.numel() else 0
             nbytes = view.numel() * rule.itemsize
             if view.numel() and not (0 <= base and base + nbytes <= self._lay.slot_bytes):
                 raise CapacityError("the tensor does not lie inside this group's shared_buffer()")
             if base % rule.itemsize:
                 raise CapacityError("the view is not aligned to its dtype inside the buffer")
             self._seq += 1
-            start = base // rule.itemsize if view.numel() else 0
+            start = base // rule.itemsize
             desc = (self._seq, base, view.numel(), rule.code, op.value)
             self._guard(self._round, desc, start, view.numel(), rule, op, True)
         return view
