@@ -17,6 +17,7 @@ Differences from ``torch.nn.parallel.DistributedDataParallel`` a caller should k
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import weakref
 from collections.abc import Iterator
@@ -83,27 +84,37 @@ class DistributedDataParallel(nn.Module):
     # --- construction ------------------------------------------------------------------------
 
     def _build(self, bucket_cap_mb, reduce_config, node_key) -> None:
-        rules = [rule_for(p.dtype) for p in self._params]
-        specs = [B.ParamSpec(p.numel(), r.itemsize, r.code if r.acc == torch.float64 else 0)
-                 for p, r in zip(self._params, rules)]
         cap = int((bucket_cap_mb if bucket_cap_mb is not None else 25) * MiB)
-        self._buckets = B.plan(specs, cap)
+        self._buckets = B.plan([_spec(p) for p in self._params], cap)
         # After the buckets, one fp32 per parameter for the used-parameter counts.
         self._used_offset = B.total_bytes(self._buckets)
         capacity = self._used_offset + 4 * len(self._params)
-        config = reduce_config or ReduceConfig()
-        config = ReduceConfig(**{**config.__dict__, "capacity_bytes": max(1, capacity)})
+        config = dataclasses.replace(reduce_config or ReduceConfig(), capacity_bytes=capacity)
         self._group = ReduceGroup.create(self.process_group, config, node_key)
         on_cuda = any(p.is_cuda for p in self._params)
         if on_cuda:
             self._group.pin_for_cuda()
         self._copy_stream = torch.cuda.Stream() if on_cuda else None
-        slot = self._group.shared_buffer()
-        self._used = slot[self._used_offset : self._used_offset + 4 * len(self._params)].view(
-            torch.float32
+        bucket_views = self._map_views(self._group.shared_buffer())
+        group = self._group
+        self._reducer = BucketReducer(
+            [(lambda v=v: group.allreduce_shared(v, ReduceOp.AVG)) for v in bucket_views]
         )
-        self._views: list[torch.Tensor] = [None] * len(self._params)  # type: ignore[list-item]
-        self._bucket_of = [0] * len(self._params)
+        self._ready = [False] * len(self._params)
+        self._pending = [0] * len(self._buckets)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(_weak_hook(self, i))
+            for i, p in enumerate(self._params)
+        ]
+        self._finalizer = weakref.finalize(self, _close, self._reducer, self._group, self._hooks)
+
+    def _map_views(self, slot: torch.Tensor) -> list[torch.Tensor]:
+        """Give every parameter (and the used counts) its place in the slot; return the
+        buckets' views."""
+        n = len(self._params)
+        self._used = slot[self._used_offset : self._used_offset + 4 * n].view(torch.float32)
+        self._views: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
+        self._bucket_of = [0] * n
         bucket_views = []
         for b in self._buckets:
             acc = torch.float64 if b.itemsize == 8 else torch.float32
@@ -112,22 +123,12 @@ class DistributedDataParallel(nn.Module):
                 p = self._params[i]
                 self._views[i] = slot[off : off + p.numel() * b.itemsize].view(acc).view(p.shape)
                 self._bucket_of[i] = b.index
+        # These gradients can live in the arena itself: same dtype, on the host, same layout.
         self._resident = [
             p.dtype == v.dtype and p.device.type == "cpu" and p.is_contiguous()
             for p, v in zip(self._params, self._views)
         ]
-        group = self._group
-        reducers = [
-            (lambda v=v: group.allreduce_shared(v, ReduceOp.AVG)) for v in bucket_views
-        ]
-        self._reducer = BucketReducer(reducers)
-        self._ready = [False] * len(self._params)
-        self._pending = [0] * len(self._buckets)
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(_weak_hook(self, i))
-            for i, p in enumerate(self._params)
-        ]
-        self._finalizer = weakref.finalize(self, _close, self._reducer, self._group, self._hooks)
+        return bucket_views
 
     # --- public API --------------------------------------------------------------------------
 
@@ -268,6 +269,12 @@ class DistributedDataParallel(nn.Module):
                 dist.broadcast(flat, src=self._src, group=self.process_group)
                 for t, synced in zip(group, _unflatten_dense_tensors(flat, group)):
                     t.copy_(synced)
+
+
+def _spec(p: torch.Tensor) -> B.ParamSpec:
+    rule = rule_for(p.dtype)
+    # fp16, bf16 and fp32 all sum in fp32 and may share a bucket; fp64 gets its own.
+    return B.ParamSpec(p.numel(), rule.itemsize, rule.code if rule.acc == torch.float64 else 0)
 
 
 def _unique_params(module: nn.Module) -> list[nn.Parameter]:
