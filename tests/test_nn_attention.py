@@ -194,3 +194,29 @@ def test_state_dict_matches_torch():
     ref, ours = _pair(batch_first=True)
     assert list(ours.state_dict()) == list(ref.state_dict())
     assert isinstance(ours, torch.nn.MultiheadAttention)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_inference_matches_torch(need_weights, kind):
+    ref, ours = _pair()
+    ref.eval(), ours.eval()
+    q, k, v = (t.detach() for t in _inputs(kind, False))
+    with torch.inference_mode():
+        expected = ref(q, k, v, need_weights=need_weights, key_padding_mask=None)
+        got = ours(q, k, v, need_weights=need_weights)
+    for g, e in zip(got, expected):
+        if e is None:
+            assert g is None
+        else:
+            torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+
+
+def test_inference_with_weights_uses_torchs_fused_path(monkeypatch):
+    ref, ours = _pair(batch_first=True)
+    ref.eval(), ours.eval()
+    monkeypatch.setattr(attention_mod, "attention", lambda *a, **k: pytest.fail("hfai route ran"))
+    x = torch.randn(N, L, E, dtype=torch.float64)
+    with torch.no_grad():
+        got, expected = ours(x, x, x), ref(x, x, x)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])

@@ -198,7 +198,7 @@ def lstm(
     the module's ``_flat_weights``. Returns ``(output, h_n, c_n)``. Cases hfai does not accelerate
     (see :func:`is_accelerated`) go to torch unchanged.
     """
-    if not is_accelerated(input, params, dropout, train) or any(p.dim() == 0 for p in hx):
+    if not is_accelerated(input, params, dropout, train):
         return torch._VF.lstm(
             input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first
         )
