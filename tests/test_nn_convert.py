@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import hfai.nn
+import hfai.nn.attention
 import hfai.nn.lstm
 
 
@@ -96,8 +97,12 @@ def test_to_hfai_verbose_prints_each_swap(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_set_replace_torch_patches_and_restores():
+def test_set_replace_torch_patches_and_restores(monkeypatch):
     original = (F.layer_norm, F.multi_head_attention_forward)
+    calls = []
+    route = hfai.nn.attention.attention
+    spy = lambda *a, **k: calls.append(1) or route(*a, **k)  # noqa: E731
+    monkeypatch.setattr(hfai.nn.attention, "attention", spy)
     try:
         hfai.nn.functional.set_replace_torch()
         hfai.nn.functional.set_replace_torch()
@@ -111,6 +116,7 @@ def test_set_replace_torch_patches_and_restores():
         ln = torch.nn.LayerNorm(8)(x.float())
     finally:
         hfai.nn.functional.set_replace_torch(False)
+    assert calls == [1], "torch's MultiheadAttention did not go through hfai while patched"
     assert (F.layer_norm, F.multi_head_attention_forward) == original
     expected = mha(x, x, x)
     torch.testing.assert_close(patched[0], expected[0], rtol=1e-10, atol=1e-10)

@@ -130,7 +130,8 @@ def attention(
         proj = tuple(in_proj_weight.chunk(3))
     else:
         proj = (q_proj_weight, k_proj_weight, v_proj_weight)
-    q, k, v = _project(query, key, value, num_heads, proj, in_proj_weight, in_proj_bias, batch_first)
+    packed, bias = in_proj_weight, in_proj_bias
+    q, k, v = _project(query, key, value, num_heads, proj, packed, bias, batch_first)
     mask = _merged_mask(attn_mask, key_padding_mask, batch, num_heads, q.dtype)
     weights = None
     # Without autograd the weights' backward can't be skipped, so computing them once and using

@@ -35,5 +35,6 @@ def to_hfai(model: torch.nn.Module, inplace: bool = True, verbose: bool = False)
             continue
         module.__class__ = target
         if verbose:
-            print(f"hfai.nn.to_hfai: {name or '<model>'}: torch.nn.{target.__name__} -> hfai.nn.{target.__name__}")
+            kind = target.__name__
+            print(f"hfai.nn.to_hfai: {name or '<model>'}: torch.nn.{kind} -> hfai.nn.{kind}")
     return model

@@ -99,7 +99,7 @@ def _programs(x: torch.Tensor, rows: int) -> int:
 def forward(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x`` is 2-D ``(M, N)`` contiguous. Returns ``(y, mean, rstd)``; mean/rstd are fp32 ``(M,)``."""
+    """``x`` is 2-D ``(M, N)``, contiguous. Returns ``(y, mean, rstd)``, mean/rstd fp32 ``(M,)``."""
     rows, n = x.shape
     y = torch.empty_like(x)
     mean = torch.empty(rows, dtype=torch.float32, device=x.device)
