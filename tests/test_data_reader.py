@@ -98,7 +98,11 @@ def test_page_probe_tells_cached_from_dropped_pages(ffr):
         assert f.probe.available and f.probe.resident(0, end)
         os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the writer fsynced: pages are clean
         assert f.probe.resident(0, end) is False
-        assert as_bytes(r.read([49, 1])) == [sample(49), sample(1)]  # io=auto takes the cold path
+        starts, ends = f.header.offsets[[49, 1]], f.header.ends[[49, 1]]
+        assert r._mode(r._files, None, starts, ends) == "pread"  # io=auto sends it to the pool
+        assert as_bytes(r.read([49, 1])) == [sample(49), sample(1)]
+        r.validate()
+        assert r._mode(r._files, None, starts, ends) == "mmap"
 
 
 def test_closed_reader_refuses_reads_and_closes_twice(ffr):

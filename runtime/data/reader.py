@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 IO_MODES = ("auto", "mmap", "pread", "direct")
 # Reads in flight on a cold cache: 8-16 measured best on a 2-core VM; more only adds GIL contention.
 DEFAULT_THREADS = 16
-_PROBES = 4  # samples per batch checked for page-cache residency in io="auto"
+_PROBES = 4  # samples checked for page-cache residency in io="auto" after a cold batch
 _VALIDATE_BLOCK = 16 << 20
 PathArg = str | os.PathLike
 
@@ -169,6 +169,7 @@ class FileReader:
         self._first = np.concatenate(([0], np.cumsum(counts)))  # global index of each file's sample 0
         self.n = int(self._first[-1])
         self._row_length = _common_length(self._files)
+        self._was_cached = False  # the last batch came from the page cache (see _mode)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -242,15 +243,20 @@ class FileReader:
         """The read path for this batch: ``io``, or in "auto" mode a guess from a few probes.
 
         Indices of a shuffled batch are spread over the file, so whether its first few samples
-        are in the page cache stands for the whole batch; when residency cannot be known, assume
-        cold (the thread pool is correct either way, the map is slow on a cold cache).
+        are in the page cache stands for the whole batch. While batches keep coming from the
+        cache one probe suffices (each costs a few µs): the first miss sends that batch to the
+        pool and brings back the full set of probes. When residency cannot be known, assume
+        cold (the pool is correct either way; the map is slow on a cold cache).
         """
         if self.io != "auto":
             return self.io
-        for p in range(min(_PROBES, len(starts))):
+        probes = 1 if self._was_cached else _PROBES
+        self._was_cached = False
+        for p in range(min(probes, len(starts))):
             f = files[0 if file_ids is None else int(file_ids[p])]
             if not f.probe.resident(int(starts[p]), int(ends[p])):
                 return "pread"
+        self._was_cached = True
         return "mmap"
 
     def _read_spans(self, files, file_ids, starts, ends, crcs, mode):
