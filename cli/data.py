@@ -131,3 +131,6 @@ def cat(file: str, index: str) -> None:
         with FileReader(file) as reader:
             data = reader.read_one(i)
     click.echo(data.tobytes(), nl=False)  # bytes go to the binary stdout, unchanged
+
+
+data = data_group  # the attribute hfai.cli.main's lazy loader looks up

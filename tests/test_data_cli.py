@@ -82,3 +82,12 @@ def test_user_mistakes_are_one_line_errors(ffr, tmp_path, args, fragment):
 def test_cat_writes_raw_bytes(ffr):
     result = run("cat", ffr, "3")
     assert result.exit_code == 0 and result.stdout_bytes == b"three"
+
+
+def test_group_is_exposed_as_data_for_the_main_cli():
+    import click
+
+    from hfai.cli import data as module
+
+    assert isinstance(module.data, click.Group) and module.data.name == "data"
+    assert sorted(module.data.commands) == ["cat", "info", "pack", "verify"]
