@@ -42,24 +42,29 @@ def _step(module: torch.nn.Module, inputs: list[torch.Tensor], call: dict) -> Ca
     return run
 
 
-def _timed(run: Callable[[], None], device: str) -> float:
+def _timed(run: Callable[[], None], device: str) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds for one call."""
     if device == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     run()
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def _compare(torch_run, hfai_run, device: str, repeats: int) -> tuple[float, float]:
+def _compare(torch_run, hfai_run, device: str, repeats: int) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per side."""
     for _ in range(2):  # warm-up: allocator, kernel compilation, oneDNN primitive caches
         torch_run(), hfai_run()
-    times: dict[str, list[float]] = {"torch": [], "hfai": []}
+    samples: dict[str, list[tuple[float, float]]] = {"torch": [], "hfai": []}
     for _ in range(repeats):
-        times["torch"].append(_timed(torch_run, device))
-        times["hfai"].append(_timed(hfai_run, device))
-    return statistics.median(times["torch"]), statistics.median(times["hfai"])
+        samples["torch"].append(_timed(torch_run, device))
+        samples["hfai"].append(_timed(hfai_run, device))
+    return {
+        side: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s))
+        for side, s in samples.items()
+    }
 
 
 def _cases(device: str, with_cpu_lstm_route: bool):
@@ -100,14 +105,16 @@ def main() -> None:
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     print(f"torch {torch.__version__}, {args.threads} CPU threads, repeats {args.repeats}, "
           f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}")  # fmt: skip
-    print(f"{'device':6} {'case':42} {'torch ms':>9} {'hfai ms':>9} {'ratio':>6}")
+    print("ratio = torch / hfai of the wall-time medians; 'cpu ratio' uses process CPU time,")
+    print("which a machine shared with other work disturbs less (it still counts spin-waits).")
+    print(f"{'device':6} {'case':42} {'torch ms':>9} {'hfai ms':>9} {'ratio':>6} {'cpu ratio':>9}")
     for device in devices:
         for name, ref, ours, inputs, call in _cases(device, args.lstm_cpu_route):
-            t_torch, t_hfai = _compare(
-                _step(ref, inputs, call), _step(ours, inputs, call), device, args.repeats
-            )
-            print(f"{device:6} {name:42} {t_torch * 1e3:9.1f} {t_hfai * 1e3:9.1f} "
-                  f"{t_torch / t_hfai:5.2f}x", flush=True)  # fmt: skip
+            runs = _step(ref, inputs, call), _step(ours, inputs, call)
+            med = _compare(*runs, device, args.repeats)
+            (w_torch, c_torch), (w_hfai, c_hfai) = med["torch"], med["hfai"]
+            print(f"{device:6} {name:42} {w_torch * 1e3:9.1f} {w_hfai * 1e3:9.1f} "
+                  f"{w_torch / w_hfai:5.2f}x {c_torch / c_hfai:8.2f}x", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
