@@ -31,10 +31,10 @@ from torch.autograd.function import once_differentiable
 from hfai.nn._backend import use_triton
 
 _CPU_DTYPES = (torch.float32, torch.float64)
+_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # False: CPU tensors run torch's kernel (see the module docstring for the measurement). Tests set
 # it to True to run this module's own route on CPU, the same code CUDA runs but for the step.
 _ROUTE_CPU = False
-_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _cell_forward_torch(gates: Tensor, c_prev: Tensor, c: Tensor, h: Tensor, tc: Tensor) -> None:
