@@ -17,6 +17,11 @@ from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Unavailable, error_for_code
 from hfai.protocol.types import (
+    DrainRequest,
+    QuotaEntry,
+    QuotaSetRequest,
+    QuotasRequest,
+    SettingsReply,
     ErrorReply,
     JobList,
     JobRecord,
@@ -93,6 +98,16 @@ class ApiClient:
 
     async def nodes(self) -> tuple[NodeInfo, ...]:
         return (await self.call(names.VERB_NODES, NodesRequest(), NodesReply)).nodes
+
+    async def settings(self) -> SettingsReply:
+        return await self.call(names.VERB_SETTINGS, QuotasRequest(), SettingsReply)
+
+    async def set_quota(self, user: str, priority: int, group: str, nodes: int) -> SettingsReply:
+        entry = QuotaEntry(user=user, priority=priority, group=group, nodes=nodes)
+        return await self.call(names.VERB_QUOTA_SET, QuotaSetRequest(entry=entry), SettingsReply)
+
+    async def drain(self, node: str, drain: bool = True, reason: str = "") -> SettingsReply:
+        return await self.call(names.VERB_DRAIN, DrainRequest(node=node, drain=drain, reason=reason), SettingsReply)
 
     async def log_chunk(self, node: str, job_id: str, rank: int, offset: int) -> LogChunk:
         req = LogRequest(job_id=job_id, rank=rank, offset=offset)

@@ -95,11 +95,12 @@ def main():
 
 def submit_options(f):
     options = [
-        click.option("-n", "--nodes", type=int, default=1, show_default=True,
-                     help="Whole nodes (8 GPUs each)."),
+        click.option("-n", "--nodes", default="1", show_default=True,
+                     help="Whole nodes (8 GPUs each); MIN:MAX for an elastic job."),
         click.option("--name", help="Job name (default: the script's file name)."),
         click.option("-p", "--priority", default="NORMAL", show_default=True,
-                     help="LOW, BELOW_NORMAL, NORMAL, ABOVE_NORMAL, HIGH, VERY_HIGH, EXTREME_HIGH or 0-50."),
+                     help="LOW, BELOW_NORMAL, NORMAL, ABOVE_NORMAL, HIGH, VERY_HIGH, EXTREME_HIGH, 0-50, "
+                          "or AUTO (the highest level you have quota for)."),
         click.option("-g", "--group", default="default", show_default=True, help="Node group (pool)."),
         click.option("-e", "--env", "env_vars", multiple=True, metavar="K=V", help="Extra environment variable."),
         click.option("-i", "--env-name", default=lambda: os.environ.get("HF_ENV_NAME", ""),
@@ -111,7 +112,21 @@ def submit_options(f):
     return f
 
 
-def build_spec(command: list[str], nodes: int, name: str | None, priority: str, group: str,
+def parse_nodes(text: str) -> tuple[int, int, int]:
+    """(nodes, min_nodes, max_nodes) from "N" or "MIN:MAX" (elastic)."""
+    lo, sep, hi = str(text).partition(":")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise click.UsageError(f"-n/--nodes expects N or MIN:MAX, got {text!r}") from None
+    if low < 1:
+        raise click.UsageError(f"-n/--nodes must be at least 1, not {low}")
+    if high < low:
+        raise click.UsageError(f"-n/--nodes MIN:MAX needs MIN <= MAX, got {text!r}")
+    return (high, low, high) if sep and high > low else (high, 0, 0)
+
+
+def build_spec(command: list[str], nodes: str, name: str | None, priority: str, group: str,
                env_vars: tuple[str, ...], env_name: str):
     from hfai.protocol.types import JobSpec, Priority
 
@@ -125,11 +140,11 @@ def build_spec(command: list[str], nodes: int, name: str | None, priority: str, 
         prio = Priority.parse(priority)
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
-    if nodes < 1:
-        raise click.UsageError(f"-n/--nodes must be at least 1, not {nodes}")
+    count, min_nodes, max_nodes = parse_nodes(nodes)
     default_name = Path(command[0] if command[0] not in ("python", "python3", "bash") else command[1]).stem
-    return JobSpec(name=name or default_name, entrypoint=tuple(command), workdir=os.getcwd(), nodes=nodes,
-                   priority=prio, group=group, env_name=env_name, env=env)
+    return JobSpec(name=name or default_name, entrypoint=tuple(command), workdir=os.getcwd(), nodes=count,
+                   priority=prio, group=group, env_name=env_name, env=env, min_nodes=min_nodes,
+                   max_nodes=max_nodes)
 
 
 @run_async
@@ -138,7 +153,8 @@ async def _submit(spec, force: bool) -> None:
 
     async with api() as client:
         job = await client.submit(spec, force=force)
-    click.echo(f"submitted job {job.spec.name} ({job.id}): {job.spec.nodes} node(s), "
+    size = f"{job.spec.min_nodes}-{job.spec.max_nodes}" if job.spec.elastic else str(job.spec.nodes)
+    click.echo(f"submitted job {job.spec.name} ({job.id}): {size} node(s), "
                f"priority {Priority.label(job.spec.priority)}")
     click.echo(f"  follow it with:  hfai logs {job.id} -f      see the queue with:  hfai ps")
 
@@ -260,6 +276,63 @@ async def logs(job: str, follow: bool, rank: int, poll: float):
                 return
             await asyncio.sleep(poll)
             record = await client.status(record.id)
+
+
+# ---------------------------------------------------------------------------------- operators
+
+@main.group()
+def quota():
+    """Node quotas per (user, priority, group). Setting them is for operators."""
+
+
+@quota.command("set")
+@click.argument("user")
+@click.argument("priority")
+@click.argument("nodes", type=int)
+@click.option("-g", "--group", default="*", show_default=True, help="Node group, or * for all.")
+@run_async
+async def quota_set(user: str, priority: str, nodes: int, group: str):
+    """Let USER's jobs of PRIORITY hold at most NODES nodes (USER may be *; NODES -1 removes it)."""
+    from hfai.protocol.types import Priority
+
+    async with api() as client:
+        reply = await client.set_quota(user, Priority.parse(priority), group, nodes)
+    click.echo(render.quotas_table(reply.quotas))
+
+
+@quota.command("ls")
+@run_async
+async def quota_ls():
+    """Show every quota."""
+    async with api() as client:
+        reply = await client.settings()
+    click.echo(render.quotas_table(reply.quotas))
+
+
+@main.group()
+def node():
+    """Take nodes out of service and back (operators)."""
+
+
+@node.command("drain")
+@click.argument("name")
+@click.option("--reason", default="", help="Shown by `hfai nodes`.")
+@run_async
+async def node_drain(name: str, reason: str):
+    """No new work on node NAME (running jobs finish)."""
+    async with api() as client:
+        await client.drain(name, True, reason)
+    click.echo(f"node {name} drained")
+
+
+@node.command("undrain")
+@click.argument("name")
+@run_async
+async def node_undrain(name: str):
+    """Put node NAME back in service."""
+    async with api() as client:
+        await client.drain(name, False)
+    click.echo(f"node {name} back in service")
 
 
 # ------------------------------------------------------------------------------------ daemons

@@ -16,7 +16,7 @@ def age(seconds: float) -> str:
     return f"{seconds}s"
 
 
-def table(headers: list[str], rows: list[list[str]]) -> str:
+def table_text(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -32,7 +32,7 @@ def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None 
          str(j.suspend_count), age(now - j.submit_ts), _short(j.reason)]
         for j in jobs
     ]
-    return table(["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"], rows)
+    return table_text(["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"], rows)
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -45,7 +45,8 @@ def job_details(j: JobRecord) -> str:
         f"job        {s.name} ({j.id})",
         f"user       {s.user}   group {s.group}   priority {Priority.label(s.priority)}",
         f"state      {j.state.value}: {j.reason}",
-        f"nodes      {s.nodes} requested; {', '.join(j.nodes) or '-'} now",
+        f"nodes      {f'{s.min_nodes}-{s.max_nodes} (elastic)' if s.elastic else s.nodes} requested; "
+        f"{', '.join(j.nodes) or '-'} now",
         f"runs       {j.run_id} (suspended {j.suspend_count} times)   whole-life state {j.whole_life_state}",
         f"command    {' '.join(s.entrypoint)}",
         f"workdir    {s.workdir}" + (f"   env {s.env_name}" if s.env_name else ""),
@@ -54,6 +55,14 @@ def job_details(j: JobRecord) -> str:
     for ev in j.history:
         lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(ev.ts))}  {ev.state.value:<11} {ev.reason}")
     return "\n".join(lines)
+
+
+def quotas_table(table) -> str:
+    if not table.entries:
+        return "no quotas (no limits)"
+    rows = [[q.user, Priority.label(q.priority), q.group, str(q.nodes)]
+            for q in sorted(table.entries, key=lambda q: (q.user, -q.priority, q.group))]
+    return table_text(["USER", "PRIORITY", "GROUP", "NODES"], rows)
 
 
 def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
@@ -68,4 +77,4 @@ def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
         total = sum(g.memory_total for g in gpus) / 2**30
         rows.append([n.record.name, n.record.group, n.state.value, f"{busy}/{len(gpus)}", f"{util:.0f}%",
                      f"{used:.0f}/{total:.0f} GiB", n.record.gpu_source, f"{n.age_s:.1f}s", ",".join(n.jobs) or "-"])
-    return table(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS"], rows)
+    return table_text(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS"], rows)

@@ -17,13 +17,23 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from hfai.config import ControllerConfig
+from hfai.controller.policy import resolve_auto
 from hfai.controller.store import KVCache, cas_update
+from hfai.controller.views import job_view, quotas_of
 from hfai.controller.transitions import apply_stop
 from hfai.controller.nodes import NodeTracker
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound
 from hfai.protocol.types import (
+    AUTO_PRIORITY,
     ChainState,
+    DrainedNodes,
+    DrainRequest,
+    QuotaSetRequest,
+    QuotasRequest,
+    QuotaTable,
+    SettingsReply,
     ErrorReply,
     JobEvent,
     JobList,
@@ -46,17 +56,25 @@ MAX_NAME = 128
 
 class ApiService:
     def __init__(self, jobs_kv: KeyValue, jobs: KVCache[JobRecord], nodes: NodeTracker,
-                 on_submit: Callable[[], None] | None = None):
+                 on_submit: Callable[[], None] | None = None, settings_kv: KeyValue | None = None,
+                 settings: KVCache | None = None, config: ControllerConfig | None = None):
         self._kv = jobs_kv
         self._jobs = jobs
         self._nodes = nodes
         self._on_submit = on_submit or (lambda: None)
+        self._settings_kv = settings_kv
+        self._settings = settings
+        self._config = config or ControllerConfig()
+        self._admins = {a.strip() for a in self._config.admins.split(",") if a.strip()}
         self._handlers: dict[str, tuple[type, Callable[[str, object], Awaitable[object]]]] = {
             names.VERB_SUBMIT: (SubmitRequest, self.submit),
             names.VERB_LIST: (ListRequest, self.list),
             names.VERB_STATUS: (JobRequest, self.status),
             names.VERB_STOP: (StopRequest, self.stop),
             names.VERB_NODES: (NodesRequest, self.nodes),
+            names.VERB_QUOTA_SET: (QuotaSetRequest, self.quota_set),
+            names.VERB_SETTINGS: (QuotasRequest, self.settings),
+            names.VERB_DRAIN: (DrainRequest, self.drain),
         }
 
     async def handle(self, msg: Msg) -> None:
@@ -86,6 +104,10 @@ class ApiService:
 
     async def submit(self, user: str, req: SubmitRequest) -> JobReply:
         spec = self._validate(replace(req.spec, user=user))
+        if spec.priority == AUTO_PRIORITY:
+            views = [job_view(j) for j in self._jobs.values.values() if not j.state.final]
+            spec = replace(spec, priority=resolve_auto(user, spec.group, spec.nodes, views,
+                                                       quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable))))
         if not req.force:
             for j in self._jobs.values.values():
                 if j.spec.user == user and j.spec.name == spec.name and not j.state.final:
@@ -106,7 +128,11 @@ class ApiService:
             raise InvalidRequest(f"job name must be 1-{MAX_NAME} printable characters")
         if spec.nodes < 1:
             raise InvalidRequest(f"a job needs at least 1 node, not {spec.nodes}")
-        if spec.priority not in {p.value for p in Priority}:
+        if spec.max_nodes or spec.min_nodes:
+            if not 1 <= spec.min_nodes <= spec.max_nodes == spec.nodes:
+                raise InvalidRequest(f"an elastic job needs 1 <= min <= max nodes (got {spec.min_nodes}:"
+                                     f"{spec.max_nodes})")
+        if spec.priority not in {p.value for p in Priority} | {AUTO_PRIORITY}:
             raise InvalidRequest(f"unknown priority {spec.priority}: use one of "
                                  + ", ".join(f"{p.name} ({p.value})" for p in Priority))
         if not spec.entrypoint or not spec.entrypoint[0]:
@@ -117,8 +143,9 @@ class ApiService:
         group_nodes = [r for r in self._nodes.records() if r.group == spec.group]
         if not group_nodes:
             raise InvalidRequest(f"group {spec.group!r} has no nodes")
-        if spec.nodes > len(group_nodes):
-            raise InvalidRequest(f"the job asks for {spec.nodes} nodes but group {spec.group!r} has "
+        least = spec.min_nodes if spec.elastic else spec.nodes
+        if least > len(group_nodes):
+            raise InvalidRequest(f"the job asks for {least} nodes but group {spec.group!r} has "
                                  f"{len(group_nodes)}")
         if spec.env_name:
             offered = set.intersection(*(set(r.envs) for r in group_nodes))
@@ -150,6 +177,70 @@ class ApiService:
 
     async def nodes(self, user: str, req: NodesRequest) -> NodesReply:
         return NodesReply(nodes=tuple(self._nodes.infos(list(self._jobs.values.values()))))
+
+    # ------------------------------------------------------------------------ operator verbs
+
+    def _setting(self, key: str, kind: type):
+        value = self._settings.values.get(key) if self._settings is not None else None
+        return value if isinstance(value, kind) else kind()
+
+    def _require_admin(self, user: str) -> None:
+        if user not in self._admins:
+            raise Conflict(f"only operators ({', '.join(sorted(self._admins))}) may change quotas or drain nodes")
+
+    async def _update_setting(self, key: str, kind: type, change) -> None:
+        """Compare-and-set one settings key (created on first use)."""
+        for _ in range(8):
+            try:
+                entry = await self._settings_kv.get(key)
+                current, last = decode(entry.value, kind), entry.revision
+            except nats.js.errors.KeyNotFoundError:
+                current, last = kind(), 0
+            new = change(current)
+            try:
+                rev = await self._settings_kv.update(key, encode(new), last=last) if last else \
+                    await self._settings_kv.create(key, encode(new))
+            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
+                continue
+            self._settings.put_local(key, new, rev)
+            return
+        raise Conflict(f"setting {key} is changing too fast; try again")
+
+    async def quota_set(self, user: str, req: QuotaSetRequest) -> SettingsReply:
+        self._require_admin(user)
+        e = req.entry
+        for what, value in (("user", e.user), ("group", e.group)):
+            if value != "*":
+                names.check_token(what, value)
+        if e.priority not in {p.value for p in Priority}:
+            raise InvalidRequest(f"unknown priority {e.priority}")
+
+        def change(table: QuotaTable) -> QuotaTable:
+            kept = [q for q in table.entries if (q.user, q.priority, q.group) != (e.user, e.priority, e.group)]
+            return QuotaTable(entries=tuple(kept + ([e] if e.nodes >= 0 else [])))
+
+        await self._update_setting(names.QUOTAS_KEY, QuotaTable, change)
+        self._on_submit()
+        return await self.settings(user, QuotasRequest())
+
+    async def settings(self, user: str, req: QuotasRequest) -> SettingsReply:
+        return SettingsReply(quotas=self._setting(names.QUOTAS_KEY, QuotaTable),
+                             drained=self._setting(names.DRAINED_KEY, DrainedNodes))
+
+    async def drain(self, user: str, req: DrainRequest) -> SettingsReply:
+        self._require_admin(user)
+        if req.node not in {r.name for r in self._nodes.records()}:
+            raise NotFound(f"no node {req.node!r}")
+
+        def change(d: DrainedNodes) -> DrainedNodes:
+            nodes = {k: v for k, v in d.nodes.items() if k != req.node}
+            if req.drain:
+                nodes[req.node] = req.reason or f"drained by {user}"
+            return DrainedNodes(nodes=nodes)
+
+        await self._update_setting(names.DRAINED_KEY, DrainedNodes, change)
+        self._on_submit()
+        return await self.settings(user, QuotasRequest())
 
     async def _find(self, user: str, ref: str) -> JobRecord:
         """A job by id, else the newest job with that name (the caller's own first)."""

@@ -21,9 +21,10 @@ from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, pick_master_port, same_work
 from hfai.controller.election import LeaseElection
 from hfai.controller.nodes import NodeTracker
-from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Suspend, Wait, decide
+from hfai.controller.policy import NodeView, Start, Suspend, Wait, decide
 from hfai.controller.store import KVCache, cas_update
-from hfai.protocol import decode, encode
+from hfai.controller.views import job_view, policy_config
+from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, ProtocolError
 from hfai.protocol.types import JobRecord, NodeAssignment, NodeState, RunEvent
 
@@ -34,7 +35,8 @@ EVENT_BATCH = 256
 
 class Leader:
     def __init__(self, config: Config, js: JetStreamContext, jobs_kv: KeyValue, assign_kv: KeyValue,
-                 jobs: KVCache[JobRecord], nodes: NodeTracker, election: LeaseElection, wake: asyncio.Event):
+                 jobs: KVCache[JobRecord], nodes: NodeTracker, election: LeaseElection, wake: asyncio.Event,
+                 settings: KVCache | None = None):
         self.config = config
         self.cc = config.controller
         self._js = js
@@ -44,6 +46,7 @@ class Leader:
         self.nodes = nodes
         self.election = election
         self.wake = wake
+        self.settings = settings
         self.fence = election.token or 0
         self._assigned: dict[str, NodeAssignment] = {}
         self._lost_nodes: set[str] = set()
@@ -130,25 +133,21 @@ class Leader:
 
     async def _schedule(self) -> None:
         records = {j.id: j for j in self.jobs.values.values() if not j.state.final}
-        views = [
-            JobView(id=j.id, user=j.spec.user, priority=j.spec.priority, nodes=j.spec.nodes,
-                    submit_ts=j.submit_ts, state=j.state, group=j.spec.group, held=j.nodes,
-                    started_ts=j.started_ts, slice_turns=j.slice_turns)
-            for j in records.values()
-        ]
+        views = [job_view(j) for j in records.values()]
         now_mono = time.monotonic()
         node_views = [
-            NodeView(name=r.name, group=r.group, schedulable=self.nodes.state(r.name, now_mono) is NodeState.UP)
+            NodeView(name=r.name, group=r.group, schedulable=self.nodes.schedulable(r.name, now_mono))
             for r in self.nodes.records()
         ]
-        for d in decide(views, node_views, time.time(), PolicyConfig(slice_s=self.cc.slice_s)):
+        quotas = self.settings.values.get(names.QUOTAS_KEY) if self.settings is not None else None
+        for d in decide(views, node_views, time.time(), policy_config(self.cc, quotas)):
             if not self.election.is_leader:
                 return
             if isinstance(d, Start):
                 addr = self.nodes.cache.values[d.nodes[0]].address
                 port = self._master_port(d.job_id, records[d.job_id].run_id + 1, addr)
                 await self._update(d.job_id, lambda j, d=d: transitions.apply_start(j, d, time.time(), addr, port))
-            elif isinstance(d, Suspend):
+            elif isinstance(d, Suspend):  # also Resize: an elastic job restarts at another size
                 log.info("suspending %s: %s", d.job_id, d.reason)
                 await self._update(d.job_id, lambda j, d=d: transitions.apply_suspend(j, d, time.time()))
             elif isinstance(d, Wait):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 
 from hfai.controller.store import KVCache
-from hfai.protocol.types import JobRecord, NodeInfo, NodeRecord, NodeState
+from hfai.protocol import names
+from hfai.protocol.types import DrainedNodes, JobRecord, NodeInfo, NodeRecord, NodeState
 
 
 def node_state(last_seen: float | None, now: float, timeout_s: float, fatal_gpu: bool = False) -> NodeState:
@@ -20,9 +21,18 @@ def node_state(last_seen: float | None, now: float, timeout_s: float, fatal_gpu:
 
 
 class NodeTracker:
-    def __init__(self, cache: KVCache[NodeRecord], heartbeat_timeout_s: float):
+    def __init__(self, cache: KVCache[NodeRecord], heartbeat_timeout_s: float, settings: KVCache | None = None):
         self.cache = cache
         self.timeout_s = heartbeat_timeout_s
+        self.settings = settings
+
+    def drained(self) -> dict[str, str]:
+        """node -> reason, for nodes an operator took out of service."""
+        d = self.settings.values.get(names.DRAINED_KEY) if self.settings is not None else None
+        return dict(d.nodes) if isinstance(d, DrainedNodes) else {}
+
+    def schedulable(self, name: str, now: float | None = None) -> bool:
+        return self.state(name, now) is NodeState.UP and name not in self.drained()
 
     def records(self) -> list[NodeRecord]:
         return list(self.cache.values.values())
@@ -39,8 +49,10 @@ class NodeTracker:
             if j.state.holds_nodes:
                 for n in j.nodes:
                     on_node.setdefault(n, []).append(j.id)
+        drained = self.drained()
         return [
-            NodeInfo(record=r, state=self.state(r.name, now), age_s=now - self.cache.seen.get(r.name, now),
+            NodeInfo(record=r, state=NodeState.DRAINED if r.name in drained else self.state(r.name, now),
+                     age_s=now - self.cache.seen.get(r.name, now),
                      jobs=tuple(on_node.get(r.name, ())))
             for r in sorted(self.records(), key=lambda r: r.name)
         ]

@@ -15,7 +15,7 @@ from hfai.controller.leader import Leader
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.store import KVCache
 from hfai.protocol import names
-from hfai.protocol.types import JobRecord, NodeRecord
+from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,14 @@ class Controller:
         await _nats.ensure_events_stream(js, self.config)
         self.jobs = KVCache(buckets.jobs, JobRecord, on_change=lambda _k: self.wake.set())
         self.node_cache = KVCache(buckets.nodes, NodeRecord, on_change=lambda _k: None)
-        self._caches = [self.jobs, self.node_cache]
+        # Quota or drain changes take effect at once: they wake the scheduler.
+        self.settings = KVCache(buckets.users, (QuotaTable, DrainedNodes), on_change=lambda _k: self.wake.set())
+        self._caches = [self.jobs, self.node_cache, self.settings]
         for c in self._caches:
             await c.start()
-        self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s)
-        self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set)
+        self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s, self.settings)
+        self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
+                              settings_kv=buckets.users, settings=self.settings, config=self.config.controller)
         self._sub = await self._nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
         cc = self.config.controller
         self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s)
@@ -55,7 +58,7 @@ class Controller:
         while True:
             await self.election.elected.wait()
             leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
-                            self.election, self.wake)
+                            self.election, self.wake, self.settings)
             try:
                 await leader.run()
             except asyncio.CancelledError:

@@ -28,7 +28,7 @@ class KVCache(Generic[T]):
     monotonic time of each key's last update (used for heartbeats: no clock skew between hosts).
     """
 
-    def __init__(self, kv: KeyValue, kind: type[T], on_change: Callable[[str], None] | None = None):
+    def __init__(self, kv: KeyValue, kind: type[T] | tuple[type, ...], on_change: Callable[[str], None] | None = None):
         self._kv = kv
         self._kind = kind
         self._on_change = on_change
@@ -41,7 +41,7 @@ class KVCache(Generic[T]):
 
     async def start(self) -> None:
         self._watcher = await self._kv.watchall()
-        self._task = asyncio.create_task(self._consume(), name=f"kvcache-{self._kind.__name__}")
+        self._task = asyncio.create_task(self._consume(), name=f"kvcache-{self._kv._name}")
         await self.ready.wait()
 
     async def _consume(self) -> None:
@@ -64,7 +64,7 @@ class KVCache(Generic[T]):
             try:
                 self.values[key] = decode(entry.value, self._kind)
             except ProtocolError as e:
-                log.warning("ignoring undecodable %s at key %s: %s", self._kind.__name__, key, e)
+                log.warning("ignoring undecodable value at key %s: %s", key, e)
                 return
             self.revisions[key] = entry.revision
         self.seen[key] = time.monotonic()

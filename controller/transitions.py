@@ -67,6 +67,7 @@ def requeue(job: JobRecord, now: float, reason: str) -> JobRecord:
     return job.transition(
         ChainState.SUSPENDED, now, reason,
         suspend_count=job.suspend_count + 1, nodes=(), exits={}, acked=(), master_addr="", master_port=0,
+        run_s=job.run_s + max(0.0, now - job.started_ts), queued_ts=now,
     )
 
 

@@ -20,7 +20,10 @@ VERB_LIST = "list"
 VERB_STATUS = "status"
 VERB_STOP = "stop"
 VERB_NODES = "nodes"
-VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES)
+VERB_QUOTA_SET = "quota_set"
+VERB_SETTINGS = "settings"
+VERB_DRAIN = "drain"
+VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES, VERB_QUOTA_SET, VERB_SETTINGS, VERB_DRAIN)
 
 EVENTS_STREAM = "HFAI_EVENTS"
 EVENTS_PREFIX = "hfai.events"
@@ -33,7 +36,10 @@ BUCKET_LEADER = "hfai_leader"
 BUCKET_JOBS = "hfai_jobs"
 BUCKET_NODES = "hfai_nodes"
 BUCKET_ASSIGN = "hfai_assign"
+# Operator settings: quotas (key "quotas") and drained nodes (key "drained").
 BUCKET_USERS = "hfai_users"
+QUOTAS_KEY = "quotas"
+DRAINED_KEY = "drained"
 
 LEADER_KEY = "leader"
 

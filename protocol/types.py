@@ -30,12 +30,15 @@ class Priority(enum.IntEnum):
 
     @classmethod
     def parse(cls, text: str | int) -> int:
-        """A priority from a level name (any case) or a number; raises InvalidRequest otherwise."""
+        """A priority from a level name (any case), a number, or AUTO (-> ``AUTO_PRIORITY``,
+        resolved by the controller at submit time); raises InvalidRequest otherwise."""
         if isinstance(text, int):
             return text
         raw = str(text).strip()
         if raw.lstrip("-").isdigit():
             return int(raw)
+        if raw.upper() == "AUTO":
+            return AUTO_PRIORITY
         try:
             return cls[raw.upper().replace("-", "_")].value
         except KeyError:
@@ -44,10 +47,16 @@ class Priority(enum.IntEnum):
 
     @classmethod
     def label(cls, value: int) -> str:
+        if value == AUTO_PRIORITY:
+            return "AUTO"
         try:
             return cls(value).name
         except ValueError:
             return str(value)
+
+
+#: Submit-time placeholder: "the highest level I still have quota for" (see DESIGN: AUTO).
+AUTO_PRIORITY = -1
 
 
 class ChainState(enum.Enum):
@@ -169,6 +178,13 @@ class JobSpec:
     user: str = ""
     env_name: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # Elastic jobs run on min_nodes..max_nodes (``nodes`` = max_nodes); 0 means a fixed size.
+    min_nodes: int = 0
+    max_nodes: int = 0
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_nodes > 0 and self.min_nodes < self.max_nodes
 
 
 @message("job_event")
@@ -207,6 +223,10 @@ class JobRecord:
     exits: dict[str, int] = field(default_factory=dict)
     acked: tuple[str, ...] = ()
     slice_turns: int = 0
+    # Seconds run in earlier runs of the chain (ABOVE_NORMAL decays after a total), and when the
+    # job last entered the queue (submit or requeue).
+    run_s: float = 0.0
+    queued_ts: float = 0.0
     last_nodes: tuple[str, ...] = ()
     history: tuple[JobEvent, ...] = ()
 
@@ -329,6 +349,33 @@ class LeaderLease:
     since: float
 
 
+@message("quota_entry")
+class QuotaEntry:
+    """At most ``nodes`` nodes for ``user``'s jobs of ``priority`` in ``group`` ("*" = any)."""
+
+    KIND: ClassVar[str]
+    user: str
+    priority: int
+    group: str
+    nodes: int
+
+
+@message("quota_table")
+class QuotaTable:
+    """All quotas (KV ``hfai_users``, key ``quotas``). No matching entry means no limit."""
+
+    KIND: ClassVar[str]
+    entries: tuple[QuotaEntry, ...] = ()
+
+
+@message("drained_nodes")
+class DrainedNodes:
+    """Nodes an operator took out of service (KV ``hfai_users``, key ``drained``): node -> why."""
+
+    KIND: ClassVar[str]
+    nodes: dict[str, str] = field(default_factory=dict)
+
+
 # --------------------------------------------------------------------------------------- API
 
 @message("submit_request")
@@ -364,6 +411,29 @@ class NodesRequest:
     KIND: ClassVar[str]
 
 
+@message("quota_set_request")
+class QuotaSetRequest:
+    """Set (``nodes`` >= 0) or remove (``nodes`` < 0) one quota. Operators only."""
+
+    KIND: ClassVar[str]
+    entry: QuotaEntry
+
+
+@message("quotas_request")
+class QuotasRequest:
+    KIND: ClassVar[str]
+
+
+@message("drain_request")
+class DrainRequest:
+    """Take a node out of service (``drain``) or back in. Operators only."""
+
+    KIND: ClassVar[str]
+    node: str
+    drain: bool = True
+    reason: str = ""
+
+
 @message("job_reply")
 class JobReply:
     KIND: ClassVar[str]
@@ -389,6 +459,13 @@ class NodeInfo:
 class NodesReply:
     KIND: ClassVar[str]
     nodes: tuple[NodeInfo, ...]
+
+
+@message("settings_reply")
+class SettingsReply:
+    KIND: ClassVar[str]
+    quotas: QuotaTable
+    drained: DrainedNodes
 
 
 @message("error_reply")

@@ -53,6 +53,10 @@ class ControllerConfig:
     event_ack_wait_s: float = 10.0
     master_port_base: int = 20000
     master_port_span: int = 20000
+    # ABOVE_NORMAL counts as NORMAL once a job has run this long in total (0: never).
+    above_normal_s: float = 0.0
+    # Users who may set quotas and drain nodes (comma-separated).
+    admins: str = "root"
 
 
 @dataclass(frozen=True)

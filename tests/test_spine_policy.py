@@ -75,9 +75,21 @@ def test_round_robin_prefers_jobs_that_yielded_less():
     assert [s.job_id for s in of(Start, ds)] == ["fresh"]
 
 
-def test_blocked_job_reserves_free_nodes_against_lower_priority():
+def test_blocked_job_lets_only_jobs_it_could_preempt_backfill():
     running = [job("vip", prio=40, state=R, held=("n0",))]
     ds = decide([*running, job("big", prio=30, n=2, ts=1), job("small", prio=0, ts=2)], nodes(2), 10, CFG)
+    # "big" cannot run yet; "small" may use the free node because "big" can take it back later.
+    assert [(s.job_id, s.nodes) for s in of(Start, ds)] == [("small", ("n1",))]
+    # Its own user's equal-priority job (which it may never preempt) backfills only for a while.
+    own = [*running, job("big", prio=30, n=2, ts=1), job("mine", prio=30, ts=2)]
+    assert [s.job_id for s in of(Start, decide(own, nodes(2), 10, CFG))] == ["mine"]
+    assert not of(Start, decide(own, nodes(2), 10 + CFG.own_backfill_s, CFG))
+
+
+def test_blocked_job_waiting_for_released_nodes_pins_the_free_ones():
+    jobs = [job("victim", prio=0, state=S, held=("n0",), started=1), job("big", prio=30, n=2, ts=1),
+            job("small", prio=0, ts=2)]
+    ds = decide(jobs, nodes(2), 10, CFG)
     assert not of(Start, ds)
 
 
