@@ -14,14 +14,7 @@ import subprocess
 import sys
 import time
 
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from hfai._atomic import write_atomic
 
 
 def main(argv: list[str]) -> int:
@@ -35,9 +28,9 @@ def main(argv: list[str]) -> int:
                                      start_new_session=True)
         except OSError as e:
             log.write(f"hfai: cannot start {cmd[0]!r}: {e}\n".encode())
-            _write_atomic(os.path.join(run_dir, "exit_code"), "127\n")
+            write_atomic(os.path.join(run_dir, "exit_code"), "127\n")
             return 127
-        _write_atomic(os.path.join(run_dir, "child_pid"), f"{child.pid}\n")
+        write_atomic(os.path.join(run_dir, "child_pid"), f"{child.pid}\n")
 
         def forward(signum, _frame):
             try:
@@ -49,7 +42,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGINT, forward)
         code = child.wait()
         log.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
-    _write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n")
+    write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n")
     return 0
 
 

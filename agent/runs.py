@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from hfai._atomic import write_atomic
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.protocol import decode, encode
@@ -119,12 +120,12 @@ class RunStore:
         d = self.dir(ra.key)
         d.mkdir(parents=True)
         (d / "control").mkdir()
-        _write(d / "assignment", encode(ra))
+        write_atomic(d / "assignment", encode(ra))
         try:
             argv, env = self._command(ra, d)
         except StartError as e:
-            _write(d / "exit_code", b"127\n")
-            _write(d / "start_error", str(e).encode())
+            write_atomic(d / "exit_code", b"127\n")
+            write_atomic(d / "start_error", str(e).encode())
             raise
         logf = self.log_path(ra.job_id, ra.rank)
         logf.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +139,7 @@ class RunStore:
         )
         self._children[ra.key] = popen
         created = psutil.Process(popen.pid).create_time()
-        _write(d / "launcher_pid", f"{popen.pid} {created}".encode())
+        write_atomic(d / "launcher_pid", f"{popen.pid} {created}".encode())
         return popen
 
     def start_error(self, key: str) -> str:
@@ -165,12 +166,12 @@ class RunStore:
         return argv, env
 
     def raise_suspend(self, key: str) -> None:
-        _write(self.dir(key) / "control" / SUSPEND_FILE, f"{time.time()}\n".encode())
+        write_atomic(self.dir(key) / "control" / SUSPEND_FILE, f"{time.time()}\n".encode())
 
     def signal(self, key: str, sig: int) -> None:
         d = self.dir(key)
         if sig == signal.SIGTERM and not (d / "term").exists():
-            _write(d / "term", f"{time.time()}\n".encode())
+            write_atomic(d / "term", f"{time.time()}\n".encode())
         pgid = _read_int(d / "child_pid")
         if pgid is None:
             # The launcher has not started the job yet: stop the launcher itself.
@@ -184,13 +185,13 @@ class RunStore:
             pass
 
     def mark_sent(self, key: str, kind: RunEventKind) -> None:
-        _write(self.dir(key) / f"{kind.value}.sent", b"")
+        write_atomic(self.dir(key) / f"{kind.value}.sent", b"")
 
     def record_never_ran(self, ra: RunAssignment) -> None:
         d = self.dir(ra.key)
         (d / "control").mkdir(parents=True, exist_ok=True)
-        _write(d / "assignment", encode(ra))
-        _write(d / "exit_code", b"-1\n")
+        write_atomic(d / "assignment", encode(ra))
+        write_atomic(d / "exit_code", b"-1\n")
 
     def cleanup(self, key: str) -> None:
         self._children.pop(key, None)
@@ -227,15 +228,6 @@ def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str,
         "PYTHONUNBUFFERED": "1",
     }
     return env
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _read_text(path: Path) -> str | None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
 import sys
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -30,3 +31,29 @@ async def serve(start: Callable[[], Awaitable[None]], close: Callable[[], Awaita
         await stop.wait()
     finally:
         await close()
+
+
+class Daemon(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], argv: list[str] | None = None) -> int:
+    """The shared ``main`` of ``hfai-agent`` and ``hfai-controller``: parse flags, load the config,
+    build the daemon with ``make(config)``, serve until SIGTERM. Config errors exit 2, no traceback."""
+    from hfai.config import load_config
+    from hfai.protocol.errors import HfaiError
+
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--config", help="TOML config file (default: $HFAI_CONFIG or /etc/hfai/hfai.toml)")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        daemon = make(load_config(args.config))
+        asyncio.run(serve(daemon.start, daemon.close))
+    except HfaiError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from hfai._atomic import write_atomic
+
 SUSPEND_FILE = "suspend"
 ACK_FILE = "ack"
 WHOLE_LIFE_FILE = "whole_life_state"
@@ -74,7 +76,7 @@ def go_suspend(exit: bool = True) -> None:
             print("hfai: simulated suspend acknowledged, exiting", file=sys.stderr, flush=True)
             sys.exit(0)
         return
-    _write_atomic(os.path.join(cdir, ACK_FILE), f"{os.getpid()} {time.time()}\n")
+    write_atomic(os.path.join(cdir, ACK_FILE), f"{os.getpid()} {time.time()}\n")
     if exit:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -103,13 +105,4 @@ def set_whole_life_state(state: int) -> None:
     os.environ["HFAI_WHOLE_LIFE_STATE"] = str(state)
     cdir = control_dir()
     if cdir is not None:
-        _write_atomic(os.path.join(cdir, WHOLE_LIFE_FILE), f"{state}\n")
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        write_atomic(os.path.join(cdir, WHOLE_LIFE_FILE), f"{state}\n")

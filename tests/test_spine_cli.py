@@ -28,7 +28,7 @@ def test_hfai_python_with_options_after_double_dash(cluster, tmp_path):
     assert job.spec.nodes == 2 and job.spec.priority == 30 and job.spec.env == {"GREETING": "hello"}
     assert job.spec.workdir == str(tmp_path) and job.spec.entrypoint[:2] == ("python", STEPS)
     follow = cluster.cli("logs", "two-node", "-f", "-r", "1")
-    assert follow.returncode == 0 and "rank 1 starts at step 0" in follow.stdout and "finished" in follow.stdout
+    assert follow.returncode == 0 and "rank 1 of 2 starts at step 0" in follow.stdout and "finished" in follow.stdout
     bad_rank = cluster.cli("logs", "two-node", "-r", "5")
     assert bad_rank.returncode != 0 and "ranks 0..1" in bad_rank.stderr
 
