@@ -348,7 +348,7 @@ class Simulator:
             due = self.events[0][0] if self.events else math.inf
             # The policy runs on the scheduling grid: at the first tick at or after the next event,
             # or at the next wake-up while jobs wait, whichever is first.
-            t_event = math.ceil(due / self.config.tick_s) * self.config.tick_s if due < math.inf else math.inf
+            t_event = self.grid(due)
             t_wake = last_call + self.config.wake_s if self.waiting else math.inf
             t = max(min(t_event, t_wake), self.now)
             while self.events and self.events[0][0] <= t:
@@ -364,6 +364,14 @@ class Simulator:
                     raise PolicyViolation(f"{self.name}: {self.waiting} job(s) wait on an idle cluster at "
                                           f"t={t:.0f}s and the policy starts none")
         return self.result()
+
+    def grid(self, t: float) -> float:
+        """The first scheduling tick at or after ``t``."""
+        if t == math.inf:
+            return t
+        tick = self.config.tick_s
+        at = math.ceil(t / tick) * tick
+        return at if at >= t else at + tick  # t/tick can round down to a tick before t
 
     # -- events
 
