@@ -223,23 +223,24 @@ def decide(jobs: Iterable[JobView], nodes: Iterable[NodeView], now: float, confi
     by_group: dict[str, list[NodeView]] = defaultdict(list)
     for n in nodes:
         by_group[n.group].append(n)
-    buckets: dict[str, _Bucket] = defaultdict(_Bucket)
+    buckets: dict[str, _Bucket] = {}
     busy: set[str] = set()
-    used: dict[tuple[str, int, str], int] = defaultdict(int)
-    # One pass over the jobs (state tests by identity: this loop runs for every job, every round).
+    # One pass over the jobs, state tests by identity: this loop runs for every job, every round.
     for j in jobs:
         s = j.state
+        b = buckets.get(j.group)
+        if b is None:
+            b = buckets[j.group] = _Bucket()
         if s is _QUEUED or s is _SUSPENDED:
-            buckets[j.group].waiting.append(j)
-            continue
-        if s is _RUNNING:
-            buckets[j.group].running.append(j)
+            b.waiting.append(j)
+        elif s is _RUNNING:
+            b.running.append(j)
+            busy.update(j.held)
         elif s is _SUSPENDING or s is _STOPPING:
-            buckets[j.group].leaving.append(j)
-        else:
-            continue
-        busy.update(j.held)
-        used[(j.user, j.priority, j.group)] += len(j.held)
+            b.leaving.append(j)
+            busy.update(j.held)
+    # Usage per (user, declared priority, group) matters only when there are quotas.
+    used = quota_usage(j for b in buckets.values() for j in (*b.running, *b.leaving)) if config.quotas.limits else {}
     decisions: list[Decision] = []
     for group in sorted(buckets):
         b = buckets[group]
@@ -261,6 +262,17 @@ class _Bucket:
     leaving: list[JobView] = field(default_factory=list)  # in their interrupt window
 
 
+def _priorities(jobs: _Bucket, now: float, config: PolicyConfig) -> dict[str, int]:
+    """Effective priority of every waiting and running job, by id."""
+    prio = {j.id: j.priority for j in jobs.waiting}
+    prio.update({j.id: j.priority for j in jobs.running})
+    if config.above_normal_s != math.inf:
+        for j in (*jobs.waiting, *jobs.running):
+            if j.priority == _ABOVE_NORMAL:
+                prio[j.id] = effective_priority(j, now, config)
+    return prio
+
+
 # ------------------------------------------------------------------------------- victim pool
 
 
@@ -278,37 +290,50 @@ class _Level:
     slice_nodes: int = 0
     slice_nodes_by_user: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     slice_head: int = 0
+    ready: bool = False  # lists sorted and slice_ids filled
 
 
 class _Pool:
-    """Running jobs of one group that may still be chosen as victims, with quick totals."""
+    """Running jobs of one group that may still be chosen as victims, with quick totals. Built in
+    one pass; a level's candidate lists are sorted only when a victim is looked for there."""
 
     def __init__(self, running: list[JobView], prio: dict[str, int], now: float, config: PolicyConfig):
         self.prio = prio
         self.levels: dict[int, _Level] = {}
-        by_prio: dict[int, list[JobView]] = defaultdict(list)
+        cutoff = now - config.slice_s
+        levels = self.levels
         for j in running:
-            by_prio[prio[j.id]].append(j)
-        for p, js in by_prio.items():
-            # Most recently started first: preempting it loses the least work.
-            js.sort(key=lambda j: (-j.started_ts, j.id))
-            level = _Level(jobs=js, nodes=sum(len(j.held) for j in js))
-            level.sliceable = sorted((j for j in js if now - j.started_ts >= config.slice_s),
-                                     key=lambda j: (j.started_ts, j.id))
-            for j in level.sliceable:
-                level.slice_ids.add(j.id)
-                level.slice_nodes += len(j.held)
-                level.slice_nodes_by_user[j.user] += len(j.held)
-            self.levels[p] = level
-        self.order = sorted(self.levels)
+            p = prio[j.id]
+            level = levels.get(p)
+            if level is None:
+                level = levels[p] = _Level(jobs=[])
+            level.jobs.append(j)
+            n = len(j.held)
+            level.nodes += n
+            if j.started_ts <= cutoff:
+                level.sliceable.append(j)
+                level.slice_nodes += n
+                level.slice_nodes_by_user[j.user] += n
+        self.order = sorted(levels)
         self.taken: set[str] = set()
         self.lower_cache: dict[int, int] = {}
+
+    def sorted_level(self, p: int) -> _Level:
+        level = self.levels[p]
+        if not level.ready:
+            # Most recently started first: preempting it loses the least work.
+            level.jobs.sort(key=lambda j: (-j.started_ts, j.id))
+            # Round-robin among equals: the one that has held its nodes longest yields first.
+            level.sliceable.sort(key=lambda j: (j.started_ts, j.id))
+            level.slice_ids = {j.id for j in level.sliceable}
+            level.ready = True
+        return level
 
     def take(self, job: JobView) -> None:
         """Mark ``job`` as a victim (whole or shrunk): it cannot be chosen again this round."""
         self.taken.add(job.id)
         self.lower_cache.clear()
-        level = self.levels[self.prio[job.id]]
+        level = self.sorted_level(self.prio[job.id])
         level.nodes -= len(job.held)
         if job.id in level.slice_ids:
             level.slice_nodes -= len(job.held)
@@ -363,13 +388,17 @@ class _GroupRound:
     def __init__(self, jobs: _Bucket, group_nodes: list[NodeView], busy: set[str],
                  used: dict[tuple[str, int, str], int], group: str, now: float, config: PolicyConfig):
         self.group, self.now, self.config = group, now, config
-        self.used = dict(used)  # this round's starts are added here
-        self.prio = {j.id: effective_priority(j, now, config) for j in (*jobs.waiting, *jobs.running)}
-        usable = {n.name for n in group_nodes if n.schedulable}
-        self.usable = len(usable)
-        self.free = sorted(usable - busy)
+        self.used: dict[tuple[str, int, str], int] = defaultdict(int, used)  # plus this round's starts
+        self.prio = _priorities(jobs, now, config)
+        usable_names = [n.name for n in group_nodes if n.schedulable]
+        self.usable = len(usable_names)
+        self.free = [n for n in usable_names if n not in busy]
+        self.free.sort()
         self.fi = 0  # free[:fi] are taken or pinned this round
-        self.leaving = sum(sum(1 for n in j.held if n in usable) for j in jobs.leaving)
+        self.leaving = 0
+        if jobs.leaving:
+            usable = set(usable_names)
+            self.leaving = sum(sum(1 for n in j.held if n in usable) for j in jobs.leaving)
         self.running = jobs.running
         self.pool = _Pool(self.running, self.prio, now, config)
         turn_s, prio = config.turn_s, self.prio
@@ -535,9 +564,9 @@ class _GroupRound:
         for prio in pool.order:
             if prio >= p:
                 break
-            yield from pool.untaken(pool.levels[prio], sliceable=False)
-        level = pool.levels.get(p)
-        if level is not None:
+            yield from pool.untaken(pool.sorted_level(prio), sliceable=False)
+        if p in pool.levels:
+            level = pool.sorted_level(p)
             # Round-robin among equals: the one that has held its nodes longest yields first.
             for v in pool.untaken(level, sliceable=True):
                 if v.user != job.user:

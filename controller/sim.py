@@ -254,7 +254,6 @@ class _Job:
     interrupts: int = 0
     queued_ts: float = 0.0
     gen: int = 0  # bumps on every start/suspend, so stale heap events are recognised
-    view: JobView | None = None
 
     def make_view(self) -> JobView:
         t = self.trace
@@ -311,6 +310,7 @@ class Simulator:
         self.nodes = [NodeView(f"n{i:05d}") for i in range(n_nodes)]
         self.jobs = [_Job(f"j{i:07d}", t, work_left=t.duration_s * t.hi) for i, t in enumerate(trace)]
         self.active: dict[str, _Job] = {}
+        self.views: dict[str, JobView] = {}  # of the active jobs, kept current
         self.owner: dict[str, str] = {}
         self.used: dict[tuple[str, int, str], int] = {}
         self.events: list[tuple[float, int, int, int, int]] = []  # (t, seq, kind, job index, gen)
@@ -379,7 +379,7 @@ class Simulator:
         if kind == _ARRIVE:
             self.active[job.id] = job
             self.waiting += 1
-            job.view = job.make_view()
+            self.views[job.id] = job.make_view()
             return True
         if gen != job.gen:
             return False  # superseded by a later start or suspend
@@ -396,13 +396,14 @@ class Simulator:
         self.free(job)
         job.state = ChainState.SUCCEEDED
         del self.active[job.id]
+        del self.views[job.id]
 
     def release(self, job: _Job) -> None:
         """The checkpoint is written: the nodes are free and the job is back in line."""
         self.free(job)
         job.state = ChainState.SUSPENDED
         job.queued_ts = self.now
-        job.view = job.make_view()
+        self.views[job.id] = job.make_view()
         self.waiting += 1
 
     def free(self, job: _Job) -> None:
@@ -417,7 +418,7 @@ class Simulator:
 
     def call_policy(self) -> None:
         self.calls += 1
-        views = [j.view for j in self.active.values()]
+        views = list(self.views.values())
         for d in self.policy(views, self.nodes, self.now, self.policy_config):
             if isinstance(d, Start):
                 self.start(self.active_job(d.job_id), d)
@@ -460,7 +461,7 @@ class Simulator:
         self.waiting -= 1
         self.overhead_node_s += restart * len(d.nodes)
         self.push(job.progress_from + job.work_left / len(d.nodes), _FINISH, self.index[job.id], job.gen)
-        job.view = job.make_view()
+        self.views[job.id] = job.make_view()
 
     def suspend(self, job: _Job, d: Suspend) -> None:
         if job.state is not ChainState.RUNNING:
@@ -475,7 +476,7 @@ class Simulator:
         job.gen += 1
         self.overhead_node_s += self.config.checkpoint_s * len(job.held)
         self.push(self.now + self.config.checkpoint_s, _RELEASE, self.index[job.id], job.gen)
-        job.view = job.make_view()
+        self.views[job.id] = job.make_view()
 
     # -- metrics
 
