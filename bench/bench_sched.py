@@ -68,14 +68,14 @@ def bench_replay(n_jobs: int, load: float) -> None:
     print(f"  target 120 s: wall/target = {wall / 120:.2f}")
 
 
-def bench_table(n_jobs: int, load: float) -> None:
-    trace = tracegen.generate(n_jobs, NODES, load=load, seed=11)
-    print(f"policy table: {n_jobs} jobs on {NODES} nodes, offered load {tracegen.offered_load(trace, NODES):.2f}, "
-          f"checkpoint 60 s, restart 60 s, slice 30 min")
+def bench_table(n_jobs: int, n_nodes: int, load: float) -> None:
+    trace = tracegen.generate(n_jobs, n_nodes, load=load, seed=11)
+    print(f"policy table: {n_jobs} jobs on {n_nodes} nodes over {trace[-1].submit_s / 86400:.1f} days, offered load "
+          f"{tracegen.offered_load(trace, n_nodes):.2f}, checkpoint 60 s, restart 60 s, slice 30 min")
     results = []
     for name in ("hfai", "fifo", "las"):
         t0 = time.perf_counter()
-        results.append(sim.simulate(trace, NODES, name))
+        results.append(sim.simulate(trace, n_nodes, name))
         print(f"  {name}: replayed in {time.perf_counter() - t0:.1f} s")
     print(sim.format_table(results))
     by = {r.policy: r for r in results}
@@ -89,13 +89,17 @@ def bench_table(n_jobs: int, load: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=80_000, help="jobs in the full replay")
-    ap.add_argument("--table-jobs", type=int, default=20_000, help="jobs in the policy table's trace")
-    ap.add_argument("--load", type=float, default=1.2, help="offered load of the synthetic traces")
+    ap.add_argument("--replay-load", type=float, default=0.8,
+                    help="offered load of the full replay (above 1 its queue, and so each decision, keeps growing)")
+    ap.add_argument("--table-jobs", type=int, default=8_000, help="jobs in the policy table's trace")
+    ap.add_argument("--table-nodes", type=int, default=250,
+                    help="cluster of the policy table (smaller: weeks of overload replay in seconds)")
+    ap.add_argument("--load", type=float, default=1.2, help="offered load of the policy table's trace")
     ap.add_argument("--reps", type=int, default=15, help="repetitions of the one-decision timing")
     args = ap.parse_args()
     bench_decision(args.reps)
-    bench_replay(args.jobs, args.load)
-    bench_table(args.table_jobs, args.load)
+    bench_replay(args.jobs, args.replay_load)
+    bench_table(args.table_jobs, args.table_nodes, args.load)
 
 
 if __name__ == "__main__":
