@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from hfai.controller.policy import (
-    Decision, JobView, NodeView, PolicyConfig, Resize, Start, Suspend, Wait, decide,
+    Decision, JobView, NodeView, PolicyConfig, Start, Suspend, Wait, decide,
 )
 from hfai.protocol.errors import HfaiError, InvalidRequest
 from hfai.protocol.types import ChainState, Priority
