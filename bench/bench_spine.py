@@ -79,6 +79,7 @@ async def measure(cluster: LocalCluster, work: Path, rounds: int) -> dict[str, l
     out: dict[str, list[float]] = {k: [] for k in (
         "submit_to_running", "submit_to_process", "high_submit_to_suspend_request", "flag_delivery",
         "ack_to_released", "released_to_high_running", "high_submit_to_high_running_minus_ckpt",
+        "high_submit_to_high_process_minus_ckpt",
         "high_exit_to_low_running", "high_exit_to_low_process")}
     spec = dict(workdir=str(work), nodes=1)
     async with ApiClient(cluster.config(), user="bench") as api:
@@ -111,6 +112,7 @@ async def measure(cluster: LocalCluster, work: Path, rounds: int) -> dict[str, l
             out["ack_to_released"].append(suspended - lt1["ack"])
             out["released_to_high_running"].append(history_ts(high, ChainState.RUNNING) - suspended)
             out["high_submit_to_high_running_minus_ckpt"].append(history_ts(high, ChainState.RUNNING) - t0 - ckpt)
+            out["high_submit_to_high_process_minus_ckpt"].append(ht["start"] - t0 - ckpt)
             out["high_exit_to_low_running"].append(history_ts(low, ChainState.RUNNING, 1) - ht["end"])
             out["high_exit_to_low_process"].append(lt2["start"] - ht["end"])
             await api.stop(low.id)
@@ -178,16 +180,19 @@ def main() -> int:
         ("job acks -> its node is released", "ack_to_released"),
         ("node released -> HIGH running", "released_to_high_running"),
         ("HIGH submit -> HIGH running, minus LOW's checkpoint", "high_submit_to_high_running_minus_ckpt"),
+        ("HIGH submit -> HIGH process started, minus LOW's ckpt", "high_submit_to_high_process_minus_ckpt"),
         ("HIGH exits -> LOW running again", "high_exit_to_low_running"),
         ("HIGH exits -> LOW process restarted", "high_exit_to_low_process"),
     ]
     for label, key in rows:
         print(f"  {label:<52} {med(key) * 1000:8.1f} ms   (each: {' '.join(f'{v * 1000:.0f}' for v in out[key])})")
-    print(f"ratio slurm/hfai submit->running: {SLURM_SUBMIT_TO_RUNNING_S / med('submit_to_running'):.1f}x "
-          f"({SLURM_SUBMIT_TO_RUNNING_S:.1f} s vs {med('submit_to_running'):.3f} s)")
+    # Against Slurm we count until the job's process runs, not just until the leader placed it.
+    print(f"ratio slurm/hfai submit->running: {SLURM_SUBMIT_TO_RUNNING_S / med('submit_to_process'):.1f}x "
+          f"({SLURM_SUBMIT_TO_RUNNING_S:.1f} s vs {med('submit_to_process'):.3f} s)")
     print(f"ratio slurm/hfai high-priority submit->running: "
-          f"{SLURM_HIGH_SUBMIT_TO_RUNNING_S / med('high_submit_to_high_running_minus_ckpt'):.0f}x "
-          f"({SLURM_HIGH_SUBMIT_TO_RUNNING_S:.0f} s vs {med('high_submit_to_high_running_minus_ckpt'):.3f} s)")
+          f"{SLURM_HIGH_SUBMIT_TO_RUNNING_S / med('high_submit_to_high_process_minus_ckpt'):.0f}x "
+          f"({SLURM_HIGH_SUBMIT_TO_RUNNING_S:.0f} s vs {med('high_submit_to_high_process_minus_ckpt'):.3f} s, "
+          f"not counting the preempted job's own checkpoint)")
     print(f"ratio slurm/hfai high end->preempted job restarted: "
           f"{SLURM_HIGH_END_TO_RESTART_S / med('high_exit_to_low_process'):.0f}x "
           f"({SLURM_HIGH_END_TO_RESTART_S:.0f} s vs {med('high_exit_to_low_process'):.3f} s)")

@@ -59,3 +59,25 @@ def test_ps_status_nodes_and_stop(cluster, tmp_path):
     stopped = cluster.wait_state(job_id, ChainState.STOPPED, timeout=30)
     assert "stopped by tester" in stopped.reason
     assert "sleepy" not in cluster.cli("ps").stdout and "stopped" in cluster.cli("ps", "-a").stdout
+
+
+def test_job_runs_in_the_environment_named_by_hf_env_name(cluster, tmp_path):
+    import os
+    import sys
+
+    env_bin = cluster.local.root / "envs" / "torch-env" / "bin"
+    env_bin.mkdir(parents=True, exist_ok=True)
+    if not (env_bin / "python").exists():
+        os.symlink(sys.executable, env_bin / "python")
+    script = tmp_path / "which.py"
+    script.write_text("import os, sys\nprint('env', os.environ['HF_ENV_NAME'], os.environ['VIRTUAL_ENV'], "
+                      "os.environ['PATH'].split(os.pathsep)[0])\n")
+
+    def offered():
+        return all("torch-env" in n.record.envs for n in cluster.run(lambda api: api.nodes()))
+
+    cluster.wait(offered, 10, "agents to advertise the environment")
+    r = cluster.cli("python", str(script), "--", "-i", "torch-env", "--name", "in-env", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cluster.wait_state(_job_id(r.stdout), ChainState.SUCCEEDED)
+    assert f"env torch-env {env_bin.parent} {env_bin}" in cluster.cli("logs", "in-env").stdout
