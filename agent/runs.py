@@ -142,9 +142,6 @@ class RunStore:
         write_atomic(d / "launcher_pid", f"{popen.pid} {created}".encode())
         return popen
 
-    def start_error(self, key: str) -> str:
-        return _read_text(self.dir(key) / "start_error") or ""
-
     def _command(self, ra: RunAssignment, d: Path) -> tuple[list[str], dict[str, str]]:
         if not os.path.isdir(ra.workdir):
             raise StartError(f"workdir {ra.workdir} does not exist on node {self.node}")

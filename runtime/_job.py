@@ -33,10 +33,6 @@ def control_dir() -> str | None:
     return os.environ.get("HFAI_CONTROL_DIR") or None
 
 
-def on_platform() -> bool:
-    return control_dir() is not None
-
-
 def _simulated_suspend_due() -> bool:
     raw = os.environ.get("HFAI_SIMULATE_SUSPEND_S")
     if not raw:
