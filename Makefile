@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned to the CPU wheel: a loose range can pull several GB of CUDA packages.
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[test,kernels]"
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[test,kernels,plot]"
 	touch $(STAMP)
 
 demo: $(STAMP)

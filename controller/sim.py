@@ -559,8 +559,9 @@ def plot(results: Sequence[SimResult], out: str | Path) -> None:
     fig, (ax_u, ax_q) = plt.subplots(2, 1, sharex=True, figsize=(10, 6))
     for r in results:
         days = [s.t / 86400 for s in r.samples]
-        ax_u.plot(days, [100 * s.busy / r.nodes for s in r.samples], label=r.policy, linewidth=0.8)
-        ax_q.plot(days, [s.queued for s in r.samples], label=r.policy, linewidth=0.8)
+        # Samples are taken at events; the value holds until the next one, hence steps.
+        ax_u.step(days, [100 * s.busy / r.nodes for s in r.samples], where="post", label=r.policy, linewidth=0.8)
+        ax_q.step(days, [s.queued for s in r.samples], where="post", label=r.policy, linewidth=0.8)
     ax_u.set_ylabel("busy nodes (%)")
     ax_q.set_ylabel("jobs waiting")
     ax_q.set_xlabel("time (days)")

@@ -249,6 +249,16 @@ def test_cli_plot_without_matplotlib_says_so(tmp_path, cli, monkeypatch):
     assert r.exit_code == 1 and "needs matplotlib" in r.output
 
 
+def test_cli_plot_draws_utilisation_and_queue_per_policy(tmp_path, cli):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "t.csv"
+    path.write_text("submit_s,duration_s,nodes\n0,600,2\n10,600,2\n20,300,1\n")
+    out = tmp_path / "p.png"
+    r = CliRunner().invoke(cli, ["sim", str(path), "--nodes", "2", "--plot", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
 def test_sim_cli_does_not_import_torch():
     code = ("import sys; from hfai.cli.main import main; "
             "main(['sim', '--help'], standalone_mode=False); print('torch' in sys.modules)")
