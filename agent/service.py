@@ -17,9 +17,10 @@ import time
 import psutil
 
 from hfai import _nats
+from hfai._daemon import cancel_and_wait
 from hfai._version import __version__
 from hfai.agent.gpu import open_gpu_source
-from hfai.agent.plan import Act, Action, RunPhase, plan
+from hfai.agent.plan import Act, Action, LocalRun, RunPhase, plan
 from hfai.agent.runs import RunStore, StartError
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
@@ -80,9 +81,7 @@ class Agent:
         if self._closed:
             return
         self._closed = True
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         loop = asyncio.get_running_loop()
         for fd in list(self._pidfds):
             loop.remove_reader(fd)
@@ -176,11 +175,11 @@ class Agent:
                 pass
 
     async def reconcile(self) -> None:
-        actions = plan(self._desired, self.store.snapshot(), time.time(), self.ac.ack_exit_grace_s)
-        for action in actions:
-            await self._do(action)
+        local = self.store.snapshot()
+        for action in plan(self._desired, local, time.time(), self.ac.ack_exit_grace_s):
+            await self._do(action, local)
 
-    async def _do(self, a: Action) -> None:
+    async def _do(self, a: Action, local: dict[str, LocalRun]) -> None:
         key, ra = a.key, a.run
         if a.act is Act.START:
             try:
@@ -206,7 +205,7 @@ class Agent:
         elif a.act is Act.REPORT_ACK:
             await self._report(key, ra, RunEventKind.SUSPEND_ACKED, acked=True)
         elif a.act is Act.REPORT_EXIT:
-            run = self.store.snapshot().get(key)
+            run = local.get(key)  # the snapshot the plan was made from: it saw the exit
             stopped = run is not None and (run.suspend_ts is not None or run.term_ts is not None)
             await self._report(key, ra, RunEventKind.EXITED, exit_code=run.exit_code if run else -1,
                                acked=bool(run and run.acked), platform_stopped=stopped,

@@ -15,6 +15,7 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from hfai._daemon import cancel_and_wait
 from hfai._nats import events_subscription
 from hfai.config import Config
 from hfai.controller import transitions
@@ -71,8 +72,7 @@ class Leader:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            events.cancel()
-            await asyncio.gather(events, return_exceptions=True)
+            await cancel_and_wait([events])
             try:
                 await psub.unsubscribe()
             except Exception:

@@ -8,6 +8,7 @@ import os
 import socket
 
 from hfai import _nats
+from hfai._daemon import cancel_and_wait
 from hfai.config import Config
 from hfai.controller.api import ApiService
 from hfai.controller.election import LeaseElection
@@ -72,9 +73,7 @@ class Controller:
         if self._closed:
             return
         self._closed = True
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         if self.election is not None:
             await self.election.close()
         if self._sub is not None:

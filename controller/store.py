@@ -11,6 +11,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from hfai._daemon import cancel_and_wait
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import Conflict, NotFound, ProtocolError
 from hfai.protocol.types import JobRecord
@@ -84,8 +85,7 @@ class KVCache(Generic[T]):
             except Exception:  # the connection may already be closed on shutdown
                 pass
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
 
 
 async def cas_update(kv: KeyValue, key: str, change: Callable[[JobRecord], JobRecord | None],

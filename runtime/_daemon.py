@@ -20,6 +20,13 @@ def setup_logging(level: str = "INFO") -> None:
     logging.getLogger("nats").setLevel(logging.CRITICAL)
 
 
+async def cancel_and_wait(tasks) -> None:
+    """Cancel owned tasks and wait until each has really finished (errors were theirs to log)."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def serve(start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]) -> None:
     """Start, then wait for SIGTERM/SIGINT, then close (systemd stops us with SIGTERM)."""
     stop = asyncio.Event()
