@@ -67,6 +67,48 @@ def _compare(torch_run, hfai_run, device: str, repeats: int) -> dict[str, tuple[
     }
 
 
+class _Seed(torch.autograd.Function):
+    """``t.sum()`` whose backward hands ``t`` a stored dense gradient (as a layer's input
+    receives one) instead of the broadcast ones of ``sum``, which would take slower paths."""
+
+    @staticmethod
+    def forward(ctx, t, grad):  # noqa: D102 (autograd protocol)
+        ctx.grad = grad
+        return t.sum()
+
+    @staticmethod
+    def backward(ctx, _ones):  # noqa: D102 (autograd protocol)
+        return ctx.grad, None
+
+
+class _MhaFloor(torch.nn.Module):
+    """The unavoidable work of one MHA forward+backward, each operand a fresh leaf."""
+
+    def __init__(self, mha: torch.nn.MultiheadAttention, x: torch.Tensor):
+        super().__init__()
+        self.mha, self.x = mha, x
+        seq, batch, embed = x.shape
+        heads = mha.num_heads
+        shape = (batch, heads, seq, embed // heads)
+        self.qkv = [torch.randn(shape, device=x.device, requires_grad=True) for _ in range(3)]
+        self.attn = torch.randn(x.shape, device=x.device, requires_grad=True)
+        self.d_projected = torch.randn(seq, batch, 3 * embed, device=x.device)
+        self.d_attended = torch.randn(shape, device=x.device)
+
+    def forward(self, *_call_args, **_call_kwargs) -> torch.Tensor:  # takes torch's MHA call
+        F = torch.nn.functional
+        m = self.mha
+        projected = F.linear(self.x, m.in_proj_weight, m.in_proj_bias)
+        attended = F.scaled_dot_product_attention(*self.qkv)
+        out = F.linear(self.attn, m.out_proj.weight, m.out_proj.bias)
+        # out_proj's gradient is sum's broadcast ones, as in the timed modules' own call.
+        return (
+            _Seed.apply(projected, self.d_projected)
+            + _Seed.apply(attended, self.d_attended)
+            + out.sum()
+        )
+
+
 def _cases(device: str, with_cpu_lstm_route: bool):
     """(name, torch module, hfai module with the same weights, inputs, call kwargs)."""
 
@@ -86,6 +128,11 @@ def _cases(device: str, with_cpu_lstm_route: bool):
     x = leaf(256, 16, 512)
     yield "MHA(512,8) b16 s256 need_weights=False", *mha, [x, x, x], {"need_weights": False}
     yield "MHA(512,8) b16 s256 default (weights)", *mha, [x, x, x], {}
+    # Not an implementation: the matrix products and the fused attention kernel that any
+    # MultiheadAttention must run (fwd+bwd, contiguous operands, no layout work). torch / this
+    # row is the most any rearrangement of the same arithmetic could gain on this machine.
+    floor = _MhaFloor(mha[1], x)
+    yield "  MHA floor: its GEMMs + SDPA alone", mha[0], floor, [x, x, x], {"need_weights": False}
     lstm = pair(torch.nn.LSTM, hfai.nn.LSTM, 256, 512, 2)
     seq = leaf(100, 32, 256)
     yield "LSTM(256->512, 2 layers) s100 b32", *lstm, [seq], {}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU checks in one run (about 5 minutes on one GPU): the CUDA-only tests of hfai.nn and
+# hfai.reduce, the Triton kernels compiled for real, and bench/bench_nn.py's CPU and CUDA tables.
+#
+#   bash bench/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to $OUT, else /tmp/hfai-gpu-check
+#
+# Made for a borrowed machine with no network whose Python already has torch (CUDA), triton and
+# pytest: hfai itself is installed without dependencies (none of the GPU checks needs nats, isal or
+# the CLI). Every step runs even if an earlier one failed; the exit status is the first failure's.
+# Without a GPU it still runs: the GPU tests then report themselves skipped.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-/tmp/hfai-gpu-check}}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+status=0
+
+step() {  # step NAME TIMEOUT_S CMD...: run CMD, keep its output in $out/NAME.txt
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name: $*"
+    timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+    local rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc"
+    if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status=$rc; fi
+}
+
+if ! "$py" -c "import hfai.nn, hfai.reduce" 2>/dev/null; then
+    step install 120 "$py" -m pip install -q --no-deps --no-build-isolation --no-index -e .
+fi
+step env 60 "$py" -c "
+import torch
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device',
+      torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+try:
+    import triton; print('triton', triton.__version__)
+except ImportError:
+    print('triton: not installed')
+"
+# -p no:cacheprovider: the working tree may be read-only or thrown away after the run.
+step tests 240 "$py" -m pytest -q -p no:cacheprovider -rs \
+    tests/test_nn_gpu.py tests/test_nn_triton.py tests/test_reduce_cuda.py
+step bench_nn 240 "$py" bench/bench_nn.py --repeats 15
+exit "$status"
