@@ -162,6 +162,33 @@ def test_unsupported_dtype_and_missing_init_raise_typed_errors():
     assert issubclass(R.SizeMismatchError, ValueError)
 
 
+def _on_cpu(rank, world, nodes, machine):
+    """Make a group while platform.machine() reports ``machine``; its sum, or the error's type."""
+    import platform
+
+    platform.machine = lambda: machine  # this spawned rank's own module: nothing else sees it
+    try:
+        x = torch.full((5,), float(rank + 1))
+        _group(rank, world, nodes).allreduce(x)
+        return x.tolist()
+    except R.ReduceError as e:
+        return type(e).__name__
+    finally:
+        R.destroy()
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "ppc64le"])
+def test_shared_arena_refused_on_weakly_ordered_cpus(machine):
+    # Two ranks on one node would share the arena: refused on every rank, before any reduction.
+    assert assert_all_ok(run_ranks(_on_cpu, 2, 1, machine)) == ["UnsupportedPlatformError"] * 2
+    # One rank per node shares nothing in memory: allowed, and the sum is right.
+    assert assert_all_ok(run_ranks(_on_cpu, 2, 2, machine)) == [[3.0] * 5] * 2
+
+
+def test_shared_arena_allowed_on_x86_64():
+    assert assert_all_ok(run_ranks(_on_cpu, 2, 1, "x86_64")) == [[3.0] * 5] * 2
+
+
 def _killed_mid_reduction(rank, world, nodes, victim):
     group = _group(rank, world, nodes, timeout_s=60)
     x = torch.ones(1 << 20)

@@ -30,6 +30,7 @@ from hfai.reduce.errors import (
     PeerTimeoutError,
     ReduceError,
     SizeMismatchError,
+    UnsupportedPlatformError,
     UnsupportedTensorError,
 )
 from hfai.reduce.group import ReduceConfig, ReduceGroup
@@ -51,6 +52,7 @@ __all__ = [
     "ReduceGroup",
     "ReduceOp",
     "SizeMismatchError",
+    "UnsupportedPlatformError",
     "UnsupportedTensorError",
     "allreduce",
     "allreduce_coalesced",

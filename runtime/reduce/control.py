@@ -9,7 +9,7 @@ killed peer is reported in a fraction of a second rather than at the timeout.
 Ordering relies on the store order of x86-64 (TSO): data written before the generation store is
 visible to a rank that has seen the store. The Python-level calls between them (numpy, the
 interpreter's own locking) act as compiler barriers; on weakly ordered CPUs (aarch64) a real fence
-would be needed here, see docs/reduce.md.
+would be needed here, so ``ReduceGroup.create`` refuses to share an arena there (docs/reduce.md).
 """
 
 from __future__ import annotations

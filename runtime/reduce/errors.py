@@ -21,6 +21,11 @@ class UnsupportedTensorError(ReduceError, TypeError):
     """The tensor's dtype, layout or device cannot be reduced (see ``SUPPORTED_DTYPES``)."""
 
 
+class UnsupportedPlatformError(ReduceError):
+    """Several ranks of one node on a CPU whose memory order the shared-memory barrier does not
+    rely on safely (anything but x86-64); use ``torch.distributed`` there."""
+
+
 class SizeMismatchError(ReduceError, ValueError):
     """Ranks called the same collective with different sizes, dtypes or ops.
 

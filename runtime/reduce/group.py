@@ -17,6 +17,7 @@ after finishing the previous round, so two barriers per round are enough.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from hfai.reduce.errors import (
     GroupClosedError,
     InterNodeError,
     NotInitializedError,
+    UnsupportedPlatformError,
     ReduceError,
     SizeMismatchError,
     UnsupportedTensorError,
@@ -123,6 +125,7 @@ class ReduceGroup:
         config = config or ReduceConfig()
         pg = process_group or dist.group.WORLD
         topo = topology.discover(pg, node_key)
+        _check_store_order(topo.local_size)
         lay = L.ArenaLayout(topo.local_size, L.slot_bytes_for(config.capacity_bytes))
         segment = rendezvous.open_arena(topo, lay, pg)
         header = np.frombuffer(segment.buffer, dtype=np.int64, count=lay.header_words)
@@ -323,6 +326,22 @@ class ReduceGroup:
 
     def _own_bytes(self) -> torch.Tensor:
         return torch.from_numpy(self._views_for(np.dtype(np.uint8)).slots[self.topo.local_rank])
+
+
+#: CPUs with total store order: the barrier's generation store is seen after the data stores
+#: before it with no fence (see control.py). Weakly ordered CPUs (aarch64, ppc64le) would need one.
+_TSO_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686"})
+
+
+def _check_store_order(local_size: int) -> None:
+    """Refuse, on every rank of the node alike, to share an arena where sums could be read stale."""
+    machine = platform.machine()
+    if local_size > 1 and machine.lower() not in _TSO_MACHINES:
+        raise UnsupportedPlatformError(
+            f"hfai.reduce shares memory between the {local_size} ranks of a node only on x86-64 "
+            f"(its barrier relies on x86-64 store order); this CPU is {machine!r}: "
+            "use torch.distributed / torch DDP here"
+        )
 
 
 def _validate(tensor) -> object:
