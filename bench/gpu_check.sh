@@ -5,8 +5,9 @@
 #   bash bench/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to $OUT, else /tmp/hfai-gpu-check
 #
 # Made for a borrowed machine with no network whose Python already has torch (CUDA), triton and
-# pytest: hfai itself is installed without dependencies (none of the GPU checks needs nats, isal or
-# the CLI). Every step runs even if an earlier one failed; the exit status is the first failure's.
+# pytest: hfai itself is put on PYTHONPATH without its dependencies (none of the GPU checks needs
+# nats, isal or the CLI). Every step runs even if an earlier one failed; the exit status is the
+# first failure's.
 # Without a GPU it still runs: the GPU tests then report themselves skipped.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,13 @@ step() {  # step NAME TIMEOUT_S CMD...: run CMD, keep its output in $out/NAME.tx
 }
 
 if ! "$py" -c "import hfai.nn, hfai.reduce" 2>/dev/null; then
-    step install 120 "$py" -m pip install -q --no-deps --no-build-isolation --no-index -e .
+    # The import package `hfai` as pyproject.toml maps it (runtime/ plus the top-level folders),
+    # built from symbolic links: no pip, no network, nothing written into the working tree.
+    link=$(mktemp -d)
+    mkdir "$link/hfai"
+    ln -s "$PWD"/runtime/* "$link/hfai/"
+    for d in protocol controller agent cli; do ln -s "$PWD/$d" "$link/hfai/$d"; done
+    export PYTHONPATH="$link${PYTHONPATH:+:$PYTHONPATH}"
 fi
 step env 60 "$py" -c "
 import torch
