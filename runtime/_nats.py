@@ -27,16 +27,26 @@ log = logging.getLogger(__name__)
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
 
 
+#: How often a daemon waiting for NATS to come up says so in its log.
+WAIT_LOG_INTERVAL_S = 30.0
+
+
 async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
-    """Connect to NATS or raise Unavailable with the URL in the message."""
+    """Connect to NATS or raise Unavailable with the URL in the message.
+
+    ``reconnect=False`` (the CLI) gives up after ``connect_timeout_s`` per server. nats-py alone
+    would not: a refused first connection leaves its connect pending forever, with or without
+    reconnects, so the bound is enforced here. ``reconnect=True`` (the daemons) waits for the
+    servers to come up, logging every ``WAIT_LOG_INTERVAL_S`` while it waits.
+    """
 
     async def on_error(e: Exception) -> None:
         log.debug("nats error: %s", e)
 
-    try:
-        return await nats.connect(
-            # A cluster is given as a comma-separated list of server URLs.
-            [u.strip() for u in config.nats.url.split(",") if u.strip()],
+    servers = [u.strip() for u in config.nats.url.split(",") if u.strip()]  # a cluster: a list
+    attempt = asyncio.ensure_future(
+        nats.connect(
+            servers,
             name=name,
             connect_timeout=config.nats.connect_timeout_s,
             allow_reconnect=reconnect,
@@ -44,11 +54,25 @@ async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
             reconnect_time_wait=0.5,
             error_cb=on_error,
         )
+    )
+    try:
+        if not reconnect:
+            limit = config.nats.connect_timeout_s * max(1, len(servers)) + 1.0
+            return await asyncio.wait_for(attempt, timeout=limit)
+        while True:
+            done, _ = await asyncio.wait({attempt}, timeout=WAIT_LOG_INTERVAL_S)
+            if done:
+                return attempt.result()
+            log.warning("still waiting for NATS at %s", config.nats.url)
     except (OSError, nats.errors.NoServersError, asyncio.TimeoutError, nats.errors.Error) as e:
+        why = "no answer" if isinstance(e, asyncio.TimeoutError) else e.__class__.__name__
         raise Unavailable(
-            f"cannot reach NATS at {config.nats.url} ({e.__class__.__name__}); is the cluster up? "
+            f"cannot reach NATS at {config.nats.url} ({why}); is the cluster up? "
             "(`hfai local up` starts a local one)"
         ) from e
+    finally:
+        if not attempt.done():
+            attempt.cancel()  # our own task: never left behind, on timeout or cancellation
 
 
 @dataclass

@@ -1,0 +1,61 @@
+"""Connecting to NATS: the CLI gives up quickly with a clear error when nothing answers, and a
+daemon started before NATS waits and connects once the server comes up (real nats-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hfai import _nats
+from hfai.cli.local import start_nats
+from hfai.config import Config, NatsConfig
+from hfai.protocol.errors import Unavailable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_without_a_cluster_fails_fast_with_a_clear_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_")}
+    env.update(HFAI_HOME=str(tmp_path), HFAI_NATS_URL=f"nats://127.0.0.1:{_free_port()}",
+               HFAI_NATS_CONNECT_TIMEOUT_S="0.5")  # fmt: skip
+    # Before the bound in _nats.connect this waited forever: the subprocess timeout would trip.
+    r = subprocess.run([sys.executable, "-m", "hfai.cli.main", "ps"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 1, r
+    assert "cannot reach NATS" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_cli_connect_raises_unavailable():
+    config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{_free_port()}", connect_timeout_s=0.3))
+    with pytest.raises(Unavailable, match="cannot reach NATS"):
+        asyncio.run(asyncio.wait_for(_nats.connect(config, "t", reconnect=False), 30))
+
+
+def test_daemon_waits_for_nats_to_come_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(_nats, "WAIT_LOG_INTERVAL_S", 0.2)  # the waiting branch loops, logging
+    port = _free_port()
+    config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{port}", connect_timeout_s=0.5))
+
+    async def go():
+        attempt = asyncio.ensure_future(_nats.connect(config, "daemon", reconnect=True))
+        await asyncio.sleep(1.5)
+        assert not attempt.done(), "connected with no server?"
+        server, _url = start_nats(tmp_path / "js", tmp_path / "nats.log", port=port)
+        try:
+            nc = await asyncio.wait_for(attempt, 30)
+            assert nc.is_connected
+            await nc.close()
+        finally:
+            server.terminate()
+            server.wait(10)
+
+    asyncio.run(go())
