@@ -215,7 +215,8 @@ async def ps(show_all: bool, mine: bool):
     """List jobs: id, name, user, nodes, priority, state, suspend count, age."""
     async with api() as client:
         jobs = await client.list(all_users=not mine, include_finished=show_all)
-    click.echo(render.jobs_table(jobs))
+    empty = "no jobs" if show_all else "no active jobs (`hfai ps -a` lists finished ones too)"
+    click.echo(render.jobs_table(jobs, empty=empty))
 
 
 @main.command()

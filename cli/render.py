@@ -23,9 +23,10 @@ def table_text(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None = None) -> str:
+def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None = None,
+               empty: str = "no jobs") -> str:
     if not jobs:
-        return "no jobs"
+        return empty
     now = time.time() if now is None else now
     rows = [
         [j.id, j.spec.name, j.spec.user, str(j.spec.nodes), Priority.label(j.spec.priority), j.state.value,
@@ -39,6 +40,14 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _where(j: JobRecord) -> str:
+    """The nodes a job holds now, or where it last ran: a finished job holds nothing."""
+    if j.state.holds_nodes and j.nodes:
+        return f"{', '.join(j.nodes)} now"
+    last = j.last_nodes or j.nodes
+    return f"last ran on {', '.join(last)}" if last else "none yet"
+
+
 def job_details(j: JobRecord) -> str:
     s = j.spec
     lines = [
@@ -46,7 +55,7 @@ def job_details(j: JobRecord) -> str:
         f"user       {s.user}   group {s.group}   priority {Priority.label(s.priority)}",
         f"state      {j.state.value}: {j.reason}",
         f"nodes      {f'{s.min_nodes}-{s.max_nodes} (elastic)' if s.elastic else s.nodes} requested; "
-        f"{', '.join(j.nodes) or '-'} now",
+        f"{_where(j)}",
         f"runs       {j.run_id} (suspended {j.suspend_count} times)   whole-life state {j.whole_life_state}",
         f"command    {' '.join(s.entrypoint)}",
         f"workdir    {s.workdir}" + (f"   env {s.env_name}" if s.env_name else ""),
