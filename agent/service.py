@@ -61,8 +61,7 @@ class Agent:
     async def start(self) -> None:
         self._nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
         self._js = self._nc.jetstream()
-        buckets = await _nats.ensure_buckets(self._js, self.config)
-        await _nats.ensure_events_stream(self._js, self.config)
+        buckets = await _nats.ensure_shared_state(self._js, self.config)
         self._nodes_kv, self._assign_kv = buckets.nodes, buckets.assign
         self._log_sub = await self._nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
         await self._heartbeat_once()

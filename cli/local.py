@@ -82,6 +82,8 @@ class LocalCluster:
     controller: ControllerConfig = LOCAL_CONTROLLER
     agent: AgentConfig = LOCAL_AGENT
     url: str = ""
+    # Replicas of buckets and streams: 1 for the embedded server; 3 when joining a NATS cluster.
+    replicas: int = 1
     pids: dict[str, int] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
@@ -102,20 +104,25 @@ class LocalCluster:
 
     def config(self) -> Config:
         return Config(
-            nats=NatsConfig(url=self.url),
+            nats=NatsConfig(url=self.url, replicas=self.replicas),
             controller=self.controller,
             agent=dataclasses.replace(self.agent, env_root=str(self.root / "envs")),
         )
 
     # ---------------------------------------------------------------------------- up/down
 
-    def up(self) -> None:
+    def up(self, nats_url: str | None = None) -> None:
+        """Start NATS, the controllers and the agents. With ``nats_url`` (comma-separated servers)
+        join those NATS servers instead of starting one; they are not stopped by :meth:`down`."""
         if self.is_up():
             raise HfaiError(f"a local cluster is already running under {self.root}; `hfai local down` first")
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
-        proc, self.url = start_nats(self.root / "nats", self.root / "logs" / "nats.log")
-        self._procs["nats"] = proc
+        if nats_url:
+            self.url = nats_url
+        else:
+            proc, self.url = start_nats(self.root / "nats", self.root / "logs" / "nats.log")
+            self._procs["nats"] = proc
         self.config_path.write_text(dump_toml(self.config()))
         for i in range(self.controllers):
             self.start_controller(i)

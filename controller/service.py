@@ -36,8 +36,7 @@ class Controller:
     async def start(self) -> None:
         self._nc = await _nats.connect(self.config, name=f"hfai-controller-{self.id}")
         js = self._nc.jetstream()
-        buckets = await _nats.ensure_buckets(js, self.config)
-        await _nats.ensure_events_stream(js, self.config)
+        buckets = await _nats.ensure_shared_state(js, self.config)
         self.jobs = KVCache(buckets.jobs, JobRecord, on_change=lambda _k: self.wake.set())
         self.node_cache = KVCache(buckets.nodes, NodeRecord, on_change=lambda _k: None)
         # Quota or drain changes take effect at once: they wake the scheduler.

@@ -91,9 +91,13 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | N
         pass
     try:
         return await js.create_key_value(bucket=name, history=1, ttl=ttl, replicas=replicas)
-    except nats.js.errors.APIError:
-        # Lost a creation race with another component: the bucket exists now.
-        return await js.key_value(name)
+    except nats.js.errors.APIError as create_error:
+        # Lost a creation race with another component: the bucket exists now. If it does not, the
+        # creation's own error is the one that explains why (e.g. too few peers for replicas).
+        try:
+            return await js.key_value(name)
+        except nats.js.errors.APIError:
+            raise create_error from None
 
 
 async def ensure_buckets(js: JetStreamContext, config: Config) -> Buckets:
@@ -121,8 +125,43 @@ async def ensure_events_stream(js: JetStreamContext, config: Config) -> None:
     except nats.js.errors.NotFoundError:
         try:
             await js.add_stream(cfg)
-        except nats.js.errors.APIError:
-            await js.stream_info(names.EVENTS_STREAM)
+        except nats.js.errors.APIError as create_error:
+            try:  # created by another component meanwhile?
+                await js.stream_info(names.EVENTS_STREAM)
+            except nats.js.errors.APIError:
+                raise create_error from None
+
+
+#: JetStream errors that pass by themselves: no answer while the cluster elects its meta leader,
+#: "temporarily unavailable" (503, 10008), too few peers up to place a replicated bucket (10005).
+#: Not 500 as such: "replicas > 1 not supported in non-clustered mode" (10074) is a 500 that
+#: retrying never cures.
+_TRANSIENT_ERR_CODES = {10005, 10008}
+
+
+def is_transient(e: BaseException) -> bool:
+    if isinstance(e, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError)):
+        return True
+    return isinstance(e, nats.js.errors.APIError) and e.err_code in _TRANSIENT_ERR_CODES
+
+
+async def ensure_shared_state(js: JetStreamContext, config: Config) -> Buckets:
+    """The buckets and the events stream, created if missing. A daemon started together with its
+    NATS cluster waits here, retrying every ``setup_retry_s``, while JetStream cannot place or
+    answer yet; other errors (a misconfiguration such as replicas the servers cannot have) raise."""
+    while True:
+        try:
+            buckets = await ensure_buckets(js, config)
+            await ensure_events_stream(js, config)
+            return buckets
+        except Exception as e:
+            if isinstance(e, nats.js.errors.APIError) and not is_transient(e):
+                raise Unavailable(f"JetStream refused to set up hfai's buckets and stream: {e.description or e} "
+                                  f"(is [nats] replicas = {config.nats.replicas} right for these servers?)") from e
+            if not is_transient(e):
+                raise
+            log.warning("JetStream not ready (%s); retrying in %gs", e, config.nats.setup_retry_s)
+            await asyncio.sleep(config.nats.setup_retry_s)
 
 
 async def events_subscription(js: JetStreamContext, config: Config) -> JetStreamContext.PullSubscription:

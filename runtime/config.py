@@ -31,6 +31,8 @@ class NatsConfig:
     url: str = "nats://127.0.0.1:4222"
     connect_timeout_s: float = 2.0
     request_timeout_s: float = 5.0
+    # A daemon retries creating buckets/streams this often while JetStream is not ready.
+    setup_retry_s: float = 1.0
     # Replicas of KV buckets and streams: 1 on a single server, 3 on a production cluster.
     replicas: int = 1
 

@@ -30,13 +30,16 @@ JOBS = Path(__file__).resolve().parent / "jobs"
 class Cluster:
     """A LocalCluster plus synchronous helpers for tests."""
 
-    def __init__(self, root: Path, nodes: int = 2, controllers: int = 1, **controller_overrides):
+    def __init__(self, root: Path, nodes: int = 2, controllers: int = 1, nats_url: str | None = None,
+                 replicas: int = 1, **controller_overrides):
         cc = dataclasses.replace(TEST_CONTROLLER, **controller_overrides)
-        self.local = LocalCluster(root=root, nodes=nodes, controllers=controllers, controller=cc, agent=TEST_AGENT)
+        self.local = LocalCluster(root=root, nodes=nodes, controllers=controllers, controller=cc, agent=TEST_AGENT,
+                                  replicas=replicas)
         self.nodes = nodes
+        self.nats_url = nats_url  # join these NATS servers instead of starting one
 
     def __enter__(self) -> Cluster:
-        self.local.up()
+        self.local.up(self.nats_url)
         self.local.wait_ready()
         return self
 
@@ -94,7 +97,7 @@ class Cluster:
             import nats
             import nats.js.errors
 
-            nc = await nats.connect(self.config.nats.url)
+            nc = await nats.connect(self.config.nats.url.split(","))
             try:
                 kv = await nc.jetstream().key_value(names.BUCKET_LEADER)
                 try:
