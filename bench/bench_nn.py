@@ -139,6 +139,40 @@ def _cases(device: str, with_cpu_lstm_route: bool):
     if device == "cpu" and with_cpu_lstm_route:
         # For the record: hfai's own route on CPU, which is not the default (see docs/nn.md).
         yield "  same, hfai's CPU route (not default)", *lstm, [seq], {_CPU_ROUTE: True}
+    if device == "cuda":
+        yield from _cuda_extras(pair, lstm, seq)
+
+
+class _OutputOnly(torch.nn.Module):
+    """An LSTM that returns only its output sequence (graph capture wants a flat output)."""
+
+    def __init__(self, lstm: torch.nn.LSTM):
+        super().__init__()
+        self.lstm = lstm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0]
+
+
+def _cuda_extras(pair, lstm, seq):
+    """CUDA-only rows: half precision, and a diagnostic of the LSTM's launch overhead."""
+
+    def half(*shape):
+        return torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    ln = [m.to(torch.bfloat16) for m in pair(torch.nn.LayerNorm, hfai.nn.LayerNorm, 1024)]
+    yield "LayerNorm(1024) 64x512x1024 bf16", *ln, [half(64, 512, 1024)], {}
+    lstm16 = [m.to(torch.bfloat16) for m in pair(torch.nn.LSTM, hfai.nn.LSTM, 256, 512, 2)]
+    yield "LSTM(256->512, 2 layers) s100 b32 bf16", *lstm16, [half(100, 32, 256)], {}
+    # A small-batch LSTM step is a few microseconds of GPU work, so per-step launches from Python
+    # can dominate. Replaying forward+backward of both sides as CUDA graphs removes launch costs:
+    # this row shows how much of each side is left without them. Not how hfai runs today.
+    try:
+        graphed = [torch.cuda.make_graphed_callables(_OutputOnly(m), (seq,)) for m in lstm]
+    except Exception as e:  # a diagnostic: report and go on with the table
+        print(f"cuda   (LSTM as CUDA graphs: capture failed: {type(e).__name__}: {e})", flush=True)
+        return
+    yield "  LSTM fp32, both replayed as CUDA graphs", *graphed, [seq], {}
 
 
 def main() -> None:
