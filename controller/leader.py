@@ -51,6 +51,7 @@ class Leader:
         self.fence = election.token or 0
         self._assigned: dict[str, NodeAssignment] = {}
         self._lost_nodes: set[str] = set()
+        self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
 
     async def run(self) -> None:
         """Lead until the lease is lost or the task is cancelled."""
@@ -83,6 +84,20 @@ class Leader:
         await self._check_nodes()
         await self._schedule()
         await self._publish_assignments()
+        if time.monotonic() >= self._next_gc:
+            self._next_gc = time.monotonic() + self.cc.gc_interval_s
+            await self._forget_finished()
+
+    async def _forget_finished(self) -> None:
+        """Delete the records of jobs finished longer ago than the retention (a final record
+        never changes again, so a plain purge races with nothing)."""
+        for job_id in transitions.expired(self.jobs.values.values(), time.time(), self.cc.finished_retention_s):
+            try:
+                await self._jobs_kv.purge(job_id)
+            except nats.errors.Error as e:
+                log.warning("could not forget finished job %s: %s", job_id, e)
+                return
+            log.info("forgot finished job %s (retention %gs)", job_id, self.cc.finished_retention_s)
 
     # ------------------------------------------------------------------------------- events
 

@@ -7,6 +7,7 @@ a redelivered event (same node, same run) changes nothing the second time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from hfai.controller.policy import Start, Suspend
@@ -113,3 +114,13 @@ def apply_stop(job: JobRecord, now: float, by: str) -> JobRecord | None:
     if job.state.waiting:
         return _finish(job, ChainState.STOPPED, now, f"stopped by {by}")
     return job.transition(ChainState.STOPPING, now, f"stopped by {by}")
+
+
+def expired(jobs: Iterable[JobRecord], now: float, retention_s: float) -> list[str]:
+    """Ids of finished jobs that ended more than ``retention_s`` ago (none when it is 0 or less):
+    their records are dropped so that the job bucket, and every controller's copy of it, does not
+    grow with every job the cluster ever ran."""
+    if retention_s <= 0:
+        return []
+    cutoff = now - retention_s
+    return sorted(j.id for j in jobs if j.state.final and (j.ended_ts or j.submit_ts) < cutoff)

@@ -59,6 +59,10 @@ class ControllerConfig:
     above_normal_s: float = 0.0
     # Users who may set quotas and drain nodes (comma-separated).
     admins: str = "root"
+    # Finished jobs are forgotten (record deleted) this long after they ended (0: never), checked
+    # by the leader every gc_interval_s.
+    finished_retention_s: float = 30 * 86400.0
+    gc_interval_s: float = 600.0
 
 
 @dataclass(frozen=True)

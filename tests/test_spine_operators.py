@@ -1,10 +1,11 @@
-"""Operators' controls on a live cluster: quotas (live changes), AUTO priority, drain, elastic jobs."""
+"""Operators' controls on a live cluster: quotas (live changes), AUTO priority, drain, elastic jobs,
+retention of finished jobs."""
 
 from __future__ import annotations
 
 import pytest
 
-from hfai.protocol.errors import Conflict
+from hfai.protocol.errors import Conflict, NotFound
 from hfai.protocol.types import ChainState, Priority
 from spine_cluster import JOBS, Cluster
 
@@ -71,3 +72,24 @@ def test_elastic_job_grows_into_idle_nodes_and_shrinks_when_others_wait(tmp_path
                        60, "the elastic job to grow back into the idle node")
         assert grown.run_id > shrunk.run_id
         c.run(lambda api: api.stop(elastic.id))
+
+
+def test_finished_jobs_are_forgotten_after_the_retention(tmp_path):
+    with Cluster(tmp_path, nodes=1, finished_retention_s=1.0, gc_interval_s=0.2) as c:
+        short = c.submit(["python", STEPS, "1", "0.1"], name="short", workdir=tmp_path)
+        c.wait_state(short.id, ChainState.SUCCEEDED)
+        assert any(j.id == short.id for j in c.run(lambda api: api.list(include_finished=True)))
+        long = c.submit(["python", STEPS, "100", "0.1"], name="long", workdir=tmp_path)
+        c.wait_state(long.id, ChainState.RUNNING)
+
+        def forgotten():
+            try:
+                c.job(short.id)
+            except NotFound:
+                return True
+            return False
+
+        c.wait(forgotten, 20, "the finished job's record to be dropped")
+        listed = {j.id for j in c.run(lambda api: api.list(include_finished=True))}
+        assert short.id not in listed and long.id in listed  # a live job is never dropped
+        assert c.job(long.id).state is ChainState.RUNNING

@@ -81,3 +81,14 @@ def test_master_ports_do_not_collide():
     first = pick_master_port("j", 1, set(), 20000, 100)
     assert pick_master_port("j", 1, set(), 20000, 100) == first
     assert pick_master_port("j", 1, {first}, 20000, 100) != first
+
+
+def test_expired_finished_jobs_are_forgotten_after_the_retention():
+    done = tr.apply_event(tr.apply_event(running(), exited("n0", 0), 6.0), exited("n1", 0), 10.0)
+    assert done.state is ChainState.SUCCEEDED and done.ended_ts == 10.0
+    alive = running()
+    stopped = tr.apply_stop(JobRecord(id="q", spec=SPEC, state=ChainState.QUEUED, submit_ts=1.0), 3.0, "bob")
+    jobs = [done, alive, stopped]
+    assert tr.expired(jobs, now=12.0, retention_s=5.0) == ["q"]  # ended at 3; j1 ended at 10
+    assert tr.expired(jobs, now=16.0, retention_s=5.0) == ["j1", "q"]  # never the running one
+    assert tr.expired(jobs, now=1e9, retention_s=0) == []  # 0: keep forever
