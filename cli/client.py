@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
+from dataclasses import replace
 
 import nats.errors
 
@@ -87,8 +88,16 @@ class ApiClient:
         return (await self.call(names.VERB_SUBMIT, SubmitRequest(spec=spec, force=force), JobReply)).job
 
     async def list(self, all_users: bool = True, include_finished: bool = True) -> tuple[JobRecord, ...]:
+        """Every matching job, fetched page by page (each reply is bounded in size)."""
+        jobs: list[JobRecord] = []
         req = ListRequest(all_users=all_users, include_finished=include_finished)
-        return (await self.call(names.VERB_LIST, req, JobList)).jobs
+        while True:
+            page = await self.call(names.VERB_LIST, req, JobList)
+            jobs.extend(page.jobs)
+            if not (page.more and page.jobs):
+                return tuple(jobs)
+            last = page.jobs[-1]
+            req = replace(req, after_ts=last.submit_ts, after_id=last.id)
 
     async def status(self, job: str) -> JobRecord:
         return (await self.call(names.VERB_STATUS, JobRequest(job=job), JobReply)).job
@@ -97,7 +106,15 @@ class ApiClient:
         return (await self.call(names.VERB_STOP, StopRequest(job=job), JobReply)).job
 
     async def nodes(self) -> tuple[NodeInfo, ...]:
-        return (await self.call(names.VERB_NODES, NodesRequest(), NodesReply)).nodes
+        """Every node, fetched page by page (each reply is bounded in size)."""
+        nodes: list[NodeInfo] = []
+        req = NodesRequest()
+        while True:
+            page = await self.call(names.VERB_NODES, req, NodesReply)
+            nodes.extend(page.nodes)
+            if not (page.more and page.nodes):
+                return tuple(nodes)
+            req = NodesRequest(after=page.nodes[-1].record.name)
 
     async def settings(self) -> SettingsReply:
         return await self.call(names.VERB_SETTINGS, QuotasRequest(), SettingsReply)

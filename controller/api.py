@@ -54,6 +54,17 @@ log = logging.getLogger(__name__)
 MAX_NAME = 128
 
 
+def first_page(items: list, budget_bytes: int) -> tuple[tuple, bool]:
+    """The longest prefix of ``items`` whose encodings fit in ``budget_bytes`` (at least one item,
+    so a page always makes progress), and whether items are left for another page."""
+    used = 0
+    for n, item in enumerate(items):
+        used += len(encode(item))
+        if used > budget_bytes and n > 0:
+            return tuple(items[:n]), True
+    return tuple(items), False
+
+
 class ApiService:
     def __init__(self, jobs_kv: KeyValue, jobs: KVCache[JobRecord], nodes: NodeTracker,
                  on_submit: Callable[[], None] | None = None, settings_kv: KeyValue | None = None,
@@ -156,11 +167,15 @@ class ApiService:
         return spec
 
     async def list(self, user: str, req: ListRequest) -> JobList:
+        after = (req.after_ts, req.after_id)
         jobs = [
             j for j in self._jobs.values.values()
             if (req.all_users or j.spec.user == user) and (req.include_finished or not j.state.final)
+            and (j.submit_ts, j.id) > after
         ]
-        return JobList(jobs=tuple(sorted(jobs, key=lambda j: (j.submit_ts, j.id))))
+        jobs.sort(key=lambda j: (j.submit_ts, j.id))
+        page, more = first_page(jobs, self._config.api_reply_bytes)
+        return JobList(jobs=page, more=more)
 
     async def status(self, user: str, req: JobRequest) -> JobReply:
         return JobReply(job=await self._find(user, req.job))
@@ -176,7 +191,9 @@ class ApiService:
         return JobReply(job=record)
 
     async def nodes(self, user: str, req: NodesRequest) -> NodesReply:
-        return NodesReply(nodes=tuple(self._nodes.infos(list(self._jobs.values.values()))))
+        infos = sorted(self._nodes.infos(list(self._jobs.values.values())), key=lambda i: i.record.name)
+        page, more = first_page([i for i in infos if i.record.name > req.after], self._config.api_reply_bytes)
+        return NodesReply(nodes=page, more=more)
 
     # ------------------------------------------------------------------------ operator verbs
 

@@ -21,7 +21,7 @@ import msgpack
 from hfai.protocol import types as t
 from hfai.protocol.errors import ProtocolError
 
-PROTOCOL_VERSION = (1, 0)
+PROTOCOL_VERSION = (1, 1)  # 1.1: paged list and nodes replies
 
 M = TypeVar("M")
 

@@ -387,9 +387,14 @@ class SubmitRequest:
 
 @message("list_request")
 class ListRequest:
+    """One page of jobs ordered by (submit_ts, id): those after ``(after_ts, after_id)``, so that
+    paging neither skips nor repeats a job while others arrive or go."""
+
     KIND: ClassVar[str]
     all_users: bool = True
     include_finished: bool = True
+    after_ts: float = 0.0
+    after_id: str = ""
 
 
 @message("job_request")
@@ -408,7 +413,10 @@ class StopRequest:
 
 @message("nodes_request")
 class NodesRequest:
+    """One page of nodes ordered by name: those after ``after``."""
+
     KIND: ClassVar[str]
+    after: str = ""
 
 
 @message("quota_set_request")
@@ -444,6 +452,7 @@ class JobReply:
 class JobList:
     KIND: ClassVar[str]
     jobs: tuple[JobRecord, ...]
+    more: bool = False  # a reply holds at most api_reply_bytes: ask again after the last job
 
 
 @message("node_info")
@@ -459,6 +468,7 @@ class NodeInfo:
 class NodesReply:
     KIND: ClassVar[str]
     nodes: tuple[NodeInfo, ...]
+    more: bool = False  # a reply holds at most api_reply_bytes: ask again after the last node
 
 
 @message("settings_reply")

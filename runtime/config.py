@@ -63,6 +63,9 @@ class ControllerConfig:
     # by the leader every gc_interval_s.
     finished_retention_s: float = 30 * 86400.0
     gc_interval_s: float = 600.0
+    # Largest list/nodes reply (encoded bytes); clients page past it. NATS refuses messages above
+    # its max_payload (1 MiB by default), so keep this well under that.
+    api_reply_bytes: int = 512 * 1024
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,16 @@ SPEC = JobSpec(name="mnist", entrypoint=("python", "train.py"), workdir="/home/a
 
 def test_golden_bytes_of_a_small_message():
     # Pinned: changing the encoding of an existing message breaks deployed agents and controllers.
-    # {"k": "stop_request", "v": [1, 0], "b": {"job": "abc"}}
+    # {"k": "stop_request", "v": [1, 1], "b": {"job": "abc"}}
     assert encode(StopRequest(job="abc")).hex() == (
-        "83" "a16b" "ac73746f705f72657175657374" "a176" "920100" "a162" "81" "a36a6f62" "a3616263"
+        "83" "a16b" "ac73746f705f72657175657374" "a176" "920101" "a162" "81" "a36a6f62" "a3616263"
     )
 
 
 def test_golden_envelope_fields():
     raw = msgpack.unpackb(encode(ListRequest(all_users=False)))
-    assert raw == {"k": "list_request", "v": list(PROTOCOL_VERSION), "b": {"all_users": False, "include_finished": True}}
+    assert raw == {"k": "list_request", "v": list(PROTOCOL_VERSION),
+                   "b": {"all_users": False, "include_finished": True, "after_ts": 0.0, "after_id": ""}}
 
 
 def test_round_trip_of_nested_messages():
@@ -105,3 +106,10 @@ def test_subjects_carry_the_user_and_reject_bad_tokens():
     for bad in ("a.b", "*", "", "a b", ">"):
         with pytest.raises(InvalidRequest):
             names.api_subject(bad, "submit")
+
+
+def test_a_1_0_peer_still_decodes_and_is_decoded():
+    # 1.1 only added fields with defaults: a 1.0 list request decodes with them defaulted, and the
+    # 1.0 decoder of a peer ignores them (unknown fields of a newer minor are skipped).
+    old = msgpack.packb({"k": "list_request", "v": [1, 0], "b": {"all_users": True, "include_finished": False}})
+    assert decode(old, ListRequest) == ListRequest(include_finished=False)

@@ -93,3 +93,25 @@ def test_finished_jobs_are_forgotten_after_the_retention(tmp_path):
         listed = {j.id for j in c.run(lambda api: api.list(include_finished=True))}
         assert short.id not in listed and long.id in listed  # a live job is never dropped
         assert c.job(long.id).state is ChainState.RUNNING
+
+
+def test_list_and_nodes_replies_are_paged(tmp_path):
+    # A reply budget far below one page of records forces many pages, as thousands of jobs or
+    # nodes would against NATS's 1 MiB message limit.
+    with Cluster(tmp_path, nodes=3, api_reply_bytes=1500) as c:
+        ids = [c.submit(["python", STEPS, "100", "0.1"], name=f"p{i}", workdir=tmp_path).id for i in range(7)]
+        listed = c.run(lambda api: api.list())
+        assert [j.id for j in listed] == ids  # all of them, once each, in submission order
+        nodes = c.run(lambda api: api.nodes())
+        assert [n.record.name for n in nodes] == ["node-0", "node-1", "node-2"]
+        ps = c.cli("ps")
+        assert ps.returncode == 0 and all(i in ps.stdout for i in ids), ps.stdout
+
+        async def one_page(api):
+            from hfai.protocol import names
+            from hfai.protocol.types import JobList, ListRequest
+
+            return await api.call(names.VERB_LIST, ListRequest(), JobList)
+
+        page = c.run(one_page)
+        assert page.more and 0 < len(page.jobs) < len(ids)

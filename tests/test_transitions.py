@@ -92,3 +92,4 @@ def test_expired_finished_jobs_are_forgotten_after_the_retention():
     assert tr.expired(jobs, now=12.0, retention_s=5.0) == ["q"]  # ended at 3; j1 ended at 10
     assert tr.expired(jobs, now=16.0, retention_s=5.0) == ["j1", "q"]  # never the running one
     assert tr.expired(jobs, now=1e9, retention_s=0) == []  # 0: keep forever
+
