@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +101,13 @@ def test_config_file_and_environment_overrides(tmp_path):
         load_config(path, env={})
     with pytest.raises(InvalidRequest, match="not a float"):
         load_config(None, env={"HFAI_CONTROLLER_SLICE_S": "soon"})
+
+
+def test_the_documented_example_config_loads_and_sets_what_it_says():
+    example = Path(__file__).resolve().parent.parent / "systemd" / "hfai.toml.example"
+    cfg = load_config(example, env={})  # unknown or mistyped keys would raise
+    assert cfg.nats.replicas == 3 and cfg.nats.url.count(",") == 2
+    assert cfg.controller.api_reply_bytes < 1024 * 1024 and cfg.controller.finished_retention_s == 30 * 86400
 
 
 def test_job_environment_has_torch_hfai_and_marsv2_names():
