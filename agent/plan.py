@@ -120,3 +120,11 @@ def _stop(lr: LocalRun, now: float, ra: RunAssignment | None = None) -> list[Act
     if now - lr.term_ts >= ra.kill_window_s:
         return [Action(Act.KILL, lr.key, ra)]
     return []
+
+
+def stale_logs(last_write: dict[str, float], jobs_here: set[str], now: float, retention_s: float) -> list[str]:
+    """Jobs whose log folder on this node may go: nothing written for ``retention_s`` and no run
+    of the job left on the node (0 or less: keep everything)."""
+    if retention_s <= 0:
+        return []
+    return sorted(j for j, ts in last_write.items() if ts < now - retention_s and j not in jobs_here)

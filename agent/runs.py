@@ -190,6 +190,19 @@ class RunStore:
         write_atomic(d / "assignment", encode(ra))
         write_atomic(d / "exit_code", b"-1\n")
 
+    def log_last_writes(self) -> dict[str, float]:
+        """Per job with logs here, the newest modification time among its log files."""
+        out = {}
+        for d in self.logs_dir.iterdir() if self.logs_dir.is_dir() else ():
+            try:
+                out[d.name] = max((f.stat().st_mtime for f in d.iterdir()), default=d.stat().st_mtime)
+            except OSError:
+                continue  # removed meanwhile
+        return out
+
+    def remove_logs(self, job_id: str) -> None:
+        shutil.rmtree(self.logs_dir / job_id, ignore_errors=True)
+
     def cleanup(self, key: str) -> None:
         self._children.pop(key, None)
         shutil.rmtree(self.dir(key), ignore_errors=True)

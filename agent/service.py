@@ -20,7 +20,7 @@ from hfai import _nats
 from hfai._daemon import cancel_and_wait
 from hfai._version import __version__
 from hfai.agent.gpu import open_gpu_source
-from hfai.agent.plan import Act, Action, LocalRun, RunPhase, plan
+from hfai.agent.plan import Act, Action, LocalRun, RunPhase, plan, stale_logs
 from hfai.agent.runs import RunStore, StartError
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
@@ -69,6 +69,7 @@ class Agent:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._watch_assignment(), name="assignment-watch"),
             asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+            asyncio.create_task(self._log_gc_loop(), name="log-gc"),
         ]
         adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
         log.info("agent %s up (gpus: %s, address %s)%s", self.node, self.gpus.name, self.address,
@@ -159,6 +160,24 @@ class Agent:
         (self.store.root / "fence").write_text(str(self._fence))
 
     # ---------------------------------------------------------------------------- reconcile
+
+    async def _log_gc_loop(self) -> None:
+        while True:
+            try:
+                self.collect_old_logs()
+            except OSError as e:
+                log.warning("log clean-up failed: %s", e)
+            await asyncio.sleep(self.ac.log_gc_interval_s)
+
+    def collect_old_logs(self, now: float | None = None) -> list[str]:
+        """Delete the log folders :func:`stale_logs` picks; returns their job ids."""
+        jobs_here = {run.assignment.job_id for run in self.store.snapshot().values()}
+        gone = stale_logs(self.store.log_last_writes(), jobs_here, time.time() if now is None else now,
+                          self.ac.log_retention_s)
+        for job_id in gone:
+            self.store.remove_logs(job_id)
+            log.info("removed the logs of job %s (nothing written for %gs)", job_id, self.ac.log_retention_s)
+        return gone
 
     async def _reconcile_loop(self) -> None:
         while True:

@@ -84,6 +84,10 @@ class AgentConfig:
     env_root: str = "/opt/hfai/envs"
     # A job that acknowledged a suspend normally exits by itself; after this long it gets SIGTERM.
     ack_exit_grace_s: float = 2.0
+    # Job logs on this node are deleted this long after their last write, unless the job still
+    # has a run here (0: keep forever); checked every log_gc_interval_s.
+    log_retention_s: float = 30 * 86400.0
+    log_gc_interval_s: float = 3600.0
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]

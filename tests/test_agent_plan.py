@@ -54,3 +54,11 @@ def test_exit_is_reported_once_and_unwanted_runs_are_stopped_then_cleaned():
 def test_suspended_before_start_is_reported_not_started():
     s = replace(RA, desired=DesiredRun.SUSPEND)
     assert acts({s.key: s}, {}) == [(Act.REPORT_NEVER_RAN, s.key)]
+
+
+def test_stale_logs_keep_recent_and_live_jobs():
+    from hfai.agent.plan import stale_logs
+
+    last = {"old": 100.0, "recent": 950.0, "old-but-running": 50.0}
+    assert stale_logs(last, {"old-but-running"}, now=1000.0, retention_s=500.0) == ["old"]
+    assert stale_logs(last, set(), now=1000.0, retention_s=0) == []
