@@ -6,6 +6,7 @@ payload field. Any error becomes an ``ErrorReply``; nothing a client sends can s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -13,6 +14,7 @@ import uuid
 from dataclasses import replace
 from typing import Awaitable, Callable
 
+import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
@@ -24,7 +26,7 @@ from hfai.controller.views import job_view, quotas_of
 from hfai.controller.transitions import apply_stop
 from hfai.controller.nodes import NodeTracker
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound
+from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound, Unavailable
 from hfai.protocol.types import (
     AUTO_PRIORITY,
     ChainState,
@@ -94,6 +96,11 @@ class ApiService:
             reply = await self._dispatch(msg.subject, msg.data)
         except HfaiError as e:
             reply = ErrorReply(code=e.code, message=str(e))
+        except (nats.errors.Error, asyncio.TimeoutError) as e:
+            # JetStream busy for a moment (a bucket changing leader, a server lost): not a bug.
+            log.warning("JetStream did not answer while serving %s: %s", msg.subject, e or type(e).__name__)
+            busy = Unavailable(f"the cluster's store did not answer ({e or type(e).__name__}); try again")
+            reply = ErrorReply(code=busy.code, message=str(busy))
         except Exception as e:  # a bug must not take the replica down; tell the caller and log it
             log.exception("internal error serving %s", msg.subject)
             reply = ErrorReply(code="internal", message=f"internal controller error: {e}")

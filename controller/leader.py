@@ -65,6 +65,9 @@ class Leader:
         events = asyncio.create_task(self._consume_events(psub), name="leader-events")
         try:
             while self.election.is_leader:
+                if events.done():  # never silently lead without consuming events
+                    events.result()  # re-raises what stopped it, for the service to log and retry
+                    raise RuntimeError("the event consumer stopped")
                 # Clear before the tick: a wake-up that arrives during the tick must start another.
                 self.wake.clear()
                 await self.tick()
@@ -74,10 +77,6 @@ class Leader:
                     pass
         finally:
             await cancel_and_wait([events])
-            try:
-                await psub.unsubscribe()
-            except Exception:
-                pass
         log.info("no longer leading (fence %d)", self.fence)
 
     async def tick(self) -> None:
@@ -102,18 +101,46 @@ class Leader:
     # ------------------------------------------------------------------------------- events
 
     async def _consume_events(self, psub) -> None:
+        """Fetch and apply events until cancelled; owns ``psub`` (unsubscribed on the way out).
+
+        After a NATS server or a JetStream consumer leader changes, a pull subscription can go
+        quiet for good: fetches time out while events wait in the stream (seen with a 3-server
+        cluster). So the subscription is made anew after a failed fetch, and after quiet fetches
+        whenever the consumer reports pending events (checked every ``event_stall_s``)."""
+        fetch_s = 1.0
+        quiet_since = time.monotonic()
+        try:
+            while True:
+                try:
+                    # Bounded from outside too: a fetch must never wait forever.
+                    msgs = await asyncio.wait_for(psub.fetch(EVENT_BATCH, timeout=fetch_s), fetch_s + 5.0)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    if time.monotonic() - quiet_since >= self.cc.event_stall_s:
+                        quiet_since = time.monotonic()
+                        if await _pending(psub):
+                            psub = await self._resubscribe(psub, "events are pending but none arrive")
+                    continue
+                except nats.errors.Error as e:
+                    log.warning("event fetch failed: %s", e)
+                    await asyncio.sleep(0.5)
+                    psub = await self._resubscribe(psub, f"fetch failed ({type(e).__name__})")
+                    continue
+                quiet_since = time.monotonic()
+                for m in msgs:
+                    await self._handle_event(m)
+                self.wake.set()
+        finally:
+            await _unsubscribe(psub)
+
+    async def _resubscribe(self, psub, why: str):
+        log.warning("renewing the event subscription: %s", why)
+        await _unsubscribe(psub)
         while True:
             try:
-                msgs = await psub.fetch(EVENT_BATCH, timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                continue
-            except nats.errors.Error as e:
-                log.warning("event fetch failed: %s", e)
+                return await events_subscription(self._js, self.config)
+            except (nats.errors.Error, asyncio.TimeoutError) as e:
+                log.warning("event subscription failed (%s); retrying", e)
                 await asyncio.sleep(0.5)
-                continue
-            for m in msgs:
-                await self._handle_event(m)
-            self.wake.set()
 
     async def _handle_event(self, m) -> None:
         try:
@@ -128,6 +155,12 @@ class Leader:
             await self._update(ev.job_id, lambda j: transitions.apply_event(j, ev, time.time()))
         except HfaiError as e:
             log.warning("event %s for %s not applied: %s", ev.event.value, ev.job_id, e)
+        except (nats.errors.Error, asyncio.TimeoutError) as e:
+            # JetStream busy (e.g. the jobs bucket changing leader): leave the event unacked, it
+            # comes back after event_ack_wait_s; applying it late or twice is harmless.
+            log.warning("event %s for %s not applied yet (%s); it will be redelivered",
+                        ev.event.value, ev.job_id, e or type(e).__name__)
+            return
         await m.ack()
 
     # -------------------------------------------------------------------------------- nodes
@@ -203,6 +236,23 @@ class Leader:
                 continue
             await self._assign_kv.put(node, encode(assignment))
             self._assigned[node] = assignment
+
+
+async def _pending(psub) -> bool:
+    """Whether the consumer holds events we have not received: never delivered, or delivered
+    but unacknowledged although nothing reached us (False if it cannot be asked now)."""
+    try:
+        info = await psub.consumer_info()
+        return (info.num_pending or 0) + (info.num_ack_pending or 0) > 0
+    except (nats.errors.Error, asyncio.TimeoutError):
+        return False
+
+
+async def _unsubscribe(psub) -> None:
+    try:
+        await psub.unsubscribe()
+    except Exception:  # the connection or the subscription may already be gone
+        pass
 
 
 async def _keys(kv: KeyValue) -> list[str]:

@@ -53,6 +53,8 @@ class ControllerConfig:
     heartbeat_timeout_s: float = 30.0
     # Event delivery: unacked events are redelivered to the (next) leader after this.
     event_ack_wait_s: float = 10.0
+    # Fetches quiet this long while the consumer reports pending events: renew the subscription.
+    event_stall_s: float = 3.0
     master_port_base: int = 20000
     master_port_span: int = 20000
     # ABOVE_NORMAL counts as NORMAL once a job has run this long in total (0: never).

@@ -39,8 +39,12 @@ class Cluster:
         self.nats_url = nats_url  # join these NATS servers instead of starting one
 
     def __enter__(self) -> Cluster:
-        self.local.up(self.nats_url)
-        self.local.wait_ready()
+        try:
+            self.local.up(self.nats_url)
+            self.local.wait_ready()
+        except BaseException:
+            self.local.down()  # __exit__ does not run when __enter__ fails: never leak daemons
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
