@@ -14,6 +14,7 @@ import signal
 import socket
 import time
 
+import nats.errors
 import psutil
 
 from hfai import _nats
@@ -119,16 +120,31 @@ class Agent:
     # --------------------------------------------------------------------------- assignment
 
     async def _watch_assignment(self) -> None:
-        watcher = await self._assign_kv.watch(self.node)
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    self._have_assignment = True
-                    self._wake.set()
-                    continue
-                self._on_assignment(entry)
-        finally:
-            await watcher.stop()
+        """Follow this node's assignment; if the watch fails or ends (a NATS server or stream
+        leader lost), watch anew: a new watch delivers the current assignment first."""
+        while True:
+            try:
+                watcher = await self._assign_kv.watch(self.node)
+            except (nats.errors.Error, asyncio.TimeoutError) as e:
+                log.warning("cannot watch this node's assignment yet (%s)", e or type(e).__name__)
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                async for entry in watcher:
+                    if entry is None:
+                        self._have_assignment = True
+                        self._wake.set()
+                        continue
+                    self._on_assignment(entry)
+                log.warning("assignment watch ended; watching anew")
+            except (nats.errors.Error, asyncio.TimeoutError) as e:
+                log.warning("assignment watch failed (%s); watching anew", e or type(e).__name__)
+            finally:
+                try:
+                    await watcher.stop()
+                except Exception:  # the subscription or connection may be gone already
+                    pass
+            await asyncio.sleep(0.5)
 
     def _on_assignment(self, entry) -> None:
         self._have_assignment = True

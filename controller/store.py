@@ -24,6 +24,10 @@ KV_DEL = "DEL"
 KV_PURGE = "PURGE"
 
 
+#: Pause before watching a bucket again after its watch failed.
+RETRY_S = 0.5
+
+
 class KVCache(Generic[T]):
     """key -> (value, revision) for one bucket, updated by a watch; ``seen`` holds the local
     monotonic time of each key's last update (used for heartbeats: no clock skew between hosts).
@@ -46,13 +50,51 @@ class KVCache(Generic[T]):
         await self.ready.wait()
 
     async def _consume(self) -> None:
-        async for entry in self._watcher:
-            if entry is None:  # the watch has delivered everything that existed at start
-                self.ready.set()
-                continue
-            self._apply(entry)
-            if not self.ready.is_set() and not entry.delta:
-                self.ready.set()
+        """Apply the watch's entries; if the watch fails or ends (a NATS server or stream leader
+        lost), watch anew. A new watch first delivers every current value, and keys it does not
+        deliver before its end-of-snapshot marker were deleted meanwhile: they are dropped."""
+        while True:
+            delivered: set[str] | None = set()  # keys of the initial snapshot, until its marker
+            newest = 0  # the snapshot's highest revision: anything newer was written after it began
+            try:
+                async for entry in self._watcher:
+                    if entry is None:  # the watch has delivered everything that existed at start
+                        if delivered is not None:
+                            self._drop_missing(delivered, newest)
+                            delivered = None
+                        self.ready.set()
+                        continue
+                    if delivered is not None:
+                        delivered.add(entry.key)
+                        newest = max(newest, entry.revision or 0)
+                    self._apply(entry)
+                    if not self.ready.is_set() and not entry.delta:
+                        self.ready.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("watch of %s failed (%s); watching anew", self._kv._name, e or type(e).__name__)
+            else:
+                log.warning("watch of %s ended; watching anew", self._kv._name)
+            self._watcher = await self._rewatch()
+
+    async def _rewatch(self):
+        while True:
+            await asyncio.sleep(RETRY_S)
+            try:
+                return await self._kv.watchall()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("cannot watch %s yet (%s)", self._kv._name, e or type(e).__name__)
+
+    def _drop_missing(self, keys: set[str], newest: int) -> None:
+        """Forget keys a fresh snapshot did not hold, unless we wrote them after it began."""
+        for key in [k for k in self.values if k not in keys and self.revisions.get(k, 0) <= newest]:
+            self.values.pop(key, None)
+            self.revisions.pop(key, None)
+            if self._on_change is not None:
+                self._on_change(key)
 
     def _apply(self, entry) -> None:
         key = entry.key
@@ -79,13 +121,13 @@ class KVCache(Generic[T]):
             self.revisions[key] = revision
 
     async def stop(self) -> None:
+        if self._task is not None:  # first, so that the watch ending is not taken for a failure
+            await cancel_and_wait([self._task])
         if self._watcher is not None:
             try:
                 await self._watcher.stop()
             except Exception:  # the connection may already be closed on shutdown
                 pass
-        if self._task is not None:
-            await cancel_and_wait([self._task])
 
 
 async def cas_update(kv: KeyValue, key: str, change: Callable[[JobRecord], JobRecord | None],

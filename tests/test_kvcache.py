@@ -1,0 +1,54 @@
+"""The controller's KV cache follows its bucket through a failed watch (real nats-server): it
+watches anew, takes what changed meanwhile, and forgets keys that vanished without a marker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+
+from hfai.cli.local import start_nats
+from hfai.controller.store import KVCache
+from hfai.protocol import encode
+from hfai.protocol.types import StopRequest
+
+
+def test_cache_rewatches_after_its_watch_ends(tmp_path):
+    proc, url = start_nats(tmp_path / "js", tmp_path / "nats.log")
+
+    async def go():
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        kv = await js.create_key_value(bucket="t", history=1)
+        for key in ("a", "b"):
+            await kv.put(key, encode(StopRequest(job=key)))
+        changed: list[str] = []
+        cache = KVCache(kv, StopRequest, on_change=changed.append)
+        await cache.start()
+        assert set(cache.values) == {"a", "b"}
+
+        await cache._watcher.stop()  # the watch ends, as when its server or stream leader is lost
+        await js.purge_stream("KV_t", subject="$KV.t.b")  # "b" vanishes with no delete marker
+        await kv.put("c", encode(StopRequest(job="c")))
+        await kv.put("a", encode(StopRequest(job="a2")))
+
+        for _ in range(100):
+            if set(cache.values) == {"a", "c"} and cache.values["a"].job == "a2":
+                break
+            await asyncio.sleep(0.1)
+        assert set(cache.values) == {"a", "c"} and cache.values["a"].job == "a2", cache.values
+        assert "b" in changed[2:]  # the drop was announced like any change
+        await kv.put("d", encode(StopRequest(job="d")))  # and the new watch keeps following
+        for _ in range(50):
+            if "d" in cache.values:
+                break
+            await asyncio.sleep(0.1)
+        assert "d" in cache.values
+        await cache.stop()
+        await nc.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        proc.terminate()
+        proc.wait(10)
