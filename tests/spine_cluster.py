@@ -4,6 +4,7 @@ with every window short so a whole interrupt cycle takes seconds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 from hfai.cli.client import ApiClient
-from hfai.cli.local import LocalCluster
+from hfai.cli.local import LocalCluster, start_nats
 from hfai.config import AgentConfig, ControllerConfig
 from hfai.protocol import decode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease
@@ -25,6 +26,17 @@ TEST_AGENT = AgentConfig(heartbeat_interval_s=0.5, reconcile_interval_s=0.2, gpu
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+@contextlib.contextmanager
+def nats_server(root: Path):
+    """A lone JetStream nats-server for a test; yields its URL, stops it afterwards."""
+    proc, url = start_nats(root / "js", root / "nats.log")
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 class Cluster:

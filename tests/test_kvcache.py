@@ -7,16 +7,14 @@ import asyncio
 
 import nats
 
-from hfai.cli.local import start_nats
 from hfai.controller.store import KVCache
 from hfai.protocol import encode
 from hfai.protocol.types import StopRequest
+from spine_cluster import nats_server
 
 
 def test_cache_rewatches_after_its_watch_ends(tmp_path):
-    proc, url = start_nats(tmp_path / "js", tmp_path / "nats.log")
-
-    async def go():
+    async def go(url):
         nc = await nats.connect(url)
         js = nc.jetstream()
         kv = await js.create_key_value(bucket="t", history=1)
@@ -47,8 +45,5 @@ def test_cache_rewatches_after_its_watch_ends(tmp_path):
         await cache.stop()
         await nc.close()
 
-    try:
-        asyncio.run(go())
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with nats_server(tmp_path) as url:
+        asyncio.run(go(url))

@@ -17,12 +17,12 @@ import pytest
 import nats
 
 from hfai import _nats
-from hfai.cli.local import nats_server_binary, start_nats
+from hfai.cli.local import nats_server_binary
 from hfai.config import Config, NatsConfig
 from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
 from hfai.protocol.types import ChainState, NodeState
-from spine_cluster import JOBS, Cluster
+from spine_cluster import JOBS, Cluster, nats_server
 
 pytestmark = pytest.mark.timeout(240)
 STEPS = str(JOBS / "steps.py")
@@ -159,10 +159,8 @@ def test_setup_waits_for_the_nats_cluster_to_form(tmp_path):
 
 
 def test_setup_reports_replicas_a_single_server_cannot_have(tmp_path):
-    proc, url = start_nats(tmp_path / "js", tmp_path / "nats.log")
-    config = Config(nats=NatsConfig(url=url, replicas=3, setup_retry_s=0.2))
-
-    async def go():
+    async def go(url):
+        config = Config(nats=NatsConfig(url=url, replicas=3, setup_retry_s=0.2))
         nc = await nats.connect(url)
         try:
             with pytest.raises(Unavailable, match="non-clustered"):
@@ -170,8 +168,5 @@ def test_setup_reports_replicas_a_single_server_cannot_have(tmp_path):
         finally:
             await nc.close()
 
-    try:
-        asyncio.run(go())
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with nats_server(tmp_path) as url:
+        asyncio.run(go(url))
