@@ -142,36 +142,10 @@ class ApiService:
         return JobReply(job=record)
 
     def _validate(self, spec: JobSpec) -> JobSpec:
-        if not spec.name or len(spec.name) > MAX_NAME or any(c in spec.name for c in "\n\r\t"):
-            raise InvalidRequest(f"job name must be 1-{MAX_NAME} printable characters")
-        if spec.nodes < 1:
-            raise InvalidRequest(f"a job needs at least 1 node, not {spec.nodes}")
-        if spec.max_nodes or spec.min_nodes:
-            if not 1 <= spec.min_nodes <= spec.max_nodes == spec.nodes:
-                raise InvalidRequest(f"an elastic job needs 1 <= min <= max nodes (got {spec.min_nodes}:"
-                                     f"{spec.max_nodes})")
-        if spec.priority not in {p.value for p in Priority} | {AUTO_PRIORITY}:
-            raise InvalidRequest(f"unknown priority {spec.priority}: use one of "
-                                 + ", ".join(f"{p.name} ({p.value})" for p in Priority))
-        if not spec.entrypoint or not spec.entrypoint[0]:
-            raise InvalidRequest("the job has no command to run")
-        if not os.path.isabs(spec.workdir):
-            raise InvalidRequest(f"workdir must be an absolute path, not {spec.workdir!r}")
-        names.check_token("group", spec.group)
-        group_nodes = [r for r in self._nodes.records() if r.group == spec.group]
-        if not group_nodes:
-            raise InvalidRequest(f"group {spec.group!r} has no nodes")
-        least = spec.min_nodes if spec.elastic else spec.nodes
-        if least > len(group_nodes):
-            raise InvalidRequest(f"the job asks for {least} nodes but group {spec.group!r} has "
-                                 f"{len(group_nodes)}")
-        if spec.env_name:
-            offered = set.intersection(*(set(r.envs) for r in group_nodes))
-            if spec.env_name not in offered:
-                known = ", ".join(sorted(offered)) or "none"
-                raise InvalidRequest(f"unknown environment HF_ENV_NAME={spec.env_name!r}; "
-                                     f"environments on group {spec.group!r}: {known}")
-        return spec
+        # Refuse at submit what the agents could not launch (pure checks in controller/validate.py).
+        from hfai.controller.validate import validate_spec
+
+        return validate_spec(spec, self._nodes.records())
 
     async def list(self, user: str, req: ListRequest) -> JobList:
         after = (req.after_ts, req.after_id)

@@ -5,6 +5,13 @@ dataclass's fields. Enums travel as their values, nested messages as maps, tuple
 A decoder accepts any older or equal major version and any minor version (unknown fields of a
 newer minor are ignored, so minor bumps may only add fields with defaults); everything else —
 garbage, an unknown kind, a missing field, a wrong type, a newer major — raises ProtocolError.
+
+Decoding is bounded, because its input comes from anyone who may publish on a subject: at most
+``MAX_MESSAGE_BYTES`` in all, strings of at most ``MAX_STR_BYTES``, containers nested no deeper
+than msgpack's own stack allows, finite floats only, and every field checked against its declared
+type all the way down, so a handler never sees a value of the wrong type. Every refusal is one
+``ProtocolError`` whose message is a single non-empty line that quotes at most a short excerpt
+of the offending value.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 import types
 import typing
 from typing import Any, TypeVar
@@ -22,6 +30,16 @@ from hfai.protocol import types as t
 from hfai.protocol.errors import ProtocolError
 
 PROTOCOL_VERSION = (1, 1)  # 1.1: paged list and nodes replies
+
+# NATS delivers at most max_payload bytes (1 MiB by default; 8 MiB is the most NATS recommends),
+# so nothing larger is a message we ever sent.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# The kernel refuses a longer single argument or environment string (MAX_ARG_STRLEN), so no
+# command line, environment or name we carry needs more; a reply that quotes such a string (an
+# error naming it) still fits in one NATS message.
+MAX_STR_BYTES = 128 * 1024
+# How much of an offending value an error message quotes.
+_SHOW_CHARS = 60
 
 M = TypeVar("M")
 
@@ -37,15 +55,25 @@ def encode(msg: Any) -> bytes:
 
 def decode(data: bytes, expect: type[M] | tuple[type, ...] | None = None) -> M:
     """Parse bytes into a message; with ``expect``, also insist on its type(s)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"not a msgpack message: got {type(data).__name__}, not bytes")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes is larger than the {MAX_MESSAGE_BYTES} "
+                            "an hfai message may be")
     try:
-        envelope = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        envelope = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=MAX_STR_BYTES,
+                                   max_bin_len=MAX_MESSAGE_BYTES)
+    except msgpack.exceptions.StackError:  # its message is empty
+        raise ProtocolError("not a msgpack message: containers nested too deeply") from None
     except Exception as e:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(f"not a msgpack message: {e}") from e
+        raise ProtocolError(f"not a msgpack message: {_reason(e)}") from None
     if not isinstance(envelope, dict) or not {"k", "v", "b"} <= envelope.keys():
-        raise ProtocolError("not an hfai message envelope")
+        raise ProtocolError("not an hfai message envelope (a map with k, v and b)")
     kind, version, body = envelope["k"], envelope["v"], envelope["b"]
-    if not (isinstance(version, list) and len(version) == 2 and all(isinstance(x, int) for x in version)):
-        raise ProtocolError(f"bad protocol version {version!r}")
+    if not (isinstance(version, list) and len(version) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in version)
+            and version[0] >= 1):
+        raise ProtocolError(f"bad protocol version {_show(version)}")
     if version[0] > PROTOCOL_VERSION[0]:
         raise ProtocolError(
             f"message uses protocol {version[0]}.{version[1]}, this side speaks "
@@ -53,8 +81,13 @@ def decode(data: bytes, expect: type[M] | tuple[type, ...] | None = None) -> M:
         )
     cls = t.MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message kind {kind!r}")
-    msg = _from_wire(cls, body, kind)
+        raise ProtocolError(f"unknown message kind {_show(kind)}")
+    try:
+        msg = _from_wire(cls, body, kind)
+    except ProtocolError:
+        raise
+    except Exception as e:  # whatever the checks let through must still not escape untyped
+        raise ProtocolError(f"{kind}: cannot decode ({_reason(e)})") from None
     if expect is not None and not isinstance(msg, expect):
         want = expect.__name__ if isinstance(expect, type) else "/".join(c.__name__ for c in expect)
         raise ProtocolError(f"expected {want}, got {kind}")
@@ -113,12 +146,17 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         key_tp, val_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected a map")
-        return {_convert(key_tp, k, where): _convert(val_tp, v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {_convert(key_tp, k, f"{where} key"): _convert(val_tp, v, f"{where}[{_show(k)}]")
+                for k, v in value.items()}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        # Only values of the wire type of the enum's own values: an enum lookup of an unhashable
+        # value (a list) raises TypeError, and True would pass for 1.
+        if not any(type(value) is type(m.value) for m in tp):
+            raise ProtocolError(f"{where}: {_show(value)} is not a valid {tp.__name__}")
         try:
             return tp(value)
         except ValueError:
-            raise ProtocolError(f"{where}: {value!r} is not a valid {tp.__name__}") from None
+            raise ProtocolError(f"{where}: {_show(value)} is not a valid {tp.__name__}") from None
     if dataclasses.is_dataclass(tp):
         return _from_wire(tp, value, where)
     accepted = _SCALARS.get(tp)
@@ -127,4 +165,23 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     # bool is an int subclass in Python: keep them apart on the wire.
     if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
         raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-    return float(value) if tp is float else value
+    if tp is float:
+        # No field means "not a number" or "forever", and a NaN makes every comparison false.
+        if not math.isfinite(value):
+            raise ProtocolError(f"{where}: expected a finite number, got {value!r}")
+        return float(value)
+    return value
+
+
+def _show(value: Any) -> str:
+    """A short one-line excerpt of a value for an error message (the value may be huge or hostile)."""
+    text = repr(value)
+    return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 1] + "…"
+
+
+def _reason(e: Exception) -> str:
+    """One non-empty line about an exception (some of msgpack's have an empty message)."""
+    text = " ".join(str(e).split())
+    if len(text) > 200:
+        text = text[:199] + "…"
+    return text or type(e).__name__

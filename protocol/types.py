@@ -480,9 +480,23 @@ class SettingsReply:
 
 @message("error_reply")
 class ErrorReply:
+    """A refusal. ``message`` is made one non-empty line of at most ``MESSAGE_LIMIT`` characters:
+    errors often quote what the caller sent, which may be huge or hold line breaks, and a reply
+    must still fit in one NATS message and in one line of the user's terminal."""
+
     KIND: ClassVar[str]
     code: str
     message: str
+
+    MESSAGE_LIMIT: ClassVar[int] = 2000
+
+    def __post_init__(self):
+        if isinstance(self.message, str):
+            text = " ".join(self.message.split()) or f"{self.code} error (no details)"
+            if len(text) > self.MESSAGE_LIMIT:
+                text = text[: self.MESSAGE_LIMIT - 1] + "…"
+            if text != self.message:
+                object.__setattr__(self, "message", text)
 
 
 @message("log_request")

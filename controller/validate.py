@@ -1,0 +1,154 @@
+"""Is a job spec something the agents can launch? Decided once, at submit (pure functions).
+
+Everything a spec holds ends up in an ``execve`` on some node (argv, environment, working
+directory) or on somebody's terminal (the name). A spec that cannot be launched — a NUL in an
+argument or a variable, ``=`` in a variable name — used to be accepted and then failed on the
+node with a Python ``ValueError``, recorded as a mysterious exit. It is refused here instead, with
+an ``InvalidRequest`` whose one-line message names the field and says what to fix.
+
+:func:`check_spec` looks at the spec alone; :func:`check_placement` at the spec and the nodes of
+its group; :func:`validate_spec` does both, static checks first, so a spec is never refused for
+its group while something about the spec itself is also wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from hfai.protocol import encode, names
+from hfai.protocol.errors import InvalidRequest
+from hfai.protocol.types import AUTO_PRIORITY, JobSpec, NodeRecord, Priority
+
+MAX_NAME = 128
+# Far above any cluster we can imagine, far below what breaks arithmetic or memory in the policy.
+MAX_NODES = 100_000
+MAX_ARGS = 4096
+MAX_ENV_VARS = 1024
+MAX_ENV_KEY = 256
+MAX_WORKDIR = 4096  # PATH_MAX
+# A job's spec is copied into its record (with 50 history lines), into every list page and into
+# each of its nodes' assignments, which all travel as single NATS messages (1 MiB by default).
+MAX_SPEC_BYTES = 64 * 1024
+
+# Portable environment variable names (POSIX): what every shell and launcher can pass on.
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PRIORITIES = frozenset(p.value for p in Priority) | {AUTO_PRIORITY}
+_SHOW = 40
+
+
+def show(value: object) -> str:
+    """A value quoted for a message: repr (so control characters show as escapes), shortened."""
+    text = repr(value)
+    return text if len(text) <= _SHOW else text[: _SHOW - 1] + "…"
+
+
+def check_name(name: str) -> str:
+    """A job name: 1-128 printable characters (no control characters or terminal escapes, no
+    NUL), no '/' and not '.' or '..' (scripts put $MARSV2_NB_NAME into paths), no surrounding
+    spaces."""
+    if not 1 <= len(name) <= MAX_NAME:
+        raise InvalidRequest(f"job name must be 1-{MAX_NAME} characters, not {len(name)}; use a shorter --name")
+    if not name.isprintable():
+        bad = next(c for c in name if not c.isprintable())
+        raise InvalidRequest(f"job name {show(name)} contains the control character {show(bad)}; "
+                             "use only printable characters")
+    if "/" in name or name in (".", ".."):
+        raise InvalidRequest(f"job name {show(name)} may not contain '/' or be '.' or '..'; choose another --name")
+    if name != name.strip():
+        raise InvalidRequest(f"job name {show(name)} starts or ends with a space; remove it")
+    return name
+
+
+def check_entrypoint(argv: tuple[str, ...]) -> None:
+    if not argv or not argv[0]:
+        raise InvalidRequest("the job has no command to run")
+    if len(argv) > MAX_ARGS:
+        raise InvalidRequest(f"the command has {len(argv)} arguments, at most {MAX_ARGS} are allowed")
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            raise InvalidRequest(f"argument {i} of the command ({show(arg)}) contains a NUL byte, "
+                                 "which no program can receive; remove it")
+
+
+def check_env(env: dict[str, str]) -> None:
+    if len(env) > MAX_ENV_VARS:
+        raise InvalidRequest(f"the job sets {len(env)} environment variables, at most {MAX_ENV_VARS} are allowed")
+    for key, value in env.items():
+        if not key:
+            raise InvalidRequest("an environment variable has an empty name; use -e NAME=VALUE")
+        if "=" in key:
+            raise InvalidRequest(f"environment variable name {show(key)} contains '='; use -e NAME=VALUE "
+                                 "with '=' only after the name")
+        if len(key) > MAX_ENV_KEY or not _ENV_KEY.fullmatch(key):
+            raise InvalidRequest(f"environment variable name {show(key)} must be letters, digits and '_', "
+                                 f"not starting with a digit (at most {MAX_ENV_KEY})")
+        if "\0" in value:
+            raise InvalidRequest(f"environment variable {key} contains a NUL byte, which no program can "
+                                 "receive; remove it")
+
+
+def check_workdir(workdir: str) -> None:
+    if "\0" in workdir:
+        raise InvalidRequest(f"workdir {show(workdir)} contains a NUL byte; submit from a real directory")
+    if len(workdir) > MAX_WORKDIR:
+        raise InvalidRequest(f"workdir is {len(workdir)} characters long, at most {MAX_WORKDIR} are allowed")
+    if not workdir.startswith("/"):
+        raise InvalidRequest(f"workdir must be an absolute path, not {show(workdir)}")
+
+
+def check_sizes(spec: JobSpec) -> None:
+    """Node counts within 1..MAX_NODES; an elastic range must be 1 <= min < max == nodes (min == max
+    is accepted as a fixed size)."""
+    if not 1 <= spec.nodes <= MAX_NODES:
+        if spec.nodes < 1:
+            raise InvalidRequest(f"a job needs at least 1 node, not {spec.nodes}")
+        raise InvalidRequest(f"a job may ask for at most {MAX_NODES} nodes, not {spec.nodes}")
+    if spec.max_nodes or spec.min_nodes:
+        if not 1 <= spec.min_nodes <= spec.max_nodes == spec.nodes:
+            raise InvalidRequest(f"an elastic job needs 1 <= min <= max nodes with max = nodes "
+                                 f"(got {spec.min_nodes}:{spec.max_nodes}, nodes {spec.nodes})")
+
+
+def check_spec(spec: JobSpec) -> JobSpec:
+    """Everything about a spec that does not depend on the cluster; returns it unchanged."""
+    check_name(spec.name)
+    check_sizes(spec)
+    if spec.priority not in _PRIORITIES:
+        raise InvalidRequest(f"unknown priority {spec.priority}: use one of "
+                             + ", ".join(f"{p.name} ({p.value})" for p in Priority) + ", or AUTO")
+    if not names.is_token(spec.group):
+        raise InvalidRequest(f"group {show(spec.group)} may only use letters, digits, '_' and '-' (1-64 chars)")
+    if spec.env_name and not names.is_token(spec.env_name):
+        raise InvalidRequest(f"environment name HF_ENV_NAME={show(spec.env_name)} may only use letters, digits, "
+                             "'_' and '-' (1-64 chars)")
+    check_entrypoint(spec.entrypoint)
+    check_env(spec.env)
+    check_workdir(spec.workdir)
+    size = len(encode(spec))
+    if size > MAX_SPEC_BYTES:
+        raise InvalidRequest(f"the job spec is {size} bytes, at most {MAX_SPEC_BYTES} are allowed; "
+                             "shorten the command line or the environment")
+    return spec
+
+
+def check_placement(spec: JobSpec, nodes: Iterable[NodeRecord]) -> JobSpec:
+    """Can the spec's group ever run it: does it have the nodes and the environment?"""
+    group_nodes = [r for r in nodes if r.group == spec.group]
+    if not group_nodes:
+        raise InvalidRequest(f"group {spec.group!r} has no nodes")
+    least = spec.min_nodes if spec.elastic else spec.nodes
+    if least > len(group_nodes):
+        raise InvalidRequest(f"the job asks for {least} nodes but group {spec.group!r} has {len(group_nodes)}")
+    if spec.env_name:
+        offered = set.intersection(*(set(r.envs) for r in group_nodes))
+        if spec.env_name not in offered:
+            known = ", ".join(sorted(offered)) or "none"
+            raise InvalidRequest(f"unknown environment HF_ENV_NAME={spec.env_name!r}; "
+                                 f"environments on group {spec.group!r}: {known}")
+    return spec
+
+
+def validate_spec(spec: JobSpec, nodes: Iterable[NodeRecord]) -> JobSpec:
+    """The submit-time check: :func:`check_spec`, then :func:`check_placement`."""
+    return check_placement(check_spec(spec), nodes)
