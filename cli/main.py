@@ -52,7 +52,8 @@ def run_async(fn):
         try:
             return asyncio.run(fn(*args, **kwargs))
         except HfaiError as e:
-            raise click.ClickException(str(e)) from None
+            # The message may quote a name or reason somebody else chose: never let it drive the terminal.
+            raise click.ClickException(render.clean(str(e))) from None
         except KeyboardInterrupt:
             sys.exit(130)
 
@@ -154,9 +155,9 @@ async def _submit(spec, force: bool) -> None:
     async with api() as client:
         job = await client.submit(spec, force=force)
     size = f"{job.spec.min_nodes}-{job.spec.max_nodes}" if job.spec.elastic else str(job.spec.nodes)
-    click.echo(f"submitted job {job.spec.name} ({job.id}): {size} node(s), "
+    click.echo(f"submitted job {render.clean(job.spec.name)} ({render.clean(job.id)}): {size} node(s), "
                f"priority {Priority.label(job.spec.priority)}")
-    click.echo(f"  follow it with:  hfai logs {job.id} -f      see the queue with:  hfai ps")
+    click.echo(f"  follow it with:  hfai logs {render.clean(job.id)} -f      see the queue with:  hfai ps")
 
 
 def _check_script(path: str) -> None:
@@ -236,7 +237,7 @@ async def stop(job: str):
     """Stop a job (by id or name): waiting jobs at once, running ones through their nodes' agents."""
     async with api() as client:
         record = await client.stop(job)
-    click.echo(f"job {record.spec.name} ({record.id}): {record.state.value}")
+    click.echo(f"job {render.clean(record.spec.name)} ({render.clean(record.id)}): {record.state.value}")
 
 
 @main.command()
@@ -262,9 +263,9 @@ async def logs(job: str, follow: bool, rank: int, poll: float):
         while True:
             nodes = record.nodes or record.last_nodes
             if rank < 0 or (nodes and rank >= len(nodes)):
-                raise click.UsageError(f"job {record.id} has ranks 0..{max(0, len(nodes) - 1)}")
+                raise click.UsageError(f"job {render.clean(record.id)} has ranks 0..{max(0, len(nodes) - 1)}")
             if nodes:
-                chunk = await client.log_chunk(nodes[rank], record.id, rank, offset)
+                chunk = await client.log_chunk(record.id, rank, offset)
                 if chunk.data:
                     sys.stdout.buffer.write(chunk.data)
                     sys.stdout.flush()
@@ -272,7 +273,8 @@ async def logs(job: str, follow: bool, rank: int, poll: float):
                     if offset < chunk.size:
                         continue
             elif not follow:
-                click.echo(f"job {record.id} has not run yet ({record.state.value}: {record.reason})", err=True)
+                click.echo(f"job {render.clean(record.id)} has not run yet ({record.state.value}: "
+                           f"{render.clean(record.reason)})", err=True)
             if not follow or record.state.final:
                 return
             await asyncio.sleep(poll)
@@ -323,7 +325,7 @@ async def node_drain(name: str, reason: str):
     """No new work on node NAME (running jobs finish)."""
     async with api() as client:
         await client.drain(name, True, reason)
-    click.echo(f"node {name} drained")
+    click.echo(f"node {render.clean(name)} drained")
 
 
 @node.command("undrain")
@@ -333,7 +335,7 @@ async def node_undrain(name: str):
     """Put node NAME back in service."""
     async with api() as client:
         await client.drain(name, False)
-    click.echo(f"node {name} back in service")
+    click.echo(f"node {render.clean(name)} back in service")
 
 
 # ------------------------------------------------------------------------------------ daemons

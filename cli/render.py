@@ -1,10 +1,34 @@
-"""Plain-text tables for the CLI (pure functions of protocol records, easy to test)."""
+"""Plain-text tables for the CLI (pure functions of protocol records, easy to test).
+
+Every text that came from somebody else — job names, commands, reasons, user, group and node names
+— goes through :func:`clean` before it reaches a terminal: a job name holding escape sequences
+would otherwise repaint the screen of whoever runs ``hfai ps``.
+"""
 
 from __future__ import annotations
 
 import time
+import unicodedata
 
 from hfai.protocol.types import JobRecord, NodeInfo, Priority
+
+
+def clean(text: object) -> str:
+    """``text`` with every non-printable character (C0/C1 controls such as ESC, DEL, line breaks,
+    bidi overrides, zero-width and other format characters; spaces of any width stay) written as a
+    visible escape (``\\x1b``, ``\\n``, ``\\u202e``), so the terminal shows it instead of obeying it."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or unicodedata.category(c) == "Zs" else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    special = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c)
+    if special:
+        return special
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def age(seconds: float) -> str:
@@ -29,8 +53,8 @@ def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None 
         return empty
     now = time.time() if now is None else now
     rows = [
-        [j.id, j.spec.name, j.spec.user, str(j.spec.nodes), Priority.label(j.spec.priority), j.state.value,
-         str(j.suspend_count), age(now - j.submit_ts), _short(j.reason)]
+        [clean(j.id), clean(j.spec.name), clean(j.spec.user), str(j.spec.nodes), Priority.label(j.spec.priority),
+         j.state.value, str(j.suspend_count), age(now - j.submit_ts), _short(clean(j.reason))]
         for j in jobs
     ]
     return table_text(["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"], rows)
@@ -43,33 +67,33 @@ def _short(text: str, width: int = 60) -> str:
 def _where(j: JobRecord) -> str:
     """The nodes a job holds now, or where it last ran: a finished job holds nothing."""
     if j.state.holds_nodes and j.nodes:
-        return f"{', '.join(j.nodes)} now"
+        return f"{clean(', '.join(j.nodes))} now"
     last = j.last_nodes or j.nodes
-    return f"last ran on {', '.join(last)}" if last else "none yet"
+    return f"last ran on {clean(', '.join(last))}" if last else "none yet"
 
 
 def job_details(j: JobRecord) -> str:
     s = j.spec
     lines = [
-        f"job        {s.name} ({j.id})",
-        f"user       {s.user}   group {s.group}   priority {Priority.label(s.priority)}",
-        f"state      {j.state.value}: {j.reason}",
+        f"job        {clean(s.name)} ({clean(j.id)})",
+        f"user       {clean(s.user)}   group {clean(s.group)}   priority {Priority.label(s.priority)}",
+        f"state      {j.state.value}: {clean(j.reason)}",
         f"nodes      {f'{s.min_nodes}-{s.max_nodes} (elastic)' if s.elastic else s.nodes} requested; "
         f"{_where(j)}",
         f"runs       {j.run_id} (suspended {j.suspend_count} times)   whole-life state {j.whole_life_state}",
-        f"command    {' '.join(s.entrypoint)}",
-        f"workdir    {s.workdir}" + (f"   env {s.env_name}" if s.env_name else ""),
+        f"command    {clean(' '.join(s.entrypoint))}",
+        f"workdir    {clean(s.workdir)}" + (f"   env {clean(s.env_name)}" if s.env_name else ""),
         "history:",
     ]
     for ev in j.history:
-        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(ev.ts))}  {ev.state.value:<11} {ev.reason}")
+        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(ev.ts))}  {ev.state.value:<11} {clean(ev.reason)}")
     return "\n".join(lines)
 
 
 def quotas_table(table) -> str:
     if not table.entries:
         return "no quotas (no limits)"
-    rows = [[q.user, Priority.label(q.priority), q.group, str(q.nodes)]
+    rows = [[clean(q.user), Priority.label(q.priority), clean(q.group), str(q.nodes)]
             for q in sorted(table.entries, key=lambda q: (q.user, -q.priority, q.group))]
     return table_text(["USER", "PRIORITY", "GROUP", "NODES"], rows)
 
@@ -84,6 +108,7 @@ def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
         util = sum(g.utilization for g in gpus) / len(gpus) if gpus else 0.0
         used = sum(g.memory_used for g in gpus) / 2**30
         total = sum(g.memory_total for g in gpus) / 2**30
-        rows.append([n.record.name, n.record.group, n.state.value, f"{busy}/{len(gpus)}", f"{util:.0f}%",
-                     f"{used:.0f}/{total:.0f} GiB", n.record.gpu_source, f"{n.age_s:.1f}s", ",".join(n.jobs) or "-"])
+        rows.append([clean(n.record.name), clean(n.record.group), n.state.value, f"{busy}/{len(gpus)}",
+                     f"{util:.0f}%", f"{used:.0f}/{total:.0f} GiB", clean(n.record.gpu_source), f"{n.age_s:.1f}s",
+                     clean(",".join(n.jobs)) or "-"])
     return table_text(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS"], rows)

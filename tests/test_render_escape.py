@@ -1,0 +1,136 @@
+"""Names, reasons, users and node names reach the terminal escaped: a job named with escape sequences
+must not repaint the screen of whoever runs `hfai ps` (nor hide text with a bidi override)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from click.testing import CliRunner
+
+from hfai.cli import main as cli_main
+from hfai.cli import render
+from hfai.protocol.errors import NotFound
+from hfai.protocol.types import (
+    ChainState,
+    DrainedNodes,
+    GpuStat,
+    JobEvent,
+    JobRecord,
+    JobSpec,
+    NodeInfo,
+    NodeRecord,
+    NodeState,
+    QuotaEntry,
+    QuotaTable,
+    SettingsReply,
+)
+
+EVIL = "x\x1b[2J\x1b[31mred\x07\r\n\x9b1m\u202eevil\x00\x7f"
+EVIL_SPEC = JobSpec(name=EVIL, entrypoint=("python", EVIL), workdir="/w" + EVIL, user="u" + EVIL,
+                    group="g" + EVIL, env_name="e" + EVIL)
+EVIL_JOB = JobRecord(id="j" + EVIL, spec=EVIL_SPEC, state=ChainState.RUNNING, submit_ts=1.0, reason="why" + EVIL,
+                     nodes=("n" + EVIL,), last_nodes=("n" + EVIL,),
+                     history=(JobEvent(ts=1.0, state=ChainState.QUEUED, reason="hist" + EVIL),))
+EVIL_NODE = NodeInfo(record=NodeRecord(name="n" + EVIL, group="g" + EVIL, address="a", ts=1.0, seq=1,
+                                       gpus=(GpuStat(index=0, name="H", utilization=1.0, memory_used=1, memory_total=2,
+                                                     temperature=30.0, power_w=10.0),),
+                                       gpu_source="sim" + EVIL),
+                     state=NodeState.UP, age_s=0.1, jobs=("j" + EVIL,))
+
+
+def assert_inert(text: str) -> None:
+    """Nothing a terminal would act on: no C0/C1 control (but the table's own newlines), no DEL, no
+    format characters; and the escape shows up visibly instead."""
+    for line in text.split("\n"):
+        bad = [c for c in line if not c.isprintable() and c != " "]
+        assert not bad, (bad, line)
+    assert "\\x1b" in text
+
+
+def test_clean_makes_controls_visible_and_keeps_the_rest():
+    assert render.clean(EVIL) == "x\\x1b[2J\\x1b[31mred\\x07\\r\\n\\x9b1m\\u202eevil\\x00\\x7f"
+    for fine in ("mnist", "训练 résumé", "a b", "ideographic\u3000space", "emoji 🚀", "back\\slash"):
+        assert render.clean(fine) == fine
+    assert render.clean("\U000e0001tag") == "\\U000e0001tag"
+    assert render.clean("zero\u200bwidth") == "zero\\u200bwidth"
+
+
+@pytest.mark.parametrize("text", [
+    render.jobs_table([EVIL_JOB], now=2.0),
+    render.job_details(EVIL_JOB),
+    render.job_details(dataclasses.replace(EVIL_JOB, state=ChainState.FAILED)),
+    render.nodes_table([EVIL_NODE]),
+    render.quotas_table(QuotaTable(entries=(QuotaEntry(user="u" + EVIL, priority=10, group="g" + EVIL, nodes=1),))),
+])
+def test_every_table_escapes_what_others_named(text):
+    assert_inert(text)
+
+
+def test_tables_stay_aligned_with_escaped_names():
+    ok = dataclasses.replace(EVIL_JOB, id="j2", spec=dataclasses.replace(EVIL_SPEC, name="plain"), reason="r")
+    lines = render.jobs_table([EVIL_JOB, ok], now=2.0).splitlines()
+    assert len(lines) == 3  # the raw \r\n in the name did not break the table into more lines
+    assert lines[1].index("RUNNING".lower()) == lines[2].index("running")
+
+
+class FakeClient:
+    """Stands in for ApiClient behind `hfai.cli.main.api()`."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.fail = fail
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return None
+
+    async def _answer(self, value):
+        if self.fail is not None:
+            raise self.fail
+        return value
+
+    async def list(self, all_users=True, include_finished=True):
+        return await self._answer((EVIL_JOB,))
+
+    async def status(self, job):
+        return await self._answer(dataclasses.replace(EVIL_JOB, state=ChainState.QUEUED, nodes=(), last_nodes=()))
+
+    async def stop(self, job):
+        return await self._answer(EVIL_JOB)
+
+    async def submit(self, spec, force=False):
+        return await self._answer(EVIL_JOB)
+
+    async def nodes(self):
+        return await self._answer((EVIL_NODE,))
+
+    async def drain(self, node, drain=True, reason=""):
+        return await self._answer(SettingsReply(quotas=QuotaTable(), drained=DrainedNodes()))
+
+    async def settings(self):
+        return await self._answer(SettingsReply(
+            quotas=QuotaTable(entries=(QuotaEntry(user="u" + EVIL, priority=10, group="*", nodes=1),)),
+            drained=DrainedNodes()))
+
+
+@pytest.mark.parametrize("args", [
+    ["ps"], ["ps", "-a"], ["status", "j"], ["stop", "j"], ["nodes"], ["quota", "ls"], ["logs", "j"],
+    ["node", "drain", "n" + EVIL], ["node", "undrain", "n" + EVIL],
+    ["submit", "--name", "ok", "./run.sh"],
+])
+def test_cli_output_is_escaped(monkeypatch, args):
+    monkeypatch.setattr(cli_main, "api", lambda: FakeClient())
+    result = CliRunner().invoke(cli_main.main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert_inert(result.output)
+
+
+@pytest.mark.parametrize("args", [["status", "j"], ["stop", "j"], ["ps"]])
+def test_error_messages_are_escaped(monkeypatch, args):
+    monkeypatch.setattr(cli_main, "api", lambda: FakeClient(fail=NotFound(f"no job with id or name {EVIL}")))
+    result = CliRunner().invoke(cli_main.main, args, catch_exceptions=False)
+    assert result.exit_code != 0
+    assert "no job with id or name" in result.output
+    assert_inert(result.output)
