@@ -265,7 +265,7 @@ async def logs(job: str, follow: bool, rank: int, poll: float):
             if rank < 0 or (nodes and rank >= len(nodes)):
                 raise click.UsageError(f"job {render.clean(record.id)} has ranks 0..{max(0, len(nodes) - 1)}")
             if nodes:
-                chunk = await client.log_chunk(record.id, rank, offset)
+                chunk = await client.log_chunk(nodes[rank], record.id, rank, offset)
                 if chunk.data:
                     sys.stdout.buffer.write(chunk.data)
                     sys.stdout.flush()
