@@ -1,7 +1,12 @@
-"""A small asyncio client of the controller API and the agents' log service.
+"""A small asyncio client of the controller API.
 
 Used by the CLI, the tests and the benchmarks. ``ErrorReply`` comes back as the matching typed
 exception from :mod:`hfai.protocol.errors`.
+
+Who the client is comes from its credentials file, never from a name it claims: ``HFAI_USER``
+(or the login name) only picks which file under ``creds_dir`` to present, and the name and role
+the client then uses are the ones signed into that file's JWT. The server refuses any subject that
+JWT does not allow, so a forged name gets :class:`Forbidden`, not someone else's jobs.
 """
 
 from __future__ import annotations
@@ -10,13 +15,14 @@ import asyncio
 import getpass
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import nats.errors
 
 from hfai import _nats
-from hfai.config import Config
+from hfai.config import Config, hfai_home
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Unavailable, error_for_code
+from hfai.protocol.errors import Forbidden, Unavailable, error_for_code
 from hfai.protocol.types import (
     DrainRequest,
     QuotaEntry,
@@ -44,15 +50,58 @@ def current_user() -> str:
     return os.environ.get("HFAI_USER") or getpass.getuser()
 
 
+def creds_path(config: Config, user: str) -> Path:
+    """The credentials file a CLI of ``user`` presents: ``[nats] creds`` if set, else
+    ``<creds_dir>/<user>.creds`` (creds_dir defaults to ``$HFAI_HOME/creds``)."""
+    if config.nats.creds:
+        return Path(config.nats.creds)
+    return Path(config.nats.creds_dir or hfai_home() / "creds") / f"{names.check_token('user name', user)}.creds"
+
+
+def identity(creds: Path) -> tuple[str, bool]:
+    """(user name, operator?) signed into a credentials file."""
+    from hfai.auth import jwt, roles
+
+    try:
+        claims = jwt.claims(jwt.parse_creds(creds.read_text())[0])
+    except PermissionError:
+        raise Forbidden(f"cannot read the credentials file {creds} (it is not yours?)") from None
+    name = names.check_token("user name", str(claims.get("name", "")))
+    return name, roles.is_operator(roles.from_claims(claims["nats"]), name)
+
+
 class ApiClient:
     def __init__(self, config: Config, user: str | None = None):
         self.config = config
         self.user = names.check_token("user name", user or current_user())
+        self.creds = creds_path(config, self.user)
+        self.operator = False
+        if self.creds.exists():
+            self.user, self.operator = identity(self.creds)
         self._nc = None
+        self._refused: dict[str, set[asyncio.Future]] = {}
 
     async def __aenter__(self) -> ApiClient:
-        self._nc = await _nats.connect(self.config, name=f"hfai-cli-{self.user}", reconnect=False)
+        creds = str(self.creds) if self.creds.exists() else ""
+        try:
+            self._nc = await _nats.connect(self.config, name=f"hfai-cli-{self.user}", reconnect=False, creds=creds,
+                                           on_error=self._on_error)
+        except Forbidden as e:
+            if creds:
+                raise
+            raise Forbidden(f"{e} (looked for {self.creds})") from None
         return self
+
+    async def _on_error(self, e: Exception) -> None:
+        # The server answers a publish outside our permissions with an asynchronous error, not a
+        # reply: turn it into Forbidden for the request waiting on that subject.
+        text = str(e)
+        if "permissions violation" in text.lower():
+            for subject, waiting in self._refused.items():
+                if f'"{subject}"' in text:
+                    for fut in waiting:
+                        if not fut.done():
+                            fut.set_result(text)
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
@@ -63,15 +112,31 @@ class ApiClient:
             self._nc = None
 
     async def call(self, verb: str, request, expect: type):
-        return await self._request(names.api_subject(self.user, verb), encode(request), expect)
+        # An operator sends everything on the operator subject: its verbs, and others' jobs.
+        return await self._request(names.api_subject(self.user, verb, operator=self.operator), encode(request), expect)
 
     async def _request(self, subject: str, payload: bytes, expect: type):
+        refused = asyncio.get_running_loop().create_future()
+        self._refused.setdefault(subject, set()).add(refused)
+        ask = asyncio.ensure_future(self._nc.request(subject, payload, timeout=self.config.nats.request_timeout_s))
         try:
-            msg = await self._nc.request(subject, payload, timeout=self.config.nats.request_timeout_s)
+            await asyncio.wait({ask, refused}, return_when=asyncio.FIRST_COMPLETED)
+            if refused.done() and not ask.done():
+                raise Forbidden(f"the cluster does not let {self.user} send {subject}"
+                                + ("" if self.operator else " (only operators may, or it is another user's)"))
+            msg = ask.result()
         except nats.errors.NoRespondersError:
             raise Unavailable("no controller is serving the API; is `hfai-controller` running?") from None
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
             raise Unavailable(f"no answer within {self.config.nats.request_timeout_s:g}s on {subject}") from None
+        finally:
+            if not ask.done():
+                ask.cancel()
+            waiting = self._refused.get(subject, set())
+            waiting.discard(refused)
+            if not waiting:
+                self._refused.pop(subject, None)
+            refused.cancel()
         reply = decode(msg.data, (expect, ErrorReply))
         if isinstance(reply, ErrorReply):
             raise error_for_code(reply.code)(reply.message)
@@ -126,6 +191,6 @@ class ApiClient:
     async def drain(self, node: str, drain: bool = True, reason: str = "") -> SettingsReply:
         return await self.call(names.VERB_DRAIN, DrainRequest(node=node, drain=drain, reason=reason), SettingsReply)
 
-    async def log_chunk(self, node: str, job_id: str, rank: int, offset: int) -> LogChunk:
-        req = LogRequest(job_id=job_id, rank=rank, offset=offset)
-        return await self._request(names.agent_logs_subject(node), encode(req), LogChunk)
+    async def log_chunk(self, job_id: str, rank: int, offset: int) -> LogChunk:
+        """A slice of one rank's log, relayed by the controller (only owners and operators)."""
+        return await self.call(names.VERB_LOGS, LogRequest(job_id=job_id, rank=rank, offset=offset), LogChunk)

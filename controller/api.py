@@ -1,7 +1,9 @@
 """The API every controller replica serves on the queue group ``hfai-controller``.
 
-The caller's user name is the third token of the subject (``hfai.api.<user>.<verb>``), never a
-payload field. Any error becomes an ``ErrorReply``; nothing a client sends can stop the service.
+Who calls is read from the subject, never from the payload: the user is its third token
+(``hfai.api.<user>.<verb>``), and ``hfai.api.<user>.op.<verb>`` marks an operator. The NATS server
+lets only that user's credentials publish there (hfai.auth.roles), so the subject is proof. Any
+error becomes an ``ErrorReply``; nothing a client sends can stop the service.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import time
 import uuid
 from dataclasses import replace
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import nats.errors
@@ -26,7 +29,7 @@ from hfai.controller.views import job_view, quotas_of
 from hfai.controller.transitions import apply_stop
 from hfai.controller.nodes import NodeTracker
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound, Unavailable
+from hfai.protocol.errors import Conflict, Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable, error_for_code
 from hfai.protocol.types import (
     AUTO_PRIORITY,
     ChainState,
@@ -44,6 +47,8 @@ from hfai.protocol.types import (
     JobRequest,
     JobSpec,
     ListRequest,
+    LogChunk,
+    LogRequest,
     NodesReply,
     NodesRequest,
     Priority,
@@ -54,6 +59,19 @@ from hfai.protocol.types import (
 log = logging.getLogger(__name__)
 
 MAX_NAME = 128
+# Largest log slice relayed in one reply: well under NATS's 1 MiB max_payload.
+MAX_LOG_CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as its subject proves it."""
+
+    user: str
+    operator: bool = False
+
+    def may_act_on(self, job: JobRecord) -> bool:
+        return self.operator or job.spec.user == self.user
 
 
 def first_page(items: list, budget_bytes: int) -> tuple[tuple, bool]:
@@ -70,7 +88,8 @@ def first_page(items: list, budget_bytes: int) -> tuple[tuple, bool]:
 class ApiService:
     def __init__(self, jobs_kv: KeyValue, jobs: KVCache[JobRecord], nodes: NodeTracker,
                  on_submit: Callable[[], None] | None = None, settings_kv: KeyValue | None = None,
-                 settings: KVCache | None = None, config: ControllerConfig | None = None):
+                 settings: KVCache | None = None, config: ControllerConfig | None = None,
+                 request: Callable[[str, bytes, float], Awaitable[bytes]] | None = None):
         self._kv = jobs_kv
         self._jobs = jobs
         self._nodes = nodes
@@ -78,8 +97,8 @@ class ApiService:
         self._settings_kv = settings_kv
         self._settings = settings
         self._config = config or ControllerConfig()
-        self._admins = {a.strip() for a in self._config.admins.split(",") if a.strip()}
-        self._handlers: dict[str, tuple[type, Callable[[str, object], Awaitable[object]]]] = {
+        self._request = request  # NATS request/reply, to relay log requests to the agents
+        self._handlers: dict[str, tuple[type, Callable[[Caller, object], Awaitable[object]]]] = {
             names.VERB_SUBMIT: (SubmitRequest, self.submit),
             names.VERB_LIST: (ListRequest, self.list),
             names.VERB_STATUS: (JobRequest, self.status),
@@ -88,6 +107,7 @@ class ApiService:
             names.VERB_QUOTA_SET: (QuotaSetRequest, self.quota_set),
             names.VERB_SETTINGS: (QuotasRequest, self.settings),
             names.VERB_DRAIN: (DrainRequest, self.drain),
+            names.VERB_LOGS: (LogRequest, self.logs),
         }
 
     async def handle(self, msg: Msg) -> None:
@@ -111,16 +131,17 @@ class ApiService:
                 log.debug("could not reply on %s: %s", msg.reply, e)
 
     async def _dispatch(self, subject: str, data: bytes) -> object:
-        user, verb = names.parse_api_subject(subject)
+        user, verb, operator = names.parse_api_subject(subject)
         names.check_token("user name", user)
         if verb not in self._handlers:
-            raise InvalidRequest(f"unknown API verb {verb!r}; known: {', '.join(names.VERBS)}")
+            raise InvalidRequest(f"unknown API verb {verb[:64]!r}; known: {', '.join(names.VERBS)}")
         kind, handler = self._handlers[verb]
-        return await handler(user, decode(data, kind))
+        return await handler(Caller(user=user, operator=operator), decode(data, kind))
 
     # ---------------------------------------------------------------------------------- verbs
 
-    async def submit(self, user: str, req: SubmitRequest) -> JobReply:
+    async def submit(self, caller: Caller, req: SubmitRequest) -> JobReply:
+        user = caller.user
         spec = self._validate(replace(req.spec, user=user))
         if spec.priority == AUTO_PRIORITY:
             views = [job_view(j) for j in self._jobs.values.values() if not j.state.final]
@@ -147,31 +168,57 @@ class ApiService:
 
         return validate_spec(spec, self._nodes.records())
 
-    async def list(self, user: str, req: ListRequest) -> JobList:
+    async def list(self, caller: Caller, req: ListRequest) -> JobList:
         after = (req.after_ts, req.after_id)
         jobs = [
             j for j in self._jobs.values.values()
-            if (req.all_users or j.spec.user == user) and (req.include_finished or not j.state.final)
+            if (req.all_users or j.spec.user == caller.user) and (req.include_finished or not j.state.final)
             and (j.submit_ts, j.id) > after
         ]
         jobs.sort(key=lambda j: (j.submit_ts, j.id))
-        page, more = first_page(jobs, self._config.api_reply_bytes)
+        page, more = first_page([_shown_to(caller, j) for j in jobs], self._config.api_reply_bytes)
         return JobList(jobs=page, more=more)
 
-    async def status(self, user: str, req: JobRequest) -> JobReply:
-        return JobReply(job=await self._find(user, req.job))
+    async def status(self, caller: Caller, req: JobRequest) -> JobReply:
+        return JobReply(job=_shown_to(caller, await self._find(caller.user, req.job)))
 
-    async def stop(self, user: str, req: StopRequest) -> JobReply:
-        job = await self._find(user, req.job)
-        if job.spec.user != user:
-            raise Conflict(f"job {job.id} belongs to {job.spec.user}; you can only stop your own jobs")
-        record, rev, changed = await cas_update(self._kv, job.id, lambda j: apply_stop(j, time.time(), user))
+    async def stop(self, caller: Caller, req: StopRequest) -> JobReply:
+        job = await self._find(caller.user, req.job)
+        if not caller.may_act_on(job):
+            raise Forbidden(f"job {job.id} belongs to {job.spec.user}; you can only stop your own jobs")
+        by = caller.user if job.spec.user == caller.user else f"operator {caller.user}"
+        record, rev, changed = await cas_update(self._kv, job.id, lambda j: apply_stop(j, time.time(), by))
         if changed:
             self._jobs.put_local(record.id, record, rev)
             self._on_submit()
         return JobReply(job=record)
 
-    async def nodes(self, user: str, req: NodesRequest) -> NodesReply:
+    async def logs(self, caller: Caller, req: LogRequest) -> LogChunk:
+        """A slice of one rank's log, relayed from the agent of the node that rank ran on; only the
+        job's owner and operators may read it (agents answer only the controllers)."""
+        job = await self._find(caller.user, req.job_id)
+        if not caller.may_act_on(job):
+            raise Forbidden(f"job {job.id} belongs to {job.spec.user}; you can only read your own jobs' logs")
+        nodes = job.nodes or job.last_nodes
+        if not nodes:
+            return LogChunk(data=b"", offset=req.offset, size=0, exists=False)
+        if not 0 <= req.rank < len(nodes):
+            raise InvalidRequest(f"job {job.id} has ranks 0..{len(nodes) - 1}, not {req.rank}")
+        if self._request is None:
+            raise Unavailable("this controller cannot reach the agents' log service")
+        ask = LogRequest(job_id=job.id, rank=req.rank, offset=max(0, req.offset),
+                         max_bytes=max(1, min(req.max_bytes, MAX_LOG_CHUNK)))
+        try:
+            data = await self._request(names.agent_logs_subject(nodes[req.rank]), encode(ask),
+                                       self._config.log_request_timeout_s)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, asyncio.TimeoutError):
+            raise Unavailable(f"the agent of node {nodes[req.rank]} did not answer for the log") from None
+        reply = decode(data, (LogChunk, ErrorReply))
+        if isinstance(reply, ErrorReply):
+            raise error_for_code(reply.code)(reply.message)
+        return reply
+
+    async def nodes(self, caller: Caller, req: NodesRequest) -> NodesReply:
         infos = sorted(self._nodes.infos(list(self._jobs.values.values())), key=lambda i: i.record.name)
         page, more = first_page([i for i in infos if i.record.name > req.after], self._config.api_reply_bytes)
         return NodesReply(nodes=page, more=more)
@@ -182,9 +229,10 @@ class ApiService:
         value = self._settings.values.get(key) if self._settings is not None else None
         return value if isinstance(value, kind) else kind()
 
-    def _require_admin(self, user: str) -> None:
-        if user not in self._admins:
-            raise Conflict(f"only operators ({', '.join(sorted(self._admins))}) may change quotas or drain nodes")
+    @staticmethod
+    def _require_operator(caller: Caller) -> None:
+        if not caller.operator:
+            raise Forbidden(f"{caller.user} is not an operator; only operators may change quotas or drain nodes")
 
     async def _update_setting(self, key: str, kind: type, change) -> None:
         """Compare-and-set one settings key (created on first use)."""
@@ -204,8 +252,8 @@ class ApiService:
             return
         raise Conflict(f"setting {key} is changing too fast; try again")
 
-    async def quota_set(self, user: str, req: QuotaSetRequest) -> SettingsReply:
-        self._require_admin(user)
+    async def quota_set(self, caller: Caller, req: QuotaSetRequest) -> SettingsReply:
+        self._require_operator(caller)
         e = req.entry
         for what, value in (("user", e.user), ("group", e.group)):
             if value != "*":
@@ -219,26 +267,26 @@ class ApiService:
 
         await self._update_setting(names.QUOTAS_KEY, QuotaTable, change)
         self._on_submit()
-        return await self.settings(user, QuotasRequest())
+        return await self.settings(caller, QuotasRequest())
 
-    async def settings(self, user: str, req: QuotasRequest) -> SettingsReply:
+    async def settings(self, caller: Caller, req: QuotasRequest) -> SettingsReply:
         return SettingsReply(quotas=self._setting(names.QUOTAS_KEY, QuotaTable),
                              drained=self._setting(names.DRAINED_KEY, DrainedNodes))
 
-    async def drain(self, user: str, req: DrainRequest) -> SettingsReply:
-        self._require_admin(user)
+    async def drain(self, caller: Caller, req: DrainRequest) -> SettingsReply:
+        self._require_operator(caller)
         if req.node not in {r.name for r in self._nodes.records()}:
             raise NotFound(f"no node {req.node!r}")
 
         def change(d: DrainedNodes) -> DrainedNodes:
             nodes = {k: v for k, v in d.nodes.items() if k != req.node}
             if req.drain:
-                nodes[req.node] = req.reason or f"drained by {user}"
+                nodes[req.node] = req.reason or f"drained by {caller.user}"
             return DrainedNodes(nodes=nodes)
 
         await self._update_setting(names.DRAINED_KEY, DrainedNodes, change)
         self._on_submit()
-        return await self.settings(user, QuotasRequest())
+        return await self.settings(caller, QuotasRequest())
 
     async def _find(self, user: str, ref: str) -> JobRecord:
         """A job by id, else the newest job with that name (the caller's own first)."""
@@ -254,3 +302,11 @@ class ApiService:
             raise NotFound(f"no job with id or name {ref!r}")
         own = [j for j in named if j.spec.user == user] or named
         return max(own, key=lambda j: (j.submit_ts, j.id))
+
+
+def _shown_to(caller: Caller, job: JobRecord) -> JobRecord:
+    """The record as ``caller`` may see it: everyone sees the queue, but the values of another
+    user's environment variables (often tokens) only its owner and operators."""
+    if caller.may_act_on(job) or not job.spec.env:
+        return job
+    return replace(job, spec=replace(job.spec, env={k: "<hidden>" for k in job.spec.env}))

@@ -32,6 +32,12 @@ class NotFound(HfaiError):
     code = "not_found"
 
 
+class Forbidden(HfaiError):
+    """The caller's proven identity may not do this (another user's job, an operator verb)."""
+
+    code = "forbidden"
+
+
 class Conflict(HfaiError):
     """A compare-and-set lost a race, or the request conflicts with the job's current state."""
 
@@ -50,7 +56,7 @@ class IllegalTransition(HfaiError):
     code = "illegal_transition"
 
 
-_BY_CODE = {cls.code: cls for cls in (HfaiError, ProtocolError, InvalidRequest, NotFound, Conflict, Unavailable, IllegalTransition)}
+_BY_CODE = {cls.code: cls for cls in (HfaiError, ProtocolError, InvalidRequest, NotFound, Forbidden, Conflict, Unavailable, IllegalTransition)}
 
 
 def error_for_code(code: str) -> type[HfaiError]:

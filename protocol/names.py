@@ -12,7 +12,9 @@ import re
 from hfai.protocol.errors import InvalidRequest
 
 API_PREFIX = "hfai.api"
-API_WILDCARD = f"{API_PREFIX}.*.*"
+API_WILDCARD = f"{API_PREFIX}.>"
+# The token that marks an operator's request: hfai.api.<user>.op.<verb>.
+OPERATOR_TOKEN = "op"
 API_QUEUE = "hfai-controller"
 
 VERB_SUBMIT = "submit"
@@ -23,7 +25,13 @@ VERB_NODES = "nodes"
 VERB_QUOTA_SET = "quota_set"
 VERB_SETTINGS = "settings"
 VERB_DRAIN = "drain"
-VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES, VERB_QUOTA_SET, VERB_SETTINGS, VERB_DRAIN)
+VERB_LOGS = "logs"
+VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES, VERB_QUOTA_SET, VERB_SETTINGS, VERB_DRAIN,
+         VERB_LOGS)
+# Verbs only an operator may use (on the operator subject).
+OPERATOR_VERBS = (VERB_QUOTA_SET, VERB_DRAIN)
+
+AGENT_PREFIX = "hfai.agent"
 
 EVENTS_STREAM = "HFAI_EVENTS"
 EVENTS_PREFIX = "hfai.events"
@@ -58,16 +66,24 @@ def is_token(value: str) -> bool:
     return bool(_TOKEN.match(value or ""))
 
 
-def api_subject(user: str, verb: str) -> str:
-    return f"{API_PREFIX}.{check_token('user name', user)}.{verb}"
+def api_subject(user: str, verb: str, operator: bool = False) -> str:
+    role = f".{OPERATOR_TOKEN}" if operator else ""
+    return f"{API_PREFIX}.{check_token('user name', user)}{role}.{verb}"
 
 
-def parse_api_subject(subject: str) -> tuple[str, str]:
-    """(user, verb) of an API subject; raises InvalidRequest for anything else."""
+def parse_api_subject(subject: str) -> tuple[str, str, bool]:
+    """(user, verb, operator) of an API subject; raises InvalidRequest for anything else."""
     parts = subject.split(".")
-    if len(parts) != 4 or ".".join(parts[:2]) != API_PREFIX:
-        raise InvalidRequest(f"not an API subject: {subject}")
-    return parts[2], parts[3]
+    if ".".join(parts[:2]) != API_PREFIX or len(parts) not in (4, 5) or \
+            (len(parts) == 5 and parts[3] != OPERATOR_TOKEN):
+        raise InvalidRequest(f"not an API subject: {subject[:200]}")
+    return parts[2], parts[-1], len(parts) == 5
+
+
+def inbox_prefix(role: str, name: str) -> str:
+    """The private reply inbox of a connection with that role and name (its permissions allow
+    subscribing only below it, so nobody reads another's replies)."""
+    return f"_INBOX_{role[0]}_{check_token('name', name)}"
 
 
 def event_subject(node: str) -> str:
@@ -79,4 +95,4 @@ def telemetry_subject(node: str) -> str:
 
 
 def agent_logs_subject(node: str) -> str:
-    return f"hfai.agent.{node}.logs"
+    return f"{AGENT_PREFIX}.{node}.logs"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 import nats
 import nats.errors
@@ -20,7 +21,7 @@ from nats.js.kv import KeyValue
 
 from hfai.config import Config
 from hfai.protocol import names
-from hfai.protocol.errors import Unavailable
+from hfai.protocol.errors import Forbidden, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,35 @@ EVENTS_MAX_AGE_S = 7 * 24 * 3600
 WAIT_LOG_INTERVAL_S = 30.0
 
 
-async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
+def _identity(creds: str) -> dict:
+    """Options that present the credentials file ``creds`` and use the inbox its permissions allow."""
+    from hfai.auth import jwt, roles
+
+    try:
+        token, _seed = jwt.parse_creds(open(creds).read())
+    except FileNotFoundError:
+        raise Forbidden(f"no NATS credentials at {creds}; an operator issues them with "
+                        "`hfai admin user add NAME` (a local cluster makes yours at `hfai local up`)") from None
+    except PermissionError:
+        raise Forbidden(f"cannot read the NATS credentials file {creds} (it is not yours?)") from None
+    perms = roles.from_claims(jwt.claims(token)["nats"])
+    return {"user_credentials": creds, "inbox_prefix": perms.inbox_prefix}
+
+
+def _tls(config: Config) -> dict:
+    if not config.nats.tls_ca:
+        return {}
+    import ssl
+
+    return {"tls": ssl.create_default_context(cafile=config.nats.tls_ca)}
+
+
+async def connect(config: Config, name: str, reconnect: bool = True, creds: str | None = None,
+                  on_error: Callable[[Exception], Awaitable[None]] | None = None) -> Client:
     """Connect to NATS or raise Unavailable with the URL in the message.
+
+    ``creds`` (default ``config.nats.creds``) is the credentials file that proves who connects;
+    a server that refuses it gives :class:`Forbidden`.
 
     ``reconnect=False`` (the CLI) gives up after ``connect_timeout_s`` per server. nats-py alone
     would not: a refused first connection leaves its connect pending forever, with or without
@@ -40,10 +68,14 @@ async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
     servers to come up, logging every ``WAIT_LOG_INTERVAL_S`` while it waits.
     """
 
-    async def on_error(e: Exception) -> None:
+    async def log_error(e: Exception) -> None:
         log.debug("nats error: %s", e)
+        if on_error is not None:
+            await on_error(e)
 
     servers = [u.strip() for u in config.nats.url.split(",") if u.strip()]  # a cluster: a list
+    creds = creds if creds is not None else config.nats.creds
+    identity = _identity(creds) if creds else {}
     attempt = asyncio.ensure_future(
         nats.connect(
             servers,
@@ -52,7 +84,9 @@ async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
             allow_reconnect=reconnect,
             max_reconnect_attempts=-1 if reconnect else 0,
             reconnect_time_wait=0.5,
-            error_cb=on_error,
+            error_cb=log_error,
+            **identity,
+            **_tls(config),
         )
     )
     try:
@@ -65,6 +99,11 @@ async def connect(config: Config, name: str, reconnect: bool = True) -> Client:
                 return attempt.result()
             log.warning("still waiting for NATS at %s", config.nats.url)
     except (OSError, nats.errors.NoServersError, asyncio.TimeoutError, nats.errors.Error) as e:
+        if "authorization violation" in str(e).lower():
+            raise Forbidden(f"NATS at {config.nats.url} refused " + (
+                f"the credentials in {creds} (revoked, or issued for another cluster)" if creds else
+                "a connection without credentials; an operator issues them with `hfai admin user add NAME`"
+            )) from None
         why = "no answer" if isinstance(e, asyncio.TimeoutError) else e.__class__.__name__
         raise Unavailable(
             f"cannot reach NATS at {config.nats.url} ({why}); is the cluster up? "
@@ -98,6 +137,14 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | N
             return await js.key_value(name)
         except nats.js.errors.APIError:
             raise create_error from None
+
+
+async def _open(js: JetStreamContext, bucket: str) -> KeyValue:
+    """A bucket that must exist; a missing one is transient (a controller creates it)."""
+    try:
+        return await js.key_value(bucket)
+    except nats.js.errors.BucketNotFoundError:
+        raise nats.js.errors.ServiceUnavailableError(description=f"bucket {bucket} not created yet") from None
 
 
 async def ensure_buckets(js: JetStreamContext, config: Config) -> Buckets:
@@ -143,6 +190,19 @@ def is_transient(e: BaseException) -> bool:
     if isinstance(e, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError)):
         return True
     return isinstance(e, nats.js.errors.APIError) and e.err_code in _TRANSIENT_ERR_CODES
+
+
+async def agent_buckets(js: JetStreamContext, config: Config) -> tuple[KeyValue, KeyValue]:
+    """(nodes, assign): the two buckets an agent uses. Its permissions cannot create (or even look
+    at) the others, so it waits, like :func:`ensure_shared_state`, until a controller made them."""
+    while True:
+        try:
+            return await _open(js, names.BUCKET_NODES), await _open(js, names.BUCKET_ASSIGN)
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            log.warning("hfai's buckets are not ready (%s); retrying in %gs", e, config.nats.setup_retry_s)
+            await asyncio.sleep(config.nats.setup_retry_s)
 
 
 async def ensure_shared_state(js: JetStreamContext, config: Config) -> Buckets:

@@ -35,6 +35,12 @@ class NatsConfig:
     setup_retry_s: float = 1.0
     # Replicas of KV buckets and streams: 1 on a single server, 3 on a production cluster.
     replicas: int = 1
+    # This process's NATS credentials file (a daemon's, or a user's). Empty: the CLI looks for
+    # <creds_dir>/<user>.creds, where creds_dir defaults to $HFAI_HOME/creds.
+    creds: str = ""
+    creds_dir: str = ""
+    # CA certificate (PEM) that signed the servers' TLS certificates; set: connect with TLS.
+    tls_ca: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,8 @@ class ControllerConfig:
     master_port_span: int = 20000
     # ABOVE_NORMAL counts as NORMAL once a job has run this long in total (0: never).
     above_normal_s: float = 0.0
-    # Users who may set quotas and drain nodes (comma-separated).
-    admins: str = "root"
+    # A log request relayed to an agent gives up after this long.
+    log_request_timeout_s: float = 5.0
     # Finished jobs are forgotten (record deleted) this long after they ended (0: never), checked
     # by the leader every gc_interval_s.
     finished_retention_s: float = 30 * 86400.0
@@ -68,6 +74,18 @@ class ControllerConfig:
     # Largest list/nodes reply (encoded bytes); clients page past it. NATS refuses messages above
     # its max_payload (1 MiB by default), so keep this well under that.
     api_reply_bytes: int = 512 * 1024
+    # Watchdog of the leader loop (issue 11). The lease is renewed only while the loop showed
+    # progress within leader_stall_s; past it the holder releases the lease for a standby. A loop
+    # stuck for leader_exit_s (or tasks that ignore cancellation for cancel_timeout_s) makes the
+    # controller exit non-zero, for systemd to restart it; shutdown_timeout_s bounds a clean stop.
+    leader_stall_s: float = 15.0
+    leader_exit_s: float = 45.0
+    cancel_timeout_s: float = 10.0
+    shutdown_timeout_s: float = 30.0
+    # A waiting job's reason is written to its record when it first waits, then only when its
+    # gist changes and at most this often: rewriting every round's wording cost hundreds of
+    # writes per job (issue 11).
+    wait_reason_interval_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,10 @@ class AgentConfig:
     # has a run here (0: keep forever); checked every log_gc_interval_s.
     log_retention_s: float = 30 * 86400.0
     log_gc_interval_s: float = 3600.0
+    # As whom jobs run: "submitter" (the Unix account named like the job's hfai user; the agent
+    # must be root to run other users' jobs) or "agent" (the agent's own account: only for a
+    # personal or test cluster, never a shared one). See agent/identity.py.
+    run_as: str = "submitter"
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]

@@ -22,7 +22,11 @@ TEST_CONTROLLER = ControllerConfig(
     lease_ttl_s=2.0, lease_poll_s=0.2, schedule_interval_s=0.2, slice_s=3600.0,
     ack_window_s=10.0, kill_window_s=3.0, heartbeat_timeout_s=6.0, event_ack_wait_s=2.0,
 )
-TEST_AGENT = AgentConfig(heartbeat_interval_s=0.5, reconcile_interval_s=0.2, gpu_source="sim")
+# Tests submit as made-up users (tester, alice, ...) who have no Unix account here: their jobs run
+# as the test's own user. tests/test_agent_isolation*.py covers jobs run as their submitters.
+TEST_AGENT = AgentConfig(heartbeat_interval_s=0.5, reconcile_interval_s=0.2, gpu_source="sim", run_as="agent")
+# Users the harness gives operator credentials (everyone else gets a plain user's).
+OPERATORS = {"root"}
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -66,7 +70,13 @@ class Cluster:
     def config(self):
         return self.local.config()
 
+    def creds(self, user: str) -> Path:
+        """``user``'s credentials file, issued on first use (operators: see OPERATORS)."""
+        return self.local.user_creds(user, operator=user in OPERATORS)
+
     def run(self, fn, user: str = "tester"):
+        self.creds(user)
+
         async def go():
             async with ApiClient(self.config, user=user) as api:
                 return await fn(api)
@@ -113,7 +123,7 @@ class Cluster:
             import nats
             import nats.js.errors
 
-            nc = await nats.connect(self.config.nats.url.split(","))
+            nc = await nats.connect(self.config.nats.url.split(","), user_credentials=str(self.service_creds()))
             try:
                 kv = await nc.jetstream().key_value(names.BUCKET_LEADER)
                 try:
@@ -125,7 +135,14 @@ class Cluster:
 
         return asyncio.run(go())
 
-    def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        env = dict(os.environ, HFAI_CONFIG=str(self.local.config_path), HFAI_USER="tester")
+    def service_creds(self) -> Path:
+        """The controller's credentials (tests use them to reach what users may not)."""
+        from hfai.auth.roles import Role
+
+        return self.local.service_creds("controller-0", Role.CONTROLLER)
+
+    def cli(self, *args: str, cwd: Path | None = None, user: str = "tester") -> subprocess.CompletedProcess:
+        self.creds(user)
+        env = dict(os.environ, HFAI_CONFIG=str(self.local.config_path), HFAI_USER=user)
         return subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=cwd or REPO, env=env,
                               capture_output=True, text=True, timeout=60)

@@ -102,10 +102,15 @@ def test_priority_parsing():
 
 def test_subjects_carry_the_user_and_reject_bad_tokens():
     assert names.api_subject("alice", "submit") == "hfai.api.alice.submit"
-    assert names.parse_api_subject("hfai.api.alice.submit") == ("alice", "submit")
+    assert names.parse_api_subject("hfai.api.alice.submit") == ("alice", "submit", False)
+    assert names.api_subject("root", "drain", operator=True) == "hfai.api.root.op.drain"
+    assert names.parse_api_subject("hfai.api.root.op.drain") == ("root", "drain", True)
     for bad in ("a.b", "*", "", "a b", ">"):
         with pytest.raises(InvalidRequest):
             names.api_subject(bad, "submit")
+    for bad in ("hfai.api.alice.x.drain", "hfai.api.alice", "hfai.agent.n.logs", "hfai.api.a.op.b.c"):
+        with pytest.raises(InvalidRequest):
+            names.parse_api_subject(bad)
 
 
 def test_a_1_0_peer_still_decodes_and_is_decoded():

@@ -19,6 +19,8 @@ def cluster(tmp_path_factory):
 
 
 def _raw(cluster, subject: str, payload: bytes):
+    cluster.creds("mallory")
+
     async def go():
         async with ApiClient(cluster.config, user="mallory") as api:
             return decode(await api.raw_request(subject, payload))

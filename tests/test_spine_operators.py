@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hfai.protocol.errors import Conflict, NotFound
+from hfai.protocol.errors import Forbidden, NotFound
 from hfai.protocol.types import ChainState, Priority
 from spine_cluster import JOBS, Cluster
 
@@ -15,7 +15,7 @@ N = Priority.NORMAL
 
 def test_quota_makes_jobs_wait_and_a_change_takes_effect_live(tmp_path):
     with Cluster(tmp_path, nodes=2) as c:
-        with pytest.raises(Conflict, match="only operators"):
+        with pytest.raises(Forbidden, match="only operators"):
             c.run(lambda api: api.set_quota("alice", N, "*", 1), user="alice")
         c.run(lambda api: api.set_quota("alice", N, "*", 1), user="root")
         first = c.submit(["python", STEPS, "100", "0.1"], name="a1", user="alice", workdir=tmp_path)

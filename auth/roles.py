@@ -1,0 +1,103 @@
+"""What each role may publish and subscribe to: the narrowest permissions that work (pure).
+
+Identity rides on subjects (NATS does not tell a subscriber who published): a message on
+``hfai.api.alice.<verb>`` proves alice because the server lets nobody else publish there, and one
+on ``hfai.api.alice.op.<verb>`` proves an operator because only operators' credentials allow it.
+Each role gets a private inbox prefix, so nobody can subscribe to another's replies.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from hfai.protocol import names
+
+
+class Role(str, enum.Enum):
+    USER = "user"
+    OPERATOR = "operator"
+    AGENT = "agent"
+    CONTROLLER = "controller"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    pub: tuple[str, ...]
+    sub: tuple[str, ...]
+    # May publish a reply to a request it received (the agents' log service answers the controller).
+    responses: bool = False
+
+    @property
+    def inbox_prefix(self) -> str:
+        """The inbox prefix a client with these permissions must use for its replies."""
+        for s in self.sub:
+            if s.startswith("_INBOX") and s.endswith(".>"):
+                return s[:-2]
+        return "_INBOX"
+
+
+def _kv(bucket: str) -> str:
+    return f"KV_{bucket}"
+
+
+def permissions(role: Role, name: str) -> Permissions:
+    names.check_token("name", name)
+    inbox = names.inbox_prefix(role.value, name)
+    if role in (Role.USER, Role.OPERATOR):
+        pub = [names.api_subject(name, "*")]
+        if role is Role.OPERATOR:
+            pub.append(names.api_subject(name, "*", operator=True))
+        return Permissions(pub=tuple(pub), sub=(f"{inbox}.>",))
+    if role is Role.AGENT:
+        return _agent(name, inbox)
+    return Permissions(pub=(">",), sub=(">",))  # the controller runs the platform: it is trusted
+
+
+def _agent(node: str, inbox: str) -> Permissions:
+    """A node's agent: its own heartbeat, telemetry and events; read access to the assignment
+    bucket (ordered consumers on it cannot be filtered by permissions, so it may read other
+    nodes' assignments, never write them); requests for its log service."""
+    assign, nodes_kv = _kv(names.BUCKET_ASSIGN), _kv(names.BUCKET_NODES)
+    js = "$JS.API"
+    pub = (
+        names.event_subject(node),
+        names.telemetry_subject(node),
+        f"$KV.{names.BUCKET_NODES}.{node}",
+        f"{js}.INFO",
+        f"{js}.STREAM.INFO.{assign}",
+        f"{js}.STREAM.INFO.{nodes_kv}",
+        f"{js}.STREAM.INFO.{names.EVENTS_STREAM}",
+        f"{js}.CONSUMER.CREATE.{assign}",
+        f"{js}.CONSUMER.CREATE.{assign}.>",
+        f"{js}.CONSUMER.DELETE.{assign}.>",
+        f"{js}.CONSUMER.INFO.{assign}.>",
+        f"{js}.DIRECT.GET.{assign}.>",
+        f"{js}.STREAM.MSG.GET.{assign}",
+        f"$JS.FC.{assign}.>",
+    )
+    return Permissions(pub=pub, sub=(f"{inbox}.>", f"{names.AGENT_PREFIX}.{node}.>"), responses=True)
+
+
+def nats_claims(p: Permissions) -> dict:
+    """The ``nats`` part of a user JWT granting ``p``."""
+    claims: dict = {
+        "type": "user",
+        "pub": {"allow": list(p.pub)},
+        "sub": {"allow": list(p.sub)},
+        "subs": -1, "data": -1, "payload": -1,
+    }
+    if p.responses:
+        claims["resp"] = {"max": 1, "ttl": 0}
+    return claims
+
+
+def from_claims(nats: dict) -> Permissions:
+    """Read permissions back from a JWT's ``nats`` claims (a client choosing its inbox and subjects)."""
+    return Permissions(pub=tuple(nats.get("pub", {}).get("allow", ())),
+                       sub=tuple(nats.get("sub", {}).get("allow", ())),
+                       responses=bool(nats.get("resp")))
+
+
+def is_operator(p: Permissions, name: str) -> bool:
+    return names.api_subject(name, "*", operator=True) in p.pub
