@@ -143,6 +143,11 @@ class Cluster:
 
     def cli(self, *args: str, cwd: Path | None = None, user: str = "tester") -> subprocess.CompletedProcess:
         self.creds(user)
-        env = dict(os.environ, HFAI_CONFIG=str(self.local.config_path), HFAI_USER=user)
+        return self.cli_env({"HFAI_USER": user}, *args, cwd=cwd)
+
+    def cli_env(self, extra: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """The CLI with these environment variables (issues no credentials)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
+        env.update(HFAI_CONFIG=str(self.local.config_path), **extra)
         return subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=cwd or REPO, env=env,
                               capture_output=True, text=True, timeout=60)
