@@ -3,6 +3,11 @@ write per-node assignments — a thin executor around pure functions.
 
 Every write is a compare-and-set on a job record, and assignments are derived from the records
 alone (see assignments.py), so a new leader continues exactly where the old one stopped.
+
+The loop reports progress (:meth:`Leader.beat`) at every tick and every record written; the lease
+is renewed only while it does, and the controller's watchdog ends a loop that stopped (see
+election.py and service.py). Every loop here also tests for a cancellation that an await inside
+nats-py swallowed (see hfai._daemon), so stopping the leader cannot hang.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from hfai._daemon import cancel_and_wait
+from hfai._daemon import bounded, cancel_and_wait, raise_if_cancelled
 from hfai._nats import events_subscription
 from hfai.config import Config
 from hfai.controller import transitions
@@ -52,6 +57,20 @@ class Leader:
         self._assigned: dict[str, NodeAssignment] = {}
         self._lost_nodes: set[str] = set()
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
+        self._reason_written: dict[str, float] = {}  # job id -> monotonic time of its last wait reason
+        self.last_beat = time.monotonic()
+
+    def beat(self) -> None:
+        """The loop made progress (a tick began, a decision or an assignment is being written): the
+        lease may be renewed. Only the scheduling loop beats, never the event consumer: a loop
+        that consumes events but schedules nothing must not keep the lease."""
+        self.last_beat = time.monotonic()
+        self.election.beat()
+
+    def leading(self) -> bool:
+        """Still the leader of the term this loop began in (a lease lost and won again since is a
+        new term, with a new fence: it gets a new loop)."""
+        return self.election.is_leader and self.election.token == self.fence
 
     async def run(self) -> None:
         """Lead until the lease is lost or the task is cancelled."""
@@ -64,19 +83,22 @@ class Leader:
         psub = await events_subscription(self._js, self.config)
         events = asyncio.create_task(self._consume_events(psub), name="leader-events")
         try:
-            while self.election.is_leader:
+            while self.leading():
+                raise_if_cancelled()
                 if events.done():  # never silently lead without consuming events
                     events.result()  # re-raises what stopped it, for the service to log and retry
                     raise RuntimeError("the event consumer stopped")
+                self.beat()
                 # Clear before the tick: a wake-up that arrives during the tick must start another.
                 self.wake.clear()
                 await self.tick()
                 try:
-                    await asyncio.wait_for(self.wake.wait(), self.cc.schedule_interval_s)
+                    await bounded(self.wake.wait(), self.cc.schedule_interval_s)
                 except asyncio.TimeoutError:
                     pass
         finally:
-            await cancel_and_wait([events])
+            # Bounded: StuckTasksError if the consumer will not stop; the controller then exits.
+            await cancel_and_wait([events], self.cc.cancel_timeout_s)
         log.info("no longer leading (fence %d)", self.fence)
 
     async def tick(self) -> None:
@@ -111,9 +133,13 @@ class Leader:
         quiet_since = time.monotonic()
         try:
             while True:
+                # A fetch or an ack can swallow our cancellation (3.11's wait_for inside nats-py
+                # returns a result that is ready as the cancellation arrives): test for it each
+                # round, or the leader waits for this task for ever (issue 11).
+                raise_if_cancelled()
                 try:
                     # Bounded from outside too: a fetch must never wait forever.
-                    msgs = await asyncio.wait_for(psub.fetch(EVENT_BATCH, timeout=fetch_s), fetch_s + 5.0)
+                    msgs = await bounded(psub.fetch(EVENT_BATCH, timeout=fetch_s), fetch_s + 5.0)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     if time.monotonic() - quiet_since >= self.cc.event_stall_s:
                         quiet_since = time.monotonic()
@@ -136,6 +162,7 @@ class Leader:
         log.warning("renewing the event subscription: %s", why)
         await _unsubscribe(psub)
         while True:
+            raise_if_cancelled()
             try:
                 return await events_subscription(self._js, self.config)
             except (nats.errors.Error, asyncio.TimeoutError) as e:
@@ -151,8 +178,26 @@ class Leader:
             return
         if not self.election.is_leader:
             return  # unacked: the next leader gets it again
+        node = _subject_node(m.subject)
+        if ev.node != node:
+            log.warning("dropping %s event for job %s: %s", ev.event.value, ev.job_id,
+                        f"it names node {ev.node!r} but came on {m.subject}")
+            await m.ack()
+            return
+        rejected: list[str] = []
+
+        def change(job: JobRecord) -> JobRecord | None:
+            rejected.clear()  # the compare-and-set may run this again on a newer record
+            why = transitions.event_rejection(job, ev, node)
+            if why is not None:
+                rejected.append(why)
+                return None
+            return transitions.apply_event(job, ev, time.time())
+
         try:
-            await self._update(ev.job_id, lambda j: transitions.apply_event(j, ev, time.time()))
+            await self._update(ev.job_id, change)
+            if rejected:
+                log.info("dropping %s event from %s: %s", ev.event.value, node, rejected[0])
         except HfaiError as e:
             log.warning("event %s for %s not applied: %s", ev.event.value, ev.job_id, e)
         except (nats.errors.Error, asyncio.TimeoutError) as e:
@@ -191,6 +236,7 @@ class Leader:
         for d in decide(views, node_views, time.time(), policy_config(self.cc, quotas)):
             if not self.election.is_leader:
                 return
+            self.beat()  # a long round of writes is progress, not a stall
             if isinstance(d, Start):
                 addr = self.nodes.cache.values[d.nodes[0]].address
                 port = self._master_port(d.job_id, records[d.job_id].run_id + 1, addr)
@@ -199,8 +245,17 @@ class Leader:
                 log.info("suspending %s: %s", d.job_id, d.reason)
                 await self._update(d.job_id, lambda j, d=d: transitions.apply_suspend(j, d, time.time()))
             elif isinstance(d, Wait):
-                if records[d.job_id].reason != d.reason:
-                    await self._update(d.job_id, lambda j, d=d: transitions.apply_wait_reason(j, d.reason))
+                await self._explain_wait(records[d.job_id], d)
+        # Forget when reasons were written for jobs that no longer wait.
+        for job_id in [k for k in self._reason_written if k not in records or not records[k].state.waiting]:
+            del self._reason_written[job_id]
+
+    async def _explain_wait(self, record: JobRecord, d: Wait) -> None:
+        now = time.monotonic()
+        if transitions.wait_reason_due(record, d.reason, self._reason_written.get(d.job_id), now,
+                                       self.cc.wait_reason_interval_s):
+            self._reason_written[d.job_id] = now
+            await self._update(d.job_id, lambda j: transitions.apply_wait_reason(j, d.reason))
 
     def _master_port(self, job_id: str, run_id: int, addr: str) -> int:
         in_use = {j.master_port for j in self.jobs.values.values() if j.state.holds_nodes and j.master_addr == addr}
@@ -234,8 +289,16 @@ class Leader:
         for node, assignment in wanted.items():
             if same_work(self._assigned.get(node), assignment) or not self.election.is_leader:
                 continue
+            self.beat()
             await self._assign_kv.put(node, encode(assignment))
             self._assigned[node] = assignment
+
+
+def _subject_node(subject: str) -> str:
+    """The node token of an events subject (what NATS permissions let only that node's agent
+    publish on); "" for anything else."""
+    prefix = names.event_subject("")
+    return subject[len(prefix):] if subject.startswith(prefix) else ""
 
 
 async def _pending(psub) -> bool:

@@ -1,4 +1,9 @@
-"""One controller replica: serves the API, campaigns for the lease, leads while it holds it."""
+"""One controller replica: serves the API, campaigns for the lease, leads while it holds it.
+
+A watchdog checks that a leader loop, once begun, keeps showing progress: one stuck for
+``leader_exit_s`` (or whose tasks ignore their cancellation) makes the replica stop with a
+non-zero status, for systemd to restart it, rather than sit on the lease doing nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,10 @@ import asyncio
 import logging
 import os
 import socket
+import time
 
 from hfai import _nats
-from hfai._daemon import cancel_and_wait
+from hfai._daemon import StuckTasksError, cancel_and_wait, raise_if_cancelled
 from hfai.config import Config
 from hfai.controller.api import ApiService
 from hfai.controller.election import LeaseElection
@@ -21,6 +27,11 @@ from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable
 log = logging.getLogger(__name__)
 
 
+def leader_stuck(last_beat: float, now: float, exit_s: float) -> bool:
+    """Pure: has a leader loop that last showed progress at ``last_beat`` been stuck too long?"""
+    return now - last_beat > exit_s
+
+
 class Controller:
     def __init__(self, config: Config):
         self.config = config
@@ -31,6 +42,10 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self._caches: list[KVCache] = []
         self.election: LeaseElection | None = None
+        self.leader: Leader | None = None  # the loop leading now, if any
+        self.shutdown_timeout_s = config.controller.shutdown_timeout_s
+        self._failure = ""
+        self._failed = asyncio.Event()
         self._closed = False
 
     async def start(self) -> None:
@@ -46,35 +61,75 @@ class Controller:
             await c.start()
         self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s, self.settings)
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
-                              settings_kv=buckets.users, settings=self.settings, config=self.config.controller)
+                              settings_kv=buckets.users, settings=self.settings, config=self.config.controller,
+                              request=self._relay)
         self._sub = await self._nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
         cc = self.config.controller
-        self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s)
+        self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s, cc.leader_stall_s)
         self.election.start()
         self._tasks.append(asyncio.create_task(self._lead_when_elected(js, buckets), name="leadership"))
+        self._tasks.append(asyncio.create_task(self._watchdog(), name="leader-watchdog"))
         log.info("controller %s serving the API on %s", self.id, self.config.nats.url)
+
+    async def _relay(self, subject: str, data: bytes, timeout_s: float) -> bytes:
+        """Request/reply on the controller's own connection (log requests relayed to agents)."""
+        return (await self._nc.request(subject, data, timeout=timeout_s)).data
+
+    async def failed(self) -> str:
+        """Returns (with the reason) when this replica must stop: the daemon then exits non-zero."""
+        await self._failed.wait()
+        return self._failure
+
+    def _fail(self, reason: str) -> None:
+        if not self._failed.is_set():
+            self._failure = reason
+            self._failed.set()
 
     async def _lead_when_elected(self, js, buckets) -> None:
         while True:
+            raise_if_cancelled()
             await self.election.elected.wait()
-            leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
-                            self.election, self.wake, self.settings)
+            self.leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
+                                 self.election, self.wake, self.settings)
             try:
-                await leader.run()
+                await self.leader.run()
             except asyncio.CancelledError:
                 raise
+            except StuckTasksError as e:
+                self._fail(f"the leader loop could not stop its tasks ({e})")
+                return
             except Exception:
                 log.exception("leader loop failed; retrying")
                 await asyncio.sleep(1.0)
+            finally:
+                self.leader = None
+
+    async def _watchdog(self) -> None:
+        """Stop the replica when the leader loop made no progress for ``leader_exit_s``: by then
+        the election has released the lease (after ``leader_stall_s``), but a loop that cannot
+        even end would keep this replica from ever leading again."""
+        cc = self.config.controller
+        while True:
+            await asyncio.sleep(min(1.0, cc.leader_exit_s / 4))
+            leader = self.leader
+            if leader is not None and leader_stuck(leader.last_beat, time.monotonic(), cc.leader_exit_s):
+                log.critical("the leader loop (fence %d) made no progress for %.0fs", leader.fence,
+                             time.monotonic() - leader.last_beat)
+                self._fail(f"the leader loop made no progress for over {cc.leader_exit_s:g}s")
+                return
 
     async def close(self) -> None:
-        """Stop leading, release the lease, stop serving. Safe to call twice."""
+        """Stop leading, release the lease, stop serving. Safe to call twice. Raises
+        StuckTasksError if a task ignores its cancellation (the daemon then exits at once)."""
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait(self._tasks)
-        if self.election is not None:
-            await self.election.close()
+        bound = self.config.controller.cancel_timeout_s
+        try:
+            await cancel_and_wait(self._tasks, bound)
+        finally:
+            if self.election is not None:  # release the lease even if a task is stuck
+                await self.election.close(bound)
         if self._sub is not None:
             await self._sub.unsubscribe()
         for c in self._caches:

@@ -7,6 +7,7 @@ a redelivered event (same node, same run) changes nothing the second time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -96,6 +97,39 @@ def apply_wait_reason(job: JobRecord, reason: str) -> JobRecord | None:
         return None
     # A wait reason is not a state change: no history entry, or the history would fill with noise.
     return replace(job, reason=reason)
+
+
+def wait_gist(reason: str) -> str:
+    """What a wait reason says, without the detail that changes from round to round: the text
+    before its first ':' or ',' with numbers blanked. "waiting for nodes: the group is full, ..."
+    and "waiting for nodes: the free nodes are reserved for jobs ahead of it, ..." say the same."""
+    return re.sub(r"\d+", "#", re.split(r"[:,]", reason, maxsplit=1)[0]).strip()
+
+
+def wait_reason_due(job: JobRecord, reason: str, last_written: float | None, now: float,
+                    interval_s: float) -> bool:
+    """Should the leader write ``reason`` into this waiting job's record now?
+
+    Only when its gist differs from the reason the record holds, and at most once per
+    ``interval_s`` per job (``last_written``: when this leader last wrote one, None: never), so a
+    job torn between two gists does not flap either. Rewriting each round's wording cost a CAS
+    write per waiting job per round: hundreds of writes per job on a busy queue (issue 11)."""
+    if not job.state.waiting or wait_gist(reason) == wait_gist(job.reason):
+        return False
+    return last_written is None or now - last_written >= interval_s
+
+
+def event_rejection(job: JobRecord, ev: RunEvent, subject_node: str) -> str | None:
+    """Why an agent event must not touch this record (None: it may): it arrived on another node's
+    subject than the node it names, or that node does not hold the event's run now. NATS lets an
+    agent publish only on its own node's subject, so a forged event for someone else's job (issue
+    11: a fake EXITED 0 "finished" bob's job) fails one of the two checks."""
+    if ev.node != subject_node:
+        return f"it names node {ev.node!r} but came from node {subject_node!r}"
+    if ev.job_id != job.id or ev.run_id != job.run_id or not job.state.holds_nodes or ev.node not in job.nodes:
+        held = ", ".join(job.nodes) if job.state.holds_nodes and job.nodes else "no nodes"
+        return f"run {ev.run_id} of job {ev.job_id} is not on node {ev.node} (run {job.run_id} holds {held})"
+    return None
 
 
 def apply_node_lost(job: JobRecord, node: str, now: float) -> JobRecord | None:

@@ -1,13 +1,40 @@
-"""What the two daemon entry points share: logging setup and signal-driven two-phase shutdown."""
+"""What the two daemon entry points share: logging setup, signal-driven two-phase shutdown, and
+cancellation that cannot hang.
+
+Python 3.11's ``asyncio.wait_for`` returns the inner result instead of raising when it is
+cancelled just as that result becomes ready (bpo-42130, fixed in 3.12). nats-py uses it inside
+``fetch``, ``request`` and ``next_msg``, so any task of ours can swallow a cancellation and keep
+looping; one did, and wedged the leader (issue 11). Hence: long-lived loops test
+:func:`raise_if_cancelled` every iteration, bounded waits use :func:`bounded` (built on
+``asyncio.wait``, which does not swallow), :func:`cancel_and_wait` gives up after a bound, and a
+daemon whose tasks will not stop exits non-zero for systemd to restart it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How long :func:`cancel_and_wait` waits for cancelled tasks, and :func:`serve` for ``close``.
+CANCEL_TIMEOUT_S = 10.0
+SHUTDOWN_TIMEOUT_S = 30.0
+#: Exit statuses: the daemon stopped itself because it failed (systemd restarts it), or its tasks
+#: would not stop and it left without cleaning up.
+EXIT_FAILED = 1
+EXIT_WEDGED = 70
+
+
+class StuckTasksError(RuntimeError):
+    """Owned tasks did not finish within the bound after being cancelled (they swallow it)."""
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -20,24 +47,103 @@ def setup_logging(level: str = "INFO") -> None:
     logging.getLogger("nats").setLevel(logging.CRITICAL)
 
 
-async def cancel_and_wait(tasks) -> None:
-    """Cancel owned tasks and wait until each has really finished (errors were theirs to log)."""
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if someone cancelled the current task and an await swallowed it
+    (``Task.cancelling()`` keeps counting requests that nothing acknowledged)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
+    """``await aw`` for at most ``timeout_s`` (then asyncio.TimeoutError). Unlike 3.11's
+    ``wait_for``, a cancellation always propagates, even when ``aw`` has just finished; ``aw`` is
+    then cancelled and left to finish on its own (its result, if any, is dropped)."""
+    inner = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({inner}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        _abandon(inner)
+        raise
+    if not done:
+        _abandon(inner)
+        raise asyncio.TimeoutError
+    return inner.result()
+
+
+def _abandon(task: asyncio.Future) -> None:
+    task.cancel()
+    # Retrieve its outcome whenever it comes, so asyncio never reports it as unretrieved.
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+async def cancel_and_wait(tasks, timeout_s: float | None = CANCEL_TIMEOUT_S) -> None:
+    """Cancel owned tasks and wait until each has really finished (errors were theirs to log).
+
+    A task that swallows the cancellation is cancelled again every second; if some are still
+    running after ``timeout_s`` (None: no bound), raise StuckTasksError naming them."""
+    tasks = [t for t in tasks if t is not None]
     for t in tasks:
         t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        step = 1.0 if deadline is None else min(1.0, deadline - loop.time())
+        if step <= 0:
+            names = ", ".join(sorted(t.get_name() for t in pending))
+            raise StuckTasksError(f"tasks still running {timeout_s:g}s after being cancelled: {names}")
+        _, pending = await asyncio.wait(pending, timeout=step)
+        for t in pending:
+            t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)  # collect their outcomes
 
 
-async def serve(start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]) -> None:
-    """Start, then wait for SIGTERM/SIGINT, then close (systemd stops us with SIGTERM)."""
+async def serve(start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]],
+                failed: Callable[[], Awaitable[str]] | None = None, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
+                hard_exit: Callable[[int], object] = os._exit) -> int:
+    """Start, then wait for SIGTERM/SIGINT (systemd stops us with SIGTERM) or until ``failed()``
+    returns (the daemon's own verdict that it must go, with the reason), then close. Returns 0
+    after a signal, EXIT_FAILED after a failure. If ``close`` does not finish within
+    ``shutdown_timeout_s`` or leaves tasks that will not stop, calls ``hard_exit(EXIT_WEDGED)``
+    at once: ``asyncio.run`` would wait for those tasks forever."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    code = 0
     await start()
+    watched = [asyncio.ensure_future(stop.wait())]
+    if failed is not None:
+        watched.append(asyncio.ensure_future(failed()))
     try:
-        await stop.wait()
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        if len(watched) > 1 and watched[1].done() and not stop.is_set():
+            log.critical("stopping: %s", watched[1].exception() or watched[1].result())
+            code = EXIT_FAILED
     finally:
-        await close()
+        for w in watched:
+            w.cancel()
+        wedged = await _close_within(close, shutdown_timeout_s, hard_exit)
+    return EXIT_WEDGED if wedged else code
+
+
+async def _close_within(close: Callable[[], Awaitable[None]], timeout_s: float,
+                        hard_exit: Callable[[int], object]) -> bool:
+    """Run ``close``; if it takes over ``timeout_s`` or leaves stuck tasks, ``hard_exit`` (and
+    return True, for a test's stand-in of it). Other errors of ``close`` propagate."""
+    closing = asyncio.ensure_future(close())
+    done, _ = await asyncio.wait({closing}, timeout=timeout_s)
+    error = closing.exception() if done else None
+    if done and not isinstance(error, StuckTasksError):
+        if error is not None:
+            raise error
+        return False
+    log.critical("could not shut down cleanly (%s); exiting now", error or f"close took over {timeout_s:g}s")
+    for h in logging.getLogger().handlers:
+        h.flush()
+    hard_exit(EXIT_WEDGED)
+    return True
 
 
 class Daemon(Protocol):
@@ -48,7 +154,10 @@ class Daemon(Protocol):
 
 def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], argv: list[str] | None = None) -> int:
     """The shared ``main`` of ``hfai-agent`` and ``hfai-controller``: parse flags, load the config,
-    build the daemon with ``make(config)``, serve until SIGTERM. Config errors exit 2, no traceback."""
+    build the daemon with ``make(config)``, serve until SIGTERM. Config errors exit 2, no traceback.
+
+    A daemon may have ``async failed() -> str`` (returns, with the reason, when the daemon must
+    stop: the process then exits EXIT_FAILED) and ``shutdown_timeout_s``."""
     from hfai.config import load_config
     from hfai.protocol.errors import HfaiError
 
@@ -59,8 +168,12 @@ def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], ar
     setup_logging(args.log_level)
     try:
         daemon = make(load_config(args.config))
-        asyncio.run(serve(daemon.start, daemon.close))
+        return asyncio.run(_serve_daemon(daemon))
     except HfaiError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    return 0
+
+
+async def _serve_daemon(daemon: Daemon) -> int:
+    return await serve(daemon.start, daemon.close, getattr(daemon, "failed", None),
+                       getattr(daemon, "shutdown_timeout_s", SHUTDOWN_TIMEOUT_S))
