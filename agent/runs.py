@@ -1,21 +1,28 @@
 """Runs on this node as directories and processes: start, signal, inspect, adopt, clean up.
 
-Layout under ``state_dir``::
+Layout under ``state_dir`` (0711: job users may pass through to their own control directory)::
 
+    runs/                            0700, the agent's alone: nothing in it is the job's to read
     runs/<job>.<run>/assignment      the RunAssignment (msgpack) this run was started from
-    runs/<job>.<run>/control/        the job's control channel (suspend, ack, whole_life_state)
+    runs/<job>.<run>/launch          what the launcher runs, as whom (see launcher.py)
     runs/<job>.<run>/launcher_pid    pid and start time of the launcher
     runs/<job>.<run>/child_pid       the job's pid = its process group (written by the launcher)
     runs/<job>.<run>/exit_code       written by the launcher when the job exits
     runs/<job>.<run>/term            time the agent sent SIGTERM
     runs/<job>.<run>/<event>.sent    an event the leader has received (published and acked)
-    logs/<job>/rank<r>.log           stdout+stderr of every run of the job on this node (appended)
+    control/<job>.<run>/             the job's control channel (suspend, ack, whole_life_state):
+                                     owned by the job's user, 0700; read as untrusted (safefs.py)
+    logs/<job>/                      0711, the agent's: no one lists it, the job cannot plant links
+    logs/<job>/rank<r>.log           stdout+stderr of every run of the job on this node (appended),
+                                     owned by the job's user, 0600
 
 Everything is a file, so an agent restarted while jobs run finds them all again (adoption).
+Runs started before the control directories moved keep ``runs/<job>.<run>/control``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -29,41 +36,66 @@ import psutil
 
 from hfai._atomic import write_atomic
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
+from hfai.agent import safefs
+from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
+from hfai.agent.launcher import LAUNCH_FILE
 from hfai.agent.plan import LocalRun, RunPhase
+from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.protocol import decode, encode
-from hfai.protocol.errors import HfaiError, ProtocolError
+from hfai.protocol.errors import InvalidRequest, ProtocolError
+from hfai.protocol.names import is_token
 from hfai.protocol.types import RunAssignment, RunEventKind
+
+__all__ = ["RunStore", "StartError", "job_environment"]
 
 log = logging.getLogger(__name__)
 
-
-class StartError(HfaiError):
-    """The run cannot start on this node (unknown environment, missing workdir, ...)."""
+# Variables of the agent's own environment a job of another user must not inherit: the agent's
+# settings (HFAI_*; the job gets its own HFAI_* below) and the agent account's login identity.
+_AGENT_ONLY = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "SSH_AUTH_SOCK",
+               "PWD", "OLDPWD")
 
 
 class RunStore:
-    def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike):
+    def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
+                 run_as: str = RUN_AS_SUBMITTER):
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.control_root = self.root / "control"
+        for d, mode in ((self.root, 0o711), (self.runs_dir, 0o700), (self.logs_dir, 0o711), (self.control_root, 0o711)):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(mode)
+        self._real_root = self.root.resolve()
+        if run_as == RUN_AS_SUBMITTER and os.geteuid() == 0:
+            _warn_if_unreachable(self.control_root)
         self.node = node
         self.env_root = Path(env_root)
+        self.run_as = run_as
+        self.agent = agent_account()
         self._children: dict[str, subprocess.Popen] = {}
 
     # ------------------------------------------------------------------------------ inspect
 
     def dir(self, key: str) -> Path:
-        return self.runs_dir / key
+        if not is_run_key(key):
+            raise InvalidRequest(f"{key!r} is not a run key")
+        return inside(self._real_root, self.runs_dir / key)
+
+    def control_dir(self, key: str) -> Path:
+        legacy = self.dir(key) / "control"
+        return legacy if legacy.is_dir() else inside(self._real_root, self.control_root / key)
 
     def log_path(self, job_id: str, rank: int) -> Path:
-        return self.logs_dir / job_id / f"rank{rank}.log"
+        if not is_token(job_id) or rank < 0:
+            raise InvalidRequest(f"no log file for job {job_id!r} rank {rank}")
+        return inside(self._real_root, self.logs_dir / job_id / f"rank{rank}.log")
 
     def environments(self) -> tuple[str, ...]:
+        """The environments offered: directories with a bin/ whose names are valid names."""
         if not self.env_root.is_dir():
             return ()
-        return tuple(sorted(p.name for p in self.env_root.iterdir() if (p / "bin").is_dir()))
+        return tuple(sorted(p.name for p in self.env_root.iterdir() if is_token(p.name) and (p / "bin").is_dir()))
 
     def snapshot(self) -> dict[str, LocalRun]:
         """Every run directory on the node, with its current phase."""
@@ -73,7 +105,7 @@ class RunStore:
         for d in sorted(self.runs_dir.iterdir()) if self.runs_dir.is_dir() else ():
             try:
                 out[d.name] = self._load(d)
-            except (OSError, ProtocolError) as e:
+            except (OSError, ProtocolError, InvalidRequest) as e:
                 log.warning("ignoring unreadable run directory %s: %s", d, e)
         return out
 
@@ -86,12 +118,11 @@ class RunStore:
                 phase = RunPhase.ALIVE
             else:
                 exit_code = -signal.SIGKILL  # the launcher died without recording the job's status
-        suspend = d / "control" / SUSPEND_FILE
-        ack = d / "control" / ACK_FILE
-        ack_ts = ack.stat().st_mtime if ack.exists() else None
+        control = self.control_dir(d.name)
+        ack_ts = safefs.lstat_mtime(control, ACK_FILE)
         return LocalRun(
             key=d.name, assignment=ra, phase=phase, exit_code=exit_code,
-            suspend_ts=suspend.stat().st_mtime if suspend.exists() else None,
+            suspend_ts=safefs.lstat_mtime(control, SUSPEND_FILE),
             acked=ack_ts is not None,
             ack_ts=ack_ts,
             term_ts=_read_float(d / "term"),
@@ -111,41 +142,93 @@ class RunStore:
             return False
 
     def whole_life_state(self, key: str) -> int | None:
-        return _read_int(self.dir(key) / "control" / WHOLE_LIFE_FILE)
+        """The job's last whole-life state; None unless its file holds a 64-bit integer."""
+        raw = safefs.read_small(self.control_dir(key), WHOLE_LIFE_FILE)
+        try:
+            value = int(raw) if raw else None
+        except ValueError:
+            return None
+        return value if value is not None and -(1 << 63) <= value < (1 << 63) else None
 
     # -------------------------------------------------------------------------------- act
 
     def start(self, ra: RunAssignment) -> subprocess.Popen:
         """Create the run directory and launch the job; raises StartError if it cannot run here."""
         d = self.dir(ra.key)
-        d.mkdir(parents=True)
-        (d / "control").mkdir()
+        d.mkdir(mode=0o700)
         write_atomic(d / "assignment", encode(ra))
         try:
-            argv, env = self._command(ra, d)
-        except StartError as e:
+            spec = self._prepare(ra, d)
+        except (StartError, OSError) as e:
             write_atomic(d / "exit_code", b"127\n")
             write_atomic(d / "start_error", str(e).encode())
-            raise
-        logf = self.log_path(ra.job_id, ra.rank)
-        logf.parent.mkdir(parents=True, exist_ok=True)
-        with open(logf, "ab") as f:
-            f.write(f"=== hfai: job {ra.name} ({ra.job_id}) run {ra.run_id}, suspend count {ra.suspend_count}, "
-                    f"rank {ra.rank}/{ra.world_size} on {self.node} at {time.strftime('%H:%M:%S')} ===\n".encode())
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "hfai.agent.launcher", str(d), str(logf), "--", *argv],
-            cwd=ra.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+            if isinstance(e, StartError):
+                raise
+            raise StartError(f"cannot prepare the run on node {self.node}: {e}") from None
+        write_atomic(d / LAUNCH_FILE, json.dumps(spec).encode())
+        popen = self._launch(ra, d)
         self._children[ra.key] = popen
-        created = psutil.Process(popen.pid).create_time()
+        return popen
+
+    def _prepare(self, ra: RunAssignment, d: Path) -> dict:
+        """Everything the launcher needs (see launcher.py); StartError if the run may not start."""
+        problem = run_problem(ra)
+        if problem:
+            raise StartError(f"refused: {problem}")
+        who = decide(ra.user, self.run_as, self.agent, lookup_account)
+        control = self._make_control_dir(ra.key, who)
+        argv, env = self._command(ra, str(control), who)
+        spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who))}
+        if who.switch:
+            a = who.account
+            spec.update(uid=a.uid, gid=a.gid, groups=list(a.groups))
+        return spec
+
+    def _launch(self, ra: RunAssignment, d: Path) -> subprocess.Popen:
+        # The launcher gets the agent's own environment, never the job's (see launcher.py).
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "hfai.agent.launcher", str(d)], cwd=str(d), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+        except OSError as e:
+            write_atomic(d / "exit_code", b"127\n")
+            raise StartError(f"cannot start the launcher on node {self.node}: {e}") from None
+        try:
+            created = psutil.Process(popen.pid).create_time()
+        except psutil.Error:
+            created = time.time()  # already gone: it wrote its exit status, or none and counts as killed
         write_atomic(d / "launcher_pid", f"{popen.pid} {created}".encode())
         return popen
 
-    def _command(self, ra: RunAssignment, d: Path) -> tuple[list[str], dict[str, str]]:
+    def _make_control_dir(self, key: str, who: JobIdentity) -> Path:
+        """The job's control directory, its user's alone (0700): no other job can raise a suspend
+        flag in it or read its state."""
+        control = inside(self._real_root, self.control_root / key)
+        shutil.rmtree(control, ignore_errors=True)  # a leftover of an interrupted clean-up
+        control.mkdir(mode=0o700)
+        if who.switch:
+            os.chown(control, who.account.uid, who.account.gid)
+        return control
+
+    def _open_log(self, ra: RunAssignment, who: JobIdentity) -> Path:
+        logf = self.log_path(ra.job_id, ra.rank)
+        logf.parent.mkdir(mode=0o711, exist_ok=True)
+        logf.parent.chmod(0o711)  # created by older agents with the umask's mode
+        owner = (who.account.uid, who.account.gid) if who.switch else None
+        try:
+            fd = safefs.open_log(logf, owner)
+        except OSError as e:
+            raise StartError(f"cannot open the log file {logf} on node {self.node}: {e}") from None
+        with open(fd, "ab") as f:
+            f.write(f"=== hfai: job {ra.name} ({ra.job_id}) run {ra.run_id}, suspend count {ra.suspend_count}, "
+                    f"rank {ra.rank}/{ra.world_size} on {self.node} at {time.strftime('%H:%M:%S')} ===\n".encode())
+        return logf
+
+    def _command(self, ra: RunAssignment, control: str, who: JobIdentity) -> tuple[list[str], dict[str, str]]:
         if not os.path.isdir(ra.workdir):
             raise StartError(f"workdir {ra.workdir} does not exist on node {self.node}")
-        env = dict(os.environ)
+        env = _base_environment(self.run_as) | who.env
         env.update(ra.env)
         python = sys.executable
         if ra.env_name:
@@ -156,14 +239,17 @@ class RunStore:
             env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
             env["VIRTUAL_ENV"] = str(env_dir)
             python = str(env_dir / "bin" / "python")
-        env.update(job_environment(ra, self.node, str(d / "control")))
+        env.update(job_environment(ra, self.node, control))
         argv = list(ra.entrypoint)
-        if argv[0] in ("python", "python3"):
+        if argv and argv[0] in ("python", "python3"):
             argv[0] = python
+        _check_command(argv, env, ra.workdir)
         return argv, env
 
     def raise_suspend(self, key: str) -> None:
-        write_atomic(self.dir(key) / "control" / SUSPEND_FILE, f"{time.time()}\n".encode())
+        # Created, never overwritten: the control directory is the job's (see safefs.py).
+        if not safefs.create_flag(self.control_dir(key), SUSPEND_FILE, f"{time.time()}\n".encode()):
+            log.warning("could not raise the suspend flag of %s: something is already at its place", key)
 
     def signal(self, key: str, sig: int) -> None:
         d = self.dir(key)
@@ -174,7 +260,7 @@ class RunStore:
             # The launcher has not started the job yet: stop the launcher itself.
             pid_s = (_read_text(d / "launcher_pid") or "").partition(" ")[0]
             pgid = int(pid_s) if pid_s.isdigit() else None
-        if pgid is None:
+        if pgid is None or pgid <= 1:
             return
         try:
             os.killpg(pgid, sig)
@@ -186,7 +272,7 @@ class RunStore:
 
     def record_never_ran(self, ra: RunAssignment) -> None:
         d = self.dir(ra.key)
-        (d / "control").mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(d / "assignment", encode(ra))
         write_atomic(d / "exit_code", b"-1\n")
 
@@ -201,11 +287,41 @@ class RunStore:
         return out
 
     def remove_logs(self, job_id: str) -> None:
-        shutil.rmtree(self.logs_dir / job_id, ignore_errors=True)
+        if is_token(job_id):
+            shutil.rmtree(inside(self._real_root, self.logs_dir / job_id), ignore_errors=True)
 
     def cleanup(self, key: str) -> None:
         self._children.pop(key, None)
         shutil.rmtree(self.dir(key), ignore_errors=True)
+        shutil.rmtree(inside(self._real_root, self.control_root / key), ignore_errors=True)
+
+
+def _warn_if_unreachable(path: Path) -> None:
+    """Jobs run as their users and must pass through every parent of their control directory."""
+    for parent in path.resolve().parents:
+        if not parent.stat().st_mode & 0o001:
+            log.warning("jobs of other users cannot reach %s: %s is not searchable by others (chmod o+x)",
+                        path, parent)
+            return
+
+
+def _base_environment(run_as: str) -> dict[str, str]:
+    """What a job inherits from the agent's environment."""
+    if run_as != RUN_AS_SUBMITTER:
+        return dict(os.environ)  # the job is the agent's own account: nothing to hold back
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("HFAI_", "SUDO_")) and k not in _AGENT_ONLY}
+
+
+def _check_command(argv: list[str], env: dict[str, str], workdir: str) -> None:
+    """StartError for what exec would refuse (an empty command, NUL bytes, '=' in a name)."""
+    if not argv:
+        raise StartError("the entrypoint is empty")
+    if any("\0" in a for a in argv) or "\0" in workdir:
+        raise StartError("the entrypoint or workdir contains a NUL byte")
+    for k, v in env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise StartError(f"environment variable {k[:40]!r} cannot be set (empty, '=' or NUL in it)")
 
 
 def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str, str]:

@@ -20,9 +20,12 @@ import psutil
 from hfai import _nats
 from hfai._daemon import cancel_and_wait
 from hfai._version import __version__
+from hfai.agent import safefs
 from hfai.agent.gpu import open_gpu_source
+from hfai.agent.identity import check_run_as
 from hfai.agent.plan import Act, Action, LocalRun, RunPhase, plan, stale_logs
 from hfai.agent.runs import RunStore, StartError
+from hfai.agent.trust import assignment_problem, check_log_request
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import ProtocolError
@@ -47,11 +50,14 @@ class Agent:
         self.ac = config.agent
         self.node = names.check_token("node name", self.ac.resolved_node())
         self.address = self.ac.address or _default_address()
-        self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root)
+        self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as))
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self._desired: dict[str, RunAssignment] = {}
         self._fence = self._load_fence()
+        # Set once this node's desired state is known: an accepted assignment, or none in KV.
+        # Until then the agent holds (see reconcile); a refused entry does not count as known.
         self._have_assignment = False
+        self._refused_in_snapshot = False
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._nc = None
@@ -62,8 +68,7 @@ class Agent:
     async def start(self) -> None:
         self._nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
         self._js = self._nc.jetstream()
-        buckets = await _nats.ensure_shared_state(self._js, self.config)
-        self._nodes_kv, self._assign_kv = buckets.nodes, buckets.assign
+        self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self._log_sub = await self._nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
         await self._heartbeat_once()
         self._tasks = [
@@ -132,8 +137,7 @@ class Agent:
             try:
                 async for entry in watcher:
                     if entry is None:
-                        self._have_assignment = True
-                        self._wake.set()
+                        self._on_snapshot_end()
                         continue
                     self._on_assignment(entry)
                 log.warning("assignment watch ended; watching anew")
@@ -146,25 +150,41 @@ class Agent:
                     pass
             await asyncio.sleep(0.5)
 
+    def _on_snapshot_end(self) -> None:
+        """The watch delivered what KV holds now. Nothing there means nothing is wanted here; a
+        refused entry means the desired state is still unknown, so keep holding."""
+        if not self._refused_in_snapshot:
+            self._have_assignment = True
+        self._refused_in_snapshot = False
+        self._wake.set()
+
     def _on_assignment(self, entry) -> None:
-        self._have_assignment = True
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            self._desired = {}
-            self._wake.set()
+            self._accept({})
             return
         try:
             a = decode(entry.value, NodeAssignment)
         except ProtocolError as e:
-            log.warning("ignoring undecodable assignment: %s", e)
-            return
+            return self._refuse(f"ignoring undecodable assignment: {e}")
+        problem = assignment_problem(a, self.node)
+        if problem:
+            return self._refuse(f"refusing assignment with fence {a.fence}: {problem}")
         if a.fence < self._fence:
-            log.warning("ignoring assignment with stale fence %d (newest seen %d)", a.fence, self._fence)
-            return
+            return self._refuse(f"ignoring assignment with stale fence {a.fence} (newest seen {self._fence})")
         if a.fence > self._fence:
             self._fence = a.fence
             self._save_fence()
-        self._desired = {r.key: r for r in a.runs}
+        self._accept({r.key: r for r in a.runs})
+
+    def _accept(self, desired: dict[str, RunAssignment]) -> None:
+        self._desired = desired
+        self._have_assignment = True
+        self._refused_in_snapshot = False
         self._wake.set()
+
+    def _refuse(self, why: str) -> None:
+        log.warning("%s", why)
+        self._refused_in_snapshot = True
 
     def _load_fence(self) -> int:
         try:
@@ -198,11 +218,10 @@ class Agent:
     async def _reconcile_loop(self) -> None:
         while True:
             self._wake.clear()
-            if self._have_assignment:
-                try:
-                    await self.reconcile()
-                except Exception:
-                    log.exception("reconcile failed; retrying")
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile failed; retrying")
             try:
                 await asyncio.wait_for(self._wake.wait(), self.ac.reconcile_interval_s)
             except asyncio.TimeoutError:
@@ -210,8 +229,15 @@ class Agent:
 
     async def reconcile(self) -> None:
         local = self.store.snapshot()
-        for action in plan(self._desired, local, time.time(), self.ac.ack_exit_grace_s):
+        for action in plan(self._wanted(local), local, time.time(), self.ac.ack_exit_grace_s):
             await self._do(action, local)
+
+    def _wanted(self, local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
+        """The desired runs; while they are unknown (just started, or only a refused entry in KV),
+        every run on the node as it is: nothing is started or stopped, exits are still reported."""
+        if self._have_assignment:
+            return self._desired
+        return {key: run.assignment for key, run in local.items()}
 
     async def _do(self, a: Action, local: dict[str, LocalRun]) -> None:
         key, ra = a.key, a.run
@@ -294,20 +320,29 @@ class Agent:
 
     async def _serve_logs(self, msg) -> None:
         try:
-            req = decode(msg.data, LogRequest)
-            path = self.store.log_path(names.check_token("job id", req.job_id), req.rank)
-            try:
-                with open(path, "rb") as f:
-                    size = f.seek(0, 2)
-                    f.seek(max(0, min(req.offset, size)))
-                    data = f.read(max(0, min(req.max_bytes, 1 << 20)))
-                reply = LogChunk(data=data, offset=req.offset, size=size)
-            except FileNotFoundError:
-                reply = LogChunk(data=b"", offset=req.offset, size=0, exists=False)
+            reply = self.read_log(decode(msg.data, LogRequest))
         except Exception as e:
             reply = ErrorReply(code=getattr(e, "code", "invalid"), message=str(e))
-        if msg.reply:
+        if not msg.reply:
+            return
+        try:
             await msg.respond(encode(reply))
+        except Exception as e:  # a reply NATS refuses must not vanish without a trace
+            log.warning("could not answer a log request: %s", e)
+
+    def read_log(self, req: LogRequest) -> LogChunk:
+        """A slice of one rank's log, at most trust.LOG_CHUNK_MAX bytes (the client pages)."""
+        req = check_log_request(req)
+        path = self.store.log_path(req.job_id, req.rank)
+        try:
+            fd = safefs.open_log_for_reading(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return LogChunk(data=b"", offset=req.offset, size=0, exists=False)
+        with open(fd, "rb") as f:
+            size = f.seek(0, 2)
+            offset = min(req.offset, size)
+            f.seek(offset)
+            return LogChunk(data=f.read(req.max_bytes), offset=offset, size=size)
 
 
 def _host_stat() -> HostStat:
