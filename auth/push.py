@@ -14,21 +14,25 @@ from pathlib import Path
 import nats
 import nats.errors
 
+from hfai._nats import tls_options
 from hfai.auth.issuer import Issuer, write_secret
+from hfai.config import Config
 from hfai.protocol.errors import Unavailable
 
 CLAIMS_UPDATE = "$SYS.REQ.CLAIMS.UPDATE"
 
 
-async def push_account(issuer: Issuer, url: str, timeout_s: float = 5.0) -> str:
-    """Push the current account JWT to the server(s) at ``url``; returns the server's message."""
+async def push_account(issuer: Issuer, config: Config) -> str:
+    """Push the current account JWT to the cluster's servers; returns the server's message."""
+    url, timeout_s = config.nats.url, config.nats.request_timeout_s
     servers = [u.strip() for u in url.split(",") if u.strip()]
     with tempfile.TemporaryDirectory(prefix="hfai-push-") as tmp:
         creds = f"{tmp}/system.creds"
         write_secret(Path(creds), issuer.system_creds())
         try:
             nc = await nats.connect(servers, user_credentials=creds, allow_reconnect=False,
-                                    connect_timeout=timeout_s, max_reconnect_attempts=0)
+                                    connect_timeout=config.nats.connect_timeout_s, max_reconnect_attempts=0,
+                                    **tls_options(config))
         except (OSError, nats.errors.Error) as e:
             raise Unavailable(f"cannot reach NATS at {url} to push the account: {e}") from None
         try:

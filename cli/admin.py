@@ -130,7 +130,7 @@ def user_remove(name: str):
 
     try:
         held = _issuer().revoke(name)
-        asyncio.run(push_account(_issuer(), cli_config().nats.url))
+        asyncio.run(push_account(_issuer(), cli_config()))
     except HfaiError as e:
         _fail(e)
     click.echo(f"revoked {held.role.value} credentials of {name}; the cluster refuses them from now on")

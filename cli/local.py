@@ -33,7 +33,10 @@ LOCAL_CONTROLLER = ControllerConfig(
     lease_ttl_s=3.0, lease_poll_s=0.25, schedule_interval_s=0.5, slice_s=600.0,
     ack_window_s=30.0, kill_window_s=10.0, heartbeat_timeout_s=10.0, event_ack_wait_s=5.0,
 )
-LOCAL_AGENT = AgentConfig(heartbeat_interval_s=1.0, reconcile_interval_s=0.25, gpu_source="sim")
+# A local cluster is one person's: every job runs as the account that started it (the agent's),
+# whichever hfai user submitted it. Credentials and NATS permissions are on as in production; a
+# shared cluster runs jobs as their submitters (run_as = "submitter", the default).
+LOCAL_AGENT = AgentConfig(heartbeat_interval_s=1.0, reconcile_interval_s=0.25, gpu_source="sim", run_as="agent")
 
 
 def nats_server_binary() -> str:
@@ -98,6 +101,8 @@ class LocalCluster:
     auth: bool = True
     # Who gets operator credentials at `up` (default: the invoking user).
     owner: str = ""
+    # CA of joined NATS servers' TLS certificates (the embedded server has no TLS: loopback only).
+    tls_ca: str = ""
     pids: dict[str, int] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
@@ -123,7 +128,8 @@ class LocalCluster:
 
     def config(self) -> Config:
         return Config(
-            nats=NatsConfig(url=self.url, replicas=self.replicas, creds_dir=str(self.creds_dir) if self.auth else ""),
+            nats=NatsConfig(url=self.url, replicas=self.replicas, creds_dir=str(self.creds_dir) if self.auth else "",
+                            tls_ca=self.tls_ca),
             controller=self.controller,
             agent=dataclasses.replace(self.agent, env_root=str(self.root / "envs")),
         )

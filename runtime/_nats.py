@@ -47,7 +47,7 @@ def _identity(creds: str) -> dict:
     return {"user_credentials": creds, "inbox_prefix": perms.inbox_prefix}
 
 
-def _tls(config: Config) -> dict:
+def tls_options(config: Config) -> dict:
     if not config.nats.tls_ca:
         return {}
     import ssl
@@ -86,7 +86,7 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
             reconnect_time_wait=0.5,
             error_cb=log_error,
             **identity,
-            **_tls(config),
+            **tls_options(config),
         )
     )
     try:

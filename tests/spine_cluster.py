@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from hfai import _nats
 from hfai.cli.client import ApiClient
 from hfai.cli.local import LocalCluster, start_nats
 from hfai.config import AgentConfig, ControllerConfig
@@ -47,10 +48,10 @@ class Cluster:
     """A LocalCluster plus synchronous helpers for tests."""
 
     def __init__(self, root: Path, nodes: int = 2, controllers: int = 1, nats_url: str | None = None,
-                 replicas: int = 1, **controller_overrides):
+                 replicas: int = 1, tls_ca: str = "", **controller_overrides):
         cc = dataclasses.replace(TEST_CONTROLLER, **controller_overrides)
         self.local = LocalCluster(root=root, nodes=nodes, controllers=controllers, controller=cc, agent=TEST_AGENT,
-                                  replicas=replicas)
+                                  replicas=replicas, tls_ca=tls_ca)
         self.nodes = nodes
         self.nats_url = nats_url  # join these NATS servers instead of starting one
 
@@ -123,7 +124,7 @@ class Cluster:
             import nats
             import nats.js.errors
 
-            nc = await nats.connect(self.config.nats.url.split(","), user_credentials=str(self.service_creds()))
+            nc = await _nats.connect(self.config, "test-harness", reconnect=False, creds=str(self.service_creds()))
             try:
                 kv = await nc.jetstream().key_value(names.BUCKET_LEADER)
                 try:

@@ -1,6 +1,7 @@
 """Integration: the production shape of the shared state — a 3-server NATS JetStream cluster with
-replicated (R3) buckets and streams, two controller replicas, agents given all three server URLs.
-Jobs run, and keep running and being scheduled after one NATS server is killed."""
+replicated (R3) buckets and streams, TLS on client and route ports, JWT authentication, two
+controller replicas, agents given all three server URLs. Jobs run, and keep running and being
+scheduled after one NATS server is killed; a revocation pushed to one server reaches the others."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import nats
 
 from hfai import _nats
-from hfai.cli.local import nats_server_binary
+from hfai.cli.local import LocalCluster, nats_server_binary
 from hfai.config import Config, NatsConfig
 from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
@@ -39,13 +40,31 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-class NatsCluster:
-    """Three JetStream servers on loopback, routed to each other as in systemd/nats.conf.example."""
+def make_tls(root: Path) -> dict[str, Path]:
+    """A throwaway CA and one server certificate for 127.0.0.1 (used by all three servers, as
+    server and as route client), made with the openssl command."""
+    root.mkdir(parents=True, exist_ok=True)
+    ca, ca_key, cert, key = root / "ca.pem", root / "ca-key.pem", root / "server.pem", root / "server-key.pem"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2", "-subj", "/CN=hfai-test-ca")
+    run("req", *ec, "-keyout", str(key), "-out", str(root / "server.csr"), "-subj", "/CN=127.0.0.1")
+    (root / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", str(root / "server.csr"), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "2", "-extfile", str(root / "ext.cnf"))
+    return {"ca": ca, "cert": cert, "key": key}
 
-    def __init__(self, root: Path, size: int = 3):
+
+class NatsCluster:
+    """Three JetStream servers on loopback, routed to each other as in systemd/nats.conf.example,
+    optionally with TLS (``tls`` from :func:`make_tls`) and authentication (``auth``: the config
+    block of an hfai issuer, given the server's resolver directory)."""
+
+    def __init__(self, root: Path, size: int = 3, tls: dict[str, Path] | None = None, auth=None):
         ports = _free_ports(2 * size)
         self.client_ports, self.route_ports = ports[:size], ports[size:]
         self.root, self.size = root, size
+        self.tls, self.auth = tls, auth
         self.procs: list[subprocess.Popen] = []
 
     @property
@@ -59,11 +78,17 @@ class NatsCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         routes = ", ".join(f"nats://127.0.0.1:{p}" for p in self.route_ports)
         conf = self.root / f"nats-{i}.conf"
+        tls = ""
+        if self.tls:
+            tls = (f'  tls {{ cert_file: "{self.tls["cert"]}", key_file: "{self.tls["key"]}", '
+                   f'ca_file: "{self.tls["ca"]}" }}\n')
         conf.write_text(
             f"server_name: nats-{i}\nlisten: 127.0.0.1:{self.client_ports[i]}\n"
+            + tls.strip() + "\n"
             f"jetstream {{\n  store_dir: {self.root / f'js-{i}'}\n}}\n"
             f"cluster {{\n  name: hfai\n  listen: 127.0.0.1:{self.route_ports[i]}\n"
-            f"  routes: [{routes}]\n}}\n"
+            f"  routes: [{routes}]\n{tls}}}\n"
+            + (self.auth(self.root / f"accounts-{i}") if self.auth else "")
         )
         with open(self.log(i), "ab") as logf:
             self.procs.append(subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=logf,
@@ -109,9 +134,13 @@ class NatsCluster:
 
 
 def test_jobs_survive_the_loss_of_one_nats_server(tmp_path):
-    with NatsCluster(tmp_path / "nats") as nats, \
-            Cluster(tmp_path / "hfai", nodes=2, controllers=2, nats_url=nats.url, replicas=3) as c:
+    tls = make_tls(tmp_path / "tls")
+    issuer_of = LocalCluster(root=tmp_path / "hfai")  # the cluster's issuer, made before its servers
+    with NatsCluster(tmp_path / "nats", tls=tls, auth=issuer_of.server_auth_config) as nats, \
+            Cluster(tmp_path / "hfai", nodes=2, controllers=2, nats_url=nats.url, replicas=3,
+                    tls_ca=str(tls["ca"])) as c:
         assert c.config.nats.replicas == 3 and c.config.nats.url.count(",") == 2
+        assert c.config.nats.tls_ca
         first = c.submit(["python", STEPS, "6", "0.5"], name="before", nodes=2)
         c.wait_state(first.id, ChainState.RUNNING, timeout=60)
 
@@ -128,6 +157,14 @@ def test_jobs_survive_the_loss_of_one_nats_server(tmp_path):
             return {i.record.name for i in infos if i.state is NodeState.UP and i.age_s < 3} == {"node-0", "node-1"}
 
         c.wait(both_nodes_heartbeating, 30, "fresh heartbeats from both agents after the server loss")
+
+        # A user revoked through one server is refused by every server of the cluster.
+        assert c.cli("ps", user="erin").returncode == 0
+        removed = c.cli_env({"HFAI_ISSUER": str(tmp_path / "hfai" / "auth")}, "admin", "user", "remove", "erin")
+        assert removed.returncode == 0, removed.stderr
+        for port in nats.client_ports[1:]:
+            one = {"HFAI_USER": "erin", "HFAI_NATS_URL": f"nats://127.0.0.1:{port}"}
+            c.wait(lambda: c.cli_env(one, "ps").returncode != 0, 20, f"server on {port} to refuse erin")
 
 
 def test_setup_waits_for_the_nats_cluster_to_form(tmp_path):
