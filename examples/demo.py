@@ -22,7 +22,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 HOME = Path(tempfile.mkdtemp(prefix="hfai-demo-"))
-ENV = dict(os.environ, HFAI_HOME=str(HOME), HFAI_USER=os.environ.get("HFAI_USER", "demo"))
+# You, as the login name says: `hfai local up` issues your (operator) credentials for it.
+ENV = dict(os.environ, HFAI_HOME=str(HOME))
 ENV.pop("HFAI_CONFIG", None)
 TRAIN = "examples/train.py"
 
