@@ -15,27 +15,43 @@ _DESIRED = {
 }
 
 
+def fence_bound(heartbeat_timeout_s: float) -> float:
+    """The self-fencing bound carried in every run (RunAssignment.fence_s) for a leader that
+    declares a node lost after ``heartbeat_timeout_s`` without a heartbeat.
+
+    A node's launchers TERM their jobs after half the timeout without an accepted heartbeat and
+    KILL them at FENCE_KILL_FACTOR times that (3/4 of the timeout): the last quarter is the margin
+    for the launcher's polling and the kill itself. So when the leader requeues the job of a node
+    that went silent, its orphaned run is already dead and cannot write alongside the restarted
+    one. The leader needs no extra wait on its side: its timeout *is* the wait."""
+    if heartbeat_timeout_s <= 0:
+        return 0.0
+    return heartbeat_timeout_s / 2  # tests/test_self_fence.py checks FENCE_KILL_FACTOR keeps it inside
+
+
 def desired_assignments(jobs: list[JobRecord], nodes: list[str], fence: int, ack_window_s: float,
-                        kill_window_s: float) -> dict[str, NodeAssignment]:
-    """node -> NodeAssignment for every known node (nodes without work get an empty one)."""
+                        kill_window_s: float, fence_s: float = 0.0) -> dict[str, NodeAssignment]:
+    """node -> NodeAssignment for every known node (nodes without work get an empty one).
+    ``fence_s``: see :func:`fence_bound` (0: runs do not fence themselves)."""
     runs: dict[str, list[RunAssignment]] = {n: [] for n in nodes}
     for job in sorted(jobs, key=lambda j: j.id):
         desired = _DESIRED.get(job.state)
         if desired is None:
             continue
         for rank, node in enumerate(job.nodes):
-            runs.setdefault(node, []).append(_run(job, rank, desired, ack_window_s, kill_window_s))
+            runs.setdefault(node, []).append(_run(job, rank, desired, ack_window_s, kill_window_s, fence_s))
     return {n: NodeAssignment(node=n, fence=fence, runs=tuple(rs)) for n, rs in runs.items()}
 
 
-def _run(job: JobRecord, rank: int, desired: DesiredRun, ack_window_s: float, kill_window_s: float) -> RunAssignment:
+def _run(job: JobRecord, rank: int, desired: DesiredRun, ack_window_s: float, kill_window_s: float,
+         fence_s: float) -> RunAssignment:
     s = job.spec
     return RunAssignment(
         job_id=job.id, run_id=job.run_id, name=s.name, user=s.user, group=s.group, priority=s.priority,
         rank=rank, world_size=len(job.nodes), master_addr=job.master_addr, master_port=job.master_port,
         entrypoint=s.entrypoint, workdir=s.workdir, desired=desired, env_name=s.env_name, env=dict(s.env),
         suspend_count=job.suspend_count, whole_life_state=job.whole_life_state,
-        ack_window_s=ack_window_s, kill_window_s=kill_window_s,
+        ack_window_s=ack_window_s, kill_window_s=kill_window_s, fence_s=fence_s,
     )
 
 

@@ -24,7 +24,7 @@ from hfai._daemon import bounded, cancel_and_wait, raise_if_cancelled
 from hfai._nats import events_subscription
 from hfai.config import Config
 from hfai.controller import transitions
-from hfai.controller.assignments import desired_assignments, pick_master_port, same_work
+from hfai.controller.assignments import desired_assignments, fence_bound, pick_master_port, same_work
 from hfai.controller.election import LeaseElection
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.policy import NodeView, Start, Suspend, Wait, decide
@@ -284,7 +284,7 @@ class Leader:
     async def _publish_assignments(self) -> None:
         wanted = desired_assignments(
             list(self.jobs.values.values()), list(self.nodes.cache.values), self.fence,
-            self.cc.ack_window_s, self.cc.kill_window_s,
+            self.cc.ack_window_s, self.cc.kill_window_s, fence_bound(self.cc.heartbeat_timeout_s),
         )
         for node, assignment in wanted.items():
             if same_work(self._assigned.get(node), assignment) or not self.election.is_leader:

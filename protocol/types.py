@@ -281,9 +281,20 @@ class NodeRecord:
     agent_version: str = ""
 
 
+# Self-fencing (see RunAssignment.fence_s): the launcher SIGTERMs its job once the agent has not
+# confirmed liveness for fence_s, and SIGKILLs it once that lasted FENCE_KILL_FACTOR * fence_s.
+FENCE_KILL_FACTOR = 1.5
+
+
 @message("run_assignment")
 class RunAssignment:
-    """One run the leader wants on a node, with everything the agent needs to start it."""
+    """One run the leader wants on a node, with everything the agent needs to start it.
+
+    ``fence_s`` (0: off, what older controllers send): the run's launcher stops the job when the
+    node's agent has not had a heartbeat accepted by NATS for that long (TERM at ``fence_s``, KILL
+    at ``FENCE_KILL_FACTOR * fence_s``). The leader sets it well inside its heartbeat timeout, so
+    an orphan is dead before the leader can declare the node lost and restart the job elsewhere.
+    """
 
     KIND: ClassVar[str]
     job_id: str
@@ -305,6 +316,7 @@ class RunAssignment:
     whole_life_state: int = 0
     ack_window_s: float = 60.0
     kill_window_s: float = 30.0
+    fence_s: float = 0.0
 
     @property
     def key(self) -> str:
