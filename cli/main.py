@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -143,8 +144,7 @@ def build_spec(command: list[str], nodes: str, name: str | None, priority: str, 
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
     count, min_nodes, max_nodes = parse_nodes(nodes)
-    default_name = Path(command[0] if command[0] not in ("python", "python3", "bash") else command[1]).stem
-    return JobSpec(name=name or default_name, entrypoint=tuple(command), workdir=os.getcwd(), nodes=count,
+    return JobSpec(name=name or entry_script(command)[1], entrypoint=tuple(command), workdir=os.getcwd(), nodes=count,
                    priority=prio, group=group, env_name=env_name, env=env, min_nodes=min_nodes,
                    max_nodes=max_nodes)
 
@@ -161,8 +161,58 @@ async def _submit(spec, force: bool) -> None:
     click.echo(f"  follow it with:  hfai logs {render.clean(job.id)} -f      see the queue with:  hfai ps")
 
 
-def _check_script(path: str) -> None:
-    if not Path(path).is_file():
+# Interpreters whose first operand is a script file: we check it exists before submitting (a
+# typo would otherwise surface only on a node) and name the job after it.
+_INTERPRETER = re.compile(r"python[0-9.]*|bash|sh")
+# Their long options that take the next argument as a value (so that value is not the script).
+_LONG_VALUE_OPTIONS = frozenset({"--check-hash-based-pycs", "--rcfile", "--init-file"})
+
+
+def entry_script(command: list[str] | tuple[str, ...]) -> tuple[str | None, str]:
+    """(the script file ``command`` runs, or None; the default job name). Pure.
+
+    ``python -c CODE``, ``bash -c CMD`` and ``python -m MODULE`` run no file: nothing to check,
+    and the job is named after the interpreter (or the module). Any other program is named after
+    itself; it is looked up on the nodes, not here.
+    """
+    program = os.path.basename(command[0])
+    if not _INTERPRETER.fullmatch(program):
+        return None, Path(command[0]).stem
+    python = program.startswith("python")
+    # Short options that take a value (attached, or the next argument) and those that end the
+    # options because the program follows inline (-c) or is a module (-m).
+    valued, inline = ("WX", "cm") if python else ("oO", "c")
+    rest = iter(command[1:])
+    for arg in rest:
+        if arg == "--":
+            script = next(rest, None)
+            return (script, Path(script).stem) if script else (None, program)
+        if arg in _LONG_VALUE_OPTIONS:
+            next(rest, None)
+            continue
+        if arg.startswith("--"):
+            continue
+        if arg[:1] in "-+" and len(arg) > 1:
+            for i, flag in enumerate(arg[1:], 1):  # short options may be bundled: -uc CODE, -mpkg.mod
+                if flag in valued:
+                    if i == len(arg) - 1:
+                        next(rest, None)
+                    break
+                if flag in inline:
+                    if flag == "m":
+                        module = arg[i + 1:] or next(rest, "")
+                        return None, module.rpartition(".")[2] or program
+                    return None, program
+            continue
+        if arg == "-":  # the program comes on stdin
+            return None, program
+        return arg, Path(arg).stem
+    return None, program
+
+
+def _check_script(command: list[str]) -> None:
+    path = entry_script(command)[0]
+    if path is not None and not Path(path).is_file():
         raise click.UsageError(f"file {path!r} does not exist (relative to {os.getcwd()})")
 
 
@@ -176,15 +226,16 @@ def python_cmd(file: str, args: tuple[str, ...]):
       hfai python train.py --lr 0.1 -- -n 2 --name mnist -p HIGH
       hfai python train.py --lr 0.1           (runs locally)
     """
-    _check_script(file)
-    if "--" not in args:
-        os.execv(sys.executable, [sys.executable, file, *args])
-    cut = args.index("--")
-    script_args, hfai_args = list(args[:cut]), list(args[cut + 1:])
+    cut = args.index("--") if "--" in args else len(args)
+    # FILE may be python's own option (-c CODE, -m MODULE, -u train.py): click leaves those to us.
+    argv, hfai_args = [file, *args[:cut]], list(args[cut + 1:])
+    _check_script(["python", *argv])
+    if cut == len(args):
+        os.execv(sys.executable, [sys.executable, *argv])
     ctx = _submit_parser.make_context("hfai python FILE [ARGS] --", hfai_args)
     with ctx:
         p = ctx.params
-        spec = build_spec(["python", file, *script_args], p["nodes"], p["name"], p["priority"], p["group"],
+        spec = build_spec(["python", *argv], p["nodes"], p["name"], p["priority"], p["group"],
                           p["env_vars"], p["env_name"])
     _submit(spec, p["force"])
 
@@ -201,8 +252,7 @@ def _submit_parser(**_kwargs):
 def submit(command, nodes, name, priority, group, env_vars, env_name, force):
     """Submit any COMMAND (python file.py ..., bash file.sh, an executable) as a job."""
     command = list(command)
-    if command and command[0] in ("python", "python3", "bash") and len(command) > 1:
-        _check_script(command[1])
+    _check_script(command)
     spec = build_spec(command, nodes, name, priority, group, env_vars, env_name)
     _submit(spec, force)
 
