@@ -27,7 +27,7 @@ from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, pick_master_port, same_work
 from hfai.controller.election import LeaseElection
 from hfai.controller.nodes import NodeTracker
-from hfai.controller.policy import NodeView, Start, Suspend, Wait, decide
+from hfai.controller.policy import JobView, NodeView, Start, Suspend, Wait, decide
 from hfai.controller.store import KVCache, cas_update
 from hfai.controller.views import job_view, policy_config
 from hfai.protocol import decode, encode, names
@@ -58,6 +58,7 @@ class Leader:
         self._lost_nodes: set[str] = set()
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
         self._reason_written: dict[str, float] = {}  # job id -> monotonic time of its last wait reason
+        self._view_cache: dict[str, tuple[JobRecord, JobView]] = {}  # job id -> (record, its view)
         self.last_beat = time.monotonic()
 
     def beat(self) -> None:
@@ -216,6 +217,8 @@ class Leader:
         for name in sorted(down - self._lost_nodes):
             log.warning("node %s is down", name)
         self._lost_nodes = down
+        if not down:
+            return
         for job in list(self.jobs.values.values()):
             for node in job.nodes:
                 if node in down and job.state.holds_nodes:
@@ -226,7 +229,7 @@ class Leader:
 
     async def _schedule(self) -> None:
         records = {j.id: j for j in self.jobs.values.values() if not j.state.final}
-        views = [job_view(j) for j in records.values()]
+        views = self._views(records)
         now_mono = time.monotonic()
         node_views = [
             NodeView(name=r.name, group=r.group, schedulable=self.nodes.schedulable(r.name, now_mono))
@@ -234,6 +237,9 @@ class Leader:
         ]
         quotas = self.settings.values.get(names.QUOTAS_KEY) if self.settings is not None else None
         for d in decide(views, node_views, time.time(), policy_config(self.cc, quotas)):
+            # Most decisions of a long queue are Waits that change nothing: keep those cheap.
+            if isinstance(d, Wait) and not self._wait_reason_due(records[d.job_id], d, now_mono):
+                continue
             if not self.election.is_leader:
                 return
             self.beat()  # a long round of writes is progress, not a stall
@@ -245,17 +251,29 @@ class Leader:
                 log.info("suspending %s: %s", d.job_id, d.reason)
                 await self._update(d.job_id, lambda j, d=d: transitions.apply_suspend(j, d, time.time()))
             elif isinstance(d, Wait):
-                await self._explain_wait(records[d.job_id], d)
+                self._reason_written[d.job_id] = now_mono
+                await self._update(d.job_id, lambda j, d=d: transitions.apply_wait_reason(j, d.reason))
         # Forget when reasons were written for jobs that no longer wait.
         for job_id in [k for k in self._reason_written if k not in records or not records[k].state.waiting]:
             del self._reason_written[job_id]
 
-    async def _explain_wait(self, record: JobRecord, d: Wait) -> None:
-        now = time.monotonic()
-        if transitions.wait_reason_due(record, d.reason, self._reason_written.get(d.job_id), now,
-                                       self.cc.wait_reason_interval_s):
-            self._reason_written[d.job_id] = now
-            await self._update(d.job_id, lambda j: transitions.apply_wait_reason(j, d.reason))
+    def _wait_reason_due(self, record: JobRecord, d: Wait, now: float) -> bool:
+        return record.reason != d.reason and transitions.wait_reason_due(
+            record, d.reason, self._reason_written.get(d.job_id), now, self.cc.wait_reason_interval_s)
+
+    def _views(self, records: dict[str, JobRecord]) -> list[JobView]:
+        """The policy's views of these records, rebuilt only for records that changed (a record
+        is replaced, never mutated, on every change): a long queue costs no rebuilding per round."""
+        cache = self._view_cache
+        views = []
+        for job_id, r in records.items():
+            hit = cache.get(job_id)
+            if hit is None or hit[0] is not r:
+                hit = cache[job_id] = (r, job_view(r))
+            views.append(hit[1])
+        if len(cache) > 2 * len(records) + 64:
+            self._view_cache = {k: v for k, v in cache.items() if k in records}
+        return views
 
     def _master_port(self, job_id: str, run_id: int, addr: str) -> int:
         in_use = {j.master_port for j in self.jobs.values.values() if j.state.holds_nodes and j.master_addr == addr}

@@ -7,6 +7,7 @@ a redelivered event (same node, same run) changes nothing the second time.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import replace
@@ -99,6 +100,7 @@ def apply_wait_reason(job: JobRecord, reason: str) -> JobRecord | None:
     return replace(job, reason=reason)
 
 
+@functools.lru_cache(maxsize=4096)  # a queue repeats the same few reasons thousands of times a round
 def wait_gist(reason: str) -> str:
     """What a wait reason says, without the detail that changes from round to round: the text
     before its first ':' or ',' with numbers blanked. "waiting for nodes: the group is full, ..."
