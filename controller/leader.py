@@ -222,7 +222,7 @@ class Leader:
         for job in list(self.jobs.values.values()):
             for node in job.nodes:
                 if node in down and job.state.holds_nodes:
-                    await self._update(job.id, lambda j, n=node: transitions.apply_node_lost(j, n, time.time()))
+                    await self._update(job.id, self._fenced(lambda j, n=node: transitions.apply_node_lost(j, n, time.time())))
                     break
 
     # ----------------------------------------------------------------------------- schedule
@@ -246,10 +246,11 @@ class Leader:
             if isinstance(d, Start):
                 addr = self.nodes.cache.values[d.nodes[0]].address
                 port = self._master_port(d.job_id, records[d.job_id].run_id + 1, addr)
-                await self._update(d.job_id, lambda j, d=d: transitions.apply_start(j, d, time.time(), addr, port))
+                await self._update(d.job_id, self._fenced(
+                    lambda j, d=d: transitions.apply_start(j, d, time.time(), addr, port)))
             elif isinstance(d, Suspend):  # also Resize: an elastic job restarts at another size
                 log.info("suspending %s: %s", d.job_id, d.reason)
-                await self._update(d.job_id, lambda j, d=d: transitions.apply_suspend(j, d, time.time()))
+                await self._update(d.job_id, self._fenced(lambda j, d=d: transitions.apply_suspend(j, d, time.time())))
             elif isinstance(d, Wait):
                 self._reason_written[d.job_id] = now_mono
                 await self._update(d.job_id, lambda j, d=d: transitions.apply_wait_reason(j, d.reason))
@@ -274,6 +275,14 @@ class Leader:
         if len(cache) > 2 * len(records) + 64:
             self._view_cache = {k: v for k, v in cache.items() if k in records}
         return views
+
+    def _fenced(self, change):
+        """``change``, made a no-op once this loop no longer leads. A decision was taken on this
+        leader's view of the cluster; a leader frozen (SIGSTOP, a long GC pause) between deciding
+        and writing must not apply it after a successor decided otherwise. The test runs after
+        the record was read, right before the compare-and-set is sent: the narrowest window an
+        unfenced KV write allows."""
+        return lambda job: change(job) if self.leading() else None
 
     def _master_port(self, job_id: str, run_id: int, addr: str) -> int:
         in_use = {j.master_port for j in self.jobs.values.values() if j.state.holds_nodes and j.master_addr == addr}

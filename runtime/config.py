@@ -82,9 +82,8 @@ class ControllerConfig:
     leader_exit_s: float = 45.0
     cancel_timeout_s: float = 10.0
     shutdown_timeout_s: float = 30.0
-    # A waiting job's reason is written to its record when it first waits, then only when its
-    # gist changes and at most this often: rewriting every round's wording cost hundreds of
-    # writes per job (issue 11).
+    # A waiting job's reason is written to its record only when its gist changes, and at most
+    # this often per job: rewriting every round's wording cost hundreds of writes per job (issue 11).
     wait_reason_interval_s: float = 30.0
 
 
