@@ -75,13 +75,17 @@ class LeaseElection:
     async def _run(self) -> None:
         while True:
             raise_if_cancelled()  # an await in nats-py may have swallowed a cancellation
-            if self.token is None:
-                if time.monotonic() >= self._campaign_after:
-                    await self._try_acquire()
-                await asyncio.sleep(self.poll_s if self.token is None else self.ttl_s / 3)
-            else:
-                await self._renew()
-                await asyncio.sleep(self.ttl_s / 3)
+            try:
+                if self.token is None:
+                    if time.monotonic() >= self._campaign_after:
+                        await self._try_acquire()
+                else:
+                    await self._renew()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one odd error end campaigning for good
+                log.exception("%s: lease round failed", self.holder)
+            await asyncio.sleep(self.poll_s if self.token is None else self.ttl_s / 3)
 
     async def _try_acquire(self) -> None:
         value = encode(LeaderLease(holder=self.holder, since=time.time()))
