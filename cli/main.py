@@ -17,6 +17,7 @@ import click
 
 from hfai.cli import render
 from hfai.protocol.errors import HfaiError
+from hfai.protocol.types import Priority
 
 # Subcommand groups defined in their own modules, imported only when used.
 LAZY_GROUPS = {
@@ -102,8 +103,7 @@ def submit_options(f):
                      help="Whole nodes (8 GPUs each); MIN:MAX for an elastic job."),
         click.option("--name", help="Job name (default: the script's file name)."),
         click.option("-p", "--priority", default="NORMAL", show_default=True,
-                     help="LOW, BELOW_NORMAL, NORMAL, ABOVE_NORMAL, HIGH, VERY_HIGH, EXTREME_HIGH, 0-50, "
-                          "or AUTO (the highest level you have quota for)."),
+                     help=f"{Priority.choices()} (the highest level you have quota for)."),
         click.option("-g", "--group", default="default", show_default=True, help="Node group (pool)."),
         click.option("-e", "--env", "env_vars", multiple=True, metavar="K=V", help="Extra environment variable."),
         click.option("-i", "--env-name", default=lambda: os.environ.get("HF_ENV_NAME", ""),
@@ -131,7 +131,7 @@ def parse_nodes(text: str) -> tuple[int, int, int]:
 
 def build_spec(command: list[str], nodes: str, name: str | None, priority: str, group: str,
                env_vars: tuple[str, ...], env_name: str):
-    from hfai.protocol.types import JobSpec, Priority
+    from hfai.protocol.types import JobSpec
 
     env = {}
     for item in env_vars:
@@ -151,8 +151,6 @@ def build_spec(command: list[str], nodes: str, name: str | None, priority: str, 
 
 @run_async
 async def _submit(spec, force: bool) -> None:
-    from hfai.protocol.types import Priority
-
     async with api() as client:
         job = await client.submit(spec, force=force)
     size = f"{job.spec.min_nodes}-{job.spec.max_nodes}" if job.spec.elastic else str(job.spec.nodes)
@@ -339,18 +337,20 @@ def quota():
     """Node quotas per (user, priority, group). Setting them is for operators."""
 
 
-@quota.command("set")
+# ignore_unknown_options: else click takes the documented NODES -1 for an option named "-1".
+@quota.command("set", context_settings={"ignore_unknown_options": True})
 @click.argument("user")
 @click.argument("priority")
-@click.argument("nodes", type=int)
+@click.argument("nodes", type=click.IntRange(min=-1))
 @click.option("-g", "--group", default="*", show_default=True, help="Node group, or * for all.")
 @run_async
 async def quota_set(user: str, priority: str, nodes: int, group: str):
     """Let USER's jobs of PRIORITY hold at most NODES nodes (USER may be *; NODES -1 removes it)."""
-    from hfai.protocol.types import Priority
-
+    level = Priority.parse(priority)
+    if level not in {p.value for p in Priority}:
+        raise click.UsageError("a quota is set for one level, not AUTO: use " + ", ".join(p.name for p in Priority))
     async with api() as client:
-        reply = await client.set_quota(user, Priority.parse(priority), group, nodes)
+        reply = await client.set_quota(user, level, group, nodes)
     click.echo(render.quotas_table(reply.quotas))
 
 

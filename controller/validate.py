@@ -115,8 +115,7 @@ def check_spec(spec: JobSpec) -> JobSpec:
     check_name(spec.name)
     check_sizes(spec)
     if spec.priority not in _PRIORITIES:
-        raise InvalidRequest(f"unknown priority {spec.priority}: use one of "
-                             + ", ".join(f"{p.name} ({p.value})" for p in Priority) + ", or AUTO")
+        raise InvalidRequest(f"unknown priority {spec.priority}: use {Priority.choices()}")
     if not names.is_token(spec.group):
         raise InvalidRequest(f"group {show(spec.group)} may only use letters, digits, '_' and '-' (1-64 chars)")
     if spec.env_name and not names.is_token(spec.env_name):

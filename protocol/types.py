@@ -30,20 +30,25 @@ class Priority(enum.IntEnum):
 
     @classmethod
     def parse(cls, text: str | int) -> int:
-        """A priority from a level name (any case), a number, or AUTO (-> ``AUTO_PRIORITY``,
-        resolved by the controller at submit time); raises InvalidRequest otherwise."""
-        if isinstance(text, int):
-            return text
+        """A priority from a level name (any case), a level's number, or AUTO (-> ``AUTO_PRIORITY``,
+        resolved by the controller at submit time); raises InvalidRequest otherwise.
+
+        Only the levels exist: the controller refuses any other number, so the parser does too,
+        and ``-1`` (which is how AUTO travels) is not a way to spell AUTO."""
         raw = str(text).strip()
-        if raw.lstrip("-").isdigit():
-            return int(raw)
         if raw.upper() == "AUTO":
             return AUTO_PRIORITY
         try:
+            if raw.lstrip("-").isdigit():
+                return cls(int(raw)).value
             return cls[raw.upper().replace("-", "_")].value
-        except KeyError:
-            names = ", ".join(f"{p.name} ({p.value})" for p in cls)
-            raise InvalidRequest(f"unknown priority {text!r}: use one of {names}, or a number") from None
+        except (KeyError, ValueError):
+            raise InvalidRequest(f"unknown priority {str(text)[:40]!r}: use {cls.choices()}") from None
+
+    @classmethod
+    def choices(cls) -> str:
+        """The accepted spellings, for help texts and errors (one wording everywhere)."""
+        return ", ".join(f"{p.name} {p.value}" for p in cls) + " (by name or number), or AUTO"
 
     @classmethod
     def label(cls, value: int) -> str:

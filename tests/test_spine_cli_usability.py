@@ -35,3 +35,34 @@ def test_inline_programs_need_no_script_file(cluster, tmp_path, args, name, prin
 def test_a_missing_script_after_interpreter_options_is_still_refused(cluster, tmp_path):
     r = cluster.cli("submit", "python", "-u", "no_such_train.py", cwd=tmp_path)
     assert r.returncode != 0 and "'no_such_train.py' does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_quota_set_minus_one_removes_the_quota(cluster):
+    assert cluster.cli("quota", "set", "alice", "HIGH", "4", user="root").returncode == 0
+    listed = cluster.cli("quota", "ls").stdout
+    assert any(line.split() == ["alice", "HIGH", "*", "4"] for line in listed.splitlines()), listed
+    removed = cluster.cli("quota", "set", "alice", "HIGH", "-1", user="root")
+    assert removed.returncode == 0, removed.stderr
+    assert "alice" not in cluster.cli("quota", "ls").stdout
+    below = cluster.cli("quota", "set", "alice", "HIGH", "-2", user="root")
+    assert below.returncode != 0 and "Traceback" not in below.stderr
+
+
+@pytest.mark.parametrize("given", ["7", "-1", "51", "urgent"])
+def test_priorities_are_levels_by_name_or_number_only(cluster, tmp_path, given):
+    r = cluster.cli("submit", "-p", given, "bash", "-c", "true", cwd=tmp_path)
+    assert r.returncode != 0 and f"unknown priority {given!r}" in r.stderr and "LOW 0" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and sum(line.startswith("Error") for line in r.stderr.splitlines()) == 1
+
+
+def test_priority_numbers_help_and_auto_agree(cluster, tmp_path):
+    from hfai.protocol.types import Priority
+
+    r = cluster.cli("submit", "-p", "30", "--name", "by-number", "bash", "-c", "true", cwd=tmp_path)
+    assert r.returncode == 0 and "priority HIGH" in r.stdout, r.stderr
+    assert cluster.wait_state(_job_id(r.stdout), ChainState.SUCCEEDED).spec.priority == 30
+    auto = cluster.cli("submit", "-p", "auto", "--name", "by-auto", "bash", "-c", "true", cwd=tmp_path)
+    assert auto.returncode == 0 and "priority NORMAL" in auto.stdout, auto.stderr  # no quotas: NORMAL
+    help_text = " ".join(cluster.cli("submit", "--help").stdout.split())
+    assert Priority.choices() in help_text and "0-50" not in help_text
+    assert Priority.parse("Above-Normal") == 20 and Priority.parse(" 50 ") == 50
