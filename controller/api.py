@@ -289,7 +289,7 @@ class ApiService:
         return await self.settings(caller, QuotasRequest())
 
     async def _find(self, user: str, ref: str) -> JobRecord:
-        """A job by id, else the newest job with that name (the caller's own first)."""
+        """A job by id, else by name (see :func:`pick_named`)."""
         if not ref:
             raise InvalidRequest("name a job by id or name")
         try:
@@ -297,11 +297,22 @@ class ApiService:
                 return decode((await self._kv.get(ref)).value, JobRecord)
         except nats.js.errors.KeyNotFoundError:
             pass
-        named = [j for j in self._jobs.values.values() if j.spec.name == ref]
-        if not named:
-            raise NotFound(f"no job with id or name {ref!r}")
-        own = [j for j in named if j.spec.user == user] or named
-        return max(own, key=lambda j: (j.submit_ts, j.id))
+        return pick_named([j for j in self._jobs.values.values() if j.spec.name == ref], user, ref)
+
+
+def pick_named(named: list[JobRecord], user: str, ref: str) -> JobRecord:
+    """Which of the jobs called ``ref`` a command means (pure). The caller's own jobs first, else
+    anyone's; of those, the one active job, since with -f a finished namesake is common and
+    stopping it instead would leave the running one running; with no active job the newest. Two
+    or more active ones are ambiguous: refused, listing their ids, never a guess."""
+    if not named:
+        raise NotFound(f"no job with id or name {ref!r}")
+    mine = [j for j in named if j.spec.user == user] or named
+    active = sorted((j for j in mine if not j.state.final), key=lambda j: (j.submit_ts, j.id))
+    if len(active) > 1:
+        shown = ", ".join(f"{j.id} ({j.state.value})" for j in active[:10]) + (", …" if len(active) > 10 else "")
+        raise InvalidRequest(f"{len(active)} active jobs are named {ref!r}: {shown}; name one by its id")
+    return active[0] if active else max(mine, key=lambda j: (j.submit_ts, j.id))
 
 
 def _shown_to(caller: Caller, job: JobRecord) -> JobRecord:

@@ -66,3 +66,25 @@ def test_priority_numbers_help_and_auto_agree(cluster, tmp_path):
     help_text = " ".join(cluster.cli("submit", "--help").stdout.split())
     assert Priority.choices() in help_text and "0-50" not in help_text
     assert Priority.parse("Above-Normal") == 20 and Priority.parse(" 50 ") == 50
+
+
+def test_a_name_means_the_active_job_and_two_active_ones_are_ambiguous(cluster, tmp_path):
+    first = _job_id(cluster.cli("submit", "--name", "dup", "python", STEPS, "600", "0.1", cwd=tmp_path).stdout)
+    cluster.wait_state(first, ChainState.RUNNING)
+    done = _job_id(cluster.cli("submit", "-f", "--name", "dup", "bash", "-c", "true", cwd=tmp_path).stdout)
+    cluster.wait_state(done, ChainState.SUCCEEDED)
+    assert f"({first})" in cluster.cli("status", "dup").stdout  # the running one, not the newest
+    stop = cluster.cli("stop", "dup")
+    assert stop.returncode == 0 and f"({first})" in stop.stdout, stop.stdout + stop.stderr
+    cluster.wait_state(first, ChainState.STOPPED, timeout=30)
+
+    a = _job_id(cluster.cli("submit", "-f", "--name", "dup", "python", STEPS, "600", "0.1", cwd=tmp_path).stdout)
+    b = _job_id(cluster.cli("submit", "-f", "--name", "dup", "python", STEPS, "600", "0.1", cwd=tmp_path).stdout)
+    for args in (["stop", "dup"], ["status", "dup"]):
+        r = cluster.cli(*args)
+        assert r.returncode == 1 and a in r.stderr and b in r.stderr and "by its id" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert {cluster.job(j).state for j in (a, b)} <= {ChainState.QUEUED, ChainState.RUNNING}
+    for j in (a, b):
+        assert cluster.cli("stop", j).returncode == 0
+        cluster.wait_state(j, ChainState.STOPPED, timeout=30)
