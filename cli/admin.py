@@ -100,8 +100,9 @@ def user_add(name: str, operator: bool, role: str | None, out: Path | None):
         write_secret(out, creds)
     except HfaiError as e:
         _fail(e)
-    click.echo(f"issued {chosen.value} credentials for {name}: {out} (mode 0600; the user keeps it as "
-               f"$HFAI_HOME/creds/{name}.creds)")
+    click.echo(f"issued {chosen.value} credentials for {name}: {out} (mode 0600)")
+    if chosen in (Role.USER, Role.OPERATOR) and out.parent != _creds_dir():
+        click.echo(f"  {name}'s CLI presents it from $HFAI_HOME/creds/{name}.creds (default ~/.hfai/creds/)")
 
 
 @user.command("list")
