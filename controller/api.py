@@ -142,11 +142,14 @@ class ApiService:
 
     async def submit(self, caller: Caller, req: SubmitRequest) -> JobReply:
         user = caller.user
+        from hfai.controller.validate import check_quota
+
         spec = self._validate(replace(req.spec, user=user))
+        quotas = quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable))
         if spec.priority == AUTO_PRIORITY:
             views = [job_view(j) for j in self._jobs.values.values() if not j.state.final]
-            spec = replace(spec, priority=resolve_auto(user, spec.group, spec.nodes, views,
-                                                       quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable))))
+            spec = replace(spec, priority=resolve_auto(user, spec.group, spec.nodes, views, quotas))
+        check_quota(spec, quotas)
         if not req.force:
             for j in self._jobs.values.values():
                 if j.spec.user == user and j.spec.name == spec.name and not j.state.final:

@@ -8,7 +8,8 @@ an ``InvalidRequest`` whose one-line message names the field and says what to fi
 
 :func:`check_spec` looks at the spec alone; :func:`check_placement` at the spec and the nodes of
 its group; :func:`validate_spec` does both, static checks first, so a spec is never refused for
-its group while something about the spec itself is also wrong.
+its group while something about the spec itself is also wrong. :func:`check_quota` comes last,
+once AUTO is resolved to a level.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from hfai.controller.policy import Quotas
 from hfai.protocol import encode, names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import AUTO_PRIORITY, JobSpec, NodeRecord, Priority
@@ -145,6 +147,19 @@ def check_placement(spec: JobSpec, nodes: Iterable[NodeRecord]) -> JobSpec:
             known = ", ".join(sorted(offered)) or "none"
             raise InvalidRequest(f"unknown environment HF_ENV_NAME={spec.env_name!r}; "
                                  f"environments on group {spec.group!r}: {known}")
+    return spec
+
+
+def check_quota(spec: JobSpec, quotas: Quotas) -> JobSpec:
+    """Could the job ever start under its user's quota? One that needs more nodes than the quota
+    of its (user, priority, group) allows would wait forever, so it is refused like a job larger
+    than its group. ``spec.priority`` must be resolved (not AUTO)."""
+    limit = quotas.limit(spec.user, spec.priority, spec.group)
+    least = spec.min_nodes if spec.elastic else spec.nodes
+    if limit is not None and least > limit:
+        raise InvalidRequest(f"the job needs {least} node(s) but {spec.user}'s quota at "
+                             f"{Priority.label(spec.priority)} in group {spec.group!r} is {limit}, so it could "
+                             "never start; submit at another priority or ask an operator for more")
     return spec
 
 

@@ -88,3 +88,17 @@ def test_a_name_means_the_active_job_and_two_active_ones_are_ambiguous(cluster, 
     for j in (a, b):
         assert cluster.cli("stop", j).returncode == 0
         cluster.wait_state(j, ChainState.STOPPED, timeout=30)
+
+
+def test_a_job_its_quota_can_never_hold_is_refused_at_submit(cluster, tmp_path):
+    assert cluster.cli("quota", "set", "carol", "LOW", "1", user="root").returncode == 0
+    try:
+        r = cluster.cli("submit", "-n", "2", "-p", "LOW", "bash", "-c", "true", cwd=tmp_path, user="carol")
+        assert r.returncode != 0 and "quota at LOW in group 'default' is 1" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        assert not [j for j in cluster.run(lambda api: api.list(), user="carol") if j.spec.user == "carol"]
+        elastic = cluster.cli("submit", "-n", "1:2", "-p", "LOW", "bash", "-c", "true", cwd=tmp_path, user="carol")
+        assert elastic.returncode == 0, elastic.stderr  # its minimum fits
+        cluster.wait_state(_job_id(elastic.stdout), ChainState.SUCCEEDED)
+    finally:
+        cluster.cli("quota", "set", "carol", "LOW", "-1", user="root")
