@@ -262,7 +262,8 @@ def submit(command, nodes, name, priority, group, env_vars, env_name, force):
 @click.option("--mine", is_flag=True, help="Only my jobs.")
 @run_async
 async def ps(show_all: bool, mine: bool):
-    """List jobs: id, name, user, nodes, priority, state, suspend count, age."""
+    """List jobs: id, name, user, nodes (an elastic job: held of MIN-MAX), priority, state,
+    suspend count, age, why."""
     async with api() as client:
         jobs = await client.list(all_users=not mine, include_finished=show_all)
     empty = "no jobs" if show_all else "no active jobs (`hfai ps -a` lists finished ones too)"
@@ -292,7 +293,8 @@ async def stop(job: str):
 @main.command()
 @run_async
 async def nodes():
-    """Nodes: state, GPUs busy, utilisation, memory, jobs."""
+    """Nodes: state, GPUs busy, utilisation, memory, jobs, and why a node is drained or down (a down
+    node's figures, in parentheses, are from its last heartbeat)."""
     async with api() as client:
         infos = await client.nodes()
     click.echo(render.nodes_table(infos))

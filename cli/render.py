@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import unicodedata
 
-from hfai.protocol.types import JobRecord, NodeInfo, Priority
+from hfai.protocol.types import JobRecord, NodeInfo, NodeState, Priority
 
 
 def clean(text: object) -> str:
@@ -53,11 +53,20 @@ def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None 
         return empty
     now = time.time() if now is None else now
     rows = [
-        [clean(j.id), clean(j.spec.name), clean(j.spec.user), str(j.spec.nodes), Priority.label(j.spec.priority),
+        [clean(j.id), clean(j.spec.name), clean(j.spec.user), nodes_cell(j), Priority.label(j.spec.priority),
          j.state.value, str(j.suspend_count), age(now - j.submit_ts), _short(clean(j.reason))]
         for j in jobs
     ]
     return table_text(["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"], rows)
+
+
+def nodes_cell(j: JobRecord) -> str:
+    """What a job asks for, and for an elastic job what it holds now: "1 of 1-4" (it runs on 1)."""
+    s = j.spec
+    if not s.elastic:
+        return str(s.nodes)
+    wanted = f"{s.min_nodes}-{s.max_nodes}"
+    return f"{len(j.nodes)} of {wanted}" if j.state.holds_nodes and j.nodes else wanted
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -99,6 +108,8 @@ def quotas_table(table) -> str:
 
 
 def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
+    """One row per node. A node without heartbeat still has the GPU figures of its last one:
+    they are shown in parentheses, and REASON says how old they are."""
     if not nodes:
         return "no nodes"
     rows = []
@@ -108,7 +119,14 @@ def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
         util = sum(g.utilization for g in gpus) / len(gpus) if gpus else 0.0
         used = sum(g.memory_used for g in gpus) / 2**30
         total = sum(g.memory_total for g in gpus) / 2**30
-        rows.append([clean(n.record.name), clean(n.record.group), n.state.value, f"{busy}/{len(gpus)}",
-                     f"{util:.0f}%", f"{used:.0f}/{total:.0f} GiB", clean(n.record.gpu_source), f"{n.age_s:.1f}s",
-                     clean(",".join(n.jobs)) or "-"])
-    return table_text(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS"], rows)
+        figures = [f"{busy}/{len(gpus)}", f"{util:.0f}%", f"{used:.0f}/{total:.0f} GiB"]
+        down = n.state is NodeState.DOWN
+        if down:
+            figures = [f"({f})" for f in figures]
+        why = [f"no heartbeat for {age(n.age_s)}, figures are from then"] if down else []
+        if n.reason:
+            why.append(f"drained: {clean(n.reason)}" if down else clean(n.reason))
+        rows.append([clean(n.record.name), clean(n.record.group), n.state.value, *figures,
+                     clean(n.record.gpu_source), f"{n.age_s:.1f}s", clean(",".join(n.jobs)) or "-", "; ".join(why)])
+    return table_text(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS",
+                       "REASON"], rows)

@@ -51,8 +51,14 @@ class NodeTracker:
                     on_node.setdefault(n, []).append(j.id)
         drained = self.drained()
         return [
-            NodeInfo(record=r, state=NodeState.DRAINED if r.name in drained else self.state(r.name, now),
+            NodeInfo(record=r, state=shown_state(self.state(r.name, now), r.name in drained),
                      age_s=now - self.cache.seen.get(r.name, now),
-                     jobs=tuple(on_node.get(r.name, ())))
+                     jobs=tuple(on_node.get(r.name, ())), reason=drained.get(r.name, ""))
             for r in sorted(self.records(), key=lambda r: r.name)
         ]
+
+
+def shown_state(live: NodeState, drained: bool) -> NodeState:
+    """Pure: DOWN outranks DRAINED, so a drained node that stopped answering is not shown with its
+    last figures as if current (the drain reason still travels in ``NodeInfo.reason``)."""
+    return NodeState.DRAINED if drained and live is NodeState.UP else live

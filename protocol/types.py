@@ -474,11 +474,15 @@ class JobList:
 
 @message("node_info")
 class NodeInfo:
+    """A node as ``hfai nodes`` shows it. ``age_s``: since this controller last saw a heartbeat;
+    ``reason``: why an operator drained it (kept while it is also down)."""
+
     KIND: ClassVar[str]
     record: NodeRecord
     state: NodeState
     age_s: float
     jobs: tuple[str, ...] = ()
+    reason: str = ""
 
 
 @message("nodes_reply")

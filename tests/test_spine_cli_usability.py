@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hfai.protocol.types import ChainState
@@ -102,3 +104,51 @@ def test_a_job_its_quota_can_never_hold_is_refused_at_submit(cluster, tmp_path):
         cluster.wait_state(_job_id(elastic.stdout), ChainState.SUCCEEDED)
     finally:
         cluster.cli("quota", "set", "carol", "LOW", "-1", user="root")
+
+
+def _rows(text: str) -> dict[str, str]:
+    """Table rows by their first cell."""
+    return {line.split()[0]: line for line in text.splitlines()[1:] if line.strip()}
+
+
+def test_nodes_shows_why_a_node_was_drained(cluster):
+    assert cluster.cli("node", "drain", "node-1", "--reason", "bad fan, ticket 42", user="root").returncode == 0
+    try:
+        table = cluster.cli("nodes").stdout
+        assert table.splitlines()[0].split()[-1] == "REASON"
+        row = _rows(table)["node-1"]
+        assert row.split()[2] == "drained" and row.endswith("bad fan, ticket 42"), table
+        assert not _rows(table)["node-0"].endswith("ticket 42")
+    finally:
+        assert cluster.cli("node", "undrain", "node-1", user="root").returncode == 0
+
+
+def test_ps_shows_what_an_elastic_job_holds(cluster, tmp_path):
+    blocker = _job_id(cluster.cli("submit", "--name", "blocker", "python", STEPS, "600", "0.1", cwd=tmp_path).stdout)
+    cluster.wait_state(blocker, ChainState.RUNNING)
+    elastic = _job_id(cluster.cli("submit", "-n", "1:2", "--name", "stretchy", "python", STEPS, "600", "0.1",
+                                  cwd=tmp_path).stdout)
+    try:
+        assert len(cluster.wait_state(elastic, ChainState.RUNNING).nodes) == 1
+        row = _rows(cluster.cli("ps").stdout)[elastic]
+        assert "  1 of 1-2  " in row, row
+    finally:
+        for j in (elastic, blocker):
+            cluster.cli("stop", j)
+            cluster.wait_state(j, ChainState.STOPPED, timeout=30)
+
+
+def test_a_down_node_shows_its_last_figures_as_stale(cluster):
+    cluster.local.kill("agent-node-1")
+    try:
+        def down():
+            row = _rows(cluster.cli("nodes").stdout)["node-1"]
+            return row if row.split()[2] == "down" else None
+
+        row = cluster.wait(down, 30, "node-1 to be down", poll=0.5)
+        assert re.search(r"\(\d/8\)\s+\(\d+%\)", row), row  # the last figures, marked
+        assert "no heartbeat for" in row and "figures are from then" in row, row
+        assert "no heartbeat" not in _rows(cluster.cli("nodes").stdout)["node-0"]
+    finally:
+        cluster.local.start_agent(1)
+        cluster.wait(lambda: _rows(cluster.cli("nodes").stdout)["node-1"].split()[2] == "up", 30, "node-1 back")
