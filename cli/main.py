@@ -214,7 +214,20 @@ def _check_script(command: list[str]) -> None:
         raise click.UsageError(f"file {path!r} does not exist (relative to {os.getcwd()})")
 
 
-@main.command("python", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class _PythonCommand(click.Command):
+    """``hfai python``: its help also lists the submission options that may follow ``--``."""
+
+    def format_options(self, ctx, formatter):
+        super().format_options(ctx, formatter)
+        sub = click.Context(_submit_parser, info_name="hfai python FILE [ARGS] --")
+        skip = _submit_parser.get_help_option(sub)
+        rows = [p.get_help_record(sub) for p in _submit_parser.get_params(sub) if p is not skip]
+        with formatter.section("Submission options (after `--`; without them FILE runs here)"):
+            formatter.write_dl([r for r in rows if r])
+
+
+@main.command("python", cls=_PythonCommand,
+              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("file", type=str)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def python_cmd(file: str, args: tuple[str, ...]):
@@ -223,6 +236,7 @@ def python_cmd(file: str, args: tuple[str, ...]):
     \b
       hfai python train.py --lr 0.1 -- -n 2 --name mnist -p HIGH
       hfai python train.py --lr 0.1           (runs locally)
+      hfai python -m pkg.train -- -n 1        (FILE may be -c CODE or -m MODULE too)
     """
     cut = args.index("--") if "--" in args else len(args)
     # FILE may be python's own option (-c CODE, -m MODULE, -u train.py): click leaves those to us.
@@ -267,7 +281,16 @@ async def ps(show_all: bool, mine: bool):
     async with api() as client:
         jobs = await client.list(all_users=not mine, include_finished=show_all)
     empty = "no jobs" if show_all else "no active jobs (`hfai ps -a` lists finished ones too)"
-    click.echo(render.jobs_table(jobs, empty=empty))
+    click.echo(render.jobs_table(jobs, empty=empty, width=_terminal_width()))
+
+
+def _terminal_width() -> int | None:
+    """Columns of the terminal the output goes to ($COLUMNS wins), or None for a file or pipe."""
+    import shutil
+
+    if os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
 
 
 @main.command()
@@ -417,7 +440,8 @@ def local():
 
 
 @local.command("up")
-@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Agents to start, each a node of 8 simulated GPUs (node-0, node-1, ...).")
 @click.option("--slice", "slice_s", type=float, default=None, help="Time slice among equal priorities, seconds.")
 def local_up(nodes: int, slice_s: float | None):
     """Start the local cluster in the background (state under $HFAI_HOME/local)."""

@@ -47,17 +47,29 @@ def table_text(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+#: The narrowest WHY column a terminal gets, however wide the other columns are.
+MIN_WHY = 20
+
+
 def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None = None,
-               empty: str = "no jobs") -> str:
+               empty: str = "no jobs", width: int | None = None) -> str:
+    """The ``hfai ps`` table. With ``width`` (the terminal's columns) WHY is cut so each line fits
+    (but never below :data:`MIN_WHY` characters); without it (output to a file or a pipe) WHY is
+    whole, so nothing a script greps for is lost."""
     if not jobs:
         return empty
     now = time.time() if now is None else now
+    headers = ["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"]
     rows = [
         [clean(j.id), clean(j.spec.name), clean(j.spec.user), nodes_cell(j), Priority.label(j.spec.priority),
-         j.state.value, str(j.suspend_count), age(now - j.submit_ts), _short(clean(j.reason))]
+         j.state.value, str(j.suspend_count), age(now - j.submit_ts), clean(j.reason)]
         for j in jobs
     ]
-    return table_text(["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"], rows)
+    if width is not None:
+        used = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(headers[:-1]))
+        for r in rows:
+            r[-1] = _short(r[-1], max(MIN_WHY, width - used))
+    return table_text(headers, rows)
 
 
 def nodes_cell(j: JobRecord) -> str:

@@ -152,3 +152,36 @@ def test_a_down_node_shows_its_last_figures_as_stale(cluster):
     finally:
         cluster.local.start_agent(1)
         cluster.wait(lambda: _rows(cluster.cli("nodes").stdout)["node-1"].split()[2] == "up", 30, "node-1 back")
+
+
+def test_why_is_cut_to_the_terminal_width_only(cluster, tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    blocker = _job_id(cluster.cli("submit", "-n", "2", "-p", "HIGH", "--name", "wide-blocker", "python", STEPS,
+                                  "600", "0.1", cwd=tmp_path).stdout)
+    waiter = _job_id(cluster.cli("submit", "-n", "2", "-p", "LOW", "--name", "waiter", "python", STEPS, "1", "0",
+                                 cwd=tmp_path).stdout)
+    try:
+        cluster.wait_state(blocker, ChainState.RUNNING)
+        reason = cluster.wait(lambda: (r := cluster.job(waiter).reason).startswith("waiting for nodes") and r,
+                              30, "the waiting job's reason")
+        assert len(reason) > 60
+
+        def ps(**env):
+            return cluster.cli_env({"HFAI_USER": "tester", **env}, "ps").stdout
+
+        assert _rows(ps(COLUMNS="300"))[waiter].endswith(reason)
+        assert _rows(ps())[waiter].endswith(reason)  # to a pipe: whole, for grep
+        narrow = ps(COLUMNS="110")
+        assert all(len(line) <= 110 for line in narrow.splitlines()), narrow
+        assert _rows(narrow)[waiter].endswith("…")
+    finally:
+        for j in (waiter, blocker):
+            cluster.cli("stop", j)
+            cluster.wait_state(j, ChainState.STOPPED, timeout=30)
+
+
+def test_help_documents_submission_options_and_local_nodes(cluster):
+    python_help = " ".join(cluster.cli("python", "--help").stdout.split())
+    for option in ("-n, --nodes", "-p, --priority", "-g, --group", "-e, --env K=V", "-i, --env-name", "-f, --force"):
+        assert option in python_help, python_help
+    assert "--nodes INTEGER RANGE Agents to start" in " ".join(cluster.cli("local", "up", "--help").stdout.split())
