@@ -11,13 +11,25 @@ it must switch). The run directory is the agent's alone (0700), so the job can n
 is launched nor forge ``child_pid`` or ``exit_code``. Only the job process becomes the submitter,
 and enters its workdir as that user: the job's environment (LD_PRELOAD, PYTHONPATH, ...) never
 reaches a process that keeps root.
+
+Self-fencing: while the job runs the launcher also watches the agent's liveness stamp (the file
+named by ``alive`` in the spec: ``time.monotonic()`` of the agent's last heartbeat that NATS
+accepted; CLOCK_MONOTONIC is the same clock in every process of the host). Once it is older than
+``fence_s`` the agent is dead, hung or cut off, and the leader will soon declare the node lost and
+restart the job elsewhere; an orphan left running would write the same checkpoints as the new run.
+So the launcher records ``RUN_DIR/fenced`` (the platform stopped the job: an interruption, not a
+failure), SIGTERMs the job's group and SIGKILLs it once the stamp is ``fence_kill_s`` old, which the
+leader chose to fall inside its heartbeat timeout. ``fence_s`` 0 (or absent): no fencing.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
+import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,6 +38,50 @@ import time
 from hfai._atomic import write_atomic
 
 LAUNCH_FILE = "launch"
+ALIVE_FILE = "alive"  # in the agent's state directory (see RunStore.mark_alive)
+FENCED_FILE = "fenced"  # in the run directory: the launcher stopped the job (self-fencing)
+
+
+class Fence(enum.Enum):
+    NONE = "none"
+    TERM = "term"
+    KILL = "kill"
+
+
+def fence_action(now: float, last_alive: float, fence_s: float, fence_kill_s: float, termed: bool) -> Fence:
+    """What the launcher does to its job now (pure).
+
+    ``last_alive``: the newest liveness stamp seen (the caller freezes it once it sent TERM: a
+    fenced job stays fenced even if the agent comes back, as it has been told to stop). Past
+    ``fence_kill_s`` the job is killed even if it was never sent TERM (the launcher itself was
+    held up, e.g. the host was overloaded): the deadline matters more than a graceful stop, as
+    the leader may restart the job elsewhere right after it."""
+    if not fence_s > 0:
+        return Fence.NONE
+    age = now - last_alive
+    if age >= fence_kill_s:
+        return Fence.KILL
+    if age >= fence_s and not termed:
+        return Fence.TERM
+    return Fence.NONE
+
+
+def poll_interval(fence_s: float, fence_poll_s: float) -> float:
+    """How often the launcher looks at the stamp: as configured, but at least eight times per fence
+    bound, so that the polling delay stays well inside the margin the leader leaves between the
+    kill deadline and its heartbeat timeout (fence_s / 3 with controller.assignments.fence_bound);
+    and not busier than every 10 ms."""
+    return max(0.01, min(fence_poll_s, fence_s / 8))
+
+
+def read_stamp(path: str) -> float | None:
+    """The agent's liveness stamp, None if missing or unreadable (the caller keeps the last one)."""
+    try:
+        with open(path, "rb") as f:
+            value = float(f.read(64))
+    except (OSError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def main(argv: list[str]) -> int:
@@ -53,10 +109,74 @@ def main(argv: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        code = child.wait()
+        code = _supervise(child, spec, run_dir, log)
         log.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
     write_atomic(os.path.join(run_dir, "exit_code"), f"{code}\n")
     return 0
+
+
+def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, log) -> int:
+    """Wait for the job to exit, fencing it (see the module doc) if the agent stops confirming
+    its liveness; returns the job's exit status."""
+    fence_s = float(spec.get("fence_s") or 0.0)
+    if not (math.isfinite(fence_s) and fence_s > 0) or not spec.get("alive"):
+        return child.wait()
+    fence_kill_s = float(spec.get("fence_kill_s") or fence_s)
+    poll = poll_interval(fence_s, float(spec.get("fence_poll_s") or 0.5))
+    # Without a stamp yet (the agent writes one before it starts any run), count from now.
+    last_alive = read_stamp(spec["alive"]) or time.monotonic()
+    termed = killed = False
+    pidfd = _pidfd(child.pid)
+    try:
+        while True:
+            code = _wait(child, pidfd, poll)
+            if code is not None:
+                break
+            if not termed:
+                last_alive = max(last_alive, read_stamp(spec["alive"]) or last_alive)
+            act = fence_action(time.monotonic(), last_alive, fence_s, fence_kill_s, termed)
+            if act is Fence.NONE or killed:
+                continue
+            age = time.monotonic() - last_alive
+            if not termed:
+                # Recorded before the signal: whoever sees the exit also sees why.
+                write_atomic(os.path.join(run_dir, FENCED_FILE), f"{age:.3f}\n")
+                log.write(f"=== hfai: the agent of this node has not confirmed it is alive for {age:.1f}s; "
+                          f"stopping the job, which will be requeued, at {time.strftime('%H:%M:%S')} ===\n".encode())
+            termed, killed = True, act is Fence.KILL
+            _killpg(child.pid, signal.SIGKILL if killed else signal.SIGTERM)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    if termed:
+        # The group leader is gone; anything left of the group would be an orphan of a run the
+        # platform stopped, still writing where the restarted run writes.
+        _killpg(child.pid, signal.SIGKILL)
+    return code
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Linux < 5.3: poll by sleeping instead
+        return None
+
+
+def _wait(child: subprocess.Popen, pidfd: int | None, timeout: float) -> int | None:
+    """The child's exit status once it exited, else None after ``timeout`` (a pidfd turns
+    readable on exit, so an exit is seen at once without waking up every few ms)."""
+    if pidfd is not None:
+        select.select([pidfd], [], [], timeout)
+    else:
+        time.sleep(timeout)
+    return child.poll()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _spawn(spec: dict, log) -> subprocess.Popen:

@@ -38,6 +38,25 @@ class LocalRun:
     ack_ts: float | None = None
     term_ts: float | None = None
     sent: frozenset[RunEventKind] = frozenset()
+    # Its launcher stopped it because this agent was silent too long (self-fencing).
+    fenced: bool = False
+
+
+def platform_stopped(run: LocalRun | None) -> bool:
+    """Did the platform end this run (suspend flag, SIGTERM, or self-fencing)? Its exit is then an
+    interruption the leader requeues, never the user's failure."""
+    return run is not None and (run.suspend_ts is not None or run.term_ts is not None or run.fenced)
+
+
+def fence_problem(fence_s: float, heartbeat_interval_s: float) -> str | None:
+    """Why this node's launchers would fence healthy jobs with this bound, or None. A heartbeat
+    late by a little (a slow KV put, a busy host) must not stop jobs: ask for three heartbeats per
+    bound."""
+    if fence_s > 0 and fence_s < 3 * heartbeat_interval_s:
+        return (f"runs fence themselves after {fence_s:g}s without an accepted heartbeat, but heartbeats "
+                f"are {heartbeat_interval_s:g}s apart: raise [controller] heartbeat_timeout_s or lower "
+                f"[agent] heartbeat_interval_s (fence bound = 0.6 * heartbeat_timeout_s)")
+    return None
 
 
 class Act(enum.Enum):

@@ -9,6 +9,9 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     runs/<job>.<run>/child_pid       the job's pid = its process group (written by the launcher)
     runs/<job>.<run>/exit_code       written by the launcher when the job exits
     runs/<job>.<run>/term            time the agent sent SIGTERM
+    runs/<job>.<run>/fenced          the launcher stopped the job: the agent was silent too long
+    alive                            time.monotonic() of the last heartbeat NATS accepted: the
+                                     launchers stop their jobs when it gets too old (launcher.py)
     runs/<job>.<run>/<event>.sent    an event the leader has received (published and acked)
     control/<job>.<run>/             the job's control channel (suspend, ack, whole_life_state):
                                      owned by the job's user, 0700; read as untrusted (safefs.py)
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -38,13 +42,13 @@ from hfai._atomic import write_atomic
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai.agent import safefs
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
-from hfai.agent.launcher import LAUNCH_FILE
+from hfai.agent.launcher import ALIVE_FILE, FENCED_FILE, LAUNCH_FILE
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import InvalidRequest, ProtocolError
 from hfai.protocol.names import is_token
-from hfai.protocol.types import RunAssignment, RunEventKind
+from hfai.protocol.types import FENCE_KILL_FACTOR, RunAssignment, RunEventKind
 
 __all__ = ["RunStore", "StartError", "job_environment"]
 
@@ -58,7 +62,7 @@ _AGENT_ONLY = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_SESSIO
 
 class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
-                 run_as: str = RUN_AS_SUBMITTER):
+                 run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5):
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -72,6 +76,7 @@ class RunStore:
         self.node = node
         self.env_root = Path(env_root)
         self.run_as = run_as
+        self.fence_poll_s = fence_poll_s
         self.agent = agent_account()
         self._children: dict[str, subprocess.Popen] = {}
 
@@ -126,6 +131,7 @@ class RunStore:
             acked=ack_ts is not None,
             ack_ts=ack_ts,
             term_ts=_read_float(d / "term"),
+            fenced=(d / FENCED_FILE).exists(),
             sent=frozenset(k for k in RunEventKind if (d / f"{k.value}.sent").exists()),
         )
 
@@ -178,7 +184,8 @@ class RunStore:
         who = decide(ra.user, self.run_as, self.agent, lookup_account)
         control = self._make_control_dir(ra.key, who)
         argv, env = self._command(ra, str(control), who)
-        spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who))}
+        spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
+                **fence_spec(ra.fence_s, self.root / ALIVE_FILE, self.fence_poll_s)}
         if who.switch:
             a = who.account
             spec.update(uid=a.uid, gid=a.gid, groups=list(a.groups))
@@ -267,6 +274,15 @@ class RunStore:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def mark_alive(self, stamp: float) -> None:
+        """Tell this node's launchers the agent is alive (``stamp``: time.monotonic() taken before
+        a heartbeat that NATS then accepted). Not fsynced: a monotonic stamp means nothing after
+        a reboot, and an fsync could stall the agent's event loop on a busy disk."""
+        path = self.root / ALIVE_FILE
+        tmp = path.with_name(f"{ALIVE_FILE}.tmp")
+        tmp.write_bytes(f"{stamp:.6f}\n".encode())
+        os.replace(tmp, path)  # a launcher reads the old stamp or the new, never half of one
+
     def mark_sent(self, key: str, kind: RunEventKind) -> None:
         write_atomic(self.dir(key) / f"{kind.value}.sent", b"")
 
@@ -294,6 +310,15 @@ class RunStore:
         self._children.pop(key, None)
         shutil.rmtree(self.dir(key), ignore_errors=True)
         shutil.rmtree(inside(self._real_root, self.control_root / key), ignore_errors=True)
+
+
+def fence_spec(fence_s: float, alive: Path, fence_poll_s: float) -> dict:
+    """The launch spec's self-fencing part (see launcher.py); empty (no fencing) unless the
+    assignment asks for a finite positive bound."""
+    if not (math.isfinite(fence_s) and fence_s > 0):
+        return {}
+    return {"alive": str(alive), "fence_s": fence_s, "fence_kill_s": FENCE_KILL_FACTOR * fence_s,
+            "fence_poll_s": fence_poll_s}
 
 
 def _warn_if_unreachable(path: Path) -> None:

@@ -23,7 +23,7 @@ from hfai._version import __version__
 from hfai.agent import safefs
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.identity import check_run_as
-from hfai.agent.plan import Act, Action, LocalRun, RunPhase, plan, stale_logs
+from hfai.agent.plan import Act, Action, LocalRun, RunPhase, fence_problem, plan, platform_stopped, stale_logs
 from hfai.agent.runs import RunStore, StartError
 from hfai.agent.trust import assignment_problem, check_log_request
 from hfai.config import Config
@@ -50,7 +50,9 @@ class Agent:
         self.ac = config.agent
         self.node = names.check_token("node name", self.ac.resolved_node())
         self.address = self.ac.address or _default_address()
-        self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as))
+        self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
+                              fence_poll_s=self.ac.fence_poll_s)
+        self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self._desired: dict[str, RunAssignment] = {}
         self._fence = self._load_fence()
@@ -119,7 +121,12 @@ class Agent:
             gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
         )
         data = encode(record)
+        # Taken before the put: the leader times the node from when it sees the record, which is
+        # after the put reached NATS, so the launchers' fence clock never runs behind the leader's.
+        sent_at = time.monotonic()
         await self._nodes_kv.put(self.node, data)
+        # Only a heartbeat NATS accepted keeps this node's runs alive (launcher.py self-fencing).
+        self.store.mark_alive(sent_at)
         await self._nc.publish(names.telemetry_subject(self.node), data)
 
     # --------------------------------------------------------------------------- assignment
@@ -242,6 +249,7 @@ class Agent:
     async def _do(self, a: Action, local: dict[str, LocalRun]) -> None:
         key, ra = a.key, a.run
         if a.act is Act.START:
+            self._check_fence(ra.fence_s)
             try:
                 popen = self.store.start(ra)
                 self._wake_on_exit(popen.pid)
@@ -266,9 +274,8 @@ class Agent:
             await self._report(key, ra, RunEventKind.SUSPEND_ACKED, acked=True)
         elif a.act is Act.REPORT_EXIT:
             run = local.get(key)  # the snapshot the plan was made from: it saw the exit
-            stopped = run is not None and (run.suspend_ts is not None or run.term_ts is not None)
             await self._report(key, ra, RunEventKind.EXITED, exit_code=run.exit_code if run else -1,
-                               acked=bool(run and run.acked), platform_stopped=stopped,
+                               acked=bool(run and run.acked), platform_stopped=platform_stopped(run),
                                whole_life_state=self.store.whole_life_state(key))
         elif a.act is Act.REPORT_NEVER_RAN:
             self.store.record_never_ran(ra)
@@ -277,6 +284,13 @@ class Agent:
                                message="stopped before it started on this node")
         elif a.act is Act.CLEANUP:
             self.store.cleanup(key)
+
+    def _check_fence(self, fence_s: float) -> None:
+        """Warn (once per bound) when the leader's fence bound is too tight for our heartbeats."""
+        problem = fence_problem(fence_s, self.ac.heartbeat_interval_s)
+        if problem and self._fence_warned != fence_s:
+            log.warning("%s", problem)
+        self._fence_warned = fence_s
 
     def _wake_on_exit(self, pid: int) -> None:
         """Re-plan as soon as a launcher exits instead of at the next periodic tick.

@@ -15,18 +15,24 @@ _DESIRED = {
 }
 
 
+FENCE_FRACTION = 0.6
+
+
 def fence_bound(heartbeat_timeout_s: float) -> float:
     """The self-fencing bound carried in every run (RunAssignment.fence_s) for a leader that
     declares a node lost after ``heartbeat_timeout_s`` without a heartbeat.
 
-    A node's launchers TERM their jobs after half the timeout without an accepted heartbeat and
-    KILL them at FENCE_KILL_FACTOR times that (3/4 of the timeout): the last quarter is the margin
-    for the launcher's polling and the kill itself. So when the leader requeues the job of a node
-    that went silent, its orphaned run is already dead and cannot write alongside the restarted
-    one. The leader needs no extra wait on its side: its timeout *is* the wait."""
+    A node's launchers TERM their jobs after FENCE_FRACTION (0.6) of the timeout without an
+    accepted heartbeat and KILL them at FENCE_KILL_FACTOR times that (0.8 of the timeout): the last
+    fifth is the margin for the launcher's polling (at most fence_s / 8) and the kill itself. So
+    when the leader requeues the job of a node that went silent, its orphaned run is already dead
+    and cannot write alongside the restarted one. The leader needs no extra wait on its side: its
+    timeout *is* the wait. Why not fence sooner: an agent restarted within the bound adopts its
+    runs, and a restart (systemd, an upgrade) should not cost every job on the node; 0.6 rather
+    than 0.5 of the timeout leaves it 20% more time."""
     if heartbeat_timeout_s <= 0:
         return 0.0
-    return heartbeat_timeout_s / 2  # tests/test_self_fence.py checks FENCE_KILL_FACTOR keeps it inside
+    return FENCE_FRACTION * heartbeat_timeout_s  # tests/test_self_fence.py checks the kill stays inside
 
 
 def desired_assignments(jobs: list[JobRecord], nodes: list[str], fence: int, ack_window_s: float,

@@ -288,7 +288,7 @@ class NodeRecord:
 
 # Self-fencing (see RunAssignment.fence_s): the launcher SIGTERMs its job once the agent has not
 # confirmed liveness for fence_s, and SIGKILLs it once that lasted FENCE_KILL_FACTOR * fence_s.
-FENCE_KILL_FACTOR = 1.5
+FENCE_KILL_FACTOR = 4 / 3
 
 
 @message("run_assignment")

@@ -111,6 +111,10 @@ class AgentConfig:
     # must be root to run other users' jobs) or "agent" (the agent's own account: only for a
     # personal or test cluster, never a shared one). See agent/identity.py.
     run_as: str = "submitter"
+    # Self-fencing: each run's launcher checks this often whether the agent's last accepted
+    # heartbeat is older than the bound the leader sets (0.6 of its heartbeat_timeout_s), and then
+    # stops the job. Capped at an eighth of the bound (see agent/launcher.py).
+    fence_poll_s: float = 0.5
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]
