@@ -28,6 +28,7 @@ _LAZY_SUBMODULES = frozenset(
         "checkpoint",
         "distributed",
         "multiprocessing",
+        "nccl",
         "protocol",
         "controller",
         "agent",

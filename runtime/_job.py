@@ -11,10 +11,16 @@ one ``stat`` to poll:
 Off the platform (no control directory) every call is a cheap no-op and
 :func:`receive_suspend_command` returns False, unless ``HFAI_SIMULATE_SUSPEND_S=N`` asks for a
 simulated suspend N seconds after the process started, to try a script's resume path locally.
+Running the same command again then resumes the simulated chain as the platform would: the next
+run sees ``HFAI_SUSPEND_COUNT`` one higher and the whole-life state last set (kept in a small file,
+``$HFAI_SIMULATE_STATE``, by default one per working directory and command line under
+``$HFAI_HOME/simulate``; a run that ends without a suspend ends the chain).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 import time
@@ -26,6 +32,63 @@ ACK_FILE = "ack"
 WHOLE_LIFE_FILE = "whole_life_state"
 
 _START = time.monotonic()
+
+
+def _simulation_file() -> str | None:
+    """Where a simulated chain carries its state between runs; None unless a suspend is simulated
+    off the platform. Fixed in ``$HFAI_SIMULATE_STATE`` at import, so spawned workers, whose
+    command lines differ, write where their parent reads."""
+    if not os.environ.get("HFAI_SIMULATE_SUSPEND_S") or control_dir() is not None:
+        return None
+    path = os.environ.get("HFAI_SIMULATE_STATE")
+    if not path:
+        # hfai.config.hfai_home, spelled out: importing hfai.config would make `import hfai` heavy.
+        home = os.environ.get("HFAI_HOME") or os.path.join(os.path.expanduser("~"), ".hfai")
+        key = hashlib.sha256("\0".join([os.getcwd(), *sys.argv]).encode(errors="replace")).hexdigest()[:16]
+        path = os.environ["HFAI_SIMULATE_STATE"] = os.path.join(home, "simulate", f"{key}.json")
+    return path
+
+
+def _resume_simulated_chain() -> None:
+    """At import: give this run what the platform gives a resumed one. The file is consumed, so a
+    run that then ends without a simulated suspend leaves nothing, and the next starts afresh."""
+    path = _simulation_file()
+    if path is None:
+        return
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        os.unlink(path)
+        count, whole_life = int(state["suspend_count"]), int(state["whole_life_state"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if not isinstance(e, FileNotFoundError):
+            print(f"hfai: ignoring the unreadable simulated-suspend state {path}: {e}", file=sys.stderr, flush=True)
+        # A first run, or a worker whose parent already took the file: it inherited the count.
+        for prefix in ("HFAI", "MARSV2"):
+            os.environ.setdefault(f"{prefix}_SUSPEND_COUNT", str(_env_int("HFAI_SUSPEND_COUNT")))
+        return
+    print(f"hfai: simulated resume, suspend count {count}, whole-life state {whole_life} (from {path})",
+          file=sys.stderr, flush=True)
+    for prefix in ("HFAI", "MARSV2"):
+        os.environ[f"{prefix}_SUSPEND_COUNT"] = str(count)
+        os.environ[f"{prefix}_WHOLE_LIFE_STATE"] = str(whole_life)
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ.get(name, "0"))
+    except ValueError:
+        return 0
+
+
+def _save_simulated_suspend() -> None:
+    """A simulated suspend was acknowledged: the next run of this command resumes the chain."""
+    path = _simulation_file()
+    if path is None:
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    state = {"suspend_count": _env_int("HFAI_SUSPEND_COUNT") + 1, "whole_life_state": get_whole_life_state()}
+    write_atomic(path, json.dumps(state) + "\n")
 
 
 def control_dir() -> str | None:
@@ -68,9 +131,11 @@ def go_suspend(exit: bool = True) -> None:
     """
     cdir = control_dir()
     if cdir is None:
-        if exit and _simulated_suspend_due():
-            print("hfai: simulated suspend acknowledged, exiting", file=sys.stderr, flush=True)
-            sys.exit(0)
+        if _simulated_suspend_due():
+            _save_simulated_suspend()
+            if exit:
+                print("hfai: simulated suspend acknowledged, exiting", file=sys.stderr, flush=True)
+                sys.exit(0)
         return
     write_atomic(os.path.join(cdir, ACK_FILE), f"{os.getpid()} {time.time()}\n")
     if exit:
@@ -88,10 +153,7 @@ def get_whole_life_state() -> int:
                 return int(f.read().strip() or 0)
         except (FileNotFoundError, ValueError):
             pass
-    try:
-        return int(os.environ.get("HFAI_WHOLE_LIFE_STATE", "0"))
-    except ValueError:
-        return 0
+    return _env_int("HFAI_WHOLE_LIFE_STATE")
 
 
 def set_whole_life_state(state: int) -> None:
@@ -102,3 +164,6 @@ def set_whole_life_state(state: int) -> None:
     cdir = control_dir()
     if cdir is not None:
         write_atomic(os.path.join(cdir, WHOLE_LIFE_FILE), f"{state}\n")
+
+
+_resume_simulated_chain()
