@@ -7,6 +7,8 @@ User mistakes (missing or corrupt files, bad indices) end in a one-line error an
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import sys
 
 import click
@@ -21,6 +23,12 @@ def _user_errors(command):
 
         try:
             return command(*args, **kwargs)
+        except BrokenPipeError:
+            # The reader left (`hfai data info x | head -3`): nothing went wrong that is worth a
+            # message. Stop as cat does when SIGPIPE kills it, and point stdout at /dev/null so
+            # the interpreter's last flush cannot complain either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(128 + signal.SIGPIPE)
         except (DataError, OSError, IndexError) as e:
             raise click.ClickException(str(e)) from e
 
@@ -58,14 +66,18 @@ def pack(src_dir: str, out: str, plain: bool, no_fsync: bool) -> None:
 @click.argument("path", type=click.Path())
 @_user_errors
 def info(path: str) -> None:
-    """Show the files, sample count and sizes of an ffrecord file or directory."""
+    """Show the .ffr files, sample count and sizes of an ffrecord file or directory."""
+    from hfai.data.packed import is_packed_folder
     from hfai.data.reader import FileReader
 
     with FileReader(path, check_data=False) as reader:
         lengths = reader.sample_lengths()
+        packed = is_packed_folder(reader)
         click.echo(f"path:          {path}")
-        click.echo(f"files:         {len(reader.paths)}")
-        click.echo(f"samples:       {reader.n}")
+        click.echo(f"ffr files:     {len(reader.paths)}")
+        # A packed folder's last sample is its path index: say so, or the count looks off by one.
+        click.echo(f"samples:       {reader.n}" + (f" ({reader.n - 1} packed files and their path index)"
+                                                    if packed else ""))
         click.echo(f"data bytes:    {int(lengths.sum())} ({_human(int(lengths.sum()))})")
         if reader.n:
             low, mean, high = int(lengths.min()), float(lengths.mean()), int(lengths.max())
@@ -73,20 +85,15 @@ def info(path: str) -> None:
         legacy = reader.legacy_files
         header = f"legacy (checksum 0) in {len(legacy)} file(s)" if legacy else "checksummed"
         click.echo(f"header:        {header}")
-        click.echo(f"packed folder: {_packed_summary(reader)}")
+        click.echo(f"packed folder: {_packed_summary(reader) if packed else 'no'}")
 
 
 def _packed_summary(reader) -> str:
     from hfai.data.errors import FormatError
-    from hfai.data.packed import MAGIC, decode_index
+    from hfai.data.packed import decode_index
 
-    if len(reader.paths) != 1 or reader.n == 0:
-        return "no"
-    last = reader.read_one(reader.n - 1)
-    if last[: len(MAGIC)].tobytes() != MAGIC:
-        return "no"
     try:
-        decode_index(last.tobytes(), reader.paths[0])
+        decode_index(reader.read_one(reader.n - 1).tobytes(), reader.paths[0])
     except FormatError as e:
         return f"corrupt index ({e})"
     return f"yes ({reader.n - 1} files)"

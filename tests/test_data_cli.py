@@ -52,7 +52,7 @@ def test_info_on_a_directory(tmp_path):
             w.write_one(bytes(i))
     result = run("info", str(tmp_path / "parts"))
     assert result.exit_code == 0
-    assert "files:         2" in result.output and "sample bytes:  min 0, mean 2.0, max 4" in result.output
+    assert "ffr files:     2" in result.output and "sample bytes:  min 0, mean 2.0, max 4" in result.output
 
 
 def test_verify_reports_the_first_bad_sample(ffr):

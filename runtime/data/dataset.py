@@ -13,7 +13,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from hfai.data.reader import Batch, FileReader
+from hfai.data.packed import is_packed_folder
+from hfai.data.reader import Batch, FileReader, as_indices
 
 
 def collate(batch: list[Any]) -> Any:
@@ -60,6 +61,10 @@ class Dataset(torch.utils.data.Dataset):
     default collate function stacks equal-length samples into a uint8 tensor (:func:`collate`
     does the same faster, and is what :meth:`loader` uses); samples of different lengths need a
     ``transform`` or a ``collate_fn``.
+
+    On a packed folder (``hfai data pack``) the samples are the packed files, in sample order;
+    the path index stored after them is not one (use :class:`~hfai.data.PackedFolder` to read
+    by path).
     """
 
     def __init__(
@@ -71,14 +76,21 @@ class Dataset(torch.utils.data.Dataset):
     ):
         self.reader = FileReader(fnames, check_data, **reader_options)
         self.transform = transform
+        try:
+            self.n = self.reader.n - 1 if is_packed_folder(self.reader) else self.reader.n
+        except BaseException:
+            self.reader.close()
+            raise
 
     def __len__(self) -> int:
-        return self.reader.n
+        return self.n
 
     def __getitem__(self, index: int) -> Any:
+        as_indices([index], self.n)  # the reader alone would also hand out a packed folder's index
         return self.process([index], [self.reader.read_one(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        as_indices(indices, self.n)
         return self.process(indices, self.reader.read(indices))
 
     def process(self, indices: Sequence[int], samples: list[np.ndarray]) -> list[Any]:

@@ -98,6 +98,14 @@ def write_packed(
             writer.write_one(MAGIC + pickle.dumps(tree, protocol=4))
 
 
+def is_packed_folder(reader: FileReader) -> bool:
+    """Is ``reader`` one packed folder, i.e. is its last sample the path index and not data? Only
+    the marker is checked (cheap even for a huge index; :func:`decode_index` checks the rest)."""
+    if len(reader.paths) != 1 or reader.n == 0:
+        return False
+    return reader.read_one(reader.n - 1)[: len(MAGIC)].tobytes() == MAGIC
+
+
 class _IndexUnpickler(pickle.Unpickler):
     """Builds only plain containers: the one class a packed-folder index needs is OrderedDict."""
 
