@@ -43,6 +43,9 @@ from hfai.protocol.types import (
 
 log = logging.getLogger(__name__)
 
+# The reason an EXITED event gives for a run its launcher stopped (self-fencing, launcher.py).
+FENCED_MESSAGE = "stopped on its node: the node's agent had no heartbeat accepted for the fence bound"
+
 
 class Agent:
     def __init__(self, config: Config):
@@ -276,7 +279,8 @@ class Agent:
             run = local.get(key)  # the snapshot the plan was made from: it saw the exit
             await self._report(key, ra, RunEventKind.EXITED, exit_code=run.exit_code if run else -1,
                                acked=bool(run and run.acked), platform_stopped=platform_stopped(run),
-                               whole_life_state=self.store.whole_life_state(key))
+                               whole_life_state=self.store.whole_life_state(key),
+                               message=FENCED_MESSAGE if run is not None and run.fenced else "")
         elif a.act is Act.REPORT_NEVER_RAN:
             self.store.record_never_ran(ra)
             self.store.mark_sent(key, RunEventKind.STARTED)
