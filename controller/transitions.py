@@ -41,6 +41,14 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
     if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
         # One rank failing fails the gang; the other nodes lose the run from their assignment.
         return _finish(job, ChainState.FAILED, now, f"rank {rank} on {ev.node} exited with code {code}")
+    if job.state is ChainState.RUNNING and ev.platform_stopped:
+        # The platform stopped a rank (its launcher fenced the job when its agent went silent):
+        # an interruption, never the user's failure. The other ranks are asked to suspend, and
+        # the job is requeued once every rank has exited, so no rank outlives its restart.
+        why = f"rank {rank} on {ev.node} stopped by the platform: {ev.message or 'interrupted'}"
+        if len(exits) == len(job.nodes):
+            return requeue(job, now, f"{why}; requeued")
+        return job.transition(ChainState.SUSPENDING, now, why)
     if len(exits) < len(job.nodes):
         return job
     return _all_exited(job, now)

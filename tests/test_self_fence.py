@@ -147,8 +147,6 @@ def test_a_bound_too_tight_for_the_heartbeats_is_flagged():
 
 # -------------------------------------------------------------------------------- the leader
 
-@pytest.mark.xfail(strict=True, reason="controller/transitions.py (not this change's file) fails a RUNNING "
-                                        "job whose every rank exited platform_stopped; see the report")
 def test_an_agent_back_after_the_fence_but_before_the_timeout_gets_its_job_requeued():
     """The agent was gone between fence_s and heartbeat_timeout_s: the leader never saw the node
     down, the launcher stopped the job, the agent is back and reports the exit. That is an
@@ -158,3 +156,14 @@ def test_an_agent_back_after_the_fence_but_before_the_timeout_gets_its_job_reque
                   platform_stopped=True, message="stopped by self-fencing")
     after = transitions.apply_event(job, ev, 5.0)
     assert after is not None and after.state is ChainState.SUSPENDED
+
+
+def test_a_fenced_rank_of_a_gang_suspends_the_others_then_requeues():
+    job = _running(("a", "b"))
+    ev = RunEvent(event=RunEventKind.EXITED, node="a", job_id="j1", run_id=1, ts=5.0, exit_code=-9,
+                  platform_stopped=True, message="stopped by self-fencing")
+    after = transitions.apply_event(job, ev, 5.0)
+    assert after is not None and after.state is ChainState.SUSPENDING and "stopped by the platform" in after.reason
+    other = RunEvent(event=RunEventKind.EXITED, node="b", job_id="j1", run_id=1, ts=6.0, exit_code=0)
+    done = transitions.apply_event(after, other, 6.0)
+    assert done is not None and done.state is ChainState.SUSPENDED

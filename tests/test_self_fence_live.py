@@ -32,7 +32,7 @@ def _lines(path) -> list[tuple[int, int, float]]:
 
 @pytest.mark.slow
 def test_killed_agent_orphan_is_fenced_before_the_job_restarts_elsewhere(tmp_path):
-    timeout_s = TEST_CONTROLLER.heartbeat_timeout_s  # 6 s: runs fence at 3.6 s, are dead by 4.8 s
+    timeout_s = TEST_CONTROLLER.heartbeat_timeout_s  # 8 s: runs fence at 4.8 s, are dead by 6.4 s
     progress = tmp_path / "progress.txt"
     started = time.monotonic()
     with Cluster(tmp_path, nodes=2) as c:
