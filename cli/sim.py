@@ -54,7 +54,17 @@ def sim() -> None:
     """
 
 
-@sim.command("run")
+#: What the columns of the table mean: printed under it and in ``hfai sim run --help``.
+COLUMNS = (
+    "util: busy node-time / capacity while some job waits (checkpoints and restarts count as busy); "
+    "ovh: share of busy time spent checkpointing and restarting; JCT: job completion time, submit to "
+    "end; avg queue: submit to first start; intr/job: interrupts (preemptions, time slices, resizes) "
+    "per job; fairness: Jain's index over users of (their jobs' run time / their jobs' JCT): 1 when "
+    "every user's jobs were slowed alike, towards 1/users when one user's jobs got everything."
+)
+
+
+@sim.command("run", epilog=f"Columns: {COLUMNS}")
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--nodes", "n_nodes", type=click.IntRange(min=1), required=True, help="Nodes in the simulated cluster.")
 @click.option("--policy", "policies", type=click.Choice(POLICY_NAMES), multiple=True,
@@ -81,6 +91,7 @@ def run(trace: str, n_nodes: int, policies: tuple[str, ...], slice_s: float, che
     from hfai.controller.policy import PolicyConfig
 
     if plot:
+        _check_plot_path(plot)
         _check_matplotlib()
     jobs = simulator.read_trace(trace)
     policy = PolicyConfig(slice_s=slice_s, above_normal_s=math.inf if above_normal_s is None else above_normal_s)
@@ -89,9 +100,26 @@ def run(trace: str, n_nodes: int, policies: tuple[str, ...], slice_s: float, che
     click.echo(f"{len(jobs)} jobs on {n_nodes} nodes; checkpoint {checkpoint_s:g}s, restart {restart_s:g}s, "
                f"slice {slice_s:g}s")
     click.echo(simulator.format_table(results))
+    click.echo(click.wrap_text(COLUMNS, width=100))
     if plot:
         simulator.plot(results, plot)
         click.echo(f"plot written to {plot}")
+
+
+def _check_plot_path(path: str) -> None:
+    """Fail before a long replay if the plot cannot be written where asked: try it (permission
+    bits say nothing to root, nor about a read-only file system)."""
+    import os
+
+    try:
+        if os.path.exists(path):
+            with open(path, "ab"):
+                pass
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            os.unlink(path)
+    except OSError as e:
+        raise click.ClickException(f"cannot write the plot to {path}: {e.strerror or e}") from None
 
 
 def _check_matplotlib() -> None:
@@ -107,7 +135,8 @@ def _check_matplotlib() -> None:
 @click.option("--jobs", type=click.IntRange(min=1), required=True, help="Number of jobs.")
 @click.option("--nodes", "n_nodes", type=click.IntRange(min=1), required=True, help="Cluster size the load refers to.")
 @click.option("--load", type=click.FloatRange(min=0, min_open=True), default=1.2, show_default=True,
-              help="Offered load: expected demand / capacity.")
+              help="Offered load: the trace's demand / capacity over its arrival span (arrivals are "
+                   "stretched to give exactly this).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--users", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--elastic", type=click.FloatRange(0, 1), default=0.0, show_default=True,
