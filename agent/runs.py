@@ -40,6 +40,7 @@ import psutil
 
 from hfai._atomic import write_atomic
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
+from hfai._proc import pid_alive
 from hfai.agent import safefs
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
 from hfai.agent.launcher import ALIVE_FILE, FENCED_FILE, LAUNCH_FILE
@@ -141,11 +142,10 @@ class RunStore:
             return False
         pid_s, _, created_s = text.partition(" ")
         try:
-            proc = psutil.Process(int(pid_s))
-            # A recycled pid belongs to a process created at another time.
-            return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - float(created_s)) < 1.0
-        except (psutil.Error, ValueError):
+            pid, created = int(pid_s), float(created_s)
+        except ValueError:
             return False
+        return pid_alive(pid, created)  # a recycled pid belongs to a process created at another time
 
     def whole_life_state(self, key: str) -> int | None:
         """The job's last whole-life state; None unless its file holds a 64-bit integer."""

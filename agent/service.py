@@ -1,8 +1,11 @@
 """The node agent: heartbeats with telemetry, watches its node's desired state, reconciles.
 
-Tasks (all owned, all cancelled on close): heartbeat, assignment watch, reconcile loop, and the
-log service. Events go to the durable stream with a ``Nats-Msg-Id`` so a retried publish is
-never counted twice; an event is marked sent only after JetStream acknowledged it.
+Tasks (all owned, all cancelled on close): heartbeat, assignment watch, reconcile loop, and log
+clean-up; requests for logs are served by a subscription. The tasks are supervised: one that ends
+before close (a fault of our own, such as a state file it cannot write) fails the agent, which then
+exits non-zero for systemd to restart it, rather than heartbeat on while doing nothing. Events go
+to the durable stream with a ``Nats-Msg-Id`` so a retried publish is never counted twice; an event
+is marked sent only after JetStream acknowledged it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import signal
 import socket
 import time
 
-import nats.errors
 import psutil
 
 from hfai import _nats
-from hfai._daemon import cancel_and_wait
+from hfai._atomic import write_atomic
+from hfai._daemon import Supervisor
 from hfai._version import __version__
 from hfai.agent import safefs
 from hfai.agent.gpu import open_gpu_source
@@ -47,6 +50,11 @@ log = logging.getLogger(__name__)
 FENCED_MESSAGE = "stopped on its node: the node's agent had no heartbeat accepted for the fence bound"
 
 
+class LocalStateError(RuntimeError):
+    """The agent cannot write its own state on this node: waiting does not cure that, so the
+    task that met it ends and the agent stops (see :class:`hfai._daemon.Supervisor`)."""
+
+
 class Agent:
     def __init__(self, config: Config):
         self.config = config
@@ -64,7 +72,7 @@ class Agent:
         self._have_assignment = False
         self._refused_in_snapshot = False
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._supervisor = Supervisor()
         self._nc = None
         self._seq = 0
         self._pidfds: set[int] = set()
@@ -76,15 +84,18 @@ class Agent:
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self._log_sub = await self._nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
         await self._heartbeat_once()
-        self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-            asyncio.create_task(self._watch_assignment(), name="assignment-watch"),
-            asyncio.create_task(self._reconcile_loop(), name="reconcile"),
-            asyncio.create_task(self._log_gc_loop(), name="log-gc"),
-        ]
+        spawn = self._supervisor.spawn
+        spawn(self._heartbeat_loop(), "heartbeat")
+        spawn(self._watch_assignment(), "assignment-watch")
+        spawn(self._reconcile_loop(), "reconcile")
+        spawn(self._log_gc_loop(), "log-gc")
         adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
         log.info("agent %s up (gpus: %s, address %s)%s", self.node, self.gpus.name, self.address,
                  f"; adopted running runs {adopted}" if adopted else "")
+
+    async def failed(self) -> str:
+        """Returns (with the reason) when a task of the agent ended: the daemon then exits non-zero."""
+        return await self._supervisor.failed()
 
     async def close(self) -> None:
         """Stop all tasks and disconnect. Running jobs keep running: they are not the agent's
@@ -92,7 +103,7 @@ class Agent:
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait(self._tasks)
+        await self._supervisor.stop()
         loop = asyncio.get_running_loop()
         for fd in list(self._pidfds):
             loop.remove_reader(fd)
@@ -112,6 +123,8 @@ class Agent:
             await asyncio.sleep(self.ac.heartbeat_interval_s)
             try:
                 await self._heartbeat_once()
+            except LocalStateError:
+                raise
             except Exception as e:  # NATS away: keep trying, the controller will notice
                 log.warning("heartbeat failed: %s", e)
 
@@ -129,36 +142,27 @@ class Agent:
         sent_at = time.monotonic()
         await self._nodes_kv.put(self.node, data)
         # Only a heartbeat NATS accepted keeps this node's runs alive (launcher.py self-fencing).
-        self.store.mark_alive(sent_at)
+        # One that cannot be stamped would look alive to the leader while the launchers fence
+        # every run: the agent stops instead (the leader then moves the work elsewhere).
+        try:
+            self.store.mark_alive(sent_at)
+        except OSError as e:
+            raise LocalStateError(f"cannot stamp this agent alive for its launchers: {e}") from e
         await self._nc.publish(names.telemetry_subject(self.node), data)
 
     # --------------------------------------------------------------------------- assignment
 
     async def _watch_assignment(self) -> None:
         """Follow this node's assignment; if the watch fails or ends (a NATS server or stream
-        leader lost), watch anew: a new watch delivers the current assignment first."""
-        while True:
-            try:
-                watcher = await self._assign_kv.watch(self.node)
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
-                log.warning("cannot watch this node's assignment yet (%s)", e or type(e).__name__)
-                await asyncio.sleep(1.0)
-                continue
-            try:
-                async for entry in watcher:
-                    if entry is None:
-                        self._on_snapshot_end()
-                        continue
-                    self._on_assignment(entry)
-                log.warning("assignment watch ended; watching anew")
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
-                log.warning("assignment watch failed (%s); watching anew", e or type(e).__name__)
-            finally:
-                try:
-                    await watcher.stop()
-                except Exception:  # the subscription or connection may be gone already
-                    pass
-            await asyncio.sleep(0.5)
+        leader lost), watch anew: a new watch delivers the current assignment first. A fence
+        that cannot be saved ends the task (and so the agent)."""
+        await _nats.follow(lambda: self._assign_kv.watch(self.node), self._on_entry, "this node's assignment")
+
+    def _on_entry(self, entry) -> None:
+        if entry is None:
+            self._on_snapshot_end()
+        else:
+            self._on_assignment(entry)
 
     def _on_snapshot_end(self) -> None:
         """The watch delivered what KV holds now. Nothing there means nothing is wanted here; a
@@ -203,7 +207,11 @@ class Agent:
             return 0
 
     def _save_fence(self) -> None:
-        (self.store.root / "fence").write_text(str(self._fence))
+        # Atomic: an agent killed while writing must not find a torn fence and accept stale work.
+        try:
+            write_atomic(self.store.root / "fence", str(self._fence))
+        except OSError as e:
+            raise LocalStateError(f"cannot save the fence {self._fence}: {e}") from e
 
     # ---------------------------------------------------------------------------- reconcile
 

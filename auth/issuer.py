@@ -50,13 +50,9 @@ def _new_key(prefix: int):
 
 
 def write_secret(path: Path, text: str) -> None:
-    """Write a file only its owner can read (created 0600, never briefly world-readable)."""
+    """Write a file only its owner can read (created 0600, never briefly world-readable), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o600)
 
 
 class Issuer:
@@ -99,8 +95,8 @@ class Issuer:
             return {"holders": {}, "revocations": {}}
 
     def _save(self, registry: dict) -> None:
-        write_atomic(str(self.root / "registry.json"), json.dumps(registry, indent=1, sort_keys=True))
-        os.chmod(self.root / "registry.json", 0o600)
+        write_atomic(str(self.root / "registry.json"), json.dumps(registry, indent=1, sort_keys=True), mode=0o600)
+        os.chmod(self.root / "registry.json", 0o600)  # made by an older version with the umask's mode
 
     def holders(self) -> list[Holder]:
         return sorted((Holder(name=n, role=Role(h["role"]), public_key=h["public_key"], issued_ts=h["issued_ts"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from hfai.protocol.errors import HfaiError
+from hfai.cli.errors import user_errors
 
 DEFAULT_ISSUER = Path("/etc/hfai/issuer")
 
@@ -38,14 +38,10 @@ def _issuer(create: bool = False):
 
 
 def _creds_dir() -> Path:
+    from hfai.cli.client import creds_dir
     from hfai.cli.main import cli_config
-    from hfai.config import hfai_home
 
-    return Path(cli_config().nats.creds_dir or hfai_home() / "creds")
-
-
-def _fail(e: HfaiError):
-    raise click.ClickException(str(e)) from None
+    return creds_dir(cli_config())
 
 
 @click.group()
@@ -69,12 +65,10 @@ def init(directory: Path):
 @admin.command("server-config")
 @click.option("--resolver-dir", default="/var/lib/nats/accounts", show_default=True,
               help="Where each nats-server keeps account JWTs.")
+@user_errors()
 def server_config(resolver_dir: str):
     """Print the nats-server config block that trusts this issuer's credentials."""
-    try:
-        click.echo(_issuer().server_config(resolver_dir), nl=False)
-    except HfaiError as e:
-        _fail(e)
+    click.echo(_issuer().server_config(resolver_dir), nl=False)
 
 
 @admin.group()
@@ -88,33 +82,29 @@ def user():
 @click.option("--role", type=click.Choice(["user", "operator", "agent", "controller"]), default=None,
               help="For daemons: agent (NAME is the node) or controller.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="Credentials file (default: <creds dir>/NAME.creds).")
+@user_errors()
 def user_add(name: str, operator: bool, role: str | None, out: Path | None):
     """Issue credentials for NAME (a file only its owner may read; hand it to that user)."""
     from hfai.auth.issuer import write_secret
     from hfai.auth.roles import Role
 
-    try:
-        chosen = Role(role) if role else (Role.OPERATOR if operator else Role.USER)
-        creds = _issuer().issue(name, chosen)
-        out = out or _creds_dir() / f"{name}.creds"
-        write_secret(out, creds)
-    except HfaiError as e:
-        _fail(e)
+    chosen = Role(role) if role else (Role.OPERATOR if operator else Role.USER)
+    creds = _issuer().issue(name, chosen)
+    out = out or _creds_dir() / f"{name}.creds"
+    write_secret(out, creds)
     click.echo(f"issued {chosen.value} credentials for {name}: {out} (mode 0600)")
     if chosen in (Role.USER, Role.OPERATOR) and out.parent != _creds_dir():
         click.echo(f"  {name}'s CLI presents it from $HFAI_HOME/creds/{name}.creds (default ~/.hfai/creds/)")
 
 
 @user.command("list")
+@user_errors()
 def user_list():
     """Everyone holding credentials, with role and when issued."""
     from hfai.cli import render
 
-    try:
-        issuer = _issuer()
-        holders, revoked = issuer.holders(), issuer.revocations()
-    except HfaiError as e:
-        _fail(e)
+    issuer = _issuer()
+    holders, revoked = issuer.holders(), issuer.revocations()
     click.echo(f"{'NAME':<24} {'ROLE':<11} ISSUED")
     for h in holders:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.issued_ts))
@@ -124,14 +114,12 @@ def user_list():
 
 @user.command("remove")
 @click.argument("name")
+@user_errors()
 def user_remove(name: str):
     """Revoke NAME's credentials on the running cluster (no restart)."""
     from hfai.auth.push import push_account
     from hfai.cli.main import cli_config
 
-    try:
-        held = _issuer().revoke(name)
-        asyncio.run(push_account(_issuer(), cli_config()))
-    except HfaiError as e:
-        _fail(e)
+    held = _issuer().revoke(name)
+    asyncio.run(push_account(_issuer(), cli_config()))
     click.echo(f"revoked {held.role.value} credentials of {name}; the cluster refuses them from now on")

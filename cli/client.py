@@ -50,12 +50,17 @@ def current_user() -> str:
     return os.environ.get("HFAI_USER") or getpass.getuser()
 
 
+def creds_dir(config: Config) -> Path:
+    """Where users' credentials files are: ``[nats] creds_dir``, by default ``$HFAI_HOME/creds``."""
+    return Path(config.nats.creds_dir or hfai_home() / "creds")
+
+
 def creds_path(config: Config, user: str) -> Path:
     """The credentials file a CLI of ``user`` presents: ``[nats] creds`` if set, else
-    ``<creds_dir>/<user>.creds`` (creds_dir defaults to ``$HFAI_HOME/creds``)."""
+    ``<creds_dir>/<user>.creds`` (see :func:`creds_dir`)."""
     if config.nats.creds:
         return Path(config.nats.creds)
-    return Path(config.nats.creds_dir or hfai_home() / "creds") / f"{names.check_token('user name', user)}.creds"
+    return creds_dir(config) / f"{names.check_token('user name', user)}.creds"
 
 
 def identity(creds: Path) -> tuple[str, bool]:

@@ -6,33 +6,22 @@ User mistakes (missing or corrupt files, bad indices) end in a one-line error an
 
 from __future__ import annotations
 
-import functools
-import os
-import signal
 import sys
 
 import click
 
+from hfai.cli.errors import user_errors
 
-def _user_errors(command):
-    """Turn the errors a user can cause into a one-line ``Error: ...`` instead of a traceback."""
 
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        from hfai.data.errors import DataError
+def _data_errors() -> tuple[type[BaseException], ...]:
+    from hfai.data.errors import DataError
 
-        try:
-            return command(*args, **kwargs)
-        except BrokenPipeError:
-            # The reader left (`hfai data info x | head -3`): nothing went wrong that is worth a
-            # message. Stop as cat does when SIGPIPE kills it, and point stdout at /dev/null so
-            # the interpreter's last flush cannot complain either.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(128 + signal.SIGPIPE)
-        except (DataError, OSError, IndexError) as e:
-            raise click.ClickException(str(e)) from e
+    return (DataError, OSError, IndexError)
 
-    return wrapper
+
+#: The errors a user can cause become a one-line ``Error: ...`` instead of a traceback; a reader
+#: that left (`hfai data info x | head -3`) stops the command quietly (hfai.cli.errors).
+_user_errors = user_errors(_data_errors)
 
 
 @click.group("data")

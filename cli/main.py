@@ -7,7 +7,6 @@ torch, nor nats). User mistakes end with one line on stderr and a non-zero exit,
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import re
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import click
 
 from hfai.cli import render
+from hfai.cli.errors import user_errors
 from hfai.protocol.errors import HfaiError
 from hfai.protocol.types import Priority
 
@@ -47,34 +47,18 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def run_async(fn):
-    """Run an async command body; typed hfai errors become a clean one-line failure."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return asyncio.run(fn(*args, **kwargs))
-        except HfaiError as e:
-            # The message may quote a name or reason somebody else chose: never let it drive the terminal.
-            raise click.ClickException(render.clean(str(e))) from None
-        except KeyboardInterrupt:
-            sys.exit(130)
-
-    return wrapper
+#: Runs an async command body; typed hfai errors become a clean one-line failure (hfai.cli.errors).
+run_async = user_errors()
 
 
 def cli_config():
     """Config for talking to the cluster: HFAI_CONFIG / /etc/hfai/hfai.toml, else a running
     ``hfai local`` cluster, else defaults (``HFAI_NATS_URL`` overrides the URL in every case)."""
     from hfai.cli.local import LocalCluster
-    from hfai.config import DEFAULT_CONFIG_PATH, load_config
+    from hfai.config import config_file, load_config
 
-    if os.environ.get("HFAI_CONFIG") or DEFAULT_CONFIG_PATH.exists():
-        return load_config()
-    local = LocalCluster.load()
-    if local is not None:
-        return load_config(local.config_path)
-    return load_config()
+    local = LocalCluster.load() if config_file() is None else None
+    return load_config(local.config_path if local is not None else None)
 
 
 def api():
@@ -443,6 +427,7 @@ def local():
 @click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Agents to start, each a node of 8 simulated GPUs (node-0, node-1, ...).")
 @click.option("--slice", "slice_s", type=float, default=None, help="Time slice among equal priorities, seconds.")
+@user_errors()
 def local_up(nodes: int, slice_s: float | None):
     """Start the local cluster in the background (state under $HFAI_HOME/local)."""
     import dataclasses
@@ -451,11 +436,8 @@ def local_up(nodes: int, slice_s: float | None):
 
     cc = LOCAL_CONTROLLER if slice_s is None else dataclasses.replace(LOCAL_CONTROLLER, slice_s=slice_s)
     cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc)
-    try:
-        cluster.up()
-        cluster.wait_ready()
-    except HfaiError as e:
-        raise click.ClickException(str(e)) from None
+    cluster.up()
+    cluster.wait_ready()
     click.echo(f"local cluster up: {nodes} node(s) x 8 simulated GPUs, NATS at {cluster.url}")
     click.echo(f"  state and logs: {cluster.root}   stop it with: hfai local down")
     click.echo(f"  your operator credentials: {cluster.creds_dir}/{cluster.owner or _login()}.creds  "

@@ -10,26 +10,21 @@ bad CSV row, a job larger than the cluster) end in a one-line error and exit sta
 
 from __future__ import annotations
 
-import functools
-
 import click
+
+from hfai.cli.errors import user_errors
 
 POLICY_NAMES = ("hfai", "fifo", "las")
 
 
-def _user_errors(command):
-    """Errors a user can cause become ``Error: ...`` on one line, not a traceback."""
+def _sim_errors() -> tuple[type[BaseException], ...]:
+    from hfai.protocol.errors import HfaiError
 
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        from hfai.protocol.errors import HfaiError
+    return (HfaiError, OSError)
 
-        try:
-            return command(*args, **kwargs)
-        except (HfaiError, OSError) as e:
-            raise click.ClickException(str(e)) from e
 
-    return wrapper
+#: Errors a user can cause become ``Error: ...`` on one line, not a traceback (hfai.cli.errors).
+_user_errors = user_errors(_sim_errors)
 
 
 class _SimGroup(click.Group):

@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 
 from hfai.config import ControllerConfig
 from hfai.controller.policy import resolve_auto
-from hfai.controller.store import KVCache, cas_update
+from hfai.controller.store import KVCache, cas_update, cas_value
 from hfai.controller.views import job_view, quotas_of
 from hfai.controller.transitions import apply_stop
 from hfai.controller.nodes import NodeTracker
@@ -239,21 +239,10 @@ class ApiService:
 
     async def _update_setting(self, key: str, kind: type, change) -> None:
         """Compare-and-set one settings key (created on first use)."""
-        for _ in range(8):
-            try:
-                entry = await self._settings_kv.get(key)
-                current, last = decode(entry.value, kind), entry.revision
-            except nats.js.errors.KeyNotFoundError:
-                current, last = kind(), 0
-            new = change(current)
-            try:
-                rev = await self._settings_kv.update(key, encode(new), last=last) if last else \
-                    await self._settings_kv.create(key, encode(new))
-            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
-                continue
+        new, rev, changed = await cas_value(self._settings_kv, key, kind, change, what="setting", missing=kind,
+                                            lost_race=(nats.js.errors.APIError,))
+        if changed:
             self._settings.put_local(key, new, rev)
-            return
-        raise Conflict(f"setting {key} is changing too fast; try again")
 
     async def quota_set(self, caller: Caller, req: QuotaSetRequest) -> SettingsReply:
         self._require_operator(caller)

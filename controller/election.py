@@ -69,8 +69,10 @@ class LeaseElection:
         """The leader loop made progress: the lease may be renewed for another ``stall_s``."""
         self._last_beat = time.monotonic()
 
-    def start(self) -> None:
+    def start(self) -> asyncio.Task:
+        """Campaign (and renew) in a task of its own, which is returned."""
         self._task = asyncio.create_task(self._run(), name="lease")
+        return self._task
 
     async def _run(self) -> None:
         while True:

@@ -2,7 +2,8 @@
 
 A watchdog checks that a leader loop, once begun, keeps showing progress: one stuck for
 ``leader_exit_s`` (or whose tasks ignore their cancellation) makes the replica stop with a
-non-zero status, for systemd to restart it, rather than sit on the lease doing nothing.
+non-zero status, for systemd to restart it, rather than sit on the lease doing nothing. So does
+any of its long-lived tasks (leadership, watchdog, lease, the KV caches' watches) ending on its own.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import socket
 import time
 
 from hfai import _nats
-from hfai._daemon import StuckTasksError, cancel_and_wait, raise_if_cancelled
+from hfai._daemon import StuckTasksError, Supervisor, raise_if_cancelled
 from hfai.config import Config
 from hfai.controller.api import ApiService
 from hfai.controller.election import LeaseElection
@@ -39,13 +40,11 @@ class Controller:
         self.wake = asyncio.Event()
         self._nc = None
         self._sub = None
-        self._tasks: list[asyncio.Task] = []
+        self._supervisor = Supervisor()
         self._caches: list[KVCache] = []
         self.election: LeaseElection | None = None
         self.leader: Leader | None = None  # the loop leading now, if any
         self.shutdown_timeout_s = config.controller.shutdown_timeout_s
-        self._failure = ""
-        self._failed = asyncio.Event()
         self._closed = False
 
     async def start(self) -> None:
@@ -59,6 +58,7 @@ class Controller:
         self._caches = [self.jobs, self.node_cache, self.settings]
         for c in self._caches:
             await c.start()
+            self._supervisor.watch(c.task)
         self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s, self.settings)
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
                               settings_kv=buckets.users, settings=self.settings, config=self.config.controller,
@@ -66,9 +66,9 @@ class Controller:
         self._sub = await self._nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
         cc = self.config.controller
         self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s, cc.leader_stall_s)
-        self.election.start()
-        self._tasks.append(asyncio.create_task(self._lead_when_elected(js, buckets), name="leadership"))
-        self._tasks.append(asyncio.create_task(self._watchdog(), name="leader-watchdog"))
+        self._supervisor.watch(self.election.start())
+        self._supervisor.spawn(self._lead_when_elected(js, buckets), "leadership")
+        self._supervisor.spawn(self._watchdog(), "leader-watchdog")
         log.info("controller %s serving the API on %s", self.id, self.config.nats.url)
 
     async def _relay(self, subject: str, data: bytes, timeout_s: float) -> bytes:
@@ -77,13 +77,10 @@ class Controller:
 
     async def failed(self) -> str:
         """Returns (with the reason) when this replica must stop: the daemon then exits non-zero."""
-        await self._failed.wait()
-        return self._failure
+        return await self._supervisor.failed()
 
     def _fail(self, reason: str) -> None:
-        if not self._failed.is_set():
-            self._failure = reason
-            self._failed.set()
+        self._supervisor.fail(reason)
 
     async def _lead_when_elected(self, js, buckets) -> None:
         while True:
@@ -126,7 +123,7 @@ class Controller:
         self._closed = True
         bound = self.config.controller.cancel_timeout_s
         try:
-            await cancel_and_wait(self._tasks, bound)
+            await self._supervisor.stop(bound)
         finally:
             if self.election is not None:  # release the lease even if a task is stuck
                 await self.election.close(bound)

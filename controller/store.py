@@ -1,4 +1,4 @@
-"""Live copies of KV buckets (kept by a watch) and compare-and-set writes of job records."""
+"""Live copies of KV buckets (kept by a watch) and compare-and-set writes of KV values."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from hfai import _nats
 from hfai._daemon import cancel_and_wait
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import Conflict, NotFound, ProtocolError
@@ -22,10 +23,6 @@ T = TypeVar("T")
 
 KV_DEL = "DEL"
 KV_PURGE = "PURGE"
-
-
-#: Pause before watching a bucket again after its watch failed.
-RETRY_S = 0.5
 
 
 class KVCache(Generic[T]):
@@ -40,53 +37,50 @@ class KVCache(Generic[T]):
         self.values: dict[str, T] = {}
         self.revisions: dict[str, int] = {}
         self.seen: dict[str, float] = {}
-        self._watcher = None
+        self._watcher = None  # the current watch
         self._task: asyncio.Task | None = None
+        # Of the current watch's initial snapshot, until its end marker: the keys delivered
+        # (None once complete) and the highest revision (anything newer was written after it began).
+        self._delivered: set[str] | None = None
+        self._newest = 0
         self.ready = asyncio.Event()
 
+    @property
+    def task(self) -> asyncio.Task:
+        """The task that follows the bucket (once started): it runs until :meth:`stop`."""
+        assert self._task is not None, "KVCache.start() first"
+        return self._task
+
     async def start(self) -> None:
-        self._watcher = await self._kv.watchall()
-        self._task = asyncio.create_task(self._consume(), name=f"kvcache-{self._kv._name}")
+        first = await self._open()
+        self._task = asyncio.create_task(
+            _nats.follow(self._open, self._on_entry, self._kv._name, on_watch=self._on_watch, watcher=first),
+            name=f"kvcache-{self._kv._name}")
         await self.ready.wait()
 
-    async def _consume(self) -> None:
-        """Apply the watch's entries; if the watch fails or ends (a NATS server or stream leader
-        lost), watch anew. A new watch first delivers every current value, and keys it does not
-        deliver before its end-of-snapshot marker were deleted meanwhile: they are dropped."""
-        while True:
-            delivered: set[str] | None = set()  # keys of the initial snapshot, until its marker
-            newest = 0  # the snapshot's highest revision: anything newer was written after it began
-            try:
-                async for entry in self._watcher:
-                    if entry is None:  # the watch has delivered everything that existed at start
-                        if delivered is not None:
-                            self._drop_missing(delivered, newest)
-                            delivered = None
-                        self.ready.set()
-                        continue
-                    if delivered is not None:
-                        delivered.add(entry.key)
-                        newest = max(newest, entry.revision or 0)
-                    self._apply(entry)
-                    if not self.ready.is_set() and not entry.delta:
-                        self.ready.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("watch of %s failed (%s); watching anew", self._kv._name, e or type(e).__name__)
-            else:
-                log.warning("watch of %s ended; watching anew", self._kv._name)
-            self._watcher = await self._rewatch()
+    async def _open(self):
+        self._watcher = await self._kv.watchall()
+        return self._watcher
 
-    async def _rewatch(self):
-        while True:
-            await asyncio.sleep(RETRY_S)
-            try:
-                return await self._kv.watchall()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("cannot watch %s yet (%s)", self._kv._name, e or type(e).__name__)
+    def _on_watch(self) -> None:
+        """A watch begins (the first, or a new one after a failure): it first delivers every
+        current value, and keys it does not deliver before its end-of-snapshot marker were
+        deleted meanwhile: they are dropped."""
+        self._delivered, self._newest = set(), 0
+
+    def _on_entry(self, entry) -> None:
+        if entry is None:  # the watch has delivered everything that existed at start
+            if self._delivered is not None:
+                self._drop_missing(self._delivered, self._newest)
+                self._delivered = None
+            self.ready.set()
+            return
+        if self._delivered is not None:
+            self._delivered.add(entry.key)
+            self._newest = max(self._newest, entry.revision or 0)
+        self._apply(entry)
+        if not self.ready.is_set() and not entry.delta:
+            self.ready.set()
 
     def _drop_missing(self, keys: set[str], newest: int) -> None:
         """Forget keys a fresh snapshot did not hold, unless we wrote them after it began."""
@@ -132,22 +126,37 @@ class KVCache(Generic[T]):
 
 async def cas_update(kv: KeyValue, key: str, change: Callable[[JobRecord], JobRecord | None],
                      attempts: int = 8) -> tuple[JobRecord, int, bool]:
-    """Read-modify-write one job record with compare-and-set, retrying lost races.
+    """Read-modify-write one job record with compare-and-set, retrying lost races (see
+    :func:`cas_value`). Returns (record, revision, changed); NotFound if there is no such job."""
+    return await cas_value(kv, key, JobRecord, change, what="job", attempts=attempts)
 
-    Returns (record, revision, changed). ``change`` must be pure: it may run several times.
+
+async def cas_value(kv: KeyValue, key: str, kind: type[T], change: Callable[[T], T | None], *, what: str,
+                    missing: Callable[[], T] | None = None,
+                    lost_race: tuple[type[Exception], ...] = (nats.js.errors.KeyWrongLastSequenceError,),
+                    attempts: int = 8) -> tuple[T, int, bool]:
+    """Read-modify-write the ``kind`` message at ``key`` with compare-and-set, retrying lost races:
+    the one implementation, for job records and the operators' settings.
+
+    A missing key raises NotFound ("no <what> <key>"), unless ``missing`` makes its first value:
+    the key is then created (revision 0 in the result if nothing was written). ``lost_race``: the
+    write errors that mean another writer came first. Returns (value, revision, changed).
+    ``change`` must be pure: it may run several times; returning None changes nothing.
     """
     for _ in range(attempts):
         try:
             entry = await kv.get(key)
+            current, last = decode(entry.value, kind), entry.revision
         except nats.js.errors.KeyNotFoundError:
-            raise NotFound(f"no job {key}") from None
-        record = decode(entry.value, JobRecord)
-        new = change(record)
+            if missing is None:
+                raise NotFound(f"no {what} {key}") from None
+            current, last = missing(), 0
+        new = change(current)
         if new is None:
-            return record, entry.revision, False
+            return current, last, False
         try:
-            rev = await kv.update(key, encode(new), last=entry.revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
+            rev = await (kv.update(key, encode(new), last=last) if last else kv.create(key, encode(new)))
+        except lost_race:
             continue
         return new, rev, True
-    raise Conflict(f"job {key} is changing too fast; try again")
+    raise Conflict(f"{what} {key} is changing too fast; try again")

@@ -1,5 +1,5 @@
-"""What the two daemon entry points share: logging setup, signal-driven two-phase shutdown, and
-cancellation that cannot hang.
+"""What the two daemon entry points share: logging setup, signal-driven two-phase shutdown,
+supervision of their long-lived tasks (:class:`Supervisor`), and cancellation that cannot hang.
 
 Python 3.11's ``asyncio.wait_for`` returns the inner result instead of raising when it is
 cancelled just as that result becomes ready (bpo-42130, fixed in 3.12). nats-py uses it inside
@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Awaitable, Callable, Protocol, TypeVar
+from typing import Awaitable, Callable, Coroutine, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,65 @@ async def cancel_and_wait(tasks, timeout_s: float | None = CANCEL_TIMEOUT_S) -> 
         for t in pending:
             t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)  # collect their outcomes
+
+
+class Supervisor:
+    """A daemon's long-lived tasks, watched: each is meant to run until the daemon stops it, so one
+    that ends first (an error, a return, a cancellation nobody asked for) has stopped doing its
+    part while the process goes on looking healthy (issue 12: an agent whose assignment watch
+    died kept heartbeating and never ran new work). It then fails the daemon: :meth:`failed`
+    returns the reason, :func:`serve` closes the daemon and the process exits EXIT_FAILED, for
+    systemd to restart it. The first reason wins."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task] = []  # owned: cancelled by stop()
+        self.reason = ""
+        self._failed = asyncio.Event()
+        self._stopping = False
+
+    def spawn(self, coro: Coroutine[object, object, object], name: str) -> asyncio.Task:
+        """Start an owned task, watched."""
+        task = asyncio.create_task(coro, name=name)
+        self.tasks.append(task)
+        return self.watch(task)
+
+    def watch(self, task: asyncio.Task) -> asyncio.Task:
+        """Watch a task owned elsewhere (stopped by its owner, after :meth:`stop`)."""
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if self._stopping:
+            return
+        if task.cancelled():
+            self.fail(f"task {task.get_name()} was cancelled")
+            return
+        error = task.exception()
+        if error is None:
+            self.fail(f"task {task.get_name()} ended")
+        else:
+            log.error("task %s failed", task.get_name(), exc_info=error)
+            self.fail(f"task {task.get_name()} failed: {type(error).__name__}: {error}")
+
+    def fail(self, reason: str) -> None:
+        """The daemon must stop (for ``reason``)."""
+        if not self._failed.is_set():
+            self.reason = reason
+            self._failed.set()
+
+    @property
+    def has_failed(self) -> bool:
+        return self._failed.is_set()
+
+    async def failed(self) -> str:
+        """Returns, with the reason, once the daemon must stop (the ``failed`` of :func:`serve`)."""
+        await self._failed.wait()
+        return self.reason
+
+    async def stop(self, timeout_s: float | None = CANCEL_TIMEOUT_S) -> None:
+        """Stop watching, then cancel the owned tasks and wait for them (see :func:`cancel_and_wait`)."""
+        self._stopping = True
+        await cancel_and_wait(self.tasks, timeout_s)
 
 
 async def serve(start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]],

@@ -1,7 +1,8 @@
 """NATS plumbing shared by the controller, the agent and the CLI (never imported by jobs).
 
-Connecting, and making sure the JetStream buckets and the events stream exist. Creation is
-idempotent and any component may do it first: a fresh cluster needs no setup step.
+Connecting, making sure the JetStream buckets and the events stream exist, and following a KV
+watch through failures (:func:`follow`). Creation is idempotent and any component may do it first:
+a fresh cluster needs no setup step.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, NoReturn
 
 import nats
 import nats.errors
@@ -19,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, AckPolicy, DeliverPolicy, StreamConfig
 from nats.js.kv import KeyValue
 
+from hfai._daemon import raise_if_cancelled
 from hfai.config import Config
 from hfai.protocol import names
 from hfai.protocol.errors import Forbidden, Unavailable
@@ -190,6 +192,50 @@ def is_transient(e: BaseException) -> bool:
     if isinstance(e, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError)):
         return True
     return isinstance(e, nats.js.errors.APIError) and e.err_code in _TRANSIENT_ERR_CODES
+
+
+#: Pause before watching a KV key or bucket again after its watch failed or ended.
+REWATCH_S = 0.5
+#: What a watch may fail with and watching anew may cure: NATS away, a server or stream leader lost.
+WATCH_ERRORS = (nats.errors.Error, asyncio.TimeoutError)
+
+
+async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[Any], None], what: str,
+                 on_watch: Callable[[], None] | None = None, watcher: Any = None,
+                 retry_s: float = REWATCH_S) -> NoReturn:
+    """Apply a KV watch's entries to ``on_entry`` until cancelled (None: the watch has delivered
+    everything that existed when it began), watching anew whenever the watch fails or ends (a
+    NATS server or stream leader lost): a new watch delivers the current values first.
+
+    ``open_watch`` opens one (``kv.watch(key)``, ``kv.watchall()``); ``watcher``, if given, is
+    one already open, used first. ``on_watch`` runs before each watch delivers anything (what the
+    caller tracks of one snapshot starts anew). NATS errors (:data:`WATCH_ERRORS`) are retried
+    every ``retry_s``; errors of ``on_entry`` end the task: a fault of our own is no reason to
+    watch again, and its daemon's :class:`hfai._daemon.Supervisor` stops the process."""
+    while True:
+        raise_if_cancelled()  # opening a watch awaits inside nats-py, which may swallow a cancellation
+        if watcher is None:
+            try:
+                watcher = await open_watch()
+            except WATCH_ERRORS as e:
+                log.warning("cannot watch %s yet (%s)", what, e or type(e).__name__)
+                await asyncio.sleep(retry_s)
+                continue
+        if on_watch is not None:
+            on_watch()
+        try:
+            async for entry in watcher:
+                on_entry(entry)
+            log.warning("watch of %s ended; watching anew", what)
+        except WATCH_ERRORS as e:
+            log.warning("watch of %s failed (%s); watching anew", what, e or type(e).__name__)
+        finally:
+            ended, watcher = watcher, None
+            try:
+                await ended.stop()
+            except Exception:  # the subscription or connection may be gone already
+                pass
+        await asyncio.sleep(retry_s)
 
 
 async def agent_buckets(js: JetStreamContext, config: Config) -> tuple[KeyValue, KeyValue]:

@@ -130,10 +130,17 @@ class Config:
 _SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig}
 
 
+def config_file(env: Mapping[str, str] = os.environ) -> str | os.PathLike | None:
+    """The config file when none is named: ``$HFAI_CONFIG`` if set, else ``/etc/hfai/hfai.toml``
+    if it exists, else None (defaults; the CLI then looks for a running ``hfai local`` cluster)."""
+    return env.get("HFAI_CONFIG") or (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None)
+
+
 def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] = os.environ) -> Config:
-    """Read the TOML file (see module doc for which) and apply ``HFAI_<SECTION>_<FIELD>`` overrides."""
+    """Read the TOML file (``path``, else :func:`config_file`) and apply ``HFAI_<SECTION>_<FIELD>``
+    overrides."""
     if path is None:
-        path = env.get("HFAI_CONFIG") or (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None)
+        path = config_file(env)
     data: dict[str, Any] = {}
     if path is not None:
         try:

@@ -40,7 +40,7 @@ async def test_a_beating_leader_loop_and_a_standby_are_left_alone():
             await asyncio.sleep(0.1)
         c.leader = None  # a standby: no loop to watch
         await asyncio.sleep(0.5)
-        assert not c._failed.is_set()
+        assert not c._supervisor.has_failed
     finally:
         await cancel_and_wait([watchdog])
 

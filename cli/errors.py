@@ -1,0 +1,62 @@
+"""How every ``hfai`` command ends on an error a user can cause: one line ``Error: ...`` on stderr
+and status 1, never a traceback. The text goes through :func:`hfai.cli.render.clean` (it may quote
+a name or reason somebody else chose: it must not drive the terminal). Ctrl-C ends with 130, and a
+reader that went away (``hfai ps | head -3``) ends it quietly with 141, as SIGPIPE ends ``cat``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from hfai.cli import render
+from hfai.protocol.errors import HfaiError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Kinds = Callable[[], tuple[type[BaseException], ...]]
+
+
+def _hfai_errors() -> tuple[type[BaseException], ...]:
+    return (HfaiError,)
+
+
+def user_errors(kinds: Kinds = _hfai_errors) -> Callable[[F], F]:
+    """Decorate a command: the errors ``kinds()`` names (default: HfaiError; a function, so a
+    command group may name errors of a module it imports only when it runs) become ``Error: ...``.
+    An ``async def`` command is run with ``asyncio.run``."""
+
+    def decorate(command: F) -> F:
+        run = (lambda *a, **kw: asyncio.run(command(*a, **kw))) if inspect.iscoroutinefunction(command) else command
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return run(*args, **kwargs)
+            except BrokenPipeError:
+                _reader_gone()
+            except KeyboardInterrupt:
+                sys.exit(130)
+            except Exception as e:
+                if isinstance(e, kinds()) and not isinstance(e, click.ClickException):
+                    raise click.ClickException(render.clean(str(e))) from None
+                raise
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _reader_gone() -> None:
+    # Nothing went wrong that is worth a message. Stop as cat does when SIGPIPE kills it, and point
+    # stdout at /dev/null so the interpreter's last flush cannot complain either.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(128 + signal.SIGPIPE)

@@ -1,0 +1,179 @@
+"""Supervised daemon tasks and the one watch-and-rewatch loop (issue 12), without NATS.
+
+A daemon's long-lived task that ends on its own (an error, a return, a stray cancellation) fails
+the daemon, so it exits non-zero for systemd to restart it instead of looking healthy while doing
+nothing; ``_nats.follow`` watches a KV key or bucket anew when its watch fails or ends, and lets an
+error of its own handler end the task."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import nats.errors
+import pytest
+
+from hfai import _nats
+from hfai._daemon import EXIT_FAILED, Supervisor, serve
+
+
+async def _forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def _raise_soon(error: Exception) -> None:
+    await asyncio.sleep(0.05)
+    raise error
+
+
+async def test_a_task_that_fails_fails_the_daemon(caplog):
+    sup = Supervisor()
+    sup.spawn(_forever(), "steady")
+    sup.spawn(_raise_soon(IsADirectoryError(21, "Is a directory", "fence")), "assignment-watch")
+    with caplog.at_level(logging.ERROR, logger="hfai._daemon"):
+        reason = await asyncio.wait_for(sup.failed(), 2.0)
+    assert reason.startswith("task assignment-watch failed: IsADirectoryError") and "fence" in reason
+    assert any(r.exc_info for r in caplog.records), "the traceback is logged"
+    await sup.stop()
+    assert all(t.done() for t in sup.tasks)
+
+
+async def test_a_task_that_returns_or_is_cancelled_by_someone_else_fails_the_daemon():
+    async def quits():
+        await asyncio.sleep(0.01)
+
+    sup = Supervisor()
+    sup.spawn(quits(), "gc")
+    assert await asyncio.wait_for(sup.failed(), 2.0) == "task gc ended"
+    await sup.stop()
+
+    sup = Supervisor()
+    stray = sup.watch(asyncio.create_task(_forever(), name="kvcache-hfai_jobs"))
+    stray.cancel()
+    assert await asyncio.wait_for(sup.failed(), 2.0) == "task kvcache-hfai_jobs was cancelled"
+
+
+async def test_the_first_reason_wins_and_stop_is_no_failure():
+    sup = Supervisor()
+    sup.spawn(_forever(), "a")
+    watched = sup.watch(asyncio.create_task(_forever(), name="b"))
+    await asyncio.sleep(0.01)
+    await sup.stop()
+    watched.cancel()  # its owner stops it after the supervisor: not a failure
+    await asyncio.sleep(0.01)
+    assert not sup.has_failed
+
+    sup = Supervisor()
+    sup.fail("first")
+    sup.fail("second")
+    assert await sup.failed() == "first"
+
+
+async def test_serve_exits_failed_when_a_supervised_task_dies():
+    sup = Supervisor()
+    closed = []
+
+    async def start():
+        sup.spawn(_forever(), "heartbeat")
+        sup.spawn(_raise_soon(RuntimeError("boom")), "reconcile")
+
+    async def close():
+        closed.append(True)
+        await sup.stop()
+
+    code = await asyncio.wait_for(serve(start, close, sup.failed, hard_exit=lambda c: None), 5.0)
+    assert code == EXIT_FAILED and closed
+    assert "reconcile" in sup.reason and "boom" in sup.reason
+
+
+# ------------------------------------------------------------------------- watch and rewatch
+
+class FakeWatcher:
+    """Delivers ``entries`` (None: the end of the snapshot marker); then ends, raises ``error``,
+    or waits (``hold``) until stopped, as a nats-py KeyWatcher does."""
+
+    def __init__(self, entries, error: Exception | None = None, hold: bool = False):
+        self.entries = list(entries)
+        self.error = error
+        self.hold = hold
+        self.stopped = asyncio.Event()
+
+    async def stop(self):
+        self.stopped.set()
+
+    def __aiter__(self):
+        return self._gen()
+
+    async def _gen(self):
+        for e in self.entries:
+            yield e
+        if self.error is not None:
+            raise self.error
+        if self.hold:
+            await self.stopped.wait()
+
+
+async def test_follow_watches_anew_after_a_failed_open_an_end_and_an_error():
+    ended = FakeWatcher(["a", None, "b"])
+    failing = FakeWatcher(["c"], error=nats.errors.TimeoutError())
+    last = FakeWatcher(["d", None], hold=True)
+    opens = [nats.errors.NoRespondersError(), failing, last]
+    opened = []
+
+    async def open_watch():
+        item = opens.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        opened.append(item)
+        return item
+
+    seen, watches = [], []
+    task = asyncio.create_task(_nats.follow(open_watch, seen.append, "test", on_watch=lambda: watches.append(len(seen)),
+                                            watcher=ended, retry_s=0.01))
+    for _ in range(200):
+        if seen[-2:] == ["d", None]:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == ["a", None, "b", "c", "d", None]
+    assert watches == [0, 3, 4]  # before each watch delivers anything
+    assert ended.stopped.is_set() and failing.stopped.is_set() and not last.stopped.is_set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert last.stopped.is_set(), "the current watch is stopped on the way out"
+
+
+async def test_follow_lets_its_handlers_errors_end_it():
+    watcher = FakeWatcher(["x"], hold=True)
+
+    def handle(entry):
+        raise PermissionError(13, "Permission denied", "fence")
+
+    async def never():
+        raise AssertionError("a fault of ours is no reason to watch again")
+
+    with pytest.raises(PermissionError):
+        await asyncio.wait_for(_nats.follow(never, handle, "test", watcher=watcher, retry_s=0.01), 2.0)
+    assert watcher.stopped.is_set()
+
+
+# ---------------------------------------------------------------------- a controller, wired up
+
+async def test_a_controller_whose_cache_or_lease_task_dies_fails(tmp_path):
+    """Each long-lived task a controller relies on is watched, its KV caches' and lease's too."""
+    from spine_cluster import nats_server
+
+    from hfai.config import Config, ControllerConfig, NatsConfig
+    from hfai.controller.service import Controller
+
+    with nats_server(tmp_path) as url:
+        for victim in ("jobs", "lease"):
+            c = Controller(Config(nats=NatsConfig(url=url), controller=ControllerConfig(id="c0", lease_ttl_s=2.0)))
+            await c.start()
+            try:
+                task = c.jobs.task if victim == "jobs" else c.election._task
+                task.cancel()  # as if it had ended on its own
+                reason = await asyncio.wait_for(c.failed(), 5.0)
+            finally:
+                await c.close()
+            assert reason == f"task {task.get_name()} was cancelled", reason
