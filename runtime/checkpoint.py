@@ -28,9 +28,9 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from hfai.protocol.errors import HfaiError
 
@@ -177,8 +177,8 @@ def save_sharded(fname: str | os.PathLike, model: Any, optimizer: Any = None,
         # Every rank must make the same plan from the same state, or the parts would not add up.
         plans = _gather((_digest(entries), token), group, world)
         if any(d != plans[0][0] for d, _ in plans):
-            raise HfaiError("hfai.checkpoint.save: the ranks hold different model or optimizer state "
-                            "(it saves a data-parallel job, whose ranks hold the same); use save(obj, path) on one rank")
+            raise HfaiError("hfai.checkpoint.save: the ranks hold different model or optimizer state (it "
+                            "saves a data-parallel job, whose ranks hold the same); use save(obj, path) on one rank")
         token = plans[0][1]
     mine = _share(entries, world)[rank]
     name = _part_name(token, rank, world)
@@ -366,7 +366,7 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for i, keys in enumerate(meta["model_keys"]):
         sd = OrderedDict((k, flat_model[(i, k)]) for k in keys)
         if meta["model_metadata"][i] is not None:
-            sd._metadata = meta["model_metadata"][i]
+            sd._metadata = meta["model_metadata"][i]  # type: ignore[attr-defined]
         models.append(sd)
     optims = []
     for i, keys in enumerate(meta["optimizer_state_keys"]):
