@@ -400,22 +400,37 @@ async def node_undrain(name: str):
 
 # ------------------------------------------------------------------------------------ daemons
 
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def controller(args):
-    """Run a controller replica (same as `hfai-controller`)."""
+def daemon_options(f):
+    """--config and --log-level, passed on to the daemon (whose own parser checks them too)."""
+    from hfai._daemon import CONFIG_HELP, LOG_LEVEL_HELP, LOG_LEVELS
+
+    f = click.option("--log-level", default="INFO", show_default=True, metavar="LEVEL",
+                     type=click.Choice(LOG_LEVELS, case_sensitive=False), help=LOG_LEVEL_HELP)(f)
+    return click.option("--config", "config_path", metavar="PATH", help=CONFIG_HELP)(f)
+
+
+def _daemon_argv(config_path: str | None, log_level: str) -> list[str]:
+    return [*(["--config", config_path] if config_path else []), "--log-level", log_level]
+
+
+@main.command()
+@daemon_options
+def controller(config_path: str | None, log_level: str):
+    """Run a controller replica (same as `hfai-controller`): it serves the API, and schedules
+    while it holds the lease. Runs until SIGTERM."""
     from hfai.controller.__main__ import main as run
 
-    sys.exit(run(list(args)))
+    sys.exit(run(_daemon_argv(config_path, log_level)))
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def agent(args):
-    """Run this node's agent (same as `hfai-agent`)."""
+@main.command()
+@daemon_options
+def agent(config_path: str | None, log_level: str):
+    """Run this node's agent (same as `hfai-agent`): it runs the jobs the leader assigns to the
+    node ([agent] node, default the host name) and reports them. Runs until SIGTERM."""
     from hfai.agent.__main__ import main as run
 
-    sys.exit(run(list(args)))
+    sys.exit(run(_daemon_argv(config_path, log_level)))
 
 
 @main.group()
@@ -426,7 +441,10 @@ def local():
 @local.command("up")
 @click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Agents to start, each a node of 8 simulated GPUs (node-0, node-1, ...).")
-@click.option("--slice", "slice_s", type=float, default=None, help="Time slice among equal priorities, seconds.")
+@click.option("--slice", "slice_s", type=float, default=None,
+              help="Time slice, seconds (default 600 here): a job that has held its nodes this long yields them "
+                   "to a waiting job of the same priority and another user (never to its own user's). To try it, "
+                   "add a user (hfai admin user add bob) and submit as them (HFAI_USER=bob hfai submit ...).")
 @user_errors()
 def local_up(nodes: int, slice_s: float | None):
     """Start the local cluster in the background (state under $HFAI_HOME/local)."""

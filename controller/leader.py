@@ -32,7 +32,7 @@ from hfai.controller.store import KVCache, cas_update
 from hfai.controller.views import job_view, policy_config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, ProtocolError
-from hfai.protocol.types import JobRecord, NodeAssignment, NodeState, RunEvent
+from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, NodeState, RunEvent
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,6 @@ class Leader:
                 await self._update(d.job_id, self._fenced(
                     lambda j, d=d: transitions.apply_start(j, d, time.time(), addr, port)))
             elif isinstance(d, Suspend):  # also Resize: an elastic job restarts at another size
-                log.info("suspending %s: %s", d.job_id, d.reason)
                 await self._update(d.job_id, self._fenced(lambda j, d=d: transitions.apply_suspend(j, d, time.time())))
             elif isinstance(d, Wait):
                 self._reason_written[d.job_id] = now_mono
@@ -289,14 +288,23 @@ class Leader:
         return pick_master_port(job_id, run_id, in_use, self.cc.master_port_base, self.cc.master_port_span)
 
     async def _update(self, job_id: str, change) -> None:
+        before: list[ChainState] = []  # the state of the record the write was based on
+
+        def tracked(job: JobRecord) -> JobRecord | None:
+            before[:] = [job.state]
+            return change(job)
+
         try:
-            record, rev, changed = await cas_update(self._jobs_kv, job_id, change)
+            record, rev, changed = await cas_update(self._jobs_kv, job_id, tracked)
         except HfaiError as e:
             log.warning("could not update job %s: %s", job_id, e)
             return
         if changed:
             self.jobs.put_local(job_id, record, rev)
-            if record.state.final or record.state.holds_nodes:
+            # Each state change once. Acks, one rank's exit and wait reasons rewrite the record in
+            # the same state; logging every write repeated "-> suspending" up to four times for a
+            # two-node job (decision, two acks, first exit).
+            if before and record.state is not before[0]:
                 log.info("job %s (%s) -> %s: %s", job_id, record.spec.name, record.state.value, record.reason)
 
     # -------------------------------------------------------------------------- assignments

@@ -47,6 +47,10 @@ from hfai.protocol.types import ChainState, Priority
 #: Wildcard for the user or group part of a quota key.
 ANY = "*"
 
+#: How the wait reason of a job that only time slicing can serve begins (the leader keeps its
+#: countdown current: see transitions.wait_gist).
+TIME_SLICE_WAIT = "waiting for its time slice"
+
 
 @dataclass(frozen=True)
 class Quotas:
@@ -290,6 +294,9 @@ class _Level:
     slice_nodes: int = 0
     slice_nodes_by_user: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     slice_head: int = 0
+    # The jobs that have not held their nodes for a slice yet (they will become sliceable),
+    # earliest started first: only looked at to tell a waiting job when its turn comes.
+    unripe: list[JobView] = field(default_factory=list)
     ready: bool = False  # lists sorted and slice_ids filled
 
 
@@ -314,6 +321,8 @@ class _Pool:
                 level.sliceable.append(j)
                 level.slice_nodes += n
                 level.slice_nodes_by_user[j.user] += n
+            else:
+                level.unripe.append(j)
         self.order = sorted(levels)
         self.taken: set[str] = set()
         self.lower_cache: dict[int, int] = {}
@@ -326,6 +335,7 @@ class _Pool:
             # Round-robin among equals: the one that has held its nodes longest yields first.
             level.sliceable.sort(key=lambda j: (j.started_ts, j.id))
             level.slice_ids = {j.id for j in level.sliceable}
+            level.unripe.sort(key=lambda j: (j.started_ts, j.id))
             level.ready = True
         return level
 
@@ -409,6 +419,7 @@ class _GroupRound:
         self.blocked = False  # some job waits for nodes (not for quota): no growth this round
         self.starts: list[tuple[JobView, list[str]]] = []
         self.out: list[Decision] = []
+        self.turns: dict[tuple[int, str, int], float | None] = {}  # slice_turn's answers this round
 
     # -- helpers
 
@@ -483,8 +494,10 @@ class _GroupRound:
         self.blocked = True
         if self.hopeless(self.prio[job.id]):
             # Cheap path for the long tail of a full cluster: nothing this job could do.
-            why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
-            self.wait(job, f"waiting for nodes: {why}, and no running job may be preempted for it", quiet=True)
+            if self.config.explain_waits:
+                why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
+                self.wait(job, self.slice_wait(job, job.lo) or
+                          f"waiting for nodes: {why}, and no running job may be preempted for it", quiet=True)
             self.note_soft_reservation(job)
             return
         self.claim(job)
@@ -507,8 +520,12 @@ class _GroupRound:
             return
         victims = self.choose_victims(job, need - from_leaving)
         if victims is None:
-            self.wait(job, f"waiting for {need - from_leaving} more node(s), held by jobs it may not preempt",
-                      quiet=True)
+            if self.config.explain_waits:
+                p = self.prio[job.id]
+                short = need - from_leaving - self.pool.lower_nodes(p) - self.pool.slice_nodes(p, job.user)
+                self.wait(job, self.slice_wait(job, short) or
+                          f"waiting for {need - from_leaving} more node(s), held by jobs it may not preempt",
+                          quiet=True)
             self.note_soft_reservation(job)
             return
         self.leaving -= from_leaving
@@ -516,7 +533,37 @@ class _GroupRound:
         for v in victims:
             self.pool.take(v.job)
             self.out.append(self.victim_decision(job, v))
+        self.turns.clear()  # victims are no longer anybody's turn
         self.wait(job, "waiting for preempted jobs to checkpoint and release their nodes")
+
+    def slice_wait(self, job: JobView, short: int) -> str | None:
+        """The wait reason of a job that time slicing will serve, or None: jobs of its priority
+        and other users that have not held their nodes for a slice yet hold at least the ``short``
+        nodes it lacks beyond what it could take now. Its turn comes when enough of them have."""
+        if short <= 0:
+            return None
+        p = self.prio[job.id]
+        key = (p, job.user, short)
+        if key not in self.turns:
+            self.turns[key] = self.slice_turn(p, job.user, short)
+        turn = self.turns[key]
+        if turn is None:
+            return None
+        return f"{TIME_SLICE_WAIT}, next turn in ~{max(1, math.ceil(turn / 60))} min"
+
+    def slice_turn(self, p: int, user: str, short: int) -> float | None:
+        """Seconds until running jobs of priority ``p`` and other users than ``user`` that are
+        not sliceable yet will have freed ``short`` nodes by becoming so; None if they never can."""
+        if p not in self.pool.levels:
+            return None
+        got = 0
+        for v in self.pool.sorted_level(p).unripe:
+            if v.user == user or v.id in self.pool.taken:
+                continue
+            got += len(v.held)
+            if got >= short:
+                return max(0.0, v.started_ts + self.config.slice_s - self.now)
+        return None
 
     def pin_free(self, job: JobView) -> None:
         self.fi = len(self.free)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from hfai.controller.policy import Start, Suspend
+from hfai.controller.policy import TIME_SLICE_WAIT, Start, Suspend
 from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
 
 
@@ -112,7 +112,11 @@ def apply_wait_reason(job: JobRecord, reason: str) -> JobRecord | None:
 def wait_gist(reason: str) -> str:
     """What a wait reason says, without the detail that changes from round to round: the text
     before its first ':' or ',' with numbers blanked. "waiting for nodes: the group is full, ..."
-    and "waiting for nodes: the free nodes are reserved for jobs ahead of it, ..." say the same."""
+    and "waiting for nodes: the free nodes are reserved for jobs ahead of it, ..." say the same.
+    A time-slice wait is a countdown ("next turn in ~N min"): its figure is the news, so it is
+    kept, and the shown turn follows the clock (still at most once per wait_reason_interval_s)."""
+    if reason.startswith(TIME_SLICE_WAIT):
+        return reason
     return re.sub(r"\d+", "#", re.split(r"[:,]", reason, maxsplit=1)[0]).strip()
 
 

@@ -211,6 +211,16 @@ class Daemon(Protocol):
     async def close(self) -> None: ...
 
 
+#: The daemons' two flags, documented alike by ``hfai-agent``/``hfai-controller`` and
+#: ``hfai agent``/``hfai controller``.
+CONFIG_HELP = ("TOML config file (default: $HFAI_CONFIG, else /etc/hfai/hfai.toml; systemd/hfai.toml.example "
+               "documents every field); any field can be overridden with HFAI_<SECTION>_<FIELD>, e.g. "
+               "HFAI_NATS_URL.")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVEL_HELP = ("Least severe messages logged to stderr: " + ", ".join(LOG_LEVELS) +
+                  " (any case; default INFO: state changes, elections, nodes lost).")
+
+
 def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], argv: list[str] | None = None) -> int:
     """The shared ``main`` of ``hfai-agent`` and ``hfai-controller``: parse flags, load the config,
     build the daemon with ``make(config)``, serve until SIGTERM. Config errors exit 2, no traceback.
@@ -221,8 +231,9 @@ def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], ar
     from hfai.protocol.errors import HfaiError
 
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--config", help="TOML config file (default: $HFAI_CONFIG or /etc/hfai/hfai.toml)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                   help=LOG_LEVEL_HELP)
     args = p.parse_args(argv)
     setup_logging(args.log_level)
     try:

@@ -150,6 +150,27 @@ def test_a_job_that_just_resumed_keeps_its_nodes_for_one_slice():
     assert not of(out, Suspend)
 
 
+def test_a_job_waiting_for_its_time_slice_says_when_its_turn_comes():
+    """Issue 13 defect 8: it said "the group is full, and no running job may be preempted for it"."""
+    out = run([running("r", names(0), user="v", started=NOW - 1000), queued("w", user="u")], nodes(1))
+    assert of(out, Wait)["w"].reason == "waiting for its time slice, next turn in ~14 min"  # 800 s left
+    # Two nodes short: the turn comes when the second-oldest of the other users' jobs has had its slice.
+    jobs = [running("r1", names(0), user="v", started=NOW - 1700), running("r2", names(1), user="x", started=NOW - 60),
+            running("mine", names(2), user="u", started=NOW - 10), queued("w", user="u", n=2)]
+    assert of(run(jobs, nodes(3)), Wait)["w"].reason == "waiting for its time slice, next turn in ~29 min"
+    # Lower-priority nodes it can take now count: only one more node must come from slicing.
+    jobs = [running("low", names(0), prio=LOW, user="x"), running("r", names(1), user="v", started=NOW - 1790),
+            queued("w", user="u", n=2)]
+    assert of(run(jobs, nodes(2)), Wait)["w"].reason == "waiting for its time slice, next turn in ~1 min"
+    # Slicing never serves it (its own user's job, or a higher priority holds the nodes): as before.
+    for holder in (running("r", names(0), user="u"), running("r", names(0), user="v", prio=HIGH)):
+        reason = of(run([holder, queued("w", user="u")], nodes(1)), Wait)["w"].reason
+        assert "time slice" not in reason and "may be preempted" in reason
+    # The simulator asks for no reasons, and pays nothing for them.
+    quiet = PolicyConfig(slice_s=1800.0, explain_waits=False)
+    assert run([running("r", names(0), user="v", started=NOW - 1000), queued("w", user="u")], nodes(1), quiet) == []
+
+
 def test_never_sliced_for_the_same_user_at_the_same_priority():
     out = run([running("r", names(0), user="u", started=NOW - 9999), queued("w", user="u")], nodes(1))
     assert not of(out, Suspend)

@@ -93,3 +93,14 @@ def test_expired_finished_jobs_are_forgotten_after_the_retention():
     assert tr.expired(jobs, now=16.0, retention_s=5.0) == ["j1", "q"]  # never the running one
     assert tr.expired(jobs, now=1e9, retention_s=0) == []  # 0: keep forever
 
+
+
+def test_a_time_slice_countdown_is_rewritten_as_it_runs_down():
+    """Its gist keeps the minutes, so the shown turn follows the clock (at most once per interval)."""
+    queued = JobRecord(id="q", spec=SPEC, state=ChainState.QUEUED, submit_ts=1.0, reason="queued")
+    ten, nine = ("waiting for its time slice, next turn in ~10 min", "waiting for its time slice, next turn in ~9 min")
+    explained = tr.apply_wait_reason(queued, ten)
+    assert tr.wait_gist(ten) != tr.wait_gist(nine)
+    assert not tr.wait_reason_due(explained, ten, 100.0, 500.0, 30.0)  # the same figure: nothing to write
+    assert not tr.wait_reason_due(explained, nine, 100.0, 110.0, 30.0)  # not more often than the interval
+    assert tr.wait_reason_due(explained, nine, 100.0, 160.0, 30.0)
