@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, NoReturn
+from typing import Any, NoReturn
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, AckPolicy, DeliverPolicy, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.kv import KeyValue
 
 from hfai._daemon import raise_if_cancelled
@@ -87,6 +88,7 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
             max_reconnect_attempts=-1 if reconnect else 0,
             reconnect_time_wait=0.5,
             error_cb=log_error,
+            reconnected_cb=_on_reconnected,
             **identity,
             **tls_options(config),
         )
@@ -200,6 +202,39 @@ REWATCH_S = 0.5
 WATCH_ERRORS = (nats.errors.Error, asyncio.TimeoutError)
 
 
+# Watches to renew after a reconnect. A KV watch is an ephemeral consumer on the server: after a
+# server restart it is gone, yet nats-py reports nothing until two idle heartbeats are missed
+# (10-20 s), during which agents would miss assignments and the leader heartbeats (issue 11).
+_RECONNECT_WAITERS: set[asyncio.Event] = set()
+
+
+async def _on_reconnected() -> None:
+    log.info("reconnected to NATS; renewing watches")
+    for event in list(_RECONNECT_WAITERS):
+        event.set()
+
+
+class _Reconnected(Exception):
+    """The connection came back: the watch may be dead without saying so."""
+
+
+async def _next(it: Any, reconnected: asyncio.Event) -> Any:
+    """The watch's next entry, or :class:`_Reconnected` if a reconnect happens first."""
+    nxt = asyncio.ensure_future(it.__anext__())
+    if not nxt.done():
+        again = asyncio.ensure_future(reconnected.wait())
+        try:
+            await asyncio.wait({nxt, again}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            again.cancel()
+            if not nxt.done():
+                nxt.cancel()
+    if not nxt.done() or nxt.cancelled():
+        raise_if_cancelled()
+        raise _Reconnected()
+    return nxt.result()
+
+
 async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[Any], None], what: str,
                  on_watch: Callable[[], None] | None = None, watcher: Any = None,
                  retry_s: float = REWATCH_S) -> NoReturn:
@@ -212,8 +247,20 @@ async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[A
     caller tracks of one snapshot starts anew). NATS errors (:data:`WATCH_ERRORS`) are retried
     every ``retry_s``; errors of ``on_entry`` end the task: a fault of our own is no reason to
     watch again, and its daemon's :class:`hfai._daemon.Supervisor` stops the process."""
+    reconnected = asyncio.Event()
+    _RECONNECT_WAITERS.add(reconnected)
+    try:
+        await _follow(open_watch, on_entry, what, on_watch, watcher, retry_s, reconnected)
+    finally:
+        _RECONNECT_WAITERS.discard(reconnected)
+
+
+async def _follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[Any], None], what: str,
+                  on_watch: Callable[[], None] | None, watcher: Any, retry_s: float,
+                  reconnected: asyncio.Event) -> NoReturn:
     while True:
         raise_if_cancelled()  # opening a watch awaits inside nats-py, which may swallow a cancellation
+        reconnected.clear()
         if watcher is None:
             try:
                 watcher = await open_watch()
@@ -224,9 +271,16 @@ async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[A
         if on_watch is not None:
             on_watch()
         try:
-            async for entry in watcher:
+            it = watcher.__aiter__()
+            while True:
+                try:
+                    entry = await _next(it, reconnected)
+                except StopAsyncIteration:
+                    break
                 on_entry(entry)
             log.warning("watch of %s ended; watching anew", what)
+        except _Reconnected:
+            log.info("watching %s anew after a reconnect", what)
         except WATCH_ERRORS as e:
             log.warning("watch of %s failed (%s); watching anew", what, e or type(e).__name__)
         finally:

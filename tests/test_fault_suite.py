@@ -451,20 +451,16 @@ def test_leader_frozen_past_its_lease_under_load_never_wedges_loses_or_doubles_a
 
 
 class StallAfterNatsRestart(AssertionError):
-    """The symptoms of NATS_STALL (only these make the test below an expected failure)."""
+    """A stall of new work after a NATS restart (the defect described above)."""
 
 
-NATS_STALL = (
-    "after a nats-server restart, KV watches (runtime/_nats.py follow: the controllers' caches of "
-    "the buckets, the agent's assignment watch) stay silent, with no error, until nats-py's ordered "
-    "consumer misses two idle-heartbeat checks (5 s each): 10-20 s. Meanwhile agents start nothing "
-    "new, and a leader with a shorter heartbeat timeout declares every node down and requeues its "
-    "jobs (they run twice, one after the other)"
-)
+# Once a real defect (fixed in runtime/_nats.py follow: watches are renewed on reconnect): after a
+# nats-server restart, KV watches stayed silent, with no error, until nats-py's ordered consumer
+# missed two idle-heartbeat checks (10-20 s); agents started nothing new meanwhile, and a leader
+# with a shorter heartbeat timeout requeued every job (they then ran twice, one after the other).
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=StallAfterNatsRestart, reason=NATS_STALL)
 def test_nats_restart_under_load_loses_and_doubles_no_job(tmp_path):
     """kill -9 of the only nats-server while jobs run and wait; restarted on the same port and
     store after 2 s, while more jobs are being submitted. Every job submitted before and during the
