@@ -8,6 +8,13 @@ the NATS store, and ``cluster.json`` (pids and URL) through which the CLI finds 
 Authentication is on, as in production: ``auth/`` holds the keys that sign credentials (see
 hfai.auth.issuer) and each daemon's credentials; ``creds/`` the users' (the invoking user gets
 operator credentials). Nothing connects without credentials.
+
+The cluster's state outlives ``down``: ``hfai local down`` interrupts the running jobs as the
+platform would (suspend flag, checkpoint, acknowledgement; SIGTERM and SIGKILL after the windows)
+with the controllers already stopped, so they are requeued rather than restarted, and the next
+``up`` resumes them and the queued jobs. ``up`` forgets the nodes the new cluster does not have
+(their records and assignments), so nothing is placed on a node that will never answer.
+``hfai local reset`` (or ``up --fresh``) wipes the state, credentials included.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hfai.config import AgentConfig, Config, ControllerConfig, NatsConfig, dump_toml, hfai_home
+from hfai.config import AgentConfig, Config, ControllerConfig, NatsConfig, dump_toml, hfai_home, load_config
 from hfai.protocol import names
 from hfai.protocol.errors import HfaiError, Unavailable
 
@@ -37,6 +45,11 @@ LOCAL_CONTROLLER = ControllerConfig(
 # whichever hfai user submitted it. Credentials and NATS permissions are on as in production; a
 # shared cluster runs jobs as their submitters (run_as = "submitter", the default).
 LOCAL_AGENT = AgentConfig(heartbeat_interval_s=1.0, reconcile_interval_s=0.25, gpu_source="sim", run_as="agent")
+
+
+# nats-server 2.15 caps a stream at 1,000 consumers even when it asks for none, and every agent
+# watches its assignment through one consumer on hfai_assign: lift the cap (systemd's example too).
+NO_CONSUMER_CAP = "jetstream { limits { default_max_consumers: -1 } }\n"
 
 
 def nats_server_binary() -> str:
@@ -136,11 +149,14 @@ class LocalCluster:
 
     # ---------------------------------------------------------------------------- up/down
 
-    def up(self, nats_url: str | None = None) -> None:
+    def up(self, nats_url: str | None = None) -> list[str]:
         """Start NATS, the controllers and the agents. With ``nats_url`` (comma-separated servers)
-        join those NATS servers instead of starting one; they are not stopped by :meth:`down`."""
+        join those NATS servers instead of starting one; they are not stopped by :meth:`down`.
+        Returns the nodes of an earlier cluster in this root that were forgotten (see
+        :meth:`forget_nodes`)."""
         if self.is_up():
             raise HfaiError(f"a local cluster is already running under {self.root}; `hfai local down` first")
+        resumed = self.has_state
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
         conf = None
@@ -148,18 +164,136 @@ class LocalCluster:
             self.user_creds(self.owner or _login(), operator=True)
             if not nats_url:
                 conf = self.root / "nats.conf"
-                conf.write_text(self.server_auth_config(self.root / "nats" / "accounts"))
+                conf.write_text(self.server_auth_config(self.root / "nats" / "accounts") + NO_CONSUMER_CAP)
         if nats_url:
             self.url = nats_url
         else:
             proc, self.url = start_nats(self.root / "nats", self.root / "logs" / "nats.log", config_file=conf)
             self._procs["nats"] = proc
         self.config_path.write_text(dump_toml(self.config()))
+        # Before any controller leads: at a takeover every known node gets a heartbeat window, so
+        # a node of the last cluster that this one lacks would get work for that long.
+        forgotten: list[str] = []
+        if resumed and not nats_url:
+            try:
+                forgotten = self.forget_nodes()
+            except BaseException:
+                _terminate(self._procs["nats"].pid, self._procs.pop("nats"))
+                raise
         for i in range(self.controllers):
             self.start_controller(i)
         for i in range(self.nodes):
             self.start_agent(i)
         self.save()
+        return forgotten
+
+    @property
+    def has_state(self) -> bool:
+        """Whether an earlier cluster left its state here (jobs, nodes) for ``up`` to resume."""
+        return (self.root / "nats" / "jetstream").is_dir()
+
+    def reset(self) -> None:
+        """Wipe the state an earlier cluster left here: jobs, nodes, agents' runs and logs, daemon
+        logs, and every credential (the issuer too: files handed out before stop working). The
+        environments under envs/ stay. Refused while the cluster runs."""
+        if self.is_up():
+            raise HfaiError(f"the local cluster under {self.root} is running: `hfai local down` first")
+        _kill_job_groups(self.root / "agents")  # anything a crashed cluster left running
+        for name in STATE_DIRS:
+            shutil.rmtree(self.root / name, ignore_errors=True)
+        for name in STATE_FILES:
+            (self.root / name).unlink(missing_ok=True)
+
+    def forget_nodes(self) -> list[str]:
+        """Delete the node records and assignments of nodes this cluster does not have (an earlier
+        ``up --nodes`` made more), with the controllers' credentials; returns their names. A job
+        that still holds one is requeued by the leader once the node has had the heartbeat window
+        every node gets at a takeover (controller.nodes.unknown_nodes)."""
+        import asyncio
+
+        import nats.js.errors
+
+        from hfai import _nats
+        from hfai.auth.roles import Role
+
+        creds = str(self.service_creds("controller-0", Role.CONTROLLER)) if self.auth else None
+        wanted = [self.node_name(i) for i in range(self.nodes)]
+
+        async def go() -> list[str]:
+            nc = await _nats.connect(self.config(), "hfai-local", reconnect=False, creds=creds)
+            gone: set[str] = set()
+            try:
+                js = nc.jetstream()
+                for bucket in (names.BUCKET_NODES, names.BUCKET_ASSIGN):
+                    try:
+                        kv = await js.key_value(bucket)
+                        keys = await kv.keys()
+                    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NoKeysError):
+                        continue
+                    for key in ghost_nodes(keys, wanted):
+                        await kv.purge(key)
+                        gone.add(key)
+            finally:
+                await nc.close()
+            return sorted(gone)
+
+        return asyncio.run(go())
+
+    # -------------------------------------------------------------------- a graceful down
+
+    def interrupt_jobs(self, now: bool = False, timeout_s: float | None = None,
+                       announce: Callable[[int, float], object] | None = None) -> int:
+        """Interrupt every job running on this cluster's nodes as the platform does, before the
+        daemons stop (``hfai local down``). The controllers stop first, so nothing is requeued and
+        restarted meanwhile; each live run gets its suspend flag (the job checkpoints and calls
+        ``hfai.go_suspend()``), SIGTERM once the acknowledgement window passed (at once with
+        ``now``) and SIGKILL after the kill window. The agents, still up, report the exits as
+        interruptions, which the next leader applies: the jobs are requeued, keeping their
+        whole-life state, and resume at the next ``up``. Returns the runs interrupted."""
+        from hfai.agent.plan import Act, RunPhase
+        from hfai.agent.runs import RunStore
+        from hfai.protocol.types import RunEventKind
+
+        for name in [n for n in self.pids if n.startswith("controller")]:
+            _terminate(self.pids.get(name), self._procs.get(name))
+            self.pids.pop(name, None)
+        try:
+            cc = load_config(self.config_path).controller
+        except (HfaiError, OSError):
+            cc = self.controller
+        ack_s, kill_s = (0.0, min(2.0, cc.kill_window_s)) if now else (cc.ack_window_s, cc.kill_window_s)
+        agents = self.root / "agents"
+        stores = [RunStore(d, d.name, self.root / "envs", run_as="agent")
+                  for d in sorted(agents.iterdir()) if (d / "runs").is_dir()] if agents.is_dir() else []
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else ack_s + 2 * kill_s + 15.0)
+        interrupted: set[tuple[int, str]] = set()
+        if announce is not None:
+            live = sum(r.phase is RunPhase.ALIVE for store in stores for r in store.snapshot().values())
+            if live:
+                announce(live, ack_s)
+        while True:
+            alive = False
+            for i, store in enumerate(stores):
+                runs = store.snapshot()
+                for a in down_actions(runs, time.time(), ack_s, kill_s):
+                    interrupted.add((i, a.key))
+                    if a.act is Act.RAISE_SUSPEND:
+                        store.raise_suspend(a.key)
+                    else:
+                        store.signal(a.key, signal.SIGTERM if a.act is Act.TERMINATE else signal.SIGKILL)
+                alive = alive or any(r.phase is RunPhase.ALIVE for r in runs.values())
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        # The agents report the exits within a reconcile interval or two; then they may stop.
+        report_by = time.monotonic() + 10.0
+        while interrupted and time.monotonic() < report_by:
+            snapshots = [store.snapshot() for store in stores]
+            # A run directory that is gone was reported and cleaned up.
+            if all(key not in snapshots[i] or RunEventKind.EXITED in snapshots[i][key].sent for i, key in interrupted):
+                break
+            time.sleep(0.1)
+        return len(interrupted)
 
     # ------------------------------------------------------------------------ credentials
 
@@ -301,6 +435,31 @@ class LocalCluster:
 
     def alive(self) -> dict[str, bool]:
         return {name: _alive(pid) for name, pid in self.pids.items()}
+
+
+#: What ``reset`` wipes under the root (``envs/`` is the user's, not state).
+STATE_DIRS = ("nats", "agents", "auth", "creds", "logs")
+STATE_FILES = ("nats.conf", "hfai.toml", "cluster.json")
+
+
+def ghost_nodes(known, wanted) -> list[str]:
+    """Pure: the nodes recorded by an earlier cluster that this one does not have."""
+    return sorted(set(known) - set(wanted))
+
+
+def down_actions(runs: dict, now: float, ack_window_s: float, kill_window_s: float) -> list:
+    """Pure: what ``hfai local down`` does to one node's runs now. The agent's own interrupt
+    (hfai.agent.plan) applied to every live run as if the leader had asked it to suspend: raise
+    the flag, SIGTERM after the acknowledgement window (or the grace after an acknowledgement),
+    SIGKILL after the kill window. Reports are left to the node's agent."""
+    from hfai.agent.plan import Act, RunPhase, plan
+    from hfai.protocol.types import DesiredRun
+
+    desired = {key: dataclasses.replace(run.assignment, desired=DesiredRun.SUSPEND, ack_window_s=ack_window_s,
+                                        kill_window_s=kill_window_s)
+               for key, run in runs.items() if run.phase is RunPhase.ALIVE}
+    return [a for a in plan(desired, {k: runs[k] for k in desired}, now)
+            if a.act in (Act.RAISE_SUSPEND, Act.TERMINATE, Act.KILL)]
 
 
 def _login() -> str:

@@ -26,7 +26,7 @@ from hfai.config import Config
 from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, pick_master_port, same_work
 from hfai.controller.election import LeaseElection
-from hfai.controller.nodes import NodeTracker
+from hfai.controller.nodes import NodeTracker, unknown_nodes
 from hfai.controller.policy import JobView, NodeView, Start, Suspend, Wait, decide
 from hfai.controller.store import KVCache, cas_update
 from hfai.controller.views import job_view, policy_config
@@ -56,6 +56,7 @@ class Leader:
         self.fence = election.token or 0
         self._assigned: dict[str, NodeAssignment] = {}
         self._lost_nodes: set[str] = set()
+        self._led_since = time.monotonic()  # when this loop began leading
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
         self._reason_written: dict[str, float] = {}  # job id -> monotonic time of its last wait reason
         self._view_cache: dict[str, tuple[JobRecord, JobView]] = {}  # job id -> (record, its view)
@@ -78,7 +79,7 @@ class Leader:
         log.info("leading with fence %d", self.fence)
         await self._load_assignments()
         # Give every node a full heartbeat window after a takeover before calling it dead.
-        now = time.monotonic()
+        now = self._led_since = time.monotonic()
         for name in self.nodes.cache.values:
             self.nodes.cache.seen[name] = max(self.nodes.cache.seen.get(name, now), now)
         psub = await events_subscription(self._js, self.config)
@@ -214,6 +215,8 @@ class Leader:
     async def _check_nodes(self) -> None:
         now = time.monotonic()
         down = {name for name in self.nodes.cache.values if self.nodes.state(name, now) is NodeState.DOWN}
+        down |= unknown_nodes(self.jobs.values.values(), self.nodes.cache.values, now - self._led_since,
+                              self.nodes.timeout_s)
         for name in sorted(down - self._lost_nodes):
             log.warning("node %s is down", name)
         self._lost_nodes = down

@@ -7,6 +7,7 @@ timestamps agents write, so clock skew between hosts cannot make a node look dea
 from __future__ import annotations
 
 import time
+from collections.abc import Container, Iterable
 
 from hfai.controller.store import KVCache
 from hfai.protocol import names
@@ -56,6 +57,16 @@ class NodeTracker:
                      jobs=tuple(on_node.get(r.name, ())), reason=drained.get(r.name, ""))
             for r in sorted(self.records(), key=lambda r: r.name)
         ]
+
+
+def unknown_nodes(jobs: Iterable[JobRecord], known: Container[str], led_s: float, timeout_s: float) -> set[str]:
+    """Pure: nodes held by jobs that no heartbeat record names (forgotten, as ``hfai local up``
+    does with the nodes of an earlier, larger cluster): nothing can run there, so they count as
+    down, but only once this leader has led for a heartbeat window (``led_s`` > ``timeout_s``),
+    the same grace a takeover gives every node, so a record that is merely late loses nothing."""
+    if led_s <= timeout_s:
+        return set()
+    return {n for j in jobs if j.state.holds_nodes for n in j.nodes if n not in known}
 
 
 def shown_state(live: NodeState, drained: bool) -> NodeState:
