@@ -152,6 +152,7 @@ def _rank(rank: int, port: int, out: str, results: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_each_write_their_share(tmp_path):
     import hfai.multiprocessing
 

@@ -32,6 +32,7 @@ def _stop(cluster: Cluster, job_id: str, user: str) -> None:
     cluster.wait(lambda: cluster.job(job_id).state.final, 30, f"job {job_id} to stop")
 
 
+@pytest.mark.slow
 def test_a_job_waiting_for_its_time_slice_says_when_its_turn_comes(cluster, tmp_path):
     held = cluster.cli("submit", "-n", "2", "--name", "alices", "python", STEPS, "6000", "0.1", cwd=tmp_path,
                        user="alice")
@@ -53,12 +54,15 @@ def test_a_job_waiting_for_its_time_slice_says_when_its_turn_comes(cluster, tmp_
         _stop(cluster, job_id, user)
 
 
-def test_the_slice_option_and_how_to_try_it_are_documented(cluster):
-    text = " ".join(cluster.cli("local", "up", "--help").stdout.split())
+def test_the_slice_option_and_how_to_try_it_are_documented():
+    out = subprocess.run([sys.executable, "-m", "hfai.cli.main", "local", "up", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    text = " ".join(out.stdout.split())
     assert "among equal priorities" not in text
     assert "same priority and another user" in text and "HFAI_USER=bob" in text and "hfai admin user add bob" in text
 
 
+@pytest.mark.slow
 def test_the_controller_logs_each_state_change_once(cluster, tmp_path):
     """A two-node job preempted and resumed: its suspension was logged up to four times (the
     decision, each rank's ack, the first exit) and its requeue not at all."""
