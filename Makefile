@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+# ruff, then mypy on the hfai packages laid out as installed (see tools/typecheck.py), then pytest.
+lint: $(STAMP)
+	status=0; $(PY) -m ruff check . || status=1; $(PY) tools/typecheck.py || status=1; exit $$status
+
+test: lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -70,13 +70,13 @@ class NvmlGpus:
         for i, h in enumerate(self._handles):
             util = n.nvmlDeviceGetUtilizationRates(h)
             mem = n.nvmlDeviceGetMemoryInfo(h)
-            ecc = self._optional(lambda: n.nvmlDeviceGetTotalEccErrors(
+            ecc = self._optional(lambda h=h: n.nvmlDeviceGetTotalEccErrors(
                 h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC), 0)
             out.append(GpuStat(
                 index=i, name=str(n.nvmlDeviceGetName(h)), utilization=float(util.gpu),
                 memory_used=int(mem.used), memory_total=int(mem.total),
                 temperature=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
-                power_w=self._optional(lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0, 0.0),
+                power_w=self._optional(lambda h=h: n.nvmlDeviceGetPowerUsage(h) / 1000.0, 0.0),
                 ecc_errors=int(ecc),
                 # Uncorrected ECC errors make the GPU unusable until reset: drain the node.
                 fatal=ecc > 0,

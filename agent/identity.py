@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import pwd
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from hfai.agent.trust import StartError
 from hfai.protocol.errors import InvalidRequest

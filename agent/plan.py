@@ -75,7 +75,7 @@ class Act(enum.Enum):
 class Action:
     act: Act
     key: str
-    run: RunAssignment | None = None
+    run: RunAssignment
 
 
 def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: float,

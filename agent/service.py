@@ -18,6 +18,7 @@ import socket
 import time
 
 import psutil
+from nats.aio.client import Client
 
 from hfai import _nats
 from hfai._atomic import write_atomic
@@ -73,16 +74,16 @@ class Agent:
         self._refused_in_snapshot = False
         self._wake = asyncio.Event()
         self._supervisor = Supervisor()
-        self._nc = None
+        self._nc: Client | None = None
         self._seq = 0
         self._pidfds: set[int] = set()
         self._closed = False
 
     async def start(self) -> None:
-        self._nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
-        self._js = self._nc.jetstream()
+        self._nc = nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
+        self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
-        self._log_sub = await self._nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
+        self._log_sub = await nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
         await self._heartbeat_once()
         spawn = self._supervisor.spawn
         spawn(self._heartbeat_loop(), "heartbeat")
@@ -148,6 +149,7 @@ class Agent:
             self.store.mark_alive(sent_at)
         except OSError as e:
             raise LocalStateError(f"cannot stamp this agent alive for its launchers: {e}") from e
+        assert self._nc is not None, "start() first"
         await self._nc.publish(names.telemetry_subject(self.node), data)
 
     # --------------------------------------------------------------------------- assignment
@@ -345,6 +347,7 @@ class Agent:
     # --------------------------------------------------------------------------------- logs
 
     async def _serve_logs(self, msg) -> None:
+        reply: LogChunk | ErrorReply
         try:
             reply = self.read_log(decode(msg.data, LogRequest))
         except Exception as e:

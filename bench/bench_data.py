@@ -144,10 +144,11 @@ def bench_warm(ffr: str, small: str, n: int, threads: int) -> None:
         line("hfai.data, checksums off", statistics.median(
             [rate(p, time_ours(unchecked, p)) for p in (batches(n, 600, 200 + k) for k in range(3))]))
     reader.close()
-    ratio_line("warm", [x / y for x, y in zip(a, b)], "target >= 6x; original ffrecord ~4.3x")
+    ratio_line("warm", [x / y for x, y in zip(a, b, strict=True)], "target >= 6x; original ffrecord ~4.3x")
     # Warm reads are CPU-bound: samples per CPU-second (user + system, this process) are far
     # less disturbed than wall time when other work shares the cores.
-    ratio_line("warm, per CPU-second,", [x / y for x, y in zip(cpu["ours"], cpu["theirs"])], "less load-sensitive")
+    ratio_line("warm, per CPU-second,", [x / y for x, y in zip(cpu["ours"], cpu["theirs"], strict=True)],
+               "less load-sensitive")
 
 
 def bench_cold(ffr: str, small: str, n: int, threads: int) -> None:
@@ -171,13 +172,13 @@ def bench_cold(ffr: str, small: str, n: int, threads: int) -> None:
     line("one file per sample", statistics.median(b))
     line("hfai.data io=mmap (no read threads)", ours(9, io="mmap"))
     print(f"  (cache dropped with {how[0]})")
-    ratio_line("cold", [x / y for x, y in zip(a, b)], "target >= 2.5x; original ffrecord ~1.6x")
+    ratio_line("cold", [x / y for x, y in zip(a, b, strict=True)], "target >= 2.5x; original ffrecord ~1.6x")
     if how[0].startswith("drop_caches"):
         # Level 3 makes every small file pay for its directory entry and inode too; level 1
         # keeps those cached and drops only file data, the kinder baseline.
         kept = [theirs(k, level=1) for k in range(3)]
         line("one file per sample, drop_caches=1", statistics.median(kept))
-        ratio_line("cold vs drop_caches=1 baseline", [x / y for x, y in zip(a, kept)], "data pages only")
+        ratio_line("cold vs drop_caches=1 baseline", [x / y for x, y in zip(a, kept, strict=True)], "data pages only")
 
 
 def bench_loader(ffr, small, n):
@@ -199,8 +200,9 @@ def bench_loader(ffr, small, n):
     print(f"DataLoader epoch over all {n} samples, batch {BATCH}, shuffled, warm cache:")
     for workers in (0, 2):
         results = {}
-        for name, make in (("hfai.data Dataset.loader", lambda: Dataset(ffr).loader(BATCH, num_workers=workers)),
-                           ("one file per sample", lambda: torch.utils.data.DataLoader(
+        for name, make in (("hfai.data Dataset.loader",
+                            lambda workers=workers: Dataset(ffr).loader(BATCH, num_workers=workers)),
+                           ("one file per sample", lambda workers=workers: torch.utils.data.DataLoader(
                                SmallFiles(), batch_size=BATCH, shuffle=True, num_workers=workers))):
             loader = make()
             t = time.perf_counter()

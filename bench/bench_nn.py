@@ -15,13 +15,12 @@ import argparse
 import os
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 import hfai.nn
 import hfai.nn.lstm
-
 
 _CPU_ROUTE = "_hfai_cpu_route"  # pseudo call argument: run hfai.nn.lstm's CPU route
 

@@ -89,9 +89,9 @@ def worker(rank: int, world: int, port: int, queue) -> None:
         x = torch.ones(n)
         reps = repeats(size)
         view = shared[:n]
-        t_gloo = timed(lambda: dist.all_reduce(x), reps, lambda: x.fill_(1.0))
-        t_ours = timed(lambda: group.allreduce(x), reps, lambda: x.fill_(1.0))
-        t_res = timed(lambda: group.allreduce_shared(view), reps, lambda: view.fill_(1.0))
+        t_gloo = timed(lambda x=x: dist.all_reduce(x), reps, lambda x=x: x.fill_(1.0))
+        t_ours = timed(lambda x=x: group.allreduce(x), reps, lambda x=x: x.fill_(1.0))
+        t_res = timed(lambda view=view: group.allreduce_shared(view), reps, lambda view=view: view.fill_(1.0))
         rows.append((size, t_gloo, t_ours, t_res))
     group.close()
     dist.destroy_process_group()
@@ -127,8 +127,8 @@ def main() -> int:
               f"{'resident GB/s':>14} {'ratio':>7} {'ours eff/np.add':>16} {'resident eff/np.add':>20}")
         for size, t_gloo, t_ours, t_res in rows:
             s = size * MiB
-            bw = lambda t: s / t / 1e9  # noqa: E731
-            eff = lambda t: 2 * world * s / t / add_bw  # noqa: E731
+            bw = lambda t, s=s: s / t / 1e9  # noqa: E731
+            eff = lambda t, s=s, world=world: 2 * world * s / t / add_bw  # noqa: E731
             print(f"{size:>5}MiB {bw(t_gloo):>10.2f} {bw(t_ours):>10.2f} {t_gloo / t_ours:>6.2f}x "
                   f"{bw(t_res):>14.2f} {t_gloo / t_res:>6.2f}x {eff(t_ours):>15.0%} {eff(t_res):>19.0%}")
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import statistics
 import sys
 import tempfile
@@ -79,7 +80,7 @@ def breakdown(jobs: list[JobRecord]) -> tuple[float, float]:
         by_node.setdefault(j.last_nodes[0], []).append(j)
     for seq in by_node.values():
         seq.sort(key=lambda j: j.started_ts)
-        gaps += [b.started_ts - a.ended_ts for a, b in zip(seq, seq[1:])]
+        gaps += [b.started_ts - a.ended_ts for a, b in itertools.pairwise(seq)]
     return statistics.median(runs), statistics.median(gaps) if gaps else 0.0
 
 

@@ -81,7 +81,8 @@ def user():
 @click.option("--operator", is_flag=True, help="May set quotas, drain nodes, and act on others' jobs.")
 @click.option("--role", type=click.Choice(["user", "operator", "agent", "controller"]), default=None,
               help="For daemons: agent (NAME is the node) or controller.")
-@click.option("-o", "--out", type=click.Path(path_type=Path), help="Credentials file (default: <creds dir>/NAME.creds).")
+@click.option("-o", "--out", type=click.Path(path_type=Path),
+              help="Credentials file (default: <creds dir>/NAME.creds).")
 @user_errors()
 def user_add(name: str, operator: bool, role: str | None, out: Path | None):
     """Issue credentials for NAME (a file only its owner may read; hand it to that user)."""

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import nats.errors
+from nats.aio.client import Client
 
 from hfai import _nats
 from hfai.config import Config, hfai_home
@@ -25,10 +26,6 @@ from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Forbidden, Unavailable, error_for_code
 from hfai.protocol.types import (
     DrainRequest,
-    QuotaEntry,
-    QuotaSetRequest,
-    QuotasRequest,
-    SettingsReply,
     ErrorReply,
     JobList,
     JobRecord,
@@ -41,6 +38,10 @@ from hfai.protocol.types import (
     NodeInfo,
     NodesReply,
     NodesRequest,
+    QuotaEntry,
+    QuotaSetRequest,
+    QuotasRequest,
+    SettingsReply,
     StopRequest,
     SubmitRequest,
 )
@@ -83,7 +84,7 @@ class ApiClient:
         self.operator = False
         if self.creds.exists():
             self.user, self.operator = identity(self.creds)
-        self._nc = None
+        self._nc: Client | None = None
         self._refused: dict[str, set[asyncio.Future]] = {}
 
     async def __aenter__(self) -> ApiClient:
@@ -120,10 +121,16 @@ class ApiClient:
         # An operator sends everything on the operator subject: its verbs, and others' jobs.
         return await self._request(names.api_subject(self.user, verb, operator=self.operator), encode(request), expect)
 
+    @property
+    def _conn(self) -> Client:
+        if self._nc is None:
+            raise RuntimeError("ApiClient is used as `async with ApiClient(...) as api:`")
+        return self._nc
+
     async def _request(self, subject: str, payload: bytes, expect: type):
         refused = asyncio.get_running_loop().create_future()
         self._refused.setdefault(subject, set()).add(refused)
-        ask = asyncio.ensure_future(self._nc.request(subject, payload, timeout=self.config.nats.request_timeout_s))
+        ask = asyncio.ensure_future(self._conn.request(subject, payload, timeout=self.config.nats.request_timeout_s))
         try:
             await asyncio.wait({ask, refused}, return_when=asyncio.FIRST_COMPLETED)
             if refused.done() and not ask.done():
@@ -149,7 +156,7 @@ class ApiClient:
 
     async def raw_request(self, subject: str, payload: bytes) -> bytes:
         """Send arbitrary bytes (tests use it to feed garbage to the API)."""
-        msg = await self._nc.request(subject, payload, timeout=self.config.nats.request_timeout_s)
+        msg = await self._conn.request(subject, payload, timeout=self.config.nats.request_timeout_s)
         return msg.data
 
     # ------------------------------------------------------------------------------- verbs

@@ -12,15 +12,16 @@ import inspect
 import os
 import signal
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 import click
 
 from hfai.cli import render
 from hfai.protocol.errors import HfaiError
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 Kinds = Callable[[], tuple[type[BaseException], ...]]
 
@@ -29,12 +30,22 @@ def _hfai_errors() -> tuple[type[BaseException], ...]:
     return (HfaiError,)
 
 
-def user_errors(kinds: Kinds = _hfai_errors) -> Callable[[F], F]:
+class _Decorator(Protocol):
+    """What :func:`user_errors` makes: it keeps a command's parameters; an async command becomes a
+    plain function returning what the coroutine returns."""
+
+    @overload
+    def __call__(self, command: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, R]: ...
+    @overload
+    def __call__(self, command: Callable[P, R]) -> Callable[P, R]: ...
+
+
+def user_errors(kinds: Kinds = _hfai_errors) -> _Decorator:
     """Decorate a command: the errors ``kinds()`` names (default: HfaiError; a function, so a
     command group may name errors of a module it imports only when it runs) become ``Error: ...``.
     An ``async def`` command is run with ``asyncio.run``."""
 
-    def decorate(command: F) -> F:
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         run = (lambda *a, **kw: asyncio.run(command(*a, **kw))) if inspect.iscoroutinefunction(command) else command
 
         @functools.wraps(command)
@@ -50,7 +61,7 @@ def user_errors(kinds: Kinds = _hfai_errors) -> Callable[[F], F]:
                     raise click.ClickException(render.clean(str(e))) from None
                 raise
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorate
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
-from dataclasses import replace
-from dataclasses import dataclass
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -23,11 +22,11 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from hfai.config import ControllerConfig
+from hfai.controller.nodes import NodeTracker
 from hfai.controller.policy import resolve_auto
 from hfai.controller.store import KVCache, cas_update, cas_value
-from hfai.controller.views import job_view, quotas_of
 from hfai.controller.transitions import apply_stop
-from hfai.controller.nodes import NodeTracker
+from hfai.controller.views import job_view, quotas_of
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Conflict, Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable, error_for_code
 from hfai.protocol.types import (
@@ -35,10 +34,6 @@ from hfai.protocol.types import (
     ChainState,
     DrainedNodes,
     DrainRequest,
-    QuotaSetRequest,
-    QuotasRequest,
-    QuotaTable,
-    SettingsReply,
     ErrorReply,
     JobEvent,
     JobList,
@@ -52,6 +47,10 @@ from hfai.protocol.types import (
     NodesReply,
     NodesRequest,
     Priority,
+    QuotaSetRequest,
+    QuotasRequest,
+    QuotaTable,
+    SettingsReply,
     StopRequest,
     SubmitRequest,
 )
@@ -98,7 +97,8 @@ class ApiService:
         self._settings = settings
         self._config = config or ControllerConfig()
         self._request = request  # NATS request/reply, to relay log requests to the agents
-        self._handlers: dict[str, tuple[type, Callable[[Caller, object], Awaitable[object]]]] = {
+        # Each handler takes the request type it is listed with (hence Any).
+        self._handlers: dict[str, tuple[type, Callable[[Caller, Any], Awaitable[object]]]] = {
             names.VERB_SUBMIT: (SubmitRequest, self.submit),
             names.VERB_LIST: (ListRequest, self.list),
             names.VERB_STATUS: (JobRequest, self.status),
@@ -239,6 +239,8 @@ class ApiService:
 
     async def _update_setting(self, key: str, kind: type, change) -> None:
         """Compare-and-set one settings key (created on first use)."""
+        if self._settings_kv is None or self._settings is None:
+            raise Unavailable("this controller serves no settings (quotas, drained nodes)")
         new, rev, changed = await cas_value(self._settings_kv, key, kind, change, what="setting", missing=kind,
                                             lost_race=(nats.js.errors.APIError,))
         if changed:

@@ -225,7 +225,8 @@ class Leader:
         for job in list(self.jobs.values.values()):
             for node in job.nodes:
                 if node in down and job.state.holds_nodes:
-                    await self._update(job.id, self._fenced(lambda j, n=node: transitions.apply_node_lost(j, n, time.time())))
+                    await self._update(
+                        job.id, self._fenced(lambda j, n=node: transitions.apply_node_lost(j, n, time.time())))
                     break
 
     # ----------------------------------------------------------------------------- schedule
@@ -250,7 +251,7 @@ class Leader:
                 addr = self.nodes.cache.values[d.nodes[0]].address
                 port = self._master_port(d.job_id, records[d.job_id].run_id + 1, addr)
                 await self._update(d.job_id, self._fenced(
-                    lambda j, d=d: transitions.apply_start(j, d, time.time(), addr, port)))
+                    lambda j, d=d, addr=addr, port=port: transitions.apply_start(j, d, time.time(), addr, port)))
             elif isinstance(d, Suspend):  # also Resize: an elastic job restarts at another size
                 await self._update(d.job_id, self._fenced(lambda j, d=d: transitions.apply_suspend(j, d, time.time())))
             elif isinstance(d, Wait):

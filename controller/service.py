@@ -14,6 +14,9 @@ import os
 import socket
 import time
 
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+
 from hfai import _nats
 from hfai._daemon import StuckTasksError, Supervisor, raise_if_cancelled
 from hfai.config import Config
@@ -38,8 +41,8 @@ class Controller:
         self.config = config
         self.id = config.controller.id or f"{socket.gethostname()}-{os.getpid()}"
         self.wake = asyncio.Event()
-        self._nc = None
-        self._sub = None
+        self._nc: Client | None = None
+        self._sub: Subscription | None = None
         self._supervisor = Supervisor()
         self._caches: list[KVCache] = []
         self.election: LeaseElection | None = None
@@ -48,13 +51,14 @@ class Controller:
         self._closed = False
 
     async def start(self) -> None:
-        self._nc = await _nats.connect(self.config, name=f"hfai-controller-{self.id}")
-        js = self._nc.jetstream()
+        self._nc = nc = await _nats.connect(self.config, name=f"hfai-controller-{self.id}")
+        js = nc.jetstream()
         buckets = await _nats.ensure_shared_state(js, self.config)
         self.jobs = KVCache(buckets.jobs, JobRecord, on_change=lambda _k: self.wake.set())
         self.node_cache = KVCache(buckets.nodes, NodeRecord, on_change=lambda _k: None)
         # Quota or drain changes take effect at once: they wake the scheduler.
-        self.settings = KVCache(buckets.users, (QuotaTable, DrainedNodes), on_change=lambda _k: self.wake.set())
+        self.settings: KVCache[QuotaTable | DrainedNodes] = KVCache(
+            buckets.users, (QuotaTable, DrainedNodes), on_change=lambda _k: self.wake.set())
         self._caches = [self.jobs, self.node_cache, self.settings]
         for c in self._caches:
             await c.start()
@@ -63,7 +67,7 @@ class Controller:
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
                               settings_kv=buckets.users, settings=self.settings, config=self.config.controller,
                               request=self._relay)
-        self._sub = await self._nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
+        self._sub = await nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
         cc = self.config.controller
         self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s, cc.leader_stall_s)
         self._supervisor.watch(self.election.start())
@@ -73,6 +77,7 @@ class Controller:
 
     async def _relay(self, subject: str, data: bytes, timeout_s: float) -> bytes:
         """Request/reply on the controller's own connection (log requests relayed to agents)."""
+        assert self._nc is not None, "start() first"
         return (await self._nc.request(subject, data, timeout=timeout_s)).data
 
     async def failed(self) -> str:
@@ -83,11 +88,13 @@ class Controller:
         self._supervisor.fail(reason)
 
     async def _lead_when_elected(self, js, buckets) -> None:
+        election = self.election
+        assert election is not None, "start() first"
         while True:
             raise_if_cancelled()
-            await self.election.elected.wait()
+            await election.elected.wait()
             self.leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
-                                 self.election, self.wake, self.settings)
+                                 election, self.wake, self.settings)
             try:
                 await self.leader.run()
             except asyncio.CancelledError:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -37,7 +38,7 @@ class KVCache(Generic[T]):
         self.values: dict[str, T] = {}
         self.revisions: dict[str, int] = {}
         self.seen: dict[str, float] = {}
-        self._watcher = None  # the current watch
+        self._watcher: KeyValue.KeyWatcher | None = None  # the current watch
         self._task: asyncio.Task | None = None
         # Of the current watch's initial snapshot, until its end marker: the keys delivered
         # (None once complete) and the highest revision (anything newer was written after it began).
@@ -146,7 +147,8 @@ async def cas_value(kv: KeyValue, key: str, kind: type[T], change: Callable[[T],
     for _ in range(attempts):
         try:
             entry = await kv.get(key)
-            current, last = decode(entry.value, kind), entry.revision
+            # nats-py types revision Optional; an entry read from the bucket always has one.
+            current, last = decode(entry.value, kind), entry.revision or 0
         except nats.js.errors.KeyNotFoundError:
             if missing is None:
                 raise NotFound(f"no {what} {key}") from None

@@ -15,7 +15,7 @@ once AUTO is resolved to a level.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from hfai.controller.policy import Quotas
 from hfai.protocol import encode, names

@@ -22,7 +22,7 @@ import functools
 import math
 import types
 import typing
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgpack
 
@@ -53,8 +53,15 @@ def encode(msg: Any) -> bytes:
     return msgpack.packb(envelope, use_bin_type=True)
 
 
-def decode(data: bytes, expect: type[M] | tuple[type, ...] | None = None) -> M:
-    """Parse bytes into a message; with ``expect``, also insist on its type(s)."""
+@overload
+def decode(data: bytes | bytearray | memoryview | None, expect: type[M]) -> M: ...
+@overload
+def decode(data: bytes | bytearray | memoryview | None, expect: tuple[type, ...] | None = None) -> Any: ...
+
+
+def decode(data: bytes | bytearray | memoryview | None, expect: type | tuple[type, ...] | None = None) -> Any:
+    """Parse bytes into a message; with ``expect``, also insist on its type(s). Anything else
+    (None: a KV entry without a value) raises ProtocolError like garbage does."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"not a msgpack message: got {type(data).__name__}, not bytes")
     if len(data) > MAX_MESSAGE_BYTES:
@@ -126,7 +133,7 @@ def _from_wire(cls: type, body: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-_SCALARS = {int: (int,), float: (float, int), str: (str,), bool: (bool,), bytes: (bytes,)}
+_SCALARS: dict[type, tuple[type, ...]] = {int: (int,), float: (float, int), str: (str,), bool: (bool,), bytes: (bytes,)}
 
 
 def _convert(tp: Any, value: Any, where: str) -> Any:
@@ -157,7 +164,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             return tp(value)
         except ValueError:
             raise ProtocolError(f"{where}: {_show(value)} is not a valid {tp.__name__}") from None
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _from_wire(tp, value, where)
     accepted = _SCALARS.get(tp)
     if accepted is None:
@@ -165,11 +172,11 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     # bool is an int subclass in Python: keep them apart on the wire.
     if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
         raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-    if tp is float:
-        # No field means "not a number" or "forever", and a NaN makes every comparison false.
-        if not math.isfinite(value):
-            raise ProtocolError(f"{where}: expected a finite number, got {value!r}")
-        return float(value)
+    # No field means "not a number" or "forever", and a NaN makes every comparison false.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(f"{where}: expected a finite number, got {value!r}")
+    if tp is float and isinstance(value, int):
+        return float(value)  # a whole number where a float is declared
     return value
 
 

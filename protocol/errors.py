@@ -56,7 +56,8 @@ class IllegalTransition(HfaiError):
     code = "illegal_transition"
 
 
-_BY_CODE = {cls.code: cls for cls in (HfaiError, ProtocolError, InvalidRequest, NotFound, Forbidden, Conflict, Unavailable, IllegalTransition)}
+_BY_CODE = {cls.code: cls for cls in (HfaiError, ProtocolError, InvalidRequest, NotFound, Forbidden, Conflict,
+                                       Unavailable, IllegalTransition)}
 
 
 def error_for_code(code: str) -> type[HfaiError]:

@@ -9,10 +9,24 @@ codec understands: ``int``, ``float``, ``str``, ``bool``, ``bytes``, enums, ``X 
 from __future__ import annotations
 
 import enum
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from hfai.protocol.errors import IllegalTransition, InvalidRequest
+
+_T = TypeVar("_T")
+_F = TypeVar("_F")
+
+if TYPE_CHECKING:  # typing has it from Python 3.11; type checkers always know typing_extensions
+    from typing_extensions import dataclass_transform
+elif sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # Python 3.10: the decorator only informs type checkers
+
+    def dataclass_transform(**_kwargs: object) -> Callable[[_F], _F]:
+        return lambda f: f
 
 GPUS_PER_NODE = 8
 
@@ -155,12 +169,13 @@ class NodeState(enum.Enum):
 MESSAGE_TYPES: dict[str, type] = {}
 
 
-def message(kind: str):
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def message(kind: str) -> Callable[[type[_T]], type[_T]]:
     """Register a frozen dataclass as a wire message with the tag ``kind``."""
 
-    def wrap(cls):
+    def wrap(cls: type[_T]) -> type[_T]:
         cls = dataclass(frozen=True)(cls)
-        cls.KIND = kind
+        cls.KIND = kind  # type: ignore[attr-defined]  # every message class declares KIND: ClassVar[str]
         if kind in MESSAGE_TYPES:
             raise TypeError(f"duplicate message kind {kind!r}")
         MESSAGE_TYPES[kind] = cls
@@ -207,8 +222,9 @@ class JobRecord:
     """The whole truth about one job chain, stored in KV ``hfai_jobs`` under its id.
 
     ``run_id`` numbers the runs of the chain (0 = never started). ``nodes`` are the nodes of the
-    current run in rank order (``last_nodes``: of the latest run, kept after it ends, for logs). ``exits`` maps node -> exit code for the current run. ``slice_turns``
-    counts how often the job gave way to an equal-priority job (round-robin order).
+    current run in rank order (``last_nodes``: of the latest run, kept after it ends, for logs).
+    ``exits`` maps node -> exit code for the current run. ``slice_turns`` counts how often the job
+    gave way to an equal-priority job (round-robin order).
     """
 
     KIND: ClassVar[str]

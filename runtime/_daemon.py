@@ -18,7 +18,8 @@ import logging
 import os
 import signal
 import sys
-from typing import Awaitable, Callable, Coroutine, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ async def serve(start: Callable[[], Awaitable[None]], close: Callable[[], Awaita
         loop.add_signal_handler(sig, stop.set)
     code = 0
     await start()
-    watched = [asyncio.ensure_future(stop.wait())]
+    watched: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
     if failed is not None:
         watched.append(asyncio.ensure_future(failed()))
     try:

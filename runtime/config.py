@@ -12,9 +12,10 @@ import dataclasses
 import os
 import socket
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hfai.protocol.errors import InvalidRequest
 

@@ -7,7 +7,8 @@ them; an exception in one worker is raised in the parent. It defers to
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def default_nprocs() -> int:

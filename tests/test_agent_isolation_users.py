@@ -65,7 +65,7 @@ def users():
     created = []
     for name in USERS:
         if _ensure(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                    name], lambda: _user_exists(name)):
+                    name], lambda name=name: _user_exists(name)):
             created.append(name)
     subprocess.run(["usermod", "-a", "-G", GROUP, USERS[0]], check=True, capture_output=True)
     try:

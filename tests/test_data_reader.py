@@ -152,7 +152,8 @@ def test_directory_without_ffr_files_is_refused(tmp_path):
         FileReader(tmp_path)
 
 
-@pytest.mark.parametrize(("n", "nfiles", "sizes"), [(10, 4, [3, 3, 3, 1]), (9, 4, [3, 3, 3]), (4, 4, [1] * 4), (0, 3, [0]), (5, 1, [5])])
+@pytest.mark.parametrize(("n", "nfiles", "sizes"),
+                         [(10, 4, [3, 3, 3, 1]), (9, 4, [3, 3, 3]), (4, 4, [1] * 4), (0, 3, [0]), (5, 1, [5])])
 def test_part_sizes_follow_the_original(n, nfiles, sizes):
     assert part_sizes(n, nfiles) == sizes
 

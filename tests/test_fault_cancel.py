@@ -14,8 +14,7 @@ import sys
 
 import pytest
 
-from hfai._daemon import (EXIT_FAILED, EXIT_WEDGED, StuckTasksError, bounded, cancel_and_wait, raise_if_cancelled,
-                          serve)
+from hfai._daemon import EXIT_FAILED, EXIT_WEDGED, StuckTasksError, bounded, cancel_and_wait, raise_if_cancelled, serve
 from hfai.config import Config
 from hfai.controller.leader import Leader
 

@@ -17,12 +17,12 @@ import uuid
 
 import nats.errors
 import pytest
+from spine_cluster import JOBS, Cluster
 
 from hfai import _nats
 from hfai.auth.roles import Role
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
-from spine_cluster import JOBS, Cluster
 
 STEPS = str(JOBS / "steps.py")
 TTL_S = 2.0
@@ -74,16 +74,16 @@ def test_leader_frozen_past_its_lease_hands_over_and_leads_again_when_its_turn_c
             _signal(c, old, signal.SIGSTOP)
             t_stop = time.monotonic()
             try:
-                new = c.wait(lambda: (h := c.leader()) not in (None, old) and h, 3 * TTL_S, "a standby to take over",
-                             0.05)
+                new = c.wait(lambda old=old: (h := c.leader()) not in (None, old) and h, 3 * TTL_S,
+                             "a standby to take over", 0.05)
                 t_new = time.monotonic()
                 assert t_new - t_stop <= TTL_S + 1.5, f"takeover took {t_new - t_stop:.1f}s"
-                c.wait(lambda: _kv_job(c, queued.id).state is not ChainState.QUEUED, TTL_S + 3.0,
+                c.wait(lambda queued=queued: _kv_job(c, queued.id).state is not ChainState.QUEUED, TTL_S + 3.0,
                        f"{new} to start the waiting job (cycle {cycle})", 0.1)
             finally:
                 _signal(c, old, signal.SIGCONT)
             # The thawed controller notices it lost the lease and stops leading, cleanly.
-            c.wait(lambda: _controller_log(c, old).count("no longer leading") > stepped_down, 10,
+            c.wait(lambda old=old, n=stepped_down: _controller_log(c, old).count("no longer leading") > n, 10,
                    f"{old} to stop leading")
 
         for job in short:

@@ -16,6 +16,7 @@ import random
 
 import msgpack
 import pytest
+from spine_cluster import JOBS, REPO, Cluster
 
 from hfai import _nats
 from hfai.protocol import decode, encode, names
@@ -40,7 +41,6 @@ from hfai.protocol.types import (
     StopRequest,
     SubmitRequest,
 )
-from spine_cluster import JOBS, REPO, Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,7 @@ async def blast(send, requests: list[tuple[str, bytes, type, str]], counts: coll
     for start in range(0, len(requests), BATCH):
         batch = requests[start:start + BATCH]
         replies = await asyncio.gather(*(send(subject, data) for subject, data, _, _ in batch), return_exceptions=True)
-        for (subject, data, expect, label), reply in zip(batch, replies):
+        for (subject, data, expect, label), reply in zip(batch, replies, strict=True):
             if isinstance(reply, BaseException):
                 raise AssertionError(f"{label}: no reply on {subject} to {data[:60]!r}: {reply!r}")
             check_reply(reply, expect, counts, label)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import nats
+from spine_cluster import nats_server
 
 from hfai.controller.store import KVCache
 from hfai.protocol import encode
 from hfai.protocol.types import StopRequest
-from spine_cluster import nats_server
 
 
 def test_cache_rewatches_after_its_watch_ends(tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from test_leader_election import FakeKV
+
 from hfai.config import Config
 from hfai.controller import transitions as tr
 from hfai.controller.leader import Leader
@@ -14,7 +16,6 @@ from hfai.controller.policy import Start
 from hfai.controller.store import KVCache
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
-from test_leader_election import FakeKV
 
 SPEC = JobSpec(name="train", entrypoint=("python", "t.py"), workdir="/w", nodes=2, user="bob")
 

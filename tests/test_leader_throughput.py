@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from spine_cluster import Cluster
 
 from hfai import _nats
 from hfai.protocol import names
 from hfai.protocol.types import ChainState, JobSpec
-from spine_cluster import Cluster
 
 JOBS = 100
 # Per job: submit, a wait reason, start, exit (a few more if a wait reason changes its gist).

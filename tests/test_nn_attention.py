@@ -43,7 +43,7 @@ def _run(module, q, k, v, **call):
 
 def _assert_same(got, expected, tol):
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         if e is None:
             assert g is None
             continue
@@ -131,7 +131,7 @@ def test_low_precision_no_less_accurate_than_torch(dtype, factor, need_weights):
     q = q64.detach().to(dtype).requires_grad_()
     theirs = _run(ref, q, q, q, need_weights=need_weights)
     mine = _run(ours, q, q, q, need_weights=need_weights)
-    for m, t, e in zip(mine, theirs, exact):
+    for m, t, e in zip(mine, theirs, exact, strict=True):
         if e is None:
             continue
         torch_err = (t.double() - e).abs().max().item()
@@ -186,7 +186,7 @@ def test_functional_form_matches_torch():
     kwargs = dict(training=True, key_padding_mask=_padding(), need_weights=True)
     expected = F.multi_head_attention_forward(*args, **kwargs)
     got = hfai.nn.functional.multi_head_attention_forward(*args, **kwargs)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
 
 
@@ -205,7 +205,7 @@ def test_inference_matches_torch(need_weights, kind):
     with torch.inference_mode():
         expected = ref(q, k, v, need_weights=need_weights, key_padding_mask=None)
         got = ours(q, k, v, need_weights=need_weights)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         if e is None:
             assert g is None
         else:

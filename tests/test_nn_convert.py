@@ -58,7 +58,7 @@ def test_to_hfai_same_outputs_and_gradients(monkeypatch):
     assert [id(p) for p in model.parameters()] == params_before
     assert list(model.state_dict()) == list(reference.state_dict())
     x = torch.randn(3, 5, 6, dtype=torch.float64)
-    for got, expected in zip(_outputs_and_grads(model, x), _outputs_and_grads(reference, x)):
+    for got, expected in zip(_outputs_and_grads(model, x), _outputs_and_grads(reference, x), strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
     assert calls, "the converted LSTM did not run hfai's route"
 

@@ -30,7 +30,7 @@ def _errors(make, run, dtype):
     exact = run(ref64, [t.double().requires_grad_() for t in inputs])
     theirs = run(ref, [t.clone().requires_grad_() for t in inputs])
     mine = run(ours, [t.clone().requires_grad_() for t in inputs])
-    for m, t, e in zip(mine, theirs, exact):
+    for m, t, e in zip(mine, theirs, exact, strict=True):
         yield (m.double() - e).abs().max().item(), (t.double() - e).abs().max().item()
 
 

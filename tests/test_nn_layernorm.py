@@ -39,7 +39,7 @@ def test_identical_to_torch_on_cpu(shape, kwargs, dtype):
         y = m(x)
         y.backward(torch.ones_like(y).normal_(generator=torch.Generator().manual_seed(1)))
         results.append([y, x.grad, *(p.grad for p in m.parameters())])
-    for got, expected in zip(results[1], results[0]):
+    for got, expected in zip(results[1], results[0], strict=True):
         assert torch.equal(got, expected)
     assert list(ours.state_dict()) == list(ref.state_dict())
 

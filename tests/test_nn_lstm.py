@@ -81,7 +81,7 @@ def test_matches_torch_float64(kwargs, seq, batch, with_hx):
     expected = _run(ref, x, hx)
     got = _run(ours, x, hx)
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)
 
 
@@ -95,7 +95,7 @@ def test_float32_no_less_accurate_than_torch():
     hx32 = tuple(t.detach().float().requires_grad_() for t in hx)
     theirs = _run(ref32, x32, hx32)
     mine = _run(ours32, x32, hx32)
-    for m, t, e in zip(mine, theirs, exact):
+    for m, t, e in zip(mine, theirs, exact, strict=True):
         torch_err = (t.double() - e).abs().max().item()
         assert (m.double() - e).abs().max().item() <= 4 * torch_err + 1e-6
 
@@ -104,7 +104,7 @@ def test_unbatched_input():
     ref, ours = _pair(num_layers=2)
     x = torch.randn(5, INPUT, dtype=torch.float64, requires_grad=True)
     hx = tuple(torch.randn(2, HIDDEN, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    for g, e in zip(_run(ours, x, hx), _run(ref, x, hx)):
+    for g, e in zip(_run(ours, x, hx), _run(ref, x, hx), strict=True):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)
 
 

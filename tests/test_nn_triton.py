@@ -108,7 +108,7 @@ def test_lstm_step_kernels_match_torch(seq, batch, hidden):
     out, h, c = LSTMLayerFunction.apply(*leaves, *weights, True)
     (out.sin().sum() + h.sum() + (c * c).sum()).backward()
     got = [out, h, c, *(t.grad for t in leaves), *(w.grad for w in weights)]
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g.double().cpu(), e, rtol=1e-5, atol=1e-5)
 
 
@@ -135,5 +135,5 @@ def test_lstm_step_kernels_fp16_keep_cell_state_fp32():
     torch.testing.assert_close(o.double().cpu(), out, rtol=0, atol=4e-3)
     torch.testing.assert_close(cc.double().cpu(), c[0], rtol=0, atol=4e-3)
     torch.testing.assert_close(leaves[0].grad.double().cpu(), x.grad, rtol=1e-2, atol=1e-2)
-    for w, p in zip(weights, ref.parameters()):
+    for w, p in zip(weights, ref.parameters(), strict=True):
         torch.testing.assert_close(w.grad.double().cpu(), p.grad, rtol=1e-2, atol=5e-2)

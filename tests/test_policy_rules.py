@@ -5,7 +5,17 @@ from __future__ import annotations
 import random
 
 from hfai.controller.policy import (
-    ANY, JobView, NodeView, PolicyConfig, Quotas, Resize, Start, Suspend, Wait, decide, effective_priority,
+    ANY,
+    JobView,
+    NodeView,
+    PolicyConfig,
+    Quotas,
+    Resize,
+    Start,
+    Suspend,
+    Wait,
+    decide,
+    effective_priority,
     resolve_auto,
 )
 from hfai.protocol.types import ChainState, Priority
@@ -177,8 +187,8 @@ def test_never_sliced_for_the_same_user_at_the_same_priority():
 
 
 def test_slice_takes_the_job_that_held_its_nodes_longest():
-    jobs = [running("r1", names(0), user="v", started=NOW - 2000), running("r2", names(1), user="x", started=NOW - 5000),
-            queued("w", user="u")]
+    jobs = [running("r1", names(0), user="v", started=NOW - 2000),
+            running("r2", names(1), user="x", started=NOW - 5000), queued("w", user="u")]
     assert list(of(run(jobs, nodes(2)), Suspend)) == ["r2"]
 
 
@@ -187,7 +197,8 @@ def test_slice_takes_the_job_that_held_its_nodes_longest():
 
 def test_over_quota_waits_with_a_reason_and_does_not_block_others():
     config = PolicyConfig(quotas=Quotas({("u", NORMAL, "default"): 2}))
-    jobs = [running("r", names(0), user="u"), queued("big", user="u", n=2, submit=1), queued("other", user="v", submit=2)]
+    jobs = [running("r", names(0), user="u"), queued("big", user="u", n=2, submit=1),
+            queued("other", user="v", submit=2)]
     out = run(jobs, nodes(4), config)
     assert "over quota" in of(out, Wait)["big"].reason and "1 of 2" in of(out, Wait)["big"].reason
     assert "other" in of(out, Start)

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from test_reduce_harness import assert_all_ok, no_leaked_segments, run_ranks  # noqa: F401
 
 import hfai.reduce as R
-from test_reduce_harness import assert_all_ok, no_leaked_segments, run_ranks  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaked_segments")]
 

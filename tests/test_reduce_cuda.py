@@ -12,10 +12,10 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from test_reduce_harness import assert_all_ok, no_leaked_segments, run_ranks  # noqa: F401
 from torch import nn
 
 import hfai.reduce as R
-from test_reduce_harness import assert_all_ok, no_leaked_segments, run_ranks  # noqa: F401
 
 pytestmark = [
     pytest.mark.gpu,
@@ -87,7 +87,7 @@ def _cuda_ddp(rank, world, steps):
         nn.functional.mse_loss(model(x.cuda()), y.cuda()).backward()
         host.zero_grad()
         nn.functional.mse_loss(host(x), y).backward()
-        for (name, mine), theirs in zip(host.named_parameters(), model.module.parameters()):
+        for (name, mine), theirs in zip(host.named_parameters(), model.module.parameters(), strict=True):
             expected = (_host_sum(mine.grad).double() / world).to(mine.dtype)
             assert theirs.grad.is_cuda and theirs.grad.dtype == mine.dtype
             tol = TOL.get(mine.dtype, TOL[torch.float32])
@@ -95,7 +95,7 @@ def _cuda_ddp(rank, world, steps):
             tol = {k: 4 * v for k, v in tol.items()}
             torch.testing.assert_close(theirs.grad.cpu(), expected, **tol, msg=f"{step} {name}")
         with torch.no_grad():  # keep the host copy on the same weights as the device one
-            for mine, theirs in zip(host.parameters(), model.module.parameters()):
+            for mine, theirs in zip(host.parameters(), model.module.parameters(), strict=True):
                 mine.copy_(theirs.cpu())
     model.close()
     return steps

@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from test_reduce_harness import assert_all_ok, no_leaked_segments, run_ranks  # noqa: F401
 from torch import nn
 
 import hfai.reduce as R
-from test_reduce_harness import assert_all_ok, no_leaked_segments, run_ranks  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaked_segments")]
 
@@ -61,13 +61,13 @@ def _batch(rank, step, n=8):
 
 
 def _assert_same(a: nn.Module, b: nn.Module, what: str) -> None:
-    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=f"{what}: {name}")
         if p.grad is None:
             assert q.grad is None, f"{what}: {name} grad should be None"
         else:
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=f"{what}: {name}.grad")
-    for (name, x), y in zip(a.named_buffers(), b.buffers()):
+    for (name, x), y in zip(a.named_buffers(), b.buffers(), strict=True):
         torch.testing.assert_close(y, x, msg=f"{what}: buffer {name}")
 
 
@@ -155,7 +155,7 @@ def _modes(rank, world):
         x = torch.randn(4, 64, generator=torch.Generator().manual_seed(rank))
         ddp(x).pow(2).sum().backward()
         local(x).pow(2).sum().backward()
-        for (name, mine), theirs in zip(local.named_parameters(), ddp.module.parameters()):
+        for (name, mine), theirs in zip(local.named_parameters(), ddp.module.parameters(), strict=True):
             expected = mine.grad.double()
             dist.all_reduce(expected)
             expected = (expected / world).to(mine.dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -15,7 +16,6 @@ from hfai.reduce import buckets as B
 from hfai.reduce import kernels, shm, topology
 from hfai.reduce import layout as L
 
-
 # --- layout ------------------------------------------------------------------------------------
 
 
@@ -27,7 +27,7 @@ def test_partition_covers_range_once_with_aligned_starts(numel, parts, itemsize)
     if covered is not None:
         assert covered == list(range(numel))
     assert ranges[0][0] == 0 and ranges[-1][1] == numel
-    for (s0, e0), (s1, _) in zip(ranges, ranges[1:]):
+    for (_, e0), (s1, _) in itertools.pairwise(ranges):
         assert e0 == s1 or s1 == numel
     for start, stop in ranges:
         assert start == numel or (start * itemsize) % L.SLICE_ALIGN_BYTES == 0
@@ -85,7 +85,7 @@ def test_bucket_plan_reverse_order_caps_and_dtype_split():
         assert b.nbytes == sum(specs[i].numel * specs[i].itemsize for i in b.params)
     assert plan[0].nbytes <= 900 and all(b.nbytes <= 1200 or len(b.params) == 1 for b in plan)
     ends = [(b.offset, b.offset + b.nbytes) for b in plan]
-    assert all(e0 <= s1 for (_, e0), (s1, _) in zip(ends, ends[1:]))
+    assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(ends))
     assert B.total_bytes(plan) >= ends[-1][1]
 
 

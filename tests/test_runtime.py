@@ -35,7 +35,7 @@ def test_lazy_subpackages_are_attributes():
     r = _python("import hfai; print(hfai.client.go_suspend is hfai.go_suspend, callable(hfai.multiprocessing.spawn))")
     assert r.stdout.split() == ["True", "True"], r.stderr
     with pytest.raises(AttributeError):
-        hfai.no_such_thing
+        _ = hfai.no_such_thing
 
 
 def test_off_platform_calls_are_noops(monkeypatch):

@@ -12,10 +12,10 @@ import signal
 import time
 
 import pytest
+from spine_cluster import JOBS, TEST_CONTROLLER, Cluster
 
 from hfai.agent.launcher import FENCED_FILE
 from hfai.protocol.types import ChainState
-from spine_cluster import JOBS, TEST_CONTROLLER, Cluster
 
 APPENDER = str(JOBS / "appender.py")
 
@@ -54,7 +54,8 @@ def test_killed_agent_orphan_is_fenced_before_the_job_restarts_elsewhere(tmp_pat
         pids = [p for p, _, _ in lines]
         last_first = max(i for i, p in enumerate(pids) if p == first_pid)
         first_second = min(i for i, p in enumerate(pids) if p != first_pid)
-        assert last_first < first_second, f"the two runs wrote at the same time: {lines[first_second - 3:first_second + 9]}"
+        assert last_first < first_second, \
+            f"the two runs wrote at the same time: {lines[first_second - 3:first_second + 9]}"
         # ... and not merely in file order: the orphan was dead, by the wall clock, before the
         # new run began, and it stopped within the fence bound after its agent died.
         assert lines[last_first][2] < lines[first_second][2]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from spine_cluster import JOBS, REPO, Cluster
 
 from hfai.cli.client import ApiClient
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, ErrorReply, JobSpec, ListRequest, NodesReply, NodesRequest, SubmitRequest
-from spine_cluster import JOBS, REPO, Cluster
 
 
 @pytest.fixture(scope="module")

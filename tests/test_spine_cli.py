@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from spine_cluster import JOBS, Cluster
 
 from hfai.protocol.types import ChainState
-from spine_cluster import JOBS, Cluster
 
 STEPS = str(JOBS / "steps.py")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from spine_cluster import JOBS, Cluster
 
 from hfai.protocol.types import ChainState
-from spine_cluster import JOBS, Cluster
 
 STEPS = str(JOBS / "steps.py")
 

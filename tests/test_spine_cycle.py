@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from spine_cluster import JOBS, REPO, Cluster
 
 from hfai.protocol.types import ChainState, Priority
-from spine_cluster import JOBS, REPO, Cluster
 
 torch = pytest.importorskip("torch")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 import time
 
-from hfai.protocol.types import ChainState, Priority
 from spine_cluster import JOBS, Cluster
+
+from hfai.protocol.types import ChainState, Priority
 
 STEPS = str(JOBS / "steps.py")
 

@@ -62,8 +62,16 @@ def wait_for(cond, timeout: float, what: str):
 
 
 def wait_state(home: Path, ref: str, state: ChainState, timeout: float = 60.0) -> JobRecord:
-    return wait_for(lambda: (lambda j: j if j.state is state else None)(job(home, ref)), timeout,
-                    f"job {ref} to be {state.value}")
+    seen: list[JobRecord] = []
+
+    def check():
+        seen[:] = [job(home, ref)]
+        return seen[0] if seen[0].state is state else None
+
+    try:
+        return wait_for(check, timeout, f"job {ref} to be {state.value}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; it is {seen[0].state.value}: {seen[0].reason}") from None
 
 
 @pytest.fixture()

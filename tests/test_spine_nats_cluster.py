@@ -13,9 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 import nats
+import pytest
+from spine_cluster import JOBS, Cluster, nats_server
 
 from hfai import _nats
 from hfai.cli.local import LocalCluster, nats_server_binary
@@ -23,7 +23,6 @@ from hfai.config import Config, NatsConfig
 from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
 from hfai.protocol.types import ChainState, NodeState
-from spine_cluster import JOBS, Cluster, nats_server
 
 pytestmark = pytest.mark.timeout(240)
 STEPS = str(JOBS / "steps.py")
@@ -164,7 +163,7 @@ def test_jobs_survive_the_loss_of_one_nats_server(tmp_path):
         assert removed.returncode == 0, removed.stderr
         for port in nats.client_ports[1:]:
             one = {"HFAI_USER": "erin", "HFAI_NATS_URL": f"nats://127.0.0.1:{port}"}
-            c.wait(lambda: c.cli_env(one, "ps").returncode != 0, 20, f"server on {port} to refuse erin")
+            c.wait(lambda one=one: c.cli_env(one, "ps").returncode != 0, 20, f"server on {port} to refuse erin")
 
 
 def test_setup_waits_for_the_nats_cluster_to_form(tmp_path):

@@ -4,10 +4,10 @@ retention of finished jobs."""
 from __future__ import annotations
 
 import pytest
+from spine_cluster import JOBS, Cluster
 
 from hfai.protocol.errors import Forbidden, NotFound
 from hfai.protocol.types import ChainState, Priority
-from spine_cluster import JOBS, Cluster
 
 STEPS = str(JOBS / "steps.py")
 N = Priority.NORMAL

@@ -36,7 +36,8 @@ def test_higher_priority_goes_first():
 
 
 def test_higher_priority_preempts_lowest_then_most_recently_started():
-    running = [job("old", prio=0, state=R, held=("n0",), started=1), job("new", prio=0, state=R, held=("n1",), started=5),
+    running = [job("old", prio=0, state=R, held=("n0",), started=1),
+               job("new", prio=0, state=R, held=("n1",), started=5),
                job("mid", prio=10, state=R, held=("n2",), started=9, user="v")]
     ds = decide([*running, job("urgent", prio=30, ts=20)], nodes(3), 20, CFG)
     assert [(s.job_id, s.for_job, s.sliced) for s in of(Suspend, ds)] == [("new", "urgent", False)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
+_fast_crc32: Callable[[bytes, int], int] | None
 try:
     from isal.isal_zlib import crc32 as _fast_crc32
 except ImportError:  # pragma: no cover - isal is a declared dependency; keep working without it

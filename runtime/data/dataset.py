@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,6 +15,9 @@ import torch.utils.data
 
 from hfai.data.packed import is_packed_folder
 from hfai.data.reader import Batch, FileReader, as_indices
+
+if TYPE_CHECKING:
+    from hfai.data.loader import DataLoader
 
 
 def collate(batch: list[Any]) -> Any:
@@ -99,7 +102,7 @@ class Dataset(torch.utils.data.Dataset):
             return samples
         return [self.transform(s) for s in samples]
 
-    def loader(self, batch_size: int, **kwargs) -> "DataLoader":
+    def loader(self, batch_size: int, **kwargs) -> DataLoader:
         """A resumable :class:`~hfai.data.loader.DataLoader` over this dataset (see there)."""
         from hfai.data.loader import DataLoader
 

@@ -46,7 +46,7 @@ Bad = tuple[int, int]  # (batch position, actual CRC)
 
 def copy_mapped(file: RecordFile, spans: list[Span], out: memoryview, check: bool) -> Bad | None:
     """Copy ``spans`` from the file's memory map into ``out`` on this thread."""
-    source = memoryview(file.map)
+    source = memoryview(file.mapping())
     try:
         for position, start, end, dest, expected in spans:
             chunk = source[start:end]
@@ -70,7 +70,7 @@ def gather_rows(
     """
     h = file.header
     length = out.shape[1]
-    rows = np.frombuffer(file.map, dtype=np.uint8, count=h.n * length, offset=int(h.offsets[0]))
+    rows = np.frombuffer(file.mapping(), dtype=np.uint8, count=h.n * length, offset=int(h.offsets[0]))
     try:
         if positions is None:
             np.take(rows.reshape(h.n, length), local, axis=0, out=out)

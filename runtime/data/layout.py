@@ -62,7 +62,7 @@ def encode_header(checksums, offsets) -> bytes:
     return struct.pack("<I", crc32(body)) + body
 
 
-def decode_prefix(prefix: bytes, file_size: int, path: str) -> tuple[int, int]:
+def decode_prefix(prefix: bytes | bytearray, file_size: int, path: str) -> tuple[int, int]:
     """Return ``(checksum_meta, n)`` from a file's first bytes, refusing impossible values.
 
     ``prefix`` holds the first ``min(file_size, 12)`` bytes of the file.
@@ -81,7 +81,7 @@ def decode_prefix(prefix: bytes, file_size: int, path: str) -> tuple[int, int]:
     return checksum_meta, n
 
 
-def decode_header(buf: bytes, file_size: int, path: str) -> Header:
+def decode_header(buf: bytes | bytearray, file_size: int, path: str) -> Header:
     """Decode and validate a header; ``buf`` holds at least the file's first 12 + 12N bytes.
 
     Raises :class:`FormatError` naming ``path`` if the header checksum does not match (unless it

@@ -29,7 +29,9 @@ logger = logging.getLogger(__name__)
 
 MAGIC = b"piouhjgbr"
 
-Tree = OrderedDict  # name -> int (sample index) | Tree
+# name -> int (sample index) | Tree. Built as an OrderedDict (the pickled index keeps file order);
+# a decoded index is whatever mapping the file holds.
+Tree = dict
 
 
 def scan_tree(root: str) -> tuple[Tree, list[str]]:

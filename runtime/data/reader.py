@@ -9,15 +9,16 @@ would tie the caller's arrays to the file's lifetime and turn a truncated file i
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from hfai.data.checksum import crc32
 from hfai.data.errors import ChecksumError, DataError, FormatError
 from hfai.data.fetch import ThreadedReads, check_rows, copy_mapped, gather_rows
-from hfai.data.checksum import crc32
 from hfai.data.recordfile import RecordFile, pread_exact
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Batch(list):
     __slots__ = ("buffer", "bounds", "_views")
 
     def __init__(self, buffer: np.ndarray, bounds: list[int]):
-        views = [buffer[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        views = [buffer[a:b] for a, b in itertools.pairwise(bounds)]
         super().__init__(views)
         self.buffer = buffer
         self.bounds = bounds
@@ -61,7 +62,7 @@ class Batch(list):
 
     def intact(self) -> bool:
         """True while the list still holds exactly the arrays it was created with."""
-        return len(self) == len(self._views) and all(a is b for a, b in zip(self, self._views))
+        return len(self) == len(self._views) and all(a is b for a, b in zip(self, self._views, strict=True))
 
     def uniform_length(self) -> int | None:
         """The common sample length, or None if lengths differ or the batch is empty."""
@@ -186,7 +187,7 @@ class FileReader:
         starts, ends, crcs = self._gather(files, file_ids, local)
         mode = self._mode(files, file_ids, starts, ends)
         if mode == "mmap" and self._row_length is not None and len(idx):
-            batch, bad = self._read_rows(files, file_ids, local, crcs)
+            batch, bad = self._read_rows(files, file_ids, local, crcs, self._row_length)
         else:
             batch, bad = self._read_spans(files, file_ids, starts, ends, crcs, mode)
         if bad is not None:
@@ -229,13 +230,14 @@ class FileReader:
     def _jobs(files, file_ids, starts, ends, dests, crcs):
         """Per file, the spans ``(position, start, end, dest, crc)`` it must fill."""
         if file_ids is None:
-            spans = list(zip(range(len(starts)), starts.tolist(), ends.tolist(), dests.tolist(), crcs.tolist()))
+            spans = list(zip(range(len(starts)), starts.tolist(), ends.tolist(), dests.tolist(), crcs.tolist(),
+                             strict=True))
             return [(files[0], spans)]
         jobs = []
         for f in np.unique(file_ids).tolist():
             pos = np.flatnonzero(file_ids == f)
             columns = (pos, starts[pos], ends[pos], dests[pos], crcs[pos])
-            spans = list(zip(*(c.tolist() for c in columns)))
+            spans = list(zip(*(c.tolist() for c in columns), strict=True))
             jobs.append((files[f], spans))
         return jobs
 
@@ -264,18 +266,18 @@ class FileReader:
         dests = np.zeros(len(starts) + 1, dtype=np.int64)
         np.cumsum(ends - starts, out=dests[1:])
         out = np.empty(int(dests[-1]), dtype=np.uint8)
-        jobs = self._jobs(files, file_ids, starts, ends, dests, crcs)
+        jobs = self._jobs(files, file_ids, starts, ends, dests[:-1], crcs)  # dests[-1]: the end of the last
         if mode == "mmap":
-            view = memoryview(out)
+            view = out.data  # a memoryview of the bytes
             found = [copy_mapped(f, spans, view, self.check_data) for f, spans in jobs]
             bad = min((b for b in found if b is not None), default=None)
         else:
-            bad = self._reads.fill(jobs, memoryview(out), self.check_data, direct=mode == "direct")
+            bad = self._reads.fill(jobs, out.data, self.check_data, direct=mode == "direct")
         return Batch(out, dests.tolist()), bad
 
-    def _read_rows(self, files, file_ids, local, crcs):
+    def _read_rows(self, files, file_ids, local, crcs, length: int):
         """Cached samples that all have one length: gather whole rows with numpy, in C."""
-        out = np.empty((len(local), self._row_length), dtype=np.uint8)
+        out = np.empty((len(local), length), dtype=np.uint8)
         if file_ids is None:
             gather_rows(files[0], local, out)
         else:
@@ -293,7 +295,7 @@ class FileReader:
         Raises :class:`~hfai.data.errors.ChecksumError` for the first bad sample;
         ``progress(k)`` is called after each block of ``k`` samples.
         """
-        for f, first in zip(self._open_files(), self._first.tolist()):
+        for f, first in zip(self._open_files(), self._first[:-1].tolist(), strict=True):
             _validate_file(f, first, progress)
 
     def sample_lengths(self) -> np.ndarray:
@@ -349,7 +351,8 @@ class FileReader:
         }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["paths"], state["check_data"], io=state["io"], threads=state["threads"])
+        # The state is FileReader's own (see __getstate__), so FileReader's __init__ takes it.
+        FileReader.__init__(self, state["paths"], state["check_data"], io=state["io"], threads=state["threads"])
 
     def __repr__(self) -> str:
         return f"FileReader(n={self.n}, files={len(self.paths)}, io={self.io!r})"
@@ -374,7 +377,7 @@ def _validate_file(f: RecordFile, first: int, progress) -> None:
         base = int(h.offsets[i])
         block = memoryview(bytearray(int(h.ends[j - 1]) - base))
         pread_exact(f.fd, block, base, f.path)
-        spans = zip(range(i, j), h.offsets[i:j].tolist(), h.ends[i:j].tolist(), h.checksums[i:j].tolist())
+        spans = zip(range(i, j), h.offsets[i:j].tolist(), h.ends[i:j].tolist(), h.checksums[i:j].tolist(), strict=True)
         for k, start, end, expected in spans:
             actual = crc32(block[start - base : end - base])
             if actual != expected:

@@ -80,6 +80,12 @@ class RecordFile:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
 
+    def mapping(self) -> mmap.mmap:
+        """The file's read-only memory map; :class:`DataError` once the file is closed."""
+        if self.map is None:
+            raise DataError(f"{self.path}: read after close()")
+        return self.map
+
     def direct_fd(self) -> int:
         """A second descriptor opened with ``O_DIRECT`` (bypassing the page cache), opened once."""
         if self._direct_fd is None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import secrets
+import shutil
 import warnings
+from typing import BinaryIO
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class FileWriter:
         self._offsets = np.zeros(self.n, dtype=np.int64)
         self._position = header_size(self.n)
         fd, self._tmp_path = _create_temp(self.path)
-        self._file = os.fdopen(fd, "wb", buffering=_WRITE_BUFFER)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=_WRITE_BUFFER)
         # Reserve the header; its real contents are only known at close.
         self._file.seek(self._position)
 
@@ -228,11 +229,13 @@ class MultiFileWriter:
         if self._count >= self.n:
             self.abort()
             raise WriterError(f"{self.path}: more than the declared {self.n} samples written; discarded")
-        while self._writer.count == self._writer.n:
-            self._writer.close()
+        writer = self._writer
+        assert writer is not None  # only abort() clears it, and abort() closes the writer
+        while writer.count == writer.n:
+            writer.close()
             self._part += 1
-            self._writer = self._open_part(self._part)
-        self._writer.write_one(buffer)
+            self._writer = writer = self._open_part(self._part)
+        writer.write_one(buffer)
         self._count += 1
 
     def close(self) -> None:
@@ -245,6 +248,7 @@ class MultiFileWriter:
             raise WriterError(
                 f"{self.path}: closed after {count} of the declared {self.n} samples; discarded"
             )
+        assert self._writer is not None  # only abort() clears it, and abort() closes the writer
         try:
             self._writer.close()
             if os.path.isdir(self.path) and not os.listdir(self.path):

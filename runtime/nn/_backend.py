@@ -13,7 +13,7 @@ import importlib.util
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     """True when the ``triton`` package is installed (it is not imported here)."""
     return importlib.util.find_spec("triton") is not None

@@ -12,7 +12,7 @@ most of those page faults for torch and hfai alike.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

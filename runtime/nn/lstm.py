@@ -22,7 +22,7 @@ random stream is kept), dtypes other than float32/float16/bfloat16.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -119,14 +119,14 @@ class DistributedDataParallel(nn.Module):
         for b in self._buckets:
             acc = torch.float64 if b.itemsize == 8 else torch.float32
             bucket_views.append(slot[b.offset : b.offset + b.nbytes].view(acc))
-            for i, off in zip(b.params, b.param_offsets):
+            for i, off in zip(b.params, b.param_offsets, strict=True):
                 p = self._params[i]
                 self._views[i] = slot[off : off + p.numel() * b.itemsize].view(acc).view(p.shape)
                 self._bucket_of[i] = b.index
         # These gradients can live in the arena itself: same dtype, on the host, same layout.
         self._resident = [
             p.dtype == v.dtype and p.device.type == "cpu" and p.is_contiguous()
-            for p, v in zip(self._params, self._views)
+            for p, v in zip(self._params, self._views, strict=True)
         ]
         return bucket_views
 
@@ -229,7 +229,7 @@ class DistributedDataParallel(nn.Module):
                 self._mark_ready(i)
             self._reducer.wait_all(3 * self._group.config.timeout_s)
             globally_used = self._globally_used(unused)
-            for i, p in enumerate(self._params):
+            for i in range(len(self._params)):
                 if i in had_grad and not had_grad[i] and not globally_used.get(i, True):
                     continue
                 self._unstage(i)
@@ -267,7 +267,7 @@ class DistributedDataParallel(nn.Module):
             for group in by_type.values():
                 flat = _flatten_dense_tensors([t.detach() for t in group])
                 dist.broadcast(flat, src=self._src, group=self.process_group)
-                for t, synced in zip(group, _unflatten_dense_tensors(flat, group)):
+                for t, synced in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
                     t.copy_(synced)
 
 

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hfai.reduce import cuda, kernels, layout as L, rendezvous, topology
+from hfai.reduce import cuda, kernels, rendezvous, topology
+from hfai.reduce import layout as L
 from hfai.reduce.control import Control, WaitPolicy
 from hfai.reduce.dtypes import ReduceOp, rule_for
 from hfai.reduce.errors import (
@@ -34,9 +35,9 @@ from hfai.reduce.errors import (
     GroupClosedError,
     InterNodeError,
     NotInitializedError,
-    UnsupportedPlatformError,
     ReduceError,
     SizeMismatchError,
+    UnsupportedPlatformError,
     UnsupportedTensorError,
 )
 

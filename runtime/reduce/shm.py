@@ -12,6 +12,7 @@ Linux only in practice (``/dev/shm``); the segment API itself is POSIX.
 
 from __future__ import annotations
 
+import _posixshmem  # CPython's own shm_open/shm_unlink binding, as used by multiprocessing
 import atexit
 import logging
 import mmap
@@ -19,8 +20,6 @@ import os
 import re
 import secrets
 import threading
-
-import _posixshmem  # CPython's own shm_open/shm_unlink binding, as used by multiprocessing
 
 logger = logging.getLogger(__name__)
 

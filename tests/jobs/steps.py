@@ -12,8 +12,8 @@ import hfai
 steps, step_s = int(sys.argv[1]), float(sys.argv[2])
 state = f"steps_{os.environ.get('HFAI_JOB_ID', 'local')}_{os.environ.get('RANK', '0')}.txt"
 start = int(open(state).read()) if os.path.exists(state) else 0
-print(f"run {os.environ.get('HFAI_RUN_ID')} rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')} starts at step {start} "
-      f"pid {os.getpid()}", flush=True)
+print(f"run {os.environ.get('HFAI_RUN_ID')} rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')} "
+      f"starts at step {start} pid {os.getpid()}", flush=True)
 for step in range(start, steps):
     if hfai.receive_suspend_command():
         with open(state + ".tmp", "w") as f:
