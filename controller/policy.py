@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Union
 
 from hfai.protocol.types import ChainState, Priority
 
@@ -185,7 +185,7 @@ class Wait:
     reason: str
 
 
-Decision = Union[Start, Suspend, Wait]
+Decision = Start | Suspend | Wait
 
 
 _ABOVE_NORMAL = Priority.ABOVE_NORMAL.value
@@ -483,12 +483,14 @@ class _GroupRound:
             return
         room = self.room(job)
         if room is not None and room < lo:
-            self.wait(job, f"over quota: user {job.user!r} holds {self.used.get((job.user, job.priority, self.group), 0)}"
-                           f" of {room + self.used.get((job.user, job.priority, self.group), 0)} node(s) at "
+            held = self.used.get((job.user, job.priority, self.group), 0)
+            self.wait(job, f"over quota: user {job.user!r} holds {held}"
+                           f" of {room + held} node(s) at "
                            f"{Priority.label(job.priority)} in group {self.group!r}, job needs {lo}")
             return
         if lo <= self.n_free() and self.may_backfill(job):
-            self.used[(job.user, job.priority, self.group)] = self.used.get((job.user, job.priority, self.group), 0) + lo
+            key = (job.user, job.priority, self.group)
+            self.used[key] = self.used.get(key, 0) + lo
             self.starts.append((job, self.take_free(lo)))
             return
         self.blocked = True

@@ -32,12 +32,19 @@ import bisect
 import csv
 import heapq
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from hfai.controller.policy import (
-    Decision, JobView, NodeView, PolicyConfig, Start, Suspend, Wait, decide,
+    Decision,
+    JobView,
+    NodeView,
+    PolicyConfig,
+    Start,
+    Suspend,
+    Wait,
+    decide,
 )
 from hfai.protocol.errors import HfaiError, InvalidRequest
 from hfai.protocol.types import ChainState, Priority
@@ -260,7 +267,8 @@ class _Job:
         elastic = t.max_nodes > t.nodes
         return JobView(
             id=self.id, user=t.user, priority=t.priority, nodes=t.hi, submit_ts=t.submit_s, state=self.state,
-            held=self.held, started_ts=self.started_ts, slice_turns=self.slice_turns, run_s=self.run_s, queued_ts=self.queued_ts,
+            held=self.held, started_ts=self.started_ts, slice_turns=self.slice_turns, run_s=self.run_s,
+            queued_ts=self.queued_ts,
             min_nodes=t.nodes if elastic else 0, max_nodes=t.max_nodes if elastic else 0,
         )
 
@@ -543,8 +551,10 @@ def format_table(results: Sequence[SimResult]) -> str:
         for r in results
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+
+    return "\n".join(line(row) for row in rows)
 
 
 def plot(results: Sequence[SimResult], out: str | Path) -> None:

@@ -52,10 +52,10 @@ def generate(jobs: int, nodes: int, load: float = 1.2, seed: int = 0, users: int
         raise ValueError("jobs, nodes, load and users must be positive and elastic in [0, 1]")
     rng = random.Random(seed)
     mix = [(n, w) for n, w in NODE_MIX if n <= min(max_nodes, nodes)]
-    sizes, size_w = zip(*mix)
+    sizes, size_w = zip(*mix, strict=True)
     mean_nodes = sum(n * w for n, w in mix) / sum(size_w)
     rate = load * nodes / (mean_nodes * mean_duration_s())  # jobs per second
-    prios, prio_w = zip(*PRIORITY_MIX)
+    prios, prio_w = zip(*PRIORITY_MIX, strict=True)
     names = [f"user{i:02d}" for i in range(users)]
     user_w = [1 / (i + 1) for i in range(users)]
     out: list[TraceJob] = []
