@@ -244,7 +244,7 @@ class Agent:
                 log.exception("reconcile failed; retrying")
             try:
                 await asyncio.wait_for(self._wake.wait(), self.ac.reconcile_interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def reconcile(self) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hfai.protocol import names
 
 
-class Role(str, enum.Enum):
+class Role(enum.StrEnum):
     USER = "user"
     OPERATOR = "operator"
     AGENT = "agent"

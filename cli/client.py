@@ -139,7 +139,7 @@ class ApiClient:
             msg = ask.result()
         except nats.errors.NoRespondersError:
             raise Unavailable("no controller is serving the API; is `hfai-controller` running?") from None
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             raise Unavailable(f"no answer within {self.config.nats.request_timeout_s:g}s on {subject}") from None
         finally:
             if not ask.done():

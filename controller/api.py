@@ -8,7 +8,6 @@ error becomes an ``ErrorReply``; nothing a client sends can stop the service.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -116,7 +115,7 @@ class ApiService:
             reply = await self._dispatch(msg.subject, msg.data)
         except HfaiError as e:
             reply = ErrorReply(code=e.code, message=str(e))
-        except (nats.errors.Error, asyncio.TimeoutError) as e:
+        except (TimeoutError, nats.errors.Error) as e:
             # JetStream busy for a moment (a bucket changing leader, a server lost): not a bug.
             log.warning("JetStream did not answer while serving %s: %s", msg.subject, e or type(e).__name__)
             busy = Unavailable(f"the cluster's store did not answer ({e or type(e).__name__}); try again")
@@ -214,7 +213,7 @@ class ApiService:
         try:
             data = await self._request(names.agent_logs_subject(nodes[req.rank]), encode(ask),
                                        self._config.log_request_timeout_s)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.NoRespondersError, nats.errors.TimeoutError):
             raise Unavailable(f"the agent of node {nodes[req.rank]} did not answer for the log") from None
         reply = decode(data, (LogChunk, ErrorReply))
         if isinstance(reply, ErrorReply):

@@ -94,7 +94,7 @@ class LeaseElection:
         sent = time.monotonic()
         try:
             rev = await self._kv.create(names.LEADER_KEY, value)
-        except (nats.js.errors.KeyWrongLastSequenceError, nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.js.errors.KeyWrongLastSequenceError, nats.errors.Error):
             return
         self.token = self._revision = rev
         # Counted from before the write: the key's TTL cannot have started earlier.
@@ -124,7 +124,7 @@ class LeaseElection:
             if await self._unconfirmed_renewal_landed():
                 return
             self._step_down()
-        except (nats.errors.Error, asyncio.TimeoutError) as e:
+        except (TimeoutError, nats.errors.Error) as e:
             self._unconfirmed = (value, sent)
             # Keep trying until the lease would be invalid; then act no more.
             if not lease_valid(self._last_renewed, time.monotonic(), self.ttl_s):
@@ -137,7 +137,7 @@ class LeaseElection:
         Under CPU overload this, not another controller, was what "lost" the lease."""
         try:
             entry = await self._kv.get(names.LEADER_KEY)
-        except (nats.js.errors.KeyNotFoundError, nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.js.errors.KeyNotFoundError, nats.errors.Error):
             entry = None
         if entry is not None and self._unconfirmed is not None and entry.value == self._unconfirmed[0]:
             self._revision, self._last_renewed = entry.revision, self._unconfirmed[1]

@@ -96,7 +96,7 @@ class Leader:
                 await self.tick()
                 try:
                     await bounded(self.wake.wait(), self.cc.schedule_interval_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             # Bounded: StuckTasksError if the consumer will not stop; the controller then exits.
@@ -142,7 +142,7 @@ class Leader:
                 try:
                     # Bounded from outside too: a fetch must never wait forever.
                     msgs = await bounded(psub.fetch(EVENT_BATCH, timeout=fetch_s), fetch_s + 5.0)
-                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                except (TimeoutError, nats.errors.TimeoutError):
                     if time.monotonic() - quiet_since >= self.cc.event_stall_s:
                         quiet_since = time.monotonic()
                         if await _pending(psub):
@@ -167,7 +167,7 @@ class Leader:
             raise_if_cancelled()
             try:
                 return await events_subscription(self._js, self.config)
-            except (nats.errors.Error, asyncio.TimeoutError) as e:
+            except (TimeoutError, nats.errors.Error) as e:
                 log.warning("event subscription failed (%s); retrying", e)
                 await asyncio.sleep(0.5)
 
@@ -202,7 +202,7 @@ class Leader:
                 log.info("dropping %s event from %s: %s", ev.event.value, node, rejected[0])
         except HfaiError as e:
             log.warning("event %s for %s not applied: %s", ev.event.value, ev.job_id, e)
-        except (nats.errors.Error, asyncio.TimeoutError) as e:
+        except (TimeoutError, nats.errors.Error) as e:
             # JetStream busy (e.g. the jobs bucket changing leader): leave the event unacked, it
             # comes back after event_ack_wait_s; applying it late or twice is harmless.
             log.warning("event %s for %s not applied yet (%s); it will be redelivered",
@@ -346,7 +346,7 @@ async def _pending(psub) -> bool:
     try:
         info = await psub.consumer_info()
         return (info.num_pending or 0) + (info.num_ack_pending or 0) > 0
-    except (nats.errors.Error, asyncio.TimeoutError):
+    except (TimeoutError, nats.errors.Error):
         return False
 
 

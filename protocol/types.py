@@ -9,24 +9,13 @@ codec understands: ``int``, ``float``, ``str``, ``bool``, ``bytes``, enums, ``X 
 from __future__ import annotations
 
 import enum
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import ClassVar, TypeVar, dataclass_transform
 
 from hfai.protocol.errors import IllegalTransition, InvalidRequest
 
 _T = TypeVar("_T")
-_F = TypeVar("_F")
-
-if TYPE_CHECKING:  # typing has it from Python 3.11; type checkers always know typing_extensions
-    from typing_extensions import dataclass_transform
-elif sys.version_info >= (3, 11):
-    from typing import dataclass_transform
-else:  # Python 3.10: the decorator only informs type checkers
-
-    def dataclass_transform(**_kwargs: object) -> Callable[[_F], _F]:
-        return lambda f: f
 
 GPUS_PER_NODE = 8
 

@@ -68,7 +68,7 @@ async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
         raise
     if not done:
         _abandon(inner)
-        raise asyncio.TimeoutError
+        raise TimeoutError
     return inner.result()
 
 

@@ -102,7 +102,7 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
             if done:
                 return attempt.result()
             log.warning("still waiting for NATS at %s", config.nats.url)
-    except (OSError, nats.errors.NoServersError, asyncio.TimeoutError, nats.errors.Error) as e:
+    except (TimeoutError, OSError, nats.errors.NoServersError, nats.errors.Error) as e:
         if "authorization violation" in str(e).lower():
             raise Forbidden(f"NATS at {config.nats.url} refused " + (
                 f"the credentials in {creds} (revoked, or issued for another cluster)" if creds else

@@ -199,7 +199,7 @@ class Rig:
                         self.jobs[entry.key] = decode(entry.value, JobRecord)
                         if not entry.delta:
                             ready.set()
-            except (nats.errors.Error, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.Error):
                 pass
             finally:
                 if watcher is not None:
@@ -209,7 +209,7 @@ class Rig:
     async def lease(self) -> LeaderLease | None:
         try:
             entry = await self.leader_kv.get(names.LEADER_KEY)
-        except (nats.errors.Error, asyncio.TimeoutError):  # KeyNotFoundError is one
+        except (TimeoutError, nats.errors.Error):  # KeyNotFoundError is one
             return None
         return decode(entry.value, LeaderLease) if entry.value else None
 
