@@ -6,7 +6,6 @@ beside it; every write atomic; files created with the user's umask."""
 from __future__ import annotations
 
 import os
-import socket
 import stat
 
 import pytest
@@ -121,14 +120,15 @@ def test_files_get_the_users_umask(tmp_path, umask, mode):
 
 # ------------------------------------------------------------------------- two gloo ranks
 
-def _rank(rank: int, port: int, out: str, results: str) -> None:
+def _rank(rank: int, store: str, out: str, results: str) -> None:
     import datetime
 
     import torch.distributed as dist
 
     import hfai.checkpoint
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    # A file store: no port to pick that another test could take meanwhile.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     model, opt = _trained()  # the same state on both ranks, as under DistributedDataParallel
     hfai.checkpoint.save(out, model, opt, others={"epoch": 5})
@@ -156,11 +156,8 @@ def _rank(rank: int, port: int, out: str, results: str) -> None:
 def test_two_ranks_each_write_their_share(tmp_path):
     import hfai.multiprocessing
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "latest.pt"
-    hfai.multiprocessing.spawn(_rank, args=(port, str(out), str(tmp_path)), nprocs=2)
+    hfai.multiprocessing.spawn(_rank, args=(str(tmp_path / "store"), str(out), str(tmp_path)), nprocs=2)
     assert (tmp_path / "rank0").read_text() == "True True True"
     assert (tmp_path / "rank1").read_text() == "True True True"
     names = _parts(out)
