@@ -18,6 +18,9 @@ from hfai.protocol import encode, names
 from hfai.protocol.errors import Forbidden, HfaiError
 from hfai.protocol.types import ChainState, RunEvent, RunEventKind, StopRequest
 
+# Starts real clusters (nats-server, controllers, agents): excluded by `pytest -m "not slow"`.
+pytestmark = pytest.mark.slow
+
 STEPS = str(JOBS / "steps.py")
 
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 
 import nats
+import pytest
 from spine_cluster import nats_server
 
 from hfai.controller.store import KVCache
 from hfai.protocol import encode
 from hfai.protocol.types import StopRequest
+
+# Starts real nats-servers: excluded by `pytest -m "not slow"`.
+pytestmark = pytest.mark.slow
 
 
 def test_cache_rewatches_after_its_watch_ends(tmp_path):

@@ -11,6 +11,9 @@ from hfai.cli.client import ApiClient
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, ErrorReply, JobSpec, ListRequest, NodesReply, NodesRequest, SubmitRequest
 
+# Starts real clusters (nats-server, controllers, agents): excluded by `pytest -m "not slow"`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

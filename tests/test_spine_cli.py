@@ -7,6 +7,9 @@ from spine_cluster import JOBS, Cluster
 
 from hfai.protocol.types import ChainState
 
+# Starts real clusters (nats-server, controllers, agents): excluded by `pytest -m "not slow"`.
+pytestmark = pytest.mark.slow
+
 STEPS = str(JOBS / "steps.py")
 
 

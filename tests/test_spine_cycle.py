@@ -12,6 +12,9 @@ from spine_cluster import JOBS, REPO, Cluster
 
 from hfai.protocol.types import ChainState, Priority
 
+# Starts real clusters (nats-server, controllers, agents): excluded by `pytest -m "not slow"`.
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 TRAIN = str(REPO / "examples" / "train.py")

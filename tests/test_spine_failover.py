@@ -5,9 +5,14 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 from spine_cluster import JOBS, Cluster
 
 from hfai.protocol.types import ChainState, Priority
+
+# Starts real clusters (nats-server, controllers, agents): excluded by `pytest -m "not slow"`.
+pytestmark = pytest.mark.slow
+
 
 STEPS = str(JOBS / "steps.py")
 

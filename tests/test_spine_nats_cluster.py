@@ -24,7 +24,7 @@ from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
 from hfai.protocol.types import ChainState, NodeState
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 STEPS = str(JOBS / "steps.py")
 
 

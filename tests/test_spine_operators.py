@@ -9,6 +9,9 @@ from spine_cluster import JOBS, Cluster
 from hfai.protocol.errors import Forbidden, NotFound
 from hfai.protocol.types import ChainState, Priority
 
+# Starts real clusters (nats-server, controllers, agents): excluded by `pytest -m "not slow"`.
+pytestmark = pytest.mark.slow
+
 STEPS = str(JOBS / "steps.py")
 N = Priority.NORMAL
 
