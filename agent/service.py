@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 
+import nats.errors
 import psutil
 from nats.aio.client import Client
 
@@ -84,7 +85,7 @@ class Agent:
         self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self._log_sub = await nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
-        await self._heartbeat_once()
+        await self._first_heartbeat()
         spawn = self._supervisor.spawn
         spawn(self._heartbeat_loop(), "heartbeat")
         spawn(self._watch_assignment(), "assignment-watch")
@@ -118,6 +119,18 @@ class Agent:
         self.gpus.close()
 
     # ---------------------------------------------------------------------------- heartbeat
+
+    async def _first_heartbeat(self) -> None:
+        """The first heartbeat, retried while JetStream cannot take it yet: on a fresh replicated
+        cluster the bucket exists a moment before its stream answers (no responders)."""
+        while True:
+            try:
+                await self._heartbeat_once()
+                return
+            except (nats.errors.Error, TimeoutError) as e:
+                log.warning("first heartbeat not taken yet (%s); retrying in %gs", e or type(e).__name__,
+                            self.config.nats.setup_retry_s)
+                await asyncio.sleep(self.config.nats.setup_retry_s)
 
     async def _heartbeat_loop(self) -> None:
         while True:
