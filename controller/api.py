@@ -56,7 +56,6 @@ from hfai.protocol.types import (
 
 log = logging.getLogger(__name__)
 
-MAX_NAME = 128
 # Largest log slice relayed in one reply: well under NATS's 1 MiB max_payload.
 MAX_LOG_CHUNK = 256 * 1024
 

@@ -28,8 +28,6 @@ VERB_DRAIN = "drain"
 VERB_LOGS = "logs"
 VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES, VERB_QUOTA_SET, VERB_SETTINGS, VERB_DRAIN,
          VERB_LOGS)
-# Verbs only an operator may use (on the operator subject).
-OPERATOR_VERBS = (VERB_QUOTA_SET, VERB_DRAIN)
 
 AGENT_PREFIX = "hfai.agent"
 
