@@ -46,6 +46,8 @@ BUCKET_ASSIGN = "hfai_assign"
 BUCKET_USERS = "hfai_users"
 QUOTAS_KEY = "quotas"
 DRAINED_KEY = "drained"
+# Users whose jobs may not run (storage over its limit, ...): a RestrictedUsers, written by operator services.
+RESTRICTED_KEY = "restricted"
 
 LEADER_KEY = "leader"
 

@@ -398,6 +398,16 @@ class DrainedNodes:
     nodes: dict[str, str] = field(default_factory=dict)
 
 
+@message("restricted_users")
+class RestrictedUsers:
+    """Users who may not submit and whose jobs may not run (KV ``hfai_users``, key ``restricted``):
+    user -> why. The scheduler suspends their running jobs through the normal interrupt protocol
+    and keeps the rest waiting; lifting the restriction lets them all resume."""
+
+    KIND: ClassVar[str]
+    users: dict[str, str] = field(default_factory=dict)
+
+
 # --------------------------------------------------------------------------------------- API
 
 @message("submit_request")
