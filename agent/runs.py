@@ -63,7 +63,7 @@ _AGENT_ONLY = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_SESSIO
 
 class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
-                 run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5):
+                 run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = ""):
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -78,6 +78,7 @@ class RunStore:
         self.env_root = Path(env_root)
         self.run_as = run_as
         self.fence_poll_s = fence_poll_s
+        self.datasets_dir = datasets_dir  # HFAI_DATASETS_DIR of jobs: [storage] dataset_root
         self.agent = agent_account()
         self._children: dict[str, subprocess.Popen] = {}
 
@@ -247,6 +248,8 @@ class RunStore:
             env["VIRTUAL_ENV"] = str(env_dir)
             python = str(env_dir / "bin" / "python")
         env.update(job_environment(ra, self.node, control))
+        if self.datasets_dir:
+            env["HFAI_DATASETS_DIR"] = self.datasets_dir
         argv = list(ra.entrypoint)
         if argv and argv[0] in ("python", "python3"):
             argv[0] = python

@@ -64,7 +64,7 @@ class Agent:
         self.node = names.check_token("node name", self.ac.resolved_node())
         self.address = self.ac.address or _default_address()
         self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
-                              fence_poll_s=self.ac.fence_poll_s)
+                              fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root)
         self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self._desired: dict[str, RunAssignment] = {}

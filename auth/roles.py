@@ -45,9 +45,9 @@ def permissions(role: Role, name: str) -> Permissions:
     names.check_token("name", name)
     inbox = names.inbox_prefix(role.value, name)
     if role in (Role.USER, Role.OPERATOR):
-        pub = [names.api_subject(name, "*")]
+        pub = [names.api_subject(name, "*"), names.storage_subject(name, "*")]
         if role is Role.OPERATOR:
-            pub.append(names.api_subject(name, "*", operator=True))
+            pub += [names.api_subject(name, "*", operator=True), names.storage_subject(name, "*", operator=True)]
         return Permissions(pub=tuple(pub), sub=(f"{inbox}.>",))
     if role is Role.AGENT:
         return _agent(name, inbox)

@@ -32,7 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hfai.config import AgentConfig, Config, ControllerConfig, NatsConfig, dump_toml, hfai_home, load_config
+from hfai.config import (
+    AgentConfig,
+    Config,
+    ControllerConfig,
+    NatsConfig,
+    StorageConfig,
+    dump_toml,
+    hfai_home,
+    load_config,
+)
 from hfai.protocol import names
 from hfai.protocol.errors import HfaiError, Unavailable
 
@@ -44,6 +53,8 @@ LOCAL_CONTROLLER = ControllerConfig(
 # A local cluster is one person's: every job runs as the account that started it (the agent's),
 # whichever hfai user submitted it. Credentials and NATS permissions are on as in production; a
 # shared cluster runs jobs as their submitters (run_as = "submitter", the default).
+# Storage rules on a laptop: scan hourly (the limits and ages stay those of a cluster).
+LOCAL_STORAGE = StorageConfig(scan_interval_s=3600.0, gc_interval_s=3600.0)
 LOCAL_AGENT = AgentConfig(heartbeat_interval_s=1.0, reconcile_interval_s=0.25, gpu_source="sim", run_as="agent")
 
 
@@ -116,6 +127,8 @@ class LocalCluster:
     owner: str = ""
     # CA of joined NATS servers' TLS certificates (the embedded server has no TLS: loopback only).
     tls_ca: str = ""
+    # The storage service's limits and periods (paths are always under the root); None: LOCAL_STORAGE.
+    storage: StorageConfig | None = None
     pids: dict[str, int] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
@@ -145,7 +158,15 @@ class LocalCluster:
                             tls_ca=self.tls_ca),
             controller=self.controller,
             agent=dataclasses.replace(self.agent, env_root=str(self.root / "envs")),
+            storage=self.storage_config(),
         )
+
+    def storage_config(self) -> StorageConfig:
+        """The storage service's settings, with every path under the root: workspaces, gc,
+        datasets and its state (the "shared filesystem" of a one-machine cluster)."""
+        return dataclasses.replace(self.storage or LOCAL_STORAGE, workspace_root=str(self.root / "workspaces"),
+                                   gc_root=str(self.root / "gc"), dataset_root=str(self.root / "datasets"),
+                                   state_dir=str(self.root / "storage"))
 
     # ---------------------------------------------------------------------------- up/down
 
@@ -184,6 +205,7 @@ class LocalCluster:
             self.start_controller(i)
         for i in range(self.nodes):
             self.start_agent(i)
+        self.start_storage()
         self.save()
         return forgotten
 
@@ -372,6 +394,13 @@ class LocalCluster:
         creds = self.service_creds(name, Role.CONTROLLER) if self.auth else None
         return self._spawn(name, "hfai.controller", {"HFAI_CONTROLLER_ID": name}, creds)
 
+    def start_storage(self) -> subprocess.Popen:
+        """The storage service (hfai-storage), with the controllers' trust (it writes settings)."""
+        from hfai.auth.roles import Role
+
+        creds = self.service_creds("storage", Role.CONTROLLER) if self.auth else None
+        return self._spawn("storage", "hfai.storage", {}, creds)
+
     def start_agent(self, i: int) -> subprocess.Popen:
         from hfai.auth.roles import Role
 
@@ -404,7 +433,7 @@ class LocalCluster:
         """Stop daemons (graceful, then forceful), and by default the jobs they started."""
         if "nats" not in self.pids and self._procs.get("nats"):
             self.pids["nats"] = self._procs["nats"].pid
-        order = [n for n in self.pids if n.startswith("agent")] + \
+        order = [n for n in self.pids if n.startswith(("agent", "storage"))] + \
                 [n for n in self.pids if n.startswith("controller")] + ["nats"]
         for name in order:
             _terminate(self.pids.get(name), self._procs.get(name))
@@ -438,7 +467,7 @@ class LocalCluster:
 
 
 #: What ``reset`` wipes under the root (``envs/`` is the user's, not state).
-STATE_DIRS = ("nats", "agents", "auth", "creds", "logs")
+STATE_DIRS = ("nats", "agents", "auth", "creds", "logs", "storage")
 STATE_FILES = ("nats.conf", "hfai.toml", "cluster.json")
 
 

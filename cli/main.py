@@ -24,6 +24,9 @@ LAZY_GROUPS = {
     "admin": ("hfai.cli.admin", "admin"),
     "data": ("hfai.cli.data", "data"),
     "sim": ("hfai.cli.sim", "sim"),
+    "workspace": ("hfai.cli.workspace", "workspace"),
+    "dataset": ("hfai.cli.dataset", "dataset"),
+    "env": ("hfai.cli.env", "env"),
 }
 
 
@@ -113,6 +116,15 @@ def parse_nodes(text: str) -> tuple[int, int, int]:
     return (high, low, high) if sep and high > low else (high, 0, 0)
 
 
+def _workdir() -> str:
+    """Where the job runs: the cluster's copy when submitted from inside a pushed workspace
+    (hfai workspace push), else this directory."""
+    from hfai.storage.client import remote_workdir
+
+    cwd = os.getcwd()
+    return remote_workdir(Path(cwd)) or cwd
+
+
 def build_spec(command: list[str], nodes: str, name: str | None, priority: str, group: str,
                env_vars: tuple[str, ...], env_name: str):
     from hfai.protocol.types import JobSpec
@@ -128,7 +140,7 @@ def build_spec(command: list[str], nodes: str, name: str | None, priority: str, 
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
     count, min_nodes, max_nodes = parse_nodes(nodes)
-    return JobSpec(name=name or entry_script(command)[1], entrypoint=tuple(command), workdir=os.getcwd(), nodes=count,
+    return JobSpec(name=name or entry_script(command)[1], entrypoint=tuple(command), workdir=_workdir(), nodes=count,
                    priority=prio, group=group, env_name=env_name, env=env, min_nodes=min_nodes,
                    max_nodes=max_nodes)
 

@@ -49,6 +49,7 @@ from hfai.protocol.types import (
     QuotaSetRequest,
     QuotasRequest,
     QuotaTable,
+    RestrictedUsers,
     SettingsReply,
     StopRequest,
     SubmitRequest,
@@ -142,6 +143,9 @@ class ApiService:
         user = caller.user
         from hfai.controller.validate import check_quota
 
+        restricted = self._setting(names.RESTRICTED_KEY, RestrictedUsers).users.get(user)
+        if restricted is not None:
+            raise Forbidden(f"{user} is restricted and may not submit: {restricted}")
         spec = self._validate(replace(req.spec, user=user))
         quotas = quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable))
         if spec.priority == AUTO_PRIORITY:

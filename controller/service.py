@@ -26,7 +26,7 @@ from hfai.controller.leader import Leader
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.store import KVCache
 from hfai.protocol import names
-from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable
+from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable, RestrictedUsers
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ class Controller:
         self.jobs = KVCache(buckets.jobs, JobRecord, on_change=lambda _k: self.wake.set())
         self.node_cache = KVCache(buckets.nodes, NodeRecord, on_change=lambda _k: None)
         # Quota or drain changes take effect at once: they wake the scheduler.
-        self.settings: KVCache[QuotaTable | DrainedNodes] = KVCache(
-            buckets.users, (QuotaTable, DrainedNodes), on_change=lambda _k: self.wake.set())
+        self.settings: KVCache[QuotaTable | DrainedNodes | RestrictedUsers] = KVCache(
+            buckets.users, (QuotaTable, DrainedNodes, RestrictedUsers), on_change=lambda _k: self.wake.set())
         self._caches = [self.jobs, self.node_cache, self.settings]
         for c in self._caches:
             await c.start()

@@ -117,7 +117,10 @@ def _to_wire(value: Any) -> Any:
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, vars(t))
+    # Messages defined outside protocol/types.py (protocol/storage.py) name their own module's types.
+    import sys
+
+    return typing.get_type_hints(cls, {**vars(t), **vars(sys.modules[cls.__module__])})
 
 
 def _from_wire(cls: type, body: Any, where: str) -> Any:

@@ -31,6 +31,14 @@ VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES, VERB_QUOTA_
 
 AGENT_PREFIX = "hfai.agent"
 
+# The storage service (hfai-storage): hfai.storage.<user>.<verb>, operators hfai.storage.<user>.op.<verb>.
+# Subjects of their own, so the controllers' queue group on hfai.api.> never answers them.
+STORAGE_PREFIX = "hfai.storage"
+STORAGE_WILDCARD = f"{STORAGE_PREFIX}.>"
+STORAGE_QUEUE = "hfai-storage"
+# Object store of pushed chunks waiting to be written into a workspace (only the service reads it).
+BUCKET_WS_STAGING = "hfai_ws_staging"
+
 EVENTS_STREAM = "HFAI_EVENTS"
 EVENTS_PREFIX = "hfai.events"
 EVENTS_WILDCARD = f"{EVENTS_PREFIX}.>"
@@ -78,6 +86,17 @@ def parse_api_subject(subject: str) -> tuple[str, str, bool]:
             (len(parts) == 5 and parts[3] != OPERATOR_TOKEN):
         raise InvalidRequest(f"not an API subject: {subject[:200]}")
     return parts[2], parts[-1], len(parts) == 5
+
+
+def storage_subject(user: str, verb: str, operator: bool = False) -> str:
+    return api_subject(user, verb, operator).replace(API_PREFIX, STORAGE_PREFIX, 1)
+
+
+def parse_storage_subject(subject: str) -> tuple[str, str, bool]:
+    """(user, verb, operator) of a storage subject; raises InvalidRequest for anything else."""
+    if not subject.startswith(STORAGE_PREFIX + "."):
+        raise InvalidRequest(f"not a storage subject: {subject[:200]}")
+    return parse_api_subject(API_PREFIX + subject[len(STORAGE_PREFIX):])
 
 
 def inbox_prefix(role: str, name: str) -> str:

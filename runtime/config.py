@@ -122,13 +122,44 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class StorageConfig:
+    """The storage service (hfai-storage): workspaces, storage rules, datasets (see docs/storage.md)."""
+
+    # On the nodes' shared filesystem: <workspace_root>/<user>/<workspace> (jobs run there), files
+    # moved by GC under <gc_root>/<user>/<stamp>/, datasets at <dataset_root>/<name> (HFAI_DATASETS_DIR).
+    workspace_root: str = "/mnt/hfai/workspaces"
+    gc_root: str = "/mnt/hfai/gc"
+    dataset_root: str = "/mnt/hfai/datasets"
+    # The service's own state (workspace manifests); root only.
+    state_dir: str = "/var/lib/hfai/storage"
+    # Workspace files are cut into chunks of this size (content-hashed); a request carries at most
+    # request_bytes of chunks (NATS refuses messages over its 1 MiB max_payload).
+    chunk_bytes: int = 512 * 1024
+    request_bytes: int = 768 * 1024
+    # Staged chunks of a push nobody committed are dropped after this long.
+    staging_ttl_s: float = 86400.0
+    # How long the CLI waits for a commit (the service writes the whole workspace before replying).
+    commit_timeout_s: float = 600.0
+    # Storage rules: a user whose workspaces hold more than limit_bytes is restricted (checked
+    # every scan_interval_s); files untouched for gc_age_s move to gc_root, and gc entries are
+    # deleted gc_keep_s after they moved (checked every gc_interval_s).
+    limit_bytes: int = 5 * 10**12
+    scan_interval_s: float = 86400.0
+    gc_interval_s: float = 86400.0
+    gc_age_s: float = 7 * 86400.0
+    gc_keep_s: float = 7 * 86400.0
+    shutdown_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class Config:
     nats: NatsConfig = field(default_factory=NatsConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
 
-_SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig}
+_SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "storage": StorageConfig}
 
 
 def config_file(env: Mapping[str, str] = os.environ) -> str | os.PathLike | None:

@@ -1,0 +1,174 @@
+"""``hfai workspace``: sync a local project directory to the cluster and run jobs in the copy.
+
+    hfai workspace init [NAME]        # mark this directory as workspace NAME (default: its name)
+    hfai workspace push [--bwlimit KB] # send what changed (only the chunks the cluster lacks)
+    hfai workspace pull NAME [DIR]    # fetch the cluster's copy
+    hfai workspace list | remove NAME | usage | restore-request
+
+``.hfignore`` (gitignore syntax) keeps files behind. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import click
+
+from hfai.cli.errors import user_errors
+
+
+def _config():
+    from hfai.cli.main import cli_config
+
+    return cli_config()
+
+
+def _client():
+    from hfai.storage.client import StorageClient
+
+    return StorageClient(_config())
+
+
+@contextlib.contextmanager
+def _bar(label: str, length: int):
+    with click.progressbar(length=max(1, length), label=label, file=sys.stderr, show_pos=False,
+                           show_percent=True) as bar:
+        yield bar
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+@click.group()
+def workspace():
+    """Sync a project directory to the cluster; jobs submitted from it run in the cluster's copy."""
+
+
+@workspace.command("init")
+@click.argument("name", required=False)
+@user_errors()
+def init(name: str | None):
+    """Make the current directory workspace NAME (default: the directory's name)."""
+    from hfai.storage.client import init as do_init
+
+    data = do_init(Path.cwd(), name)
+    click.echo(f"workspace {data['name']} at {Path.cwd()}; `hfai workspace push` sends it to the cluster "
+               "(.hfignore lists what stays behind)")
+
+
+@workspace.command("push")
+@click.option("--bwlimit", type=int, default=0, help="At most this many KB/s (0: no limit).")
+@user_errors()
+async def push(bwlimit: int):
+    """Send the workspace containing the current directory: only the chunks the cluster lacks."""
+    from hfai.protocol.errors import InvalidRequest
+    from hfai.storage.client import find_root
+    from hfai.storage.client import push as do_push
+
+    root = find_root(Path.cwd())
+    if root is None:
+        raise InvalidRequest("not inside a workspace; `hfai workspace init` first")
+    config = _config()
+    sc = config.storage
+    bars: dict[str, object] = {}
+    stack = contextlib.ExitStack()
+    hashing = stack.enter_context(_bar("hashing", _tree_bytes(root)))
+
+    def planned(chunks: int, size: int) -> None:
+        stack.close()
+        click.echo(f"{chunks} chunk(s) to send ({_mb(size)})", err=True)
+        bars["send"] = stack.enter_context(_bar("sending", size))
+
+    async with _client() as client:
+        try:
+            result = await do_push(client, root, sc.chunk_bytes, sc.request_bytes, sc.commit_timeout_s,
+                                   on_hash=hashing.update, on_send=lambda n: bars["send"].update(n),  # type: ignore
+                                   on_plan=planned, bwlimit=bwlimit * 1000)
+        finally:
+            stack.close()
+    click.echo(f"pushed {result.info.name}: {result.files} files, {_mb(result.info.bytes)}; sent {result.sent_chunks} "
+               f"of {result.chunks} chunks ({_mb(result.sent_bytes)}); on the cluster at {result.info.path}")
+
+
+def _tree_bytes(root: Path) -> int:
+    from hfai.storage.chunks import walk
+    from hfai.storage.ignore import Ignore
+
+    return sum(st.st_size for _rel, st in walk(root, Ignore.load(root)))
+
+
+@workspace.command("pull")
+@click.argument("name")
+@click.argument("dest", required=False, type=click.Path(file_okay=False, path_type=Path))
+@user_errors()
+async def pull(name: str, dest: Path | None):
+    """Fetch the cluster's copy of workspace NAME into DEST (default: ./NAME)."""
+    from hfai.storage.client import pull as do_pull
+
+    dest = dest or Path.cwd() / name
+    async with _client() as client:
+        with _bar("pulling", 0) as bar:
+            n = await do_pull(client, name, dest, _config().storage.request_bytes, on_bytes=bar.update)
+    click.echo(f"pulled {name} into {dest}: {n} file(s) written")
+
+
+@workspace.command("list")
+@user_errors()
+async def list_cmd():
+    """Your workspaces on the cluster."""
+    from hfai.protocol import storage as s
+
+    async with _client() as client:
+        reply = await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)
+    click.echo(f"{'NAME':<24} {'FILES':>7} {'SIZE':>10}  PATH")
+    for w in reply.workspaces:
+        click.echo(f"{w.name:<24} {w.files:>7} {_mb(w.bytes):>10}  {w.path}")
+
+
+@workspace.command("remove")
+@click.argument("name")
+@user_errors()
+async def remove(name: str):
+    """Delete workspace NAME from the cluster."""
+    from hfai.protocol import storage as s
+
+    async with _client() as client:
+        info = await client.scall(s.VERB_WS_REMOVE, s.WorkspaceRequest(workspace=name), s.WorkspaceInfo)
+    click.echo(f"removed {info.name} ({_mb(info.bytes)}) from the cluster")
+
+
+def _show_usage(u) -> None:
+    from hfai.storage.plan import human
+
+    click.echo(f"{u.user}: workspaces hold {human(u.used)} of {human(u.limit)}")
+    for w in u.workspaces:
+        click.echo(f"  {w.name:<24} {human(w.bytes):>10}")
+    if u.restricted:
+        click.echo(f"RESTRICTED: {u.restricted}")
+
+
+@workspace.command("usage")
+@user_errors()
+async def usage():
+    """How much your workspaces hold, the limit, and whether you are restricted."""
+    from hfai.protocol import storage as s
+
+    async with _client() as client:
+        _show_usage(await client.scall(s.VERB_USAGE, s.UsageRequest(), s.UsageReply))
+
+
+@workspace.command("restore-request")
+@user_errors()
+async def restore_request():
+    """After cleaning up: have the cluster measure your usage again and lift the restriction."""
+    from hfai.protocol import storage as s
+
+    async with _client() as client:
+        u = await client.scall(s.VERB_RESTORE, s.UsageRequest(), s.UsageReply)
+    _show_usage(u)
+    if u.restricted:
+        raise click.ClickException("still over the limit; remove more (hfai workspace remove NAME) and ask again")
+    click.echo("not restricted: your jobs may run")

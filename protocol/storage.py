@@ -1,0 +1,186 @@
+"""Messages of the storage service (workspaces, usage and restoration, datasets): no I/O.
+
+A workspace travels as a :class:`Manifest` (every file with its chunks' content hashes) and the
+chunks the cluster lacks (:class:`ChunkData`, packed into requests of bounded size). Importing this
+module registers the messages with the codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import ClassVar
+
+from hfai.protocol.types import message
+
+# Verbs on hfai.storage.<user>.<verb> (operators: hfai.storage.<user>.op.<verb>).
+VERB_WS_MISSING = "ws_missing"
+VERB_WS_PUT = "ws_put"
+VERB_WS_COMMIT = "ws_commit"
+VERB_WS_MANIFEST = "ws_manifest"
+VERB_WS_FETCH = "ws_fetch"
+VERB_WS_LIST = "ws_list"
+VERB_WS_REMOVE = "ws_remove"
+VERB_USAGE = "usage"
+VERB_RESTORE = "restore"
+VERB_DATASET_LIST = "dataset_list"
+VERB_DATASET_ADD = "dataset_add"
+
+
+@message("ws_file")
+class FileEntry:
+    """One regular file of a workspace: its path relative to the workspace root (``/``-separated),
+    size, permission bits and the content hashes of its fixed-size chunks, in order."""
+
+    KIND: ClassVar[str]
+    path: str
+    size: int
+    mode: int = 0o644
+    chunks: tuple[str, ...] = ()
+
+
+@message("ws_manifest")
+class Manifest:
+    KIND: ClassVar[str]
+    files: tuple[FileEntry, ...] = ()
+    chunk_bytes: int = 0
+
+
+@message("ws_chunk")
+class ChunkData:
+    KIND: ClassVar[str]
+    hash: str
+    data: bytes
+
+
+@message("ws_missing_request")
+class MissingRequest:
+    """Which of these chunks does the cluster lack for this workspace?"""
+
+    KIND: ClassVar[str]
+    workspace: str
+    hashes: tuple[str, ...]
+
+
+@message("ws_missing_reply")
+class MissingReply:
+    KIND: ClassVar[str]
+    hashes: tuple[str, ...]
+
+
+@message("ws_put_request")
+class PutRequest:
+    """Chunks to stage for a push (kept until a commit has written them, so a push resumes)."""
+
+    KIND: ClassVar[str]
+    workspace: str
+    chunks: tuple[ChunkData, ...]
+
+
+@message("ws_put_reply")
+class PutReply:
+    KIND: ClassVar[str]
+    stored: int
+
+
+@message("ws_commit_request")
+class CommitRequest:
+    """Make the cluster's copy of the workspace exactly this manifest."""
+
+    KIND: ClassVar[str]
+    workspace: str
+    manifest: Manifest
+
+
+@message("ws_request")
+class WorkspaceRequest:
+    """Names one workspace (manifest, remove)."""
+
+    KIND: ClassVar[str]
+    workspace: str
+
+
+@message("ws_fetch_request")
+class FetchRequest:
+    KIND: ClassVar[str]
+    workspace: str
+    hashes: tuple[str, ...]
+
+
+@message("ws_chunks")
+class Chunks:
+    KIND: ClassVar[str]
+    chunks: tuple[ChunkData, ...] = ()
+
+
+@message("ws_info")
+class WorkspaceInfo:
+    """A workspace on the cluster: ``path`` is where jobs find it on the shared filesystem."""
+
+    KIND: ClassVar[str]
+    name: str
+    path: str
+    files: int = 0
+    bytes: int = 0
+    pushed_ts: float = 0.0
+
+
+@message("ws_list_request")
+class ListWorkspaces:
+    KIND: ClassVar[str]
+
+
+@message("ws_list")
+class WorkspaceList:
+    KIND: ClassVar[str]
+    workspaces: tuple[WorkspaceInfo, ...] = ()
+
+
+@message("storage_usage_request")
+class UsageRequest:
+    KIND: ClassVar[str]
+
+
+@message("storage_usage_reply")
+class UsageReply:
+    """A user's storage: bytes used in their workspaces, the limit, and why they are restricted
+    (empty: not restricted)."""
+
+    KIND: ClassVar[str]
+    user: str
+    used: int
+    limit: int
+    restricted: str = ""
+    workspaces: tuple[WorkspaceInfo, ...] = ()
+
+
+@message("dataset_info")
+class DatasetInfo:
+    """A dataset at ``path`` (under the datasets root jobs see): public, or readable by ``group`` only."""
+
+    KIND: ClassVar[str]
+    name: str
+    path: str
+    group: str = ""
+    public: bool = True
+
+
+@message("dataset_list_request")
+class DatasetListRequest:
+    KIND: ClassVar[str]
+
+
+@message("dataset_list")
+class DatasetList:
+    KIND: ClassVar[str]
+    datasets: tuple[DatasetInfo, ...] = field(default_factory=tuple)
+
+
+@message("dataset_add_request")
+class DatasetAddRequest:
+    """Operators: publish the directory ``path`` (on the shared filesystem) as dataset ``name``;
+    with ``group``, private to that Unix group."""
+
+    KIND: ClassVar[str]
+    name: str
+    path: str
+    group: str = ""

@@ -1,0 +1,219 @@
+"""The client side of workspaces: push (only the chunks the cluster lacks), pull, and the storage
+service's other verbs, over ``hfai.storage.<user>.<verb>``.
+
+A push: hash the tree into a manifest, ask which chunks are missing, send those in packed
+requests (at most ``request_bytes`` each, a few in flight), then commit the manifest. Chunks sent
+before an interruption stay staged on the cluster, so the next push sends only the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hfai._atomic import write_atomic
+from hfai.cli.client import ApiClient
+from hfai.protocol import encode, names
+from hfai.protocol import storage as s
+from hfai.protocol.errors import InvalidRequest, NotFound
+from hfai.storage import plan
+from hfai.storage.chunks import build_manifest, chunk_hash, read_chunk
+
+MARKER_DIR = ".hfai"
+MARKER = "workspace.json"
+IN_FLIGHT = 4
+
+Progress = Callable[[int], object]
+
+
+@dataclass(frozen=True)
+class PushResult:
+    info: s.WorkspaceInfo
+    files: int
+    chunks: int
+    sent_chunks: int
+    sent_bytes: int
+
+
+class StorageClient(ApiClient):
+    async def scall(self, verb: str, request, expect: type, timeout_s: float | None = None):
+        subject = names.storage_subject(self.user, verb, operator=self.operator)
+        if timeout_s is None:
+            return await self._request(subject, encode(request), expect)
+        saved = self.config
+        try:
+            from dataclasses import replace
+
+            self.config = replace(saved, nats=replace(saved.nats, request_timeout_s=timeout_s))
+            return await self._request(subject, encode(request), expect)
+        finally:
+            self.config = saved
+
+
+# ---------------------------------------------------------------------------- the marker
+
+def find_root(start: Path) -> Path | None:
+    """The workspace (a directory with ``.hfai/workspace.json``) containing ``start``, if any."""
+    for d in (start, *start.parents):
+        if (d / MARKER_DIR / MARKER).is_file():
+            return d
+    return None
+
+
+def read_marker(root: Path) -> dict:
+    try:
+        return json.loads((root / MARKER_DIR / MARKER).read_text())
+    except (OSError, ValueError):
+        raise InvalidRequest(f"{root} is not an hfai workspace; `hfai workspace init` it") from None
+
+
+def write_marker(root: Path, data: dict) -> None:
+    (root / MARKER_DIR).mkdir(exist_ok=True)
+    write_atomic(root / MARKER_DIR / MARKER, json.dumps(data, indent=1))
+
+
+def init(root: Path, name: str | None) -> dict:
+    name = plan.check_workspace_name(name or root.resolve().name)
+    data = {**(read_marker(root) if find_root(root) == root else {}), "name": name}
+    write_marker(root, data)
+    return data
+
+
+def remote_workdir(cwd: Path) -> str | None:
+    """Where ``cwd`` is on the cluster, if it lies in a pushed workspace (jobs run there)."""
+    root = find_root(cwd)
+    if root is None:
+        return None
+    remote = read_marker(root).get("remote")
+    if not remote:
+        return None
+    rel = cwd.resolve().relative_to(root.resolve())
+    return str(Path(remote) / rel) if str(rel) != "." else remote
+
+
+# ---------------------------------------------------------------------------- push / pull
+
+async def push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
+               on_hash: Progress | None = None, on_send: Progress | None = None,
+               on_plan: Callable[[int, int], object] | None = None, bwlimit: int = 0) -> PushResult:
+    """Push the workspace at ``root``. ``on_plan(chunks, bytes to send)`` is told what will move;
+    ``on_hash``/``on_send`` of each chunk's bytes; ``bwlimit`` (bytes/s, 0: none) paces the sends."""
+    marker = read_marker(root)
+    name = plan.check_workspace_name(marker["name"])
+    manifest = await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash)
+    where: dict[str, tuple[s.FileEntry, int]] = {}
+    for f in manifest.files:
+        for i, h in enumerate(f.chunks):
+            where.setdefault(h, (f, i))
+    hashes = list(where)
+    lacking: list[str] = []
+    for i in range(0, len(hashes), 4096):
+        ask = s.MissingRequest(workspace=name, hashes=tuple(hashes[i:i + 4096]))
+        reply = await client.scall(s.VERB_WS_MISSING, ask, s.MissingReply)
+        lacking.extend(reply.hashes)
+    sizes = {h: min(chunk_bytes, where[h][0].size - where[h][1] * chunk_bytes) for h in lacking}
+    if on_plan is not None:
+        on_plan(len(lacking), sum(sizes.values()))
+    sent = await _send(client, root, name, lacking, where, sizes, chunk_bytes, request_bytes, on_send, bwlimit)
+    info = await client.scall(s.VERB_WS_COMMIT, s.CommitRequest(workspace=name, manifest=manifest),
+                              s.WorkspaceInfo, timeout_s=commit_timeout_s)
+    write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
+    return PushResult(info, len(manifest.files), len(hashes), len(lacking), sent)
+
+
+def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int) -> list[list[str]]:
+    """Group chunks into requests of at most ``request_bytes`` (pure; a chunk alone may fill one)."""
+    out: list[list[str]] = []
+    cur: list[str] = []
+    used = 0
+    for h in lacking:
+        if cur and used + sizes[h] > request_bytes:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(h)
+        used += sizes[h]
+    if cur:
+        out.append(cur)
+    return out
+
+
+async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_bytes, on_send, bwlimit) -> int:
+    queue: asyncio.Queue[list[str] | None] = asyncio.Queue(maxsize=IN_FLIGHT)
+    sent = 0
+    started = time.monotonic()
+
+    async def sender() -> None:
+        nonlocal sent
+        while (group := await queue.get()) is not None:
+            chunks = []
+            for h in group:
+                f, i = where[h]
+                data = await asyncio.to_thread(read_chunk, root, f, i, chunk_bytes)
+                if chunk_hash(data) != h:
+                    raise InvalidRequest(f"{f.path} changed during the push; push again")
+                chunks.append(s.ChunkData(hash=h, data=data))
+            await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks)), s.PutReply)
+            n = sum(len(c.data) for c in chunks)
+            sent += n
+            if on_send is not None:
+                on_send(n)
+            if bwlimit:
+                ahead = sent / bwlimit - (time.monotonic() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+
+    senders = [asyncio.create_task(sender()) for _ in range(1 if bwlimit else IN_FLIGHT)]
+    try:
+        for group in packs(lacking, sizes, request_bytes):
+            put = asyncio.ensure_future(queue.put(group))
+            done, _ = await asyncio.wait({put, *senders}, return_when=asyncio.FIRST_COMPLETED)
+            for t in done - {put}:
+                t.result()  # a sender failed: raise its error
+            if not put.done():
+                put.cancel()
+                raise RuntimeError("every sender stopped")
+        for _ in senders:
+            await queue.put(None)
+        await asyncio.gather(*senders)
+    finally:
+        for t in senders:
+            t.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+    return sent
+
+
+async def pull(client: StorageClient, name: str, dest: Path, request_bytes: int,
+               on_bytes: Progress | None = None) -> int:
+    """Write the cluster's copy of workspace ``name`` into ``dest``; returns the files written.
+    Files already there with the right content are left alone."""
+    from hfai.storage.chunks import file_chunks
+
+    m = await client.scall(s.VERB_WS_MANIFEST, s.WorkspaceRequest(workspace=name), s.Manifest)
+    plan.check_manifest(m, m.chunk_bytes)
+    written = 0
+    for f in m.files:
+        target = dest / f.path
+        if target.is_file() and tuple(chunk_hash(c) for c in file_chunks(target, m.chunk_bytes)) == f.chunks:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.hfai-tmp")
+        with open(tmp, "wb") as out:
+            per = max(1, request_bytes // max(1, m.chunk_bytes))
+            for i in range(0, len(f.chunks), per):
+                got = await client.scall(s.VERB_WS_FETCH, s.FetchRequest(workspace=name, hashes=f.chunks[i:i + per]),
+                                         s.Chunks)
+                for c in got.chunks:
+                    out.write(c.data)
+                    if on_bytes is not None:
+                        on_bytes(len(c.data))
+        os.chmod(tmp, f.mode & 0o777)
+        os.replace(tmp, target)
+        written += 1
+    if not m.files and not dest.exists():
+        raise NotFound(f"workspace {name!r} is empty")
+    return written

@@ -1,0 +1,259 @@
+"""``hfai-storage``: the operator service behind ``hfai workspace`` and ``hfai dataset``.
+
+It answers ``hfai.storage.<user>.<verb>`` (queue group ``hfai-storage``), taking the user from the
+subject as the controller does, so NATS permissions alone keep a user to their own workspaces.
+Pushed chunks are staged in a JetStream object store (:mod:`hfai.storage.staging`) and a commit
+writes the workspace into ``[storage] workspace_root``. Two owned loops apply the storage rules:
+the usage scan (restrict users over ``limit_bytes`` in KV ``hfai_users`` key ``restricted``) and
+GC (:mod:`hfai.storage.gc`). Decisions are in :mod:`hfai.storage.plan`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.kv import KeyValue
+
+from hfai import _nats
+from hfai._daemon import Supervisor, raise_if_cancelled
+from hfai.config import Config
+from hfai.protocol import decode, encode, names
+from hfai.protocol import storage as s
+from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, Unavailable
+from hfai.protocol.types import ErrorReply, RestrictedUsers
+from hfai.storage import datasets, plan
+from hfai.storage.chunks import chunk_hash
+from hfai.storage.gc import run_gc
+from hfai.storage.staging import Staging
+from hfai.storage.workspace import Workspaces
+
+log = logging.getLogger(__name__)
+
+# Hashes in one missing/fetch request: 40 hex characters each, well under max_payload.
+MAX_HASHES = 8192
+
+
+class StorageService:
+    def __init__(self, config: Config):
+        self.config = config
+        self.sc = config.storage
+        self.shutdown_timeout_s = self.sc.shutdown_timeout_s
+        self.workspaces = Workspaces(self.sc.workspace_root, self.sc.state_dir)
+        self._nc: Client | None = None
+        self._sub: Subscription | None = None
+        self._supervisor = Supervisor()
+        self._users_kv: KeyValue | None = None
+        self._staging: Staging | None = None
+        # One commit at a time per workspace; different workspaces go on concurrently.
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._closed = False
+        self._handlers: dict[str, tuple[type, Callable[[str, bool, Any], Awaitable[object]]]] = {
+            s.VERB_WS_MISSING: (s.MissingRequest, self.ws_missing),
+            s.VERB_WS_PUT: (s.PutRequest, self.ws_put),
+            s.VERB_WS_COMMIT: (s.CommitRequest, self.ws_commit),
+            s.VERB_WS_MANIFEST: (s.WorkspaceRequest, self.ws_manifest),
+            s.VERB_WS_FETCH: (s.FetchRequest, self.ws_fetch),
+            s.VERB_WS_LIST: (s.ListWorkspaces, self.ws_list),
+            s.VERB_WS_REMOVE: (s.WorkspaceRequest, self.ws_remove),
+            s.VERB_USAGE: (s.UsageRequest, self.usage),
+            s.VERB_RESTORE: (s.UsageRequest, self.restore),
+            s.VERB_DATASET_LIST: (s.DatasetListRequest, self.dataset_list),
+            s.VERB_DATASET_ADD: (s.DatasetAddRequest, self.dataset_add),
+        }
+
+    async def start(self) -> None:
+        self._nc = nc = await _nats.connect(self.config, name="hfai-storage")
+        js = nc.jetstream()
+        buckets = await _nats.ensure_shared_state(js, self.config)
+        self._users_kv = buckets.users
+        self._staging = await Staging.open(js, self.config.nats.replicas, self.sc.staging_ttl_s)
+        self._sub = await nc.subscribe(names.STORAGE_WILDCARD, queue=names.STORAGE_QUEUE, cb=self.handle)
+        self._supervisor.spawn(self._every(self.sc.scan_interval_s, self.scan), "usage-scan")
+        self._supervisor.spawn(self._every(self.sc.gc_interval_s, self.gc), "gc")
+        log.info("storage service: workspaces in %s, limit %s", self.sc.workspace_root, plan.human(self.sc.limit_bytes))
+
+    async def failed(self) -> str:
+        return await self._supervisor.failed()
+
+    async def close(self) -> None:
+        """Stop serving and the rule loops. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._supervisor.stop()
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+        if self._nc is not None:
+            await self._nc.drain()
+
+    # ------------------------------------------------------------------------- rule loops
+
+    async def _every(self, period_s: float, step: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            raise_if_cancelled()
+            try:
+                await step()
+            except (TimeoutError, nats.errors.Error) as e:
+                log.warning("%s: NATS did not answer (%s); next round in %gs", step.__name__, e, period_s)
+            await asyncio.sleep(period_s)
+
+    async def scan(self) -> RestrictedUsers:
+        """Measure every user's workspaces; restrict those over the limit."""
+        usage = {u: await asyncio.to_thread(self.workspaces.usage, u) for u in self.workspaces.users()}
+        over = plan.over_limit(usage, self.sc.limit_bytes)
+        return await self._change_restricted(lambda cur: plan.restrict(cur, over))
+
+    async def gc(self) -> None:
+        await asyncio.to_thread(run_gc, self.workspaces, self.sc.gc_root, time.time(), self.sc.gc_age_s,
+                                self.sc.gc_keep_s)
+
+    async def _change_restricted(self, change) -> RestrictedUsers:
+        assert self._users_kv is not None, "start() first"
+        from hfai.controller.store import cas_value
+
+        value, _rev, changed = await cas_value(self._users_kv, names.RESTRICTED_KEY, RestrictedUsers, change,
+                                               what="setting", missing=RestrictedUsers,
+                                               lost_race=(nats.js.errors.APIError,))
+        if changed:
+            log.info("restricted users now: %s", ", ".join(value.users) or "none")
+        return value
+
+    async def _restricted(self) -> RestrictedUsers:
+        return await self._change_restricted(lambda _cur: None)
+
+    # ----------------------------------------------------------------------------- serving
+
+    async def handle(self, msg: Msg) -> None:
+        try:
+            reply = await self._dispatch(msg.subject, msg.data)
+        except HfaiError as e:
+            reply = ErrorReply(code=e.code, message=str(e))
+        except (TimeoutError, nats.errors.Error) as e:
+            log.warning("JetStream did not answer while serving %s: %s", msg.subject, e or type(e).__name__)
+            busy = Unavailable(f"the cluster's store did not answer ({e or type(e).__name__}); try again")
+            reply = ErrorReply(code=busy.code, message=str(busy))
+        except OSError as e:
+            log.warning("filesystem error serving %s: %s", msg.subject, e)
+            reply = ErrorReply(code="error", message=f"storage service: {e.strerror or e} ({e.filename or ''})")
+        except Exception as e:
+            log.exception("internal error serving %s", msg.subject)
+            reply = ErrorReply(code="internal", message=f"internal storage service error: {e}")
+        if msg.reply:
+            try:
+                await msg.respond(encode(reply))
+            except Exception as e:
+                log.debug("could not reply on %s: %s", msg.reply, e)
+
+    async def _dispatch(self, subject: str, data: bytes) -> object:
+        user, verb, operator = names.parse_storage_subject(subject)
+        names.check_token("user name", user)
+        if verb not in self._handlers:
+            raise InvalidRequest(f"unknown storage verb {verb[:64]!r}")
+        kind, handler = self._handlers[verb]
+        return await handler(user, operator, decode(data, kind))
+
+    def _lock(self, user: str, name: str) -> asyncio.Lock:
+        return self._locks.setdefault((user, name), asyncio.Lock())
+
+    @property
+    def staging(self) -> Staging:
+        assert self._staging is not None, "start() first"
+        return self._staging
+
+    # ------------------------------------------------------------------------- workspaces
+
+    async def ws_missing(self, user: str, _op: bool, req: s.MissingRequest) -> s.MissingReply:
+        if len(req.hashes) > MAX_HASHES:
+            raise InvalidRequest(f"ask for at most {MAX_HASHES} chunks at a time")
+        held = set(self.workspaces.held(user, req.workspace)) | self.staging.held(user)
+        return s.MissingReply(hashes=plan.missing(req.hashes, held))
+
+    async def ws_put(self, user: str, _op: bool, req: s.PutRequest) -> s.PutReply:
+        plan.check_workspace_name(req.workspace)
+        total = sum(len(c.data) for c in req.chunks)
+        if total > self.sc.request_bytes or any(len(c.data) > self.sc.chunk_bytes for c in req.chunks):
+            raise InvalidRequest(f"a put carries at most {self.sc.request_bytes} bytes in chunks of at most "
+                                 f"{self.sc.chunk_bytes}")
+        for c in req.chunks:
+            if chunk_hash(c.data) != c.hash:
+                raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
+        if req.chunks:
+            await self.staging.put(user, req.chunks)
+        return s.PutReply(stored=len(req.chunks))
+
+    async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest) -> s.WorkspaceInfo:
+        plan.check_workspace_name(req.workspace)
+        m = req.manifest
+        if m.chunk_bytes != self.sc.chunk_bytes:
+            raise InvalidRequest(f"chunks of {m.chunk_bytes} bytes; this cluster uses {self.sc.chunk_bytes}")
+        plan.check_manifest(m, self.sc.chunk_bytes)
+        async with self._lock(user, req.workspace):
+            held = set(self.workspaces.held(user, req.workspace)) | self.staging.held(user)
+            lacking = plan.missing((h for f in m.files for h in f.chunks), held)
+            if lacking:
+                raise InvalidRequest(f"{len(lacking)} chunk(s) of this push never arrived; push again")
+            await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h))
+            await self.staging.release(user, {h for f in m.files for h in f.chunks})
+        return self.workspaces.info(user, req.workspace)
+
+    async def ws_manifest(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.Manifest:
+        self.workspaces.info(user, req.workspace)  # NotFound if none
+        m = self.workspaces.manifest(user, req.workspace)
+        assert m is not None
+        return m
+
+    async def ws_fetch(self, user: str, _op: bool, req: s.FetchRequest) -> s.Chunks:
+        """Chunks of the cluster's copy (pull), read from the workspace's files."""
+        if len(req.hashes) * self.sc.chunk_bytes > max(self.sc.request_bytes, self.sc.chunk_bytes):
+            raise InvalidRequest("fetch fewer chunks at a time")
+        held = self.workspaces.held(user, req.workspace)
+        base = self.workspaces.path(user, req.workspace)
+        out = []
+        for h in req.hashes:
+            if h not in held:
+                raise InvalidRequest(f"the workspace has no chunk {h[:16]}… any more; list it again")
+            path, offset = held[h]
+            with open(base / path, "rb") as f:
+                f.seek(offset)
+                out.append(s.ChunkData(hash=h, data=f.read(self.sc.chunk_bytes)))
+        return s.Chunks(chunks=tuple(out))
+
+    async def ws_list(self, user: str, _op: bool, _req: s.ListWorkspaces) -> s.WorkspaceList:
+        return s.WorkspaceList(workspaces=self.workspaces.list(user))
+
+    async def ws_remove(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.WorkspaceInfo:
+        async with self._lock(user, req.workspace):
+            return await asyncio.to_thread(self.workspaces.remove, user, req.workspace)
+
+    # ------------------------------------------------------------------- usage and restore
+
+    async def usage(self, user: str, _op: bool, _req: s.UsageRequest) -> s.UsageReply:
+        used = await asyncio.to_thread(self.workspaces.usage, user)
+        restricted = await self._restricted()
+        return s.UsageReply(user=user, used=used, limit=self.sc.limit_bytes,
+                            restricted=restricted.users.get(user, ""), workspaces=self.workspaces.list(user))
+
+    async def restore(self, user: str, op: bool, req: s.UsageRequest) -> s.UsageReply:
+        """Re-measure the caller's usage and lift their storage restriction if it is within the limit."""
+        used = await asyncio.to_thread(self.workspaces.usage, user)
+        await self._change_restricted(lambda cur: plan.lift(cur, user, used, self.sc.limit_bytes))
+        return await self.usage(user, op, req)
+
+    # ----------------------------------------------------------------------------- datasets
+
+    async def dataset_list(self, _user: str, _op: bool, _req: s.DatasetListRequest) -> s.DatasetList:
+        return s.DatasetList(datasets=datasets.listing(self.sc.dataset_root))
+
+    async def dataset_add(self, user: str, op: bool, req: s.DatasetAddRequest) -> s.DatasetInfo:
+        if not op:
+            raise Forbidden(f"{user} is not an operator; only operators may add datasets")
+        return await asyncio.to_thread(datasets.add, self.sc.dataset_root, req.name, req.path, req.group)
