@@ -24,10 +24,12 @@ from nats.aio.client import Client
 from hfai import _nats
 from hfai._atomic import write_atomic
 from hfai._daemon import Supervisor
+from hfai._metrics import MetricsServer
 from hfai._version import __version__
 from hfai.agent import safefs
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.identity import check_run_as
+from hfai.agent.metrics import AgentMetrics
 from hfai.agent.plan import Act, Action, LocalRun, RunPhase, fence_problem, plan, platform_stopped, stale_logs
 from hfai.agent.runs import RunStore, StartError
 from hfai.agent.trust import assignment_problem, check_log_request
@@ -79,12 +81,15 @@ class Agent:
         self._seq = 0
         self._pidfds: set[int] = set()
         self._closed = False
+        self.metrics: AgentMetrics | None = None  # when [agent] metrics_port is set
+        self._metrics_server: MetricsServer | None = None
 
     async def start(self) -> None:
         self._nc = nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
         self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self._log_sub = await nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
+        await self._start_metrics()
         await self._first_heartbeat()
         spawn = self._supervisor.spawn
         spawn(self._heartbeat_loop(), "heartbeat")
@@ -94,6 +99,14 @@ class Agent:
         adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
         log.info("agent %s up (gpus: %s, address %s)%s", self.node, self.gpus.name, self.address,
                  f"; adopted running runs {adopted}" if adopted else "")
+
+    async def _start_metrics(self) -> None:
+        if not self.ac.metrics_port:
+            return
+        self.metrics = AgentMetrics(lambda: self._nc.stats["reconnects"] if self._nc else 0)
+        self._metrics_server = MetricsServer(self.metrics.registry, port=self.ac.metrics_port)
+        port = await self._metrics_server.start()
+        write_atomic(os.path.join(self.ac.state_dir, "metrics_port"), f"{port}\n".encode())
 
     async def failed(self) -> str:
         """Returns (with the reason) when a task of the agent ended: the daemon then exits non-zero."""
@@ -117,6 +130,8 @@ class Agent:
             except Exception:
                 pass
         self.gpus.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.close()
 
     # ---------------------------------------------------------------------------- heartbeat
 
@@ -151,6 +166,8 @@ class Agent:
             gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
         )
         data = encode(record)
+        if self.metrics is not None:
+            self.metrics.heartbeat(record)
         # Taken before the put: the leader times the node from when it sees the record, which is
         # after the put reached NATS, so the launchers' fence clock never runs behind the leader's.
         sent_at = time.monotonic()
@@ -288,6 +305,8 @@ class Agent:
         elif a.act is Act.RAISE_SUSPEND:
             log.info("asking %s to suspend", key)
             self.store.raise_suspend(key)
+            if self.metrics is not None:
+                self.metrics.suspend_raised(key)
         elif a.act is Act.TERMINATE:
             log.info("terminating %s", key)
             self.store.signal(key, signal.SIGTERM)
@@ -298,6 +317,8 @@ class Agent:
             await self._report(key, ra, RunEventKind.STARTED)
         elif a.act is Act.REPORT_ACK:
             await self._report(key, ra, RunEventKind.SUSPEND_ACKED, acked=True)
+            if self.metrics is not None:
+                self.metrics.suspend_acked(key)
         elif a.act is Act.REPORT_EXIT:
             run = local.get(key)  # the snapshot the plan was made from: it saw the exit
             await self._report(key, ra, RunEventKind.EXITED, exit_code=run.exit_code if run else -1,

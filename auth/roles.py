@@ -19,6 +19,8 @@ class Role(enum.StrEnum):
     OPERATOR = "operator"
     AGENT = "agent"
     CONTROLLER = "controller"
+    # hfai-web's own credential: reads the queue, nodes and telemetry history; controls no job.
+    WEB = "web"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ def permissions(role: Role, name: str) -> Permissions:
         return Permissions(pub=tuple(pub), sub=(f"{inbox}.>",))
     if role is Role.AGENT:
         return _agent(name, inbox)
+    if role is Role.WEB:
+        return _web(name, inbox)
     return Permissions(pub=(">",), sub=(">",))  # the controller runs the platform: it is trusted
 
 
@@ -77,6 +81,24 @@ def _agent(node: str, inbox: str) -> Permissions:
         f"$JS.FC.{assign}.>",
     )
     return Permissions(pub=pub, sub=(f"{inbox}.>", f"{names.AGENT_PREFIX}.{node}.>"), responses=True)
+
+
+def _web(name: str, inbox: str) -> Permissions:
+    """hfai-web: the read-only API verbs under its own name (everyone may see the queue, nodes and
+    usage), and an ordered consumer on the telemetry history stream. Users act through the web
+    with their own credentials, never this one."""
+    stream, js = names.TELEMETRY_STREAM, "$JS.API"
+    pub = tuple(names.api_subject(name, verb) for verb in (names.VERB_LIST, names.VERB_NODES, names.VERB_SETTINGS,
+                                                             names.VERB_USAGE)) + (
+        f"{js}.INFO",
+        f"{js}.STREAM.INFO.{stream}",
+        f"{js}.CONSUMER.CREATE.{stream}",
+        f"{js}.CONSUMER.CREATE.{stream}.>",
+        f"{js}.CONSUMER.DELETE.{stream}.>",
+        f"{js}.CONSUMER.INFO.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    )
+    return Permissions(pub=pub, sub=(f"{inbox}.>",))
 
 
 def nats_claims(p: Permissions) -> dict:

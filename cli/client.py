@@ -44,6 +44,9 @@ from hfai.protocol.types import (
     SettingsReply,
     StopRequest,
     SubmitRequest,
+    UsageReply,
+    UsageRequest,
+    UsageRow,
 )
 
 
@@ -206,3 +209,8 @@ class ApiClient:
     async def log_chunk(self, job_id: str, rank: int, offset: int) -> LogChunk:
         """A slice of one rank's log, relayed by the controller (only owners and operators)."""
         return await self.call(names.VERB_LOGS, LogRequest(job_id=job_id, rank=rank, offset=offset), LogChunk)
+
+    async def usage(self, since_ts: float, until_ts: float = 0.0) -> tuple[UsageRow, ...]:
+        """GPU-hours per UTC day, user, group and priority (everyone's, like the queue)."""
+        reply = await self.call(names.VERB_USAGE, UsageRequest(since_ts=since_ts, until_ts=until_ts), UsageReply)
+        return reply.rows

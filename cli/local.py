@@ -38,6 +38,7 @@ from hfai.config import (
     ControllerConfig,
     NatsConfig,
     StorageConfig,
+    WebConfig,
     dump_toml,
     hfai_home,
     load_config,
@@ -127,6 +128,8 @@ class LocalCluster:
     owner: str = ""
     # CA of joined NATS servers' TLS certificates (the embedded server has no TLS: loopback only).
     tls_ca: str = ""
+    # hfai-web's settings; None: no web service (`hfai local up` runs one on LOCAL_WEB's port).
+    web: WebConfig | None = None
     # The storage service's limits and periods (paths are always under the root); None: LOCAL_STORAGE.
     storage: StorageConfig | None = None
     pids: dict[str, int] = field(default_factory=dict)
@@ -158,6 +161,7 @@ class LocalCluster:
                             tls_ca=self.tls_ca),
             controller=self.controller,
             agent=dataclasses.replace(self.agent, env_root=str(self.root / "envs")),
+            web=self.web or WebConfig(),
             storage=self.storage_config(),
         )
 
@@ -206,6 +210,8 @@ class LocalCluster:
         for i in range(self.nodes):
             self.start_agent(i)
         self.start_storage()
+        if self.web is not None and self.web.port:
+            self.start_web()
         self.save()
         return forgotten
 
@@ -412,6 +418,13 @@ class LocalCluster:
             "HFAI_AGENT_STATE_DIR": str(self.root / "agents" / node),
         }, creds)
 
+    def start_web(self) -> subprocess.Popen:
+        """hfai-web, with its own least-privilege credentials (role web)."""
+        from hfai.auth.roles import Role
+
+        creds = self.service_creds("hfai-web", Role.WEB) if self.auth else None
+        return self._spawn("web", "hfai.web", {}, creds)
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one daemon (tests use it for failovers)."""
         pid = self.pids.get(name)
@@ -433,7 +446,7 @@ class LocalCluster:
         """Stop daemons (graceful, then forceful), and by default the jobs they started."""
         if "nats" not in self.pids and self._procs.get("nats"):
             self.pids["nats"] = self._procs["nats"].pid
-        order = [n for n in self.pids if n.startswith(("agent", "storage"))] + \
+        order = [n for n in self.pids if n.startswith(("agent", "web", "storage"))] + \
                 [n for n in self.pids if n.startswith("controller")] + ["nats"]
         for name in order:
             _terminate(self.pids.get(name), self._procs.get(name))

@@ -24,6 +24,7 @@ LAZY_GROUPS = {
     "admin": ("hfai.cli.admin", "admin"),
     "data": ("hfai.cli.data", "data"),
     "sim": ("hfai.cli.sim", "sim"),
+    "usage": ("hfai.cli.usage", "usage"),
     "workspace": ("hfai.cli.workspace", "workspace"),
     "dataset": ("hfai.cli.dataset", "dataset"),
     "env": ("hfai.cli.env", "env"),
@@ -476,9 +477,10 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     import dataclasses
 
     from hfai.cli.local import LOCAL_CONTROLLER, LocalCluster
+    from hfai.config import WebConfig
 
     cc = LOCAL_CONTROLLER if slice_s is None else dataclasses.replace(LOCAL_CONTROLLER, slice_s=slice_s)
-    cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc)
+    cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc, web=WebConfig())
     if fresh:
         cluster.reset()
     resumed = cluster.has_state
@@ -486,6 +488,8 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     cluster.wait_ready()
     click.echo(f"local cluster up: {nodes} node(s) x 8 simulated GPUs, NATS at {cluster.url}")
     click.echo(f"  state and logs: {cluster.root}   stop it with: hfai local down")
+    click.echo(f"  web pages: http://{cluster.config().web.host}:{cluster.config().web.port}/  (sign in with your "
+               ".creds file)")
     click.echo(f"  your operator credentials: {cluster.creds_dir}/{cluster.owner or _login()}.creds  "
                "(more users: hfai admin user add NAME)")
     if resumed:

@@ -53,6 +53,8 @@ from hfai.protocol.types import (
     SettingsReply,
     StopRequest,
     SubmitRequest,
+    UsageReply,
+    UsageRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,10 @@ class ApiService:
             names.VERB_SETTINGS: (QuotasRequest, self.settings),
             names.VERB_DRAIN: (DrainRequest, self.drain),
             names.VERB_LOGS: (LogRequest, self.logs),
+            names.VERB_USAGE: (UsageRequest, self.usage_report),
         }
+        # Usage accounting (controller/usage_recorder.py), set by the controller service.
+        self.usage: Callable[[UsageRequest, int], UsageReply] | None = None
 
     async def handle(self, msg: Msg) -> None:
         """Serve one request message; always replies (if the caller gave a reply subject)."""
@@ -227,6 +232,12 @@ class ApiService:
         infos = sorted(self._nodes.infos(list(self._jobs.values.values())), key=lambda i: i.record.name)
         page, more = first_page([i for i in infos if i.record.name > req.after], self._config.api_reply_bytes)
         return NodesReply(nodes=page, more=more)
+
+    async def usage_report(self, caller: Caller, req: UsageRequest) -> UsageReply:
+        """GPU-hours per day, user, group and priority: public, like the queue."""
+        if self.usage is None:
+            raise Unavailable("this controller keeps no usage accounts")
+        return self.usage(req, self._config.api_reply_bytes)
 
     # ------------------------------------------------------------------------ operator verbs
 

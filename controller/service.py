@@ -19,6 +19,7 @@ from nats.aio.subscription import Subscription
 
 from hfai import _nats
 from hfai._daemon import StuckTasksError, Supervisor, raise_if_cancelled
+from hfai._metrics import MetricsServer
 from hfai.config import Config
 from hfai.controller.api import ApiService
 from hfai.controller.election import LeaseElection
@@ -49,6 +50,7 @@ class Controller:
         self.leader: Leader | None = None  # the loop leading now, if any
         self.shutdown_timeout_s = config.controller.shutdown_timeout_s
         self._closed = False
+        self.metrics_server: MetricsServer | None = None  # when [controller] metrics_port is set
 
     async def start(self) -> None:
         self._nc = nc = await _nats.connect(self.config, name=f"hfai-controller-{self.id}")
@@ -67,6 +69,7 @@ class Controller:
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
                               settings_kv=buckets.users, settings=self.settings, config=self.config.controller,
                               request=self._relay)
+        await self._start_extras(js)
         self._sub = await nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
         cc = self.config.controller
         self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s, cc.leader_stall_s)
@@ -74,6 +77,29 @@ class Controller:
         self._supervisor.spawn(self._lead_when_elected(js, buckets), "leadership")
         self._supervisor.spawn(self._watchdog(), "leader-watchdog")
         log.info("controller %s serving the API on %s", self.id, self.config.nats.url)
+
+    async def _start_extras(self, js) -> None:
+        """Telemetry history, usage accounting and metrics (docs/web.md)."""
+        from hfai.controller.history import ensure_telemetry_stream
+        from hfai.controller.usage_recorder import UsageRecorder, usage_bucket
+
+        await ensure_telemetry_stream(js, self.config)
+        self.usage = UsageRecorder(await usage_bucket(js, self.config), self.jobs, self.config)
+        await self.usage.start()
+        self._caches.append(self.usage.entries)
+        self._supervisor.watch(self.usage.entries.task)
+        self._supervisor.spawn(self.usage.run(), "usage-recorder")
+        self.api.usage = self.usage.reply
+        if self.config.controller.metrics_port:
+            from hfai.controller.metrics import ControllerMetrics
+
+            self.metrics = ControllerMetrics(lambda: list(self.jobs.values.values()),
+                                             lambda: self.nodes.infos(list(self.jobs.values.values())),
+                                             lambda: self._nc.stats["reconnects"] if self._nc else 0)
+            port = self.config.controller.metrics_port
+            self.metrics_server = server = MetricsServer(self.metrics.registry, port=port)
+            await server.start()
+            self._supervisor.spawn(self.metrics.run(lambda: self.leader is not None), "metrics")
 
     async def _relay(self, subject: str, data: bytes, timeout_s: float) -> bytes:
         """Request/reply on the controller's own connection (log requests relayed to agents)."""
@@ -95,6 +121,8 @@ class Controller:
             await election.elected.wait()
             self.leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
                                  election, self.wake, self.settings)
+            if self.metrics_server is not None:
+                self.metrics.time_rounds(self.leader)
             try:
                 await self.leader.run()
             except asyncio.CancelledError:
@@ -138,5 +166,7 @@ class Controller:
             await self._sub.unsubscribe()
         for c in self._caches:
             await c.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
         if self._nc is not None:
             await self._nc.drain()

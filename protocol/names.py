@@ -26,8 +26,10 @@ VERB_QUOTA_SET = "quota_set"
 VERB_SETTINGS = "settings"
 VERB_DRAIN = "drain"
 VERB_LOGS = "logs"
+# GPU-hours per day, user, group and priority (hfai usage, hfai-web).
+VERB_USAGE = "usage"
 VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES, VERB_QUOTA_SET, VERB_SETTINGS, VERB_DRAIN,
-         VERB_LOGS)
+         VERB_LOGS, VERB_USAGE)
 
 AGENT_PREFIX = "hfai.agent"
 
@@ -45,6 +47,9 @@ EVENTS_WILDCARD = f"{EVENTS_PREFIX}.>"
 EVENTS_CONSUMER = "hfai-leader"
 
 TELEMETRY_PREFIX = "hfai.telemetry"
+TELEMETRY_WILDCARD = f"{TELEMETRY_PREFIX}.>"
+# The last hour (configurable) of every node's telemetry, for hfai-web's charts (docs/web.md).
+TELEMETRY_STREAM = "HFAI_TELEMETRY"
 
 BUCKET_LEADER = "hfai_leader"
 BUCKET_JOBS = "hfai_jobs"
@@ -52,6 +57,8 @@ BUCKET_NODES = "hfai_nodes"
 BUCKET_ASSIGN = "hfai_assign"
 # Operator settings: quotas (key "quotas") and drained nodes (key "drained").
 BUCKET_USERS = "hfai_users"
+# One UsageEntry per finished run (key <job id>.<run id>): GPU-hours outlive purged job records.
+BUCKET_USAGE = "hfai_usage"
 QUOTAS_KEY = "quotas"
 DRAINED_KEY = "drained"
 # Users whose jobs may not run (storage over its limit, ...): a RestrictedUsers, written by operator services.

@@ -553,3 +553,48 @@ class LogChunk:
     offset: int
     size: int
     exists: bool = True
+
+
+# --------------------------------------------------------------------------------------- usage
+
+@message("usage_entry")
+class UsageEntry:
+    """One run of a job and what it held (KV ``hfai_usage``, key ``<job id>.<run id>``): written
+    by the controllers when the run has ended, so usage outlives the purged job record."""
+
+    KIND: ClassVar[str]
+    job_id: str
+    run_id: int
+    user: str
+    group: str
+    priority: int
+    nodes: int
+    start_ts: float
+    end_ts: float
+    gpus_per_node: int = GPUS_PER_NODE
+
+
+@message("usage_request")
+class UsageRequest:
+    """GPU-hours from ``since_ts`` to ``until_ts`` (0: now), per UTC day, user, group, priority."""
+
+    KIND: ClassVar[str]
+    since_ts: float = 0.0
+    until_ts: float = 0.0
+
+
+@message("usage_row")
+class UsageRow:
+    KIND: ClassVar[str]
+    day: str
+    user: str
+    group: str
+    priority: int
+    gpu_hours: float
+    runs: int
+
+
+@message("usage_reply")
+class UsageReply:
+    KIND: ClassVar[str]
+    rows: tuple[UsageRow, ...]

@@ -86,6 +86,10 @@ class ControllerConfig:
     # A waiting job's reason is written to its record only when its gist changes, and at most
     # this often per job: rewriting every round's wording cost hundreds of writes per job (issue 11).
     wait_reason_interval_s: float = 30.0
+    # Prometheus /metrics on this port (0: off; -1: any free port, written to the log).
+    metrics_port: int = 0
+    # Runs that ended are copied to the usage bucket (GPU-hours outlive purged job records) this often.
+    usage_interval_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -116,9 +120,25 @@ class AgentConfig:
     # heartbeat is older than the bound the leader sets (0.6 of its heartbeat_timeout_s), and then
     # stops the job. Capped at an eighth of the bound (see agent/launcher.py).
     fence_poll_s: float = 0.5
+    # Prometheus /metrics on this port (0: off; -1: any free port, written to <state_dir>/metrics_port).
+    metrics_port: int = 0
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """``hfai-web``, the task-management pages (see docs/web.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+    # A signed-in browser session is forgotten after this long without a request.
+    session_idle_s: float = 8 * 3600.0
+    # How far back node telemetry is kept in the NATS stream HFAI_TELEMETRY (and shown).
+    telemetry_max_age_s: float = 3600.0
+    # The pages poll their JSON this often.
+    poll_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -156,10 +176,11 @@ class Config:
     nats: NatsConfig = field(default_factory=NatsConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    web: WebConfig = field(default_factory=WebConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
 
 
-_SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "storage": StorageConfig}
+_SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "web": WebConfig, "storage": StorageConfig}
 
 
 def config_file(env: Mapping[str, str] = os.environ) -> str | os.PathLike | None:

@@ -1,0 +1,282 @@
+"""hfai-web, /metrics and usage accounting against a real local cluster (nats-server, controller,
+agent, hfai-web as processes, real credentials), one cluster for the whole module.
+
+The browser test drives real headless Chromium (Debian's chromium + chromium-driver) through
+selenium: skipped with a reason when Chromium is missing, except under CI=true where it fails."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from spine_cluster import Cluster
+
+from hfai.config import WebConfig
+from hfai.protocol.types import ChainState, Priority
+
+pytestmark = pytest.mark.slow
+
+STEPS = [sys.executable, str(Path(__file__).parent / "jobs" / "steps.py")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("web")
+    old = os.environ.get("HFAI_AGENT_METRICS_PORT")
+    os.environ["HFAI_AGENT_METRICS_PORT"] = "-1"  # each agent picks a free port, written to its state dir
+    try:
+        c = Cluster(root / "cluster", nodes=1, metrics_port=free_port())
+        c.local.web = WebConfig(port=free_port(), poll_s=0.3)
+        with c:
+            c.wait(lambda: _get(c, "/healthz")[0] == 200, 30, "hfai-web to answer")
+            yield c
+    finally:
+        if old is None:
+            os.environ.pop("HFAI_AGENT_METRICS_PORT", None)
+        else:
+            os.environ["HFAI_AGENT_METRICS_PORT"] = old
+
+
+def _url(c: Cluster, path: str) -> str:
+    assert c.local.web is not None
+    return f"http://127.0.0.1:{c.local.web.port}{path}"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _request(c: Cluster, path: str, cookie: str = "", data: bytes | None = None, headers: dict | None = None,
+             method: str | None = None) -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(_url(c, path), data=data, method=method,
+                                 headers={**({"Cookie": cookie} if cookie else {}), **(headers or {})})
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(req, timeout=30) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def _get(c: Cluster, path: str, cookie: str = "") -> tuple[int, bytes]:
+    try:
+        status, body, _ = _request(c, path, cookie)
+    except OSError:
+        return 0, b""
+    return status, body
+
+
+def sign_in(c: Cluster, user: str) -> str:
+    """Sign in as ``user`` with their credentials file; returns the session cookie."""
+    form = urllib.parse.urlencode({"creds": c.creds(user).read_text()}).encode()
+    status, _body, headers = _request(c, "/login", data=form, method="POST",
+                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 302, status
+    cookie = headers["Set-Cookie"].split(";")[0]
+    assert cookie.startswith("hfai_session=") and "BEGIN" not in headers["Set-Cookie"]
+    return cookie
+
+
+def test_a_session_cannot_stop_or_read_another_users_job(cluster):
+    c = cluster
+    bobs = c.submit([*STEPS, "100000", "0.05"], name="bobs", user="bob", priority=Priority.NORMAL)
+    c.wait_state(bobs.id, ChainState.RUNNING)
+    alice, bob = sign_in(c, "alice"), sign_in(c, "bob")
+
+    assert _get(c, "/api/jobs")[0] == 401  # no session
+    assert _request(c, "/login", data=b"creds=garbage", method="POST")[0] == 400
+    status, body = _get(c, "/api/jobs", alice)
+    assert status == 200 and bobs.id.encode() in body  # everyone sees the queue, as with hfai ps
+
+    # bob reads his own log; alice may not, by id or through the download
+    c.wait(lambda: b"starts at step" in _get(c, f"/api/jobs/{bobs.id}/logs/0", bob)[1], 30, "bob's log")
+    status, body = _get(c, f"/api/jobs/{bobs.id}/logs/0", alice)
+    assert status == 403 and b"starts at step" not in body
+    status, body = _get(c, f"/jobs/{bobs.id}/logs/0/download", alice)
+    assert status == 403 and b"starts at step" not in body
+
+    stop = {"X-Requested-With": "hfai-web"}
+    assert _request(c, f"/api/jobs/{bobs.id}/stop", alice, b"", stop, "POST")[0] == 403
+    assert _request(c, f"/api/jobs/{bobs.id}/stop", bob, b"", {}, "POST")[0] == 403  # no header: refused
+    assert c.job(bobs.id).state is ChainState.RUNNING
+
+    assert _request(c, f"/api/jobs/{bobs.id}/stop", bob, b"", stop, "POST")[0] == 200
+    c.wait_state(bobs.id, ChainState.STOPPED)
+
+
+def _scrape(port: int) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _value(families: dict, name: str, **labels) -> float | None:
+    for family in families.values():
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def test_metrics_of_the_controller_and_the_agent_match_the_cluster(cluster):
+    c = cluster
+    job = c.submit([*STEPS, "100000", "0.05"], name="metered", priority=Priority.LOW)
+    c.wait_state(job.id, ChainState.RUNNING)
+
+    def jobs_match():
+        by_state = {}
+        for j in c.run(lambda api: api.list()):
+            by_state[j.state.value] = by_state.get(j.state.value, 0) + 1
+        m = _scrape(c.local.controller.metrics_port)
+        got = {s: _value(m, "hfai_jobs", state=s) for s in by_state}
+        return got == {s: float(n) for s, n in by_state.items()} and m
+
+    m = c.wait(jobs_match, 30, "hfai_jobs to match the API's job list")
+    assert _value(m, "hfai_jobs", state="running") == 1.0
+    assert _value(m, "hfai_nodes", state="up") == 1.0
+    assert _value(m, "hfai_job_submit_to_running_seconds_count") >= 1
+    assert _value(m, "hfai_scheduling_round_seconds_count") > 0
+    assert _value(m, "hfai_nats_reconnects_total") == 0.0
+
+    port = int((c.local.root / "agents" / "node-0" / "metrics_port").read_text())
+    a = _scrape(port)
+    utils = [s for s in a["hfai_gpu_utilization_ratio"].samples if s.labels["node"] == "node-0"]
+    assert len(utils) == 8 and all(0.0 <= s.value <= 1.0 for s in utils)
+    assert _value(a, "hfai_gpu_memory_total_bytes", node="node-0", gpu="0") > 0
+    assert _value(a, "hfai_node_runs", node="node-0") == 1.0
+    c.run(lambda api: api.stop(job.id))
+    c.wait_state(job.id, ChainState.STOPPED)
+
+
+def test_usage_outlives_the_purged_job_record(cluster):
+    c = cluster
+    job = c.submit([*STEPS, "4", "0.1"], name="short", user="carol")
+    c.wait_state(job.id, ChainState.SUCCEEDED)
+
+    def carol_rows():
+        out = c.cli("usage", "--csv", "--user", "carol", user="carol")
+        assert out.returncode == 0, out.stderr
+        return [line for line in out.stdout.splitlines()[1:] if ",carol," in line] or None
+
+    rows = c.wait(carol_rows, 30, "carol's run in hfai usage")
+    assert len(rows) == 1 and rows[0].endswith(",1") and float(rows[0].split(",")[4]) > 0
+
+    nc_creds = str(c.service_creds())
+
+    async def purge():
+        from hfai import _nats
+
+        nc = await _nats.connect(c.config, "test-purge", reconnect=False, creds=nc_creds)
+        try:
+            await (await nc.jetstream().key_value("hfai_jobs")).purge(job.id)
+        finally:
+            await nc.close()
+
+    asyncio.run(purge())
+    c.wait(lambda: job.id not in {j.id for j in c.run(lambda api: api.list())}, 10, "the record to be gone")
+    assert carol_rows() == rows  # the GPU-hours stayed in hfai_usage
+    table = c.cli("usage", user="carol")
+    assert table.returncode == 0 and "carol" in table.stdout and "GPU-HOURS" in table.stdout
+    bad = c.cli("usage", "--days", "0", user="carol")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+# ----------------------------------------------------------------------------- the browser
+
+def _browser(shots: Path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    if chromium is None or not Path(driver_path).exists():
+        why = "needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={shots / 'profile'}"):
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver_path), options=opts)
+
+
+def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    c = cluster
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    print(f"screenshots in {shots}")
+    d = _browser(shots)
+    wait = WebDriverWait(d, 60, poll_frequency=0.2)
+
+    def row_state(job_id: str) -> str | None:
+        rows = d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{job_id}']")
+        return rows[0].get_attribute("data-state") if rows else None
+
+    try:
+        d.get(_url(c, "/login"))
+        d.find_element(By.ID, "creds").send_keys(c.creds("tester").read_text())
+        d.save_screenshot(str(shots / "1-sign-in.png"))
+        d.find_element(By.ID, "sign-in").click()
+        wait.until(lambda _d: d.find_elements(By.ID, "who") and d.find_element(By.ID, "who").text == "tester")
+
+        low = c.submit([*STEPS, "100000", "0.05"], name="pretrain", priority=Priority.LOW)
+        wait.until(lambda _d: row_state(low.id) == "running")
+        d.save_screenshot(str(shots / "2-jobs-running.png"))
+
+        high = c.submit([*STEPS, "100000", "0.05"], name="urgent", priority=Priority.HIGH)
+        wait.until(lambda _d: row_state(low.id) == "suspended")
+        wait.until(lambda _d: row_state(high.id) == "running")
+        d.save_screenshot(str(shots / "3-jobs-suspended.png"))
+
+        d.find_element(By.LINK_TEXT, "pretrain").click()
+        wait.until(lambda _d: "suspending at step" in d.find_element(By.ID, "log").text)
+        assert d.find_element(By.ID, "state").text == "suspended"
+        assert "suspending" in d.find_element(By.ID, "history").text
+        d.save_screenshot(str(shots / "4-job-logs.png"))
+
+        d.get(_url(c, f"/jobs/{high.id}"))
+        wait.until(lambda _d: d.find_element(By.ID, "state").text == "running")
+        d.find_element(By.ID, "stop").click()
+        d.switch_to.alert.accept()
+        wait.until(lambda _d: d.find_element(By.ID, "state").text == "stopped")
+        d.save_screenshot(str(shots / "5-job-stopped.png"))
+        assert c.job(high.id).state is ChainState.STOPPED
+
+        d.get(_url(c, "/nodes"))
+        wait.until(lambda _d: d.find_elements(By.CSS_SELECTOR, "tr[data-node='node-0'] svg polyline"))
+        lines = d.find_elements(By.CSS_SELECTOR, "tr[data-node='node-0'] svg.chart")[0]
+        assert len(lines.find_elements(By.TAG_NAME, "polyline")) == 8  # one line per GPU
+        d.save_screenshot(str(shots / "6-nodes.png"))
+
+        d.get(_url(c, "/cluster"))
+        wait.until(lambda _d: "nodes" in d.find_element(By.ID, "summary").text)
+        d.save_screenshot(str(shots / "7-cluster.png"))
+        d.get(_url(c, "/usage"))
+        wait.until(lambda _d: d.find_elements(By.CSS_SELECTOR, "#rows tr"))
+        d.save_screenshot(str(shots / "8-usage.png"))
+    finally:
+        d.quit()
+    assert len(list(shots.glob("*.png"))) == 8

@@ -1,0 +1,277 @@
+"""The hfai-web daemon: an aiohttp application over the normal API.
+
+Every page and JSON endpoint acts through the signed-in user's own NATS connection
+(:mod:`hfai.web.sessions`), so what a user may see and do is decided by the NATS server and the
+controller exactly as for the CLI. The service's own credential (role ``web``) only reads the
+telemetry history for the charts."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+from nats.aio.client import Client
+
+from hfai import _nats
+from hfai._daemon import Supervisor
+from hfai.config import Config
+from hfai.controller.usage import csv_lines, totals
+from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable
+from hfai.protocol.types import UsageRow
+from hfai.web import pages, views
+from hfai.web.series import cluster_series, per_gpu, svg_chart
+from hfai.web.sessions import COOKIE, Session, Sessions
+from hfai.web.telemetry import TelemetryHistory
+
+log = logging.getLogger(__name__)
+
+SESSION_KEY = web.RequestKey("session", Session)
+#: Largest log a download assembles (the rest is on the node; `hfai logs` reads all of it).
+MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024
+_STATUS = {Forbidden: 403, NotFound: 404, InvalidRequest: 400, Unavailable: 503}
+
+
+def _status(e: HfaiError) -> int:
+    return next((code for kind, code in _STATUS.items() if isinstance(e, kind)), 400)
+
+
+class WebService:
+    def __init__(self, config: Config):
+        self.config = config
+        self.sessions = Sessions(config)
+        self.telemetry = TelemetryHistory(config)
+        self._supervisor = Supervisor()
+        self._runner: web.AppRunner | None = None
+        self._nc: Client | None = None
+        self.port = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._nc = nc = await _nats.connect(self.config, name="hfai-web")
+        self._supervisor.spawn(self.telemetry.follow(nc), "telemetry")
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.web.host, max(0, self.config.web.port))
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("hfai-web on http://%s:%d/", self.config.web.host, self.port)
+
+    async def failed(self) -> str:
+        return await self._supervisor.failed()
+
+    async def close(self) -> None:
+        """Stop serving, close every session; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._supervisor.stop()
+        await self.sessions.close()
+        if self._nc is not None:
+            await self._nc.close()
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth, self._errors], client_max_size=64 * 1024)
+        r = app.router
+        r.add_get("/login", self.login_form)
+        r.add_post("/login", self.login)
+        r.add_post("/logout", self.logout)
+        r.add_get("/", self.home)
+        r.add_get("/healthz", self.healthz)
+        for path, page in (("/jobs", pages.jobs_page), ("/nodes", pages.nodes_page), ("/cluster", pages.cluster_page),
+                           ("/usage", pages.usage_page)):
+            r.add_get(path, self._page(page))
+        r.add_get("/jobs/{id}", self.job_page)
+        r.add_get("/jobs/{id}/logs/{rank}/download", self.log_download)
+        r.add_get("/usage.csv", self.usage_csv)
+        r.add_get("/api/jobs", self.api_jobs)
+        r.add_get("/api/jobs/{id}", self.api_job)
+        r.add_post("/api/jobs/{id}/stop", self.api_stop)
+        r.add_get("/api/jobs/{id}/logs/{rank}", self.api_log)
+        r.add_get("/api/nodes", self.api_nodes)
+        r.add_get("/api/cluster", self.api_cluster)
+        r.add_get("/api/usage", self.api_usage)
+        return app
+
+    async def home(self, _request: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound("/jobs")
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "history": self.telemetry.ready.is_set()})
+
+    # ------------------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if request.path in ("/login", "/healthz"):
+            return await handler(request)
+        session = self.sessions.get(request.cookies.get(COOKIE))
+        if session is None:
+            if request.path.startswith("/api/"):
+                return web.json_response({"error": "not signed in"}, status=401)
+            raise web.HTTPFound("/login")
+        if request.method == "POST" and request.path.startswith("/api/") and \
+                request.headers.get("X-Requested-With") != "hfai-web":
+            return web.json_response({"error": "missing X-Requested-With: hfai-web"}, status=403)
+        request[SESSION_KEY] = session
+        return await handler(request)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except HfaiError as e:
+            return web.json_response({"error": str(e), "code": e.code}, status=_status(e))
+
+    # ------------------------------------------------------------------------ sign-in
+
+    async def login_form(self, _request: web.Request) -> web.Response:
+        return web.Response(text=pages.login_page(), content_type="text/html")
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        upload = form.get("file")
+        text = str(form.get("creds") or "")
+        if hasattr(upload, "file") and not text.strip():
+            text = upload.file.read(64 * 1024).decode(errors="replace")  # type: ignore[union-attr]
+        try:
+            session = await self.sessions.sign_in(text)
+        except HfaiError as e:
+            return web.Response(text=pages.login_page(str(e)), content_type="text/html", status=_status(e))
+        resp = web.HTTPFound("/jobs")
+        resp.set_cookie(COOKIE, session.id, httponly=True, samesite="Strict", path="/")
+        return resp
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        await self.sessions.sign_out(request.cookies.get(COOKIE, ""))
+        resp = web.HTTPFound("/login")
+        resp.del_cookie(COOKIE, path="/")
+        return resp
+
+    # ------------------------------------------------------------------------ pages
+
+    def _page(self, render):
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text=render(request[SESSION_KEY].user, self.config.web.poll_s),
+                                content_type="text/html")
+
+        return handler
+
+    async def job_page(self, request: web.Request) -> web.Response:
+        job = await _session(request).api.status(request.match_info["id"])
+        return web.Response(text=pages.job_page(_session(request).user, job.id, self.config.web.poll_s),
+                            content_type="text/html")
+
+    # ------------------------------------------------------------------------ JSON
+
+    async def api_jobs(self, request: web.Request) -> web.Response:
+        q = request.query
+        jobs = await _session(request).api.list()
+        rows = views.job_rows(jobs, user=q.get("user", ""), state=q.get("state", ""), priority=q.get("priority", ""),
+                              name=q.get("name", ""), sort=q.get("sort", "submitted"), desc=q.get("desc", "1") == "1")
+        return web.json_response({"jobs": rows})
+
+    async def api_job(self, request: web.Request) -> web.Response:
+        return web.json_response(views.job_detail(await _session(request).api.status(request.match_info["id"])))
+
+    async def api_stop(self, request: web.Request) -> web.Response:
+        job = await _session(request).api.stop(request.match_info["id"])
+        return web.json_response(views.job_row(job))
+
+    async def api_log(self, request: web.Request) -> web.Response:
+        rank, offset = _int(request.match_info["rank"], "rank"), _int(request.query.get("offset", "0"), "offset")
+        chunk = await _session(request).api.log_chunk(request.match_info["id"], rank, offset)
+        return web.json_response({"data": chunk.data.decode(errors="replace"), "offset": chunk.offset + len(chunk.data),
+                                  "size": chunk.size, "exists": chunk.exists})
+
+    async def log_download(self, request: web.Request) -> web.StreamResponse:
+        api, job_id = _session(request).api, request.match_info["id"]
+        rank = _int(request.match_info["rank"], "rank")
+        first = await api.log_chunk(job_id, rank, 0)  # refused here, before any byte is sent, if not theirs
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
+                                           "Content-Disposition": f'attachment; filename="{job_id}-rank{rank}.log"'})
+        await resp.prepare(request)
+        chunk, sent = first, 0
+        while chunk.data and sent < MAX_DOWNLOAD_BYTES:
+            await resp.write(chunk.data)
+            sent += len(chunk.data)
+            chunk = await api.log_chunk(job_id, rank, chunk.offset + len(chunk.data))
+        await resp.write_eof()
+        return resp
+
+    async def api_nodes(self, request: web.Request) -> web.Response:
+        now = time.time()
+        since = now - self.config.web.telemetry_max_age_s
+        rows = []
+        for info in await _session(request).api.nodes():
+            row = views.node_row(info, now)
+            samples = self.telemetry.of(info.record.name)
+            stale = row["stale"]
+            row["util_svg"] = svg_chart(per_gpu(samples, "util", since), since, now,
+                                        f"{info.record.name} GPU utilisation, last hour", stale=stale)
+            row["mem_svg"] = svg_chart(per_gpu(samples, "mem", since), since, now,
+                                       f"{info.record.name} GPU memory used, last hour", stale=stale)
+            row["samples"] = len(samples)
+            rows.append(row)
+        return web.json_response({"nodes": rows, "history_ready": self.telemetry.ready.is_set()})
+
+    async def api_cluster(self, request: web.Request) -> web.Response:
+        api = _session(request).api
+        jobs, nodes, settings = await api.list(), await api.nodes(), await api.settings()
+        now = time.time()
+        since = now - self.config.web.telemetry_max_age_s
+        summary = views.cluster_summary(jobs, nodes, settings.quotas, now)
+        queue, used = cluster_series(jobs, since, now)
+        util = self._cluster_util(since)
+        summary["util_svg"] = svg_chart([util], since, now, "mean GPU utilisation, last hour", width=360, height=60)
+        top_q = max([v for _, v in queue] + [1.0])
+        summary["queue_svg"] = svg_chart([queue], since, now, f"jobs waiting, last hour (max {top_q:g})",
+                                         width=360, height=60, ymax=top_q)
+        top_u = max([v for _, v in used] + [float(len(nodes)), 1.0])
+        summary["used_svg"] = svg_chart([used], since, now, f"nodes in use, last hour (of {len(nodes)})",
+                                        width=360, height=60, ymax=top_u)
+        return web.json_response(summary)
+
+    def _cluster_util(self, since: float) -> list[tuple[float, float]]:
+        """Mean GPU utilisation of all nodes per minute (0-1), from the telemetry history."""
+        buckets: dict[int, list[float]] = {}
+        for node in list(self.telemetry.samples):
+            for s in self.telemetry.of(node):
+                if s.ts >= since and s.util:
+                    buckets.setdefault(int(s.ts // 60), []).append(sum(s.util) / len(s.util) / 100.0)
+        return [(k * 60.0 + 30.0, sum(v) / len(v)) for k, v in sorted(buckets.items())]
+
+    async def _usage_rows(self, request: web.Request) -> tuple[UsageRow, ...]:
+        days = _int(request.query.get("days", "7"), "days")
+        if not 1 <= days <= 366:
+            raise InvalidRequest("days must be 1..366")
+        return await _session(request).api.usage(time.time() - days * 86400.0)
+
+    async def api_usage(self, request: web.Request) -> web.Response:
+        rows = await self._usage_rows(request)
+        return web.json_response({
+            "rows": [{"day": r.day, "user": r.user, "group": r.group, "priority": views.Priority.label(r.priority),
+                      "gpu_hours": r.gpu_hours, "runs": r.runs} for r in rows],
+            "totals": {k: totals(rows, k) if k != "priority" else
+                       {views.Priority.label(int(p)): h for p, h in totals(rows, k).items()}
+                       for k in ("user", "group", "priority")}})
+
+    async def usage_csv(self, request: web.Request) -> web.Response:
+        rows = await self._usage_rows(request)
+        return web.Response(text="\n".join(csv_lines(rows)) + "\n", content_type="text/csv",
+                            headers={"Content-Disposition": 'attachment; filename="hfai-usage.csv"'})
+
+
+def _session(request: web.Request) -> Session:
+    return request[SESSION_KEY]
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidRequest(f"{what} must be a whole number, not {text[:20]!r}") from None

@@ -1,0 +1,92 @@
+"""What the pages show (pure): job rows filtered and sorted, a job's detail, node and cluster
+summaries. JSON-ready dicts; the handlers only fetch and serialise."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from hfai.protocol.types import JobRecord, NodeInfo, NodeState, Priority, QuotaTable
+
+SORT_KEYS = {
+    "id": lambda j: j.id,
+    "name": lambda j: j.spec.name,
+    "user": lambda j: j.spec.user,
+    "priority": lambda j: j.spec.priority,
+    "state": lambda j: j.state.value,
+    "nodes": lambda j: j.spec.nodes,
+    "submitted": lambda j: j.submit_ts,
+    "suspends": lambda j: j.suspend_count,
+}
+
+
+def job_row(j: JobRecord) -> dict:
+    return {"id": j.id, "name": j.spec.name, "user": j.spec.user, "group": j.spec.group,
+            "priority": Priority.label(j.spec.priority), "state": j.state.value, "nodes": j.spec.nodes,
+            "on": list(j.nodes), "suspends": j.suspend_count, "submitted": j.submit_ts, "reason": j.reason}
+
+
+def job_rows(jobs: Iterable[JobRecord], user: str = "", state: str = "", priority: str = "", name: str = "",
+             sort: str = "submitted", desc: bool = True) -> list[dict]:
+    """Rows of the jobs matching every given filter (user and state exact, priority by label or
+    number, name a substring), sorted by ``sort`` (unknown: submitted)."""
+    want_prio = None
+    if priority:
+        want_prio = Priority.parse(priority)
+    picked = [j for j in jobs if (not user or j.spec.user == user) and (not state or j.state.value == state)
+              and (want_prio is None or j.spec.priority == want_prio) and (not name or name in j.spec.name)]
+    key = SORT_KEYS.get(sort, SORT_KEYS["submitted"])
+    picked.sort(key=lambda j: (key(j), j.id), reverse=desc)
+    return [job_row(j) for j in picked]
+
+
+def job_detail(j: JobRecord) -> dict:
+    """Everything the job page shows: spec, state, why it waits, nodes, the history as a timeline."""
+    s = j.spec
+    return {**job_row(j), "spec": {"entrypoint": list(s.entrypoint), "workdir": s.workdir, "nodes": s.nodes,
+                                   "min_nodes": s.min_nodes, "max_nodes": s.max_nodes, "env_name": s.env_name,
+                                   "env": dict(s.env)},
+            "run_id": j.run_id, "last_nodes": list(j.last_nodes), "ranks": len(j.nodes or j.last_nodes),
+            "started": j.started_ts, "ended": j.ended_ts, "waiting": j.state.waiting,
+            "history": [{"ts": e.ts, "state": e.state.value, "reason": e.reason} for e in j.history]}
+
+
+def node_row(info: NodeInfo, now: float) -> dict:
+    r = info.record
+    gpus = r.gpus
+    return {"name": r.name, "group": r.group, "state": info.state.value, "reason": info.reason,
+            "jobs": list(info.jobs), "age_s": info.age_s, "last_seen": r.ts, "stale": info.state is NodeState.DOWN,
+            "gpus": len(gpus), "util": sum(g.utilization for g in gpus) / len(gpus) if gpus else 0.0,
+            "mem_used": sum(g.memory_used for g in gpus), "mem_total": sum(g.memory_total for g in gpus)}
+
+
+def node_use(jobs: Iterable[JobRecord], by: str) -> dict[str, int]:
+    """Nodes held now per user (``by="user"``) or per priority label."""
+    out: dict[str, int] = {}
+    for j in jobs:
+        if j.state.holds_nodes:
+            key = j.spec.user if by == "user" else Priority.label(j.spec.priority)
+            out[key] = out.get(key, 0) + len(j.nodes)
+    return out
+
+
+def quotas_vs_use(quotas: QuotaTable, jobs: Sequence[JobRecord]) -> list[dict]:
+    """Each quota with the nodes its user's jobs of that priority (and group, unless "*") hold now."""
+    rows = []
+    for q in quotas.entries:
+        held = sum(len(j.nodes) for j in jobs if j.state.holds_nodes and j.spec.priority == q.priority
+                   and q.user in ("*", j.spec.user) and q.group in ("*", j.spec.group))
+        rows.append({"user": q.user, "priority": Priority.label(q.priority), "group": q.group, "quota": q.nodes,
+                     "used": held})
+    return rows
+
+
+def cluster_summary(jobs: Sequence[JobRecord], nodes: Sequence[NodeInfo], quotas: QuotaTable,
+                    now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    up = [n for n in nodes if n.state is NodeState.UP]
+    busy = {name for j in jobs if j.state.holds_nodes for name in j.nodes}
+    return {"nodes": len(nodes), "up": len(up), "busy": len(busy & {n.record.name for n in nodes}),
+            "queued": sum(j.state.waiting for j in jobs), "running": sum(j.state.holds_nodes for j in jobs),
+            "by_user": node_use(jobs, "user"), "by_priority": node_use(jobs, "priority"),
+            "quotas": quotas_vs_use(quotas, jobs), "now": now}
