@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -24,15 +25,16 @@ from hfai._daemon import bounded, cancel_and_wait, raise_if_cancelled
 from hfai._nats import events_subscription
 from hfai.config import Config
 from hfai.controller import transitions
-from hfai.controller.assignments import desired_assignments, fence_bound, pick_master_port, same_work
+from hfai.controller.assignments import desired_assignments, fence_bound, same_work
 from hfai.controller.election import LeaseElection
 from hfai.controller.nodes import NodeTracker, unknown_nodes
-from hfai.controller.policy import JobView, NodeView, Start, Suspend, Wait, decide
+from hfai.controller.plan import Explain, Planner, PlanSettings
+from hfai.controller.plan import NodeState as PlanNode
 from hfai.controller.store import KVCache, cas_update
-from hfai.controller.views import job_view, policy_config
+from hfai.controller.views import policy_config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, ProtocolError
-from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, NodeState, RunEvent
+from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, NodeState, RestrictedUsers, RunEvent
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,8 @@ class Leader:
         self._lost_nodes: set[str] = set()
         self._led_since = time.monotonic()  # when this loop began leading
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
-        self._reason_written: dict[str, float] = {}  # job id -> monotonic time of its last wait reason
-        self._view_cache: dict[str, tuple[JobRecord, JobView]] = {}  # job id -> (record, its view)
+        self.planner = Planner()  # this term's scheduling state (controller/plan.py)
+        self._explain_at = 0.0  # monotonic time of the next round that explains every wait
         self.last_beat = time.monotonic()
 
     def beat(self) -> None:
@@ -104,8 +106,7 @@ class Leader:
         log.info("no longer leading (fence %d)", self.fence)
 
     async def tick(self) -> None:
-        await self._check_nodes()
-        await self._schedule()
+        await self._plan_round()
         await self._publish_assignments()
         if time.monotonic() >= self._next_gc:
             self._next_gc = time.monotonic() + self.cc.gc_interval_s
@@ -210,74 +211,53 @@ class Leader:
             return
         await m.ack()
 
-    # -------------------------------------------------------------------------------- nodes
+    # ------------------------------------------------------------------------------ the plan
 
-    async def _check_nodes(self) -> None:
-        now = time.monotonic()
-        down = {name for name in self.nodes.cache.values if self.nodes.state(name, now) is NodeState.DOWN}
-        down |= unknown_nodes(self.jobs.values.values(), self.nodes.cache.values, now - self._led_since,
-                              self.nodes.timeout_s)
-        for name in sorted(down - self._lost_nodes):
+    async def _plan_round(self) -> None:
+        """Run the pure plan (controller/plan.py) on the records and nodes as this replica sees
+        them and write its changes, each with compare-and-set."""
+        self.planner.sync(self.jobs.values)
+        nodes = self._node_states()
+        lost = {n.name for n in nodes if not n.alive}
+        for name in sorted(lost - self._lost_nodes):
             log.warning("node %s is down", name)
-        self._lost_nodes = down
-        if not down:
-            return
-        for job in list(self.jobs.values.values()):
-            for node in job.nodes:
-                if node in down and job.state.holds_nodes:
-                    await self._update(
-                        job.id, self._fenced(lambda j, n=node: transitions.apply_node_lost(j, n, time.time())))
-                    break
-
-    # ----------------------------------------------------------------------------- schedule
-
-    async def _schedule(self) -> None:
-        records = {j.id: j for j in self.jobs.values.values() if not j.state.final}
-        views = self._views(records)
+        self._lost_nodes = lost
         now_mono = time.monotonic()
-        node_views = [
-            NodeView(name=r.name, group=r.group, schedulable=self.nodes.schedulable(r.name, now_mono))
-            for r in self.nodes.records()
-        ]
-        quotas = self.settings.values.get(names.QUOTAS_KEY) if self.settings is not None else None
-        for d in decide(views, node_views, time.time(), policy_config(self.cc, quotas)):
-            # Most decisions of a long queue are Waits that change nothing: keep those cheap.
-            if isinstance(d, Wait) and not self._wait_reason_due(records[d.job_id], d, now_mono):
-                continue
+        explain = now_mono >= self._explain_at or self.planner.unexplained()
+        if explain:
+            self._explain_at = now_mono + self.cc.explain_interval_s
+        for action in self.planner.plan(nodes, self._settings(explain), time.time()):
             if not self.election.is_leader:
                 return
             self.beat()  # a long round of writes is progress, not a stall
-            if isinstance(d, Start):
-                addr = self.nodes.cache.values[d.nodes[0]].address
-                port = self._master_port(d.job_id, records[d.job_id].run_id + 1, addr)
-                await self._update(d.job_id, self._fenced(
-                    lambda j, d=d, addr=addr, port=port: transitions.apply_start(j, d, time.time(), addr, port)))
-            elif isinstance(d, Suspend):  # also Resize: an elastic job restarts at another size
-                await self._update(d.job_id, self._fenced(lambda j, d=d: transitions.apply_suspend(j, d, time.time())))
-            elif isinstance(d, Wait):
-                self._reason_written[d.job_id] = now_mono
-                await self._update(d.job_id, lambda j, d=d: transitions.apply_wait_reason(j, d.reason))
-        # Forget when reasons were written for jobs that no longer wait.
-        for job_id in [k for k in self._reason_written if k not in records or not records[k].state.waiting]:
-            del self._reason_written[job_id]
+            if isinstance(action, Explain):  # a reason, not a decision: nothing to fence
+                await self._update(action.job_id, lambda j, a=action: a.apply(j, time.time()))
+            else:
+                await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, time.time())))
 
-    def _wait_reason_due(self, record: JobRecord, d: Wait, now: float) -> bool:
-        return record.reason != d.reason and transitions.wait_reason_due(
-            record, d.reason, self._reason_written.get(d.job_id), now, self.cc.wait_reason_interval_s)
+    def _node_states(self) -> list[NodeState]:
+        """Alive: heartbeating and no fatal GPU error (else its jobs are requeued); also nodes that
+        jobs hold but no record names any more, once this leader has led for a heartbeat window."""
+        now = time.monotonic()
+        drained = self.nodes.drained()
+        states = []
+        for r in self.nodes.records():
+            alive = self.nodes.state(r.name, now) is NodeState.UP
+            states.append(PlanNode(r.name, r.group, alive, alive and r.name not in drained, r.address))
+        for name in sorted(unknown_nodes(self.jobs.values.values(), self.nodes.cache.values, now - self._led_since,
+                                         self.nodes.timeout_s)):
+            states.append(PlanNode(name, alive=False, schedulable=False))
+        return states
 
-    def _views(self, records: dict[str, JobRecord]) -> list[JobView]:
-        """The policy's views of these records, rebuilt only for records that changed (a record
-        is replaced, never mutated, on every change): a long queue costs no rebuilding per round."""
-        cache = self._view_cache
-        views = []
-        for job_id, r in records.items():
-            hit = cache.get(job_id)
-            if hit is None or hit[0] is not r:
-                hit = cache[job_id] = (r, job_view(r))
-            views.append(hit[1])
-        if len(cache) > 2 * len(records) + 64:
-            self._view_cache = {k: v for k, v in cache.items() if k in records}
-        return views
+    def _settings(self, explain: bool) -> PlanSettings:
+        values = self.settings.values if self.settings is not None else {}
+        restricted = values.get(names.RESTRICTED_KEY)
+        return PlanSettings(
+            policy=replace(policy_config(self.cc, values.get(names.QUOTAS_KEY)), explain_waits=explain),
+            restricted=dict(restricted.users) if isinstance(restricted, RestrictedUsers) else {},
+            master_port_base=self.cc.master_port_base, master_port_span=self.cc.master_port_span,
+            wait_reason_interval_s=self.cc.wait_reason_interval_s,
+        )
 
     def _fenced(self, change):
         """``change``, made a no-op once this loop no longer leads. A decision was taken on this
@@ -286,10 +266,6 @@ class Leader:
         the record was read, right before the compare-and-set is sent: the narrowest window an
         unfenced KV write allows."""
         return lambda job: change(job) if self.leading() else None
-
-    def _master_port(self, job_id: str, run_id: int, addr: str) -> int:
-        in_use = {j.master_port for j in self.jobs.values.values() if j.state.holds_nodes and j.master_addr == addr}
-        return pick_master_port(job_id, run_id, in_use, self.cc.master_port_base, self.cc.master_port_span)
 
     async def _update(self, job_id: str, change) -> None:
         before: list[ChainState] = []  # the state of the record the write was based on

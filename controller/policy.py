@@ -42,6 +42,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from hfai.controller.queues import GroupJobs, JobIndex, Level, Ordering, priority_ordering
 from hfai.protocol.types import ChainState, Priority
 
 #: Wildcard for the user or group part of a quota key.
@@ -222,59 +223,36 @@ def resolve_auto(user: str, group: str, nodes: int, jobs: Iterable[JobView], quo
     return fallback
 
 
-def decide(jobs: Iterable[JobView], nodes: Iterable[NodeView], now: float, config: PolicyConfig) -> list[Decision]:
-    """All decisions for this moment. Deterministic for the same inputs."""
+def ordering(config: PolicyConfig) -> Ordering:
+    """How :func:`decide` lines up waiting jobs (rule 1)."""
+    return priority_ordering(config.turn_s, config.above_normal_s)
+
+
+def indexed(jobs: Iterable[JobView] | JobIndex, order: Ordering) -> JobIndex:
+    """``jobs`` as an index in ``order``: itself if it already is one."""
+    if isinstance(jobs, JobIndex):
+        if jobs.signature == order.signature:
+            return jobs
+        jobs = jobs.views()
+    return JobIndex.of(jobs, order)
+
+
+def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
+           config: PolicyConfig) -> list[Decision]:
+    """All decisions for this moment. Deterministic for the same inputs.
+
+    ``jobs`` is either the live jobs or a :class:`~hfai.controller.queues.JobIndex` of them kept
+    between rounds (what the leader and the simulator pass: a round then costs what it touches)."""
+    jobs = indexed(jobs, ordering(config))
     by_group: dict[str, list[NodeView]] = defaultdict(list)
     for n in nodes:
         by_group[n.group].append(n)
-    buckets: dict[str, _Bucket] = {}
-    busy: set[str] = set()
-    # One pass over the jobs, state tests by identity: this loop runs for every job, every round.
-    for j in jobs:
-        s = j.state
-        b = buckets.get(j.group)
-        if b is None:
-            b = buckets[j.group] = _Bucket()
-        if s is _QUEUED or s is _SUSPENDED:
-            b.waiting.append(j)
-        elif s is _RUNNING:
-            b.running.append(j)
-            busy.update(j.held)
-        elif s is _SUSPENDING or s is _STOPPING:
-            b.leaving.append(j)
-            busy.update(j.held)
-    # Usage per (user, declared priority, group) matters only when there are quotas.
-    used = quota_usage(j for b in buckets.values() for j in (*b.running, *b.leaving)) if config.quotas.limits else {}
     decisions: list[Decision] = []
-    for group in sorted(buckets):
-        b = buckets[group]
-        if b.waiting or any(j.max_nodes > len(j.held) for j in b.running):  # elastic can grow
-            decisions.extend(_GroupRound(b, by_group.get(group, []), busy, used, group, now, config).run())
+    for group in sorted(jobs.groups):
+        g = jobs.groups[group]
+        if g.levels or g.growable:  # something waits, or an elastic job can grow
+            decisions.extend(_GroupRound(g, by_group.get(group, []), jobs, group, now, config).run())
     return decisions
-
-
-_QUEUED, _SUSPENDED, _RUNNING = ChainState.QUEUED, ChainState.SUSPENDED, ChainState.RUNNING
-_SUSPENDING, _STOPPING = ChainState.SUSPENDING, ChainState.STOPPING
-
-
-@dataclass
-class _Bucket:
-    """The live jobs of one group, by what they mean to the scheduler."""
-
-    waiting: list[JobView] = field(default_factory=list)
-    running: list[JobView] = field(default_factory=list)
-    leaving: list[JobView] = field(default_factory=list)  # in their interrupt window
-
-
-def _priorities(jobs: _Bucket, now: float, config: PolicyConfig) -> dict[str, int]:
-    """Effective priority of every waiting and running job, by id."""
-    prio = {j.id: j.priority for j in jobs.waiting}
-    prio.update({j.id: j.priority for j in jobs.running})
-    if config.above_normal_s != math.inf:
-        for j in (*jobs.waiting, *jobs.running):
-            if j.priority == _ABOVE_NORMAL:
-                prio[j.id] = effective_priority(j, now, config)
-    return prio
 
 
 # ------------------------------------------------------------------------------- victim pool
@@ -304,13 +282,14 @@ class _Pool:
     """Running jobs of one group that may still be chosen as victims, with quick totals. Built in
     one pass; a level's candidate lists are sorted only when a victim is looked for there."""
 
-    def __init__(self, running: list[JobView], prio: dict[str, int], now: float, config: PolicyConfig):
-        self.prio = prio
+    def __init__(self, running: Iterable[JobView], now: float, config: PolicyConfig):
+        self.prio: dict[str, int] = {}  # effective priority of every running job
         self.levels: dict[int, _Level] = {}
         cutoff = now - config.slice_s
-        levels = self.levels
+        levels, prio = self.levels, self.prio
+        decays = config.above_normal_s != math.inf
         for j in running:
-            p = prio[j.id]
+            p = prio[j.id] = effective_priority(j, now, config) if decays else j.priority
             level = levels.get(p)
             if level is None:
                 level = levels[p] = _Level(jobs=[])
@@ -379,6 +358,11 @@ class _Pool:
         """Whether a job at ``prio`` could preempt anything at all (cheap early-out)."""
         return self.lower_nodes(prio) > 0 or (prio in self.levels and self.levels[prio].slice_nodes > 0)
 
+    def most_nodes(self, prio: int) -> int:
+        """At most how many nodes a job at ``prio`` could get by preemption (of any user)."""
+        level = self.levels.get(prio)
+        return self.lower_nodes(prio) + (level.slice_nodes if level is not None else 0)
+
 
 # --------------------------------------------------------------------------------- one group
 
@@ -395,29 +379,29 @@ class _GroupRound:
     """One scheduling round in one node group. Holds the running state of the scan so each step
     is a small method; ``run`` returns the decisions."""
 
-    def __init__(self, jobs: _Bucket, group_nodes: list[NodeView], busy: set[str],
-                 used: dict[tuple[str, int, str], int], group: str, now: float, config: PolicyConfig):
+    def __init__(self, jobs: GroupJobs, group_nodes: list[NodeView], index: JobIndex, group: str, now: float,
+                 config: PolicyConfig):
         self.group, self.now, self.config = group, now, config
-        self.used: dict[tuple[str, int, str], int] = defaultdict(int, used)  # plus this round's starts
-        self.prio = _priorities(jobs, now, config)
+        self.jobs = jobs
+        self.used: dict[tuple[str, int, str], int] = defaultdict(int, index.used)  # plus this round's starts
         usable_names = [n.name for n in group_nodes if n.schedulable]
         self.usable = len(usable_names)
-        self.free = [n for n in usable_names if n not in busy]
+        holder = index.holder
+        self.free = [n for n in usable_names if n not in holder]
         self.free.sort()
         self.fi = 0  # free[:fi] are taken or pinned this round
         self.leaving = 0
         if jobs.leaving:
             usable = set(usable_names)
-            self.leaving = sum(sum(1 for n in j.held if n in usable) for j in jobs.leaving)
-        self.running = jobs.running
-        self.pool = _Pool(self.running, self.prio, now, config)
-        turn_s, prio = config.turn_s, self.prio
-        self.waiting = sorted(jobs.waiting, key=lambda j: (-prio[j.id], j.submit_ts + j.slice_turns * turn_s, j.id))
-        # Soft reservation (rule 6): the lowest priority of a blocked job, and its users there.
+            self.leaving = sum(sum(1 for n in j.held if n in usable) for j in jobs.leaving.values())
+        self.pool = _Pool(jobs.running.values(), now, config)
+        # Effective priorities: of the running jobs (the pool's), and of each waiting job looked at.
+        self.prio = self.pool.prio
+        # Soft reservation (rule 6): the lowest priority of a blocked job.
         self.floor_prio: int | None = None
-        self.floor_users: set[str] = set()
         self.blocked = False  # some job waits for nodes (not for quota): no growth this round
         self.starts: list[tuple[JobView, list[str]]] = []
+        self.started: set[str] = set()
         self.out: list[Decision] = []
         self.turns: dict[tuple[int, str, int], float | None] = {}  # slice_turn's answers this round
 
@@ -442,39 +426,97 @@ class _GroupRound:
         if self.config.explain_waits or not quiet:
             self.out.append(Wait(job.id, reason))
 
+    def cap(self, p: int) -> int:
+        """At most how many nodes a job at priority ``p`` could still get this round: free, being
+        released, and held by jobs it could preempt (of any user: an upper bound)."""
+        return self.n_free() + self.leaving + self.pool.most_nodes(p)
+
     def hopeless(self, p: int) -> bool:
         """No job at priority ``p`` can start or preempt anything any more this round."""
         return self.fi >= len(self.free) and self.leaving == 0 and not self.pool.could_take_any(p)
 
     def may_backfill(self, job: JobView) -> bool:
-        """A job behind a blocked one may use free nodes only if that one could take them back."""
+        """A job behind a blocked one may use free nodes only if that one could take them back:
+        a lower priority, or the same priority and another user. Its own user's jobs at that
+        priority may, until the user's first job in line there has waited ``own_backfill_s``
+        (unless that one started this round)."""
         if self.floor_prio is None:
             return True
         p = self.prio[job.id]
-        return p < self.floor_prio or (p == self.floor_prio and job.user not in self.floor_users)
+        if p != self.floor_prio:
+            return p < self.floor_prio
+        head = self.jobs.levels[p].user_head(job.user)
+        if head is None or head[1] == job.id or head[1] in self.started:
+            return True
+        first = self.jobs.levels[p].views[head[1]]
+        return self.now - first.waited_since < self.config.own_backfill_s
+
+    def reserve(self, p: int) -> None:
+        """A job at ``p`` is blocked for want of nodes: later jobs may only backfill (rule 6)."""
+        self.blocked = True
+        if self.floor_prio is None or p < self.floor_prio:
+            self.floor_prio = p
 
     # -- the round
 
     def run(self) -> list[Decision]:
-        waiting, prio, i = self.waiting, self.prio, 0
-        while i < len(waiting):
-            job = waiting[i]
-            p = prio[job.id]
-            if not self.config.explain_waits and self.hopeless(p):
-                # Nothing is free or leaving and nothing may be preempted at this level: every
-                # job left at this level stays where it is, so skip them all at once.
-                self.blocked = True
-                while i < len(waiting) and prio[waiting[i].id] == p:
-                    i += 1
-                continue
-            self.place(job)
-            i += 1
+        for p in sorted(self.jobs.levels, reverse=True):
+            self.walk(self.jobs.levels[p], p)
         self.widen_starts()
         if not self.blocked:
             self.grow_running()
         self.out.extend(Start(j.id, tuple(ns), "nodes free" if len(ns) == j.size else
                               f"nodes free ({len(ns)} of {j.lo}..{j.hi})") for j, ns in self.starts)
         return self.out
+
+    def walk(self, level: Level, p: int) -> None:
+        """The jobs of one level in queue order. A job that needs more nodes than :meth:`cap`
+        cannot start or preempt: it is only blocked. Explaining, every job is looked at; quiet (the
+        simulator, and the leader between explanations), a merge of the level's per-size lists
+        visits only jobs that could get nodes, so a long queue behind a full cluster costs O(1)
+        per size, not O(jobs). Both make the same non-Wait decisions."""
+        if self.config.explain_waits:
+            for job in level.in_order():
+                self.prio[job.id] = p
+                if job.lo > self.cap(p):
+                    self.skip(job, p)
+                else:
+                    self.place(job)
+            return
+        for job, passed in level.fitting(lambda: self.cap(p)):
+            if passed:
+                self.reserve(p)  # a job ahead was passed over: it is blocked
+            if job is None:
+                return
+            self.prio[job.id] = p
+            self.place(job)
+
+    def skip(self, job: JobView, p: int) -> None:
+        """A job that cannot get enough nodes this round even by preempting: it is blocked (the
+        same effect whether it is looked at or passed over), and, explaining, says why."""
+        self.reserve(p)
+        if not self.config.explain_waits:
+            return
+        lo = job.lo
+        room = self.room(job)
+        if lo > self.usable:
+            self.wait(job, f"needs {lo} nodes, group {self.group!r} has {self.usable} usable")
+        elif room is not None and room < lo:
+            self.wait(job, self.over_quota(job, room))
+        else:
+            need = lo - self.n_free() - self.leaving
+            if self.hopeless(p):
+                why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
+                fallback = f"waiting for nodes: {why}, and no running job may be preempted for it"
+            else:
+                fallback = f"waiting for {need} more node(s), held by jobs it may not preempt"
+            self.wait(job, self.slice_wait(job, need - self.pool.lower_nodes(p) - self.pool.slice_nodes(p, job.user))
+                      or fallback)
+
+    def over_quota(self, job: JobView, room: int) -> str:
+        held = self.used.get((job.user, job.priority, self.group), 0)
+        return (f"over quota: user {job.user!r} holds {held} of {room + held} node(s) at "
+                f"{Priority.label(job.priority)} in group {self.group!r}, job needs {job.lo}")
 
     def place(self, job: JobView) -> None:
         lo = job.lo
@@ -483,15 +525,13 @@ class _GroupRound:
             return
         room = self.room(job)
         if room is not None and room < lo:
-            held = self.used.get((job.user, job.priority, self.group), 0)
-            self.wait(job, f"over quota: user {job.user!r} holds {held}"
-                           f" of {room + held} node(s) at "
-                           f"{Priority.label(job.priority)} in group {self.group!r}, job needs {lo}")
+            self.wait(job, self.over_quota(job, room))
             return
         if lo <= self.n_free() and self.may_backfill(job):
             key = (job.user, job.priority, self.group)
             self.used[key] = self.used.get(key, 0) + lo
             self.starts.append((job, self.take_free(lo)))
+            self.started.add(job.id)
             return
         self.blocked = True
         if self.hopeless(self.prio[job.id]):
@@ -500,7 +540,7 @@ class _GroupRound:
                 why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
                 self.wait(job, self.slice_wait(job, job.lo) or
                           f"waiting for nodes: {why}, and no running job may be preempted for it", quiet=True)
-            self.note_soft_reservation(job)
+            self.reserve(self.prio[job.id])
             return
         self.claim(job)
 
@@ -528,7 +568,7 @@ class _GroupRound:
                 self.wait(job, self.slice_wait(job, short) or
                           f"waiting for {need - from_leaving} more node(s), held by jobs it may not preempt",
                           quiet=True)
-            self.note_soft_reservation(job)
+            self.reserve(self.prio[job.id])
             return
         self.leaving -= from_leaving
         self.pin_free(job)
@@ -569,13 +609,6 @@ class _GroupRound:
 
     def pin_free(self, job: JobView) -> None:
         self.fi = len(self.free)
-
-    def note_soft_reservation(self, job: JobView) -> None:
-        p = self.prio[job.id]
-        if self.floor_prio is None or p < self.floor_prio:
-            self.floor_prio, self.floor_users = p, set()
-        if p == self.floor_prio and self.now - job.waited_since >= self.config.own_backfill_s:
-            self.floor_users.add(job.user)
 
     def victim_decision(self, job: JobView, v: _Victim) -> Suspend:
         vp, jp = self.prio[v.job.id], self.prio[job.id]
@@ -640,7 +673,7 @@ class _GroupRound:
     def grow_running(self) -> None:
         """Nothing waits: restart running elastic jobs that ran a slice at a size that uses idle
         nodes, oldest first, if the gain is worth a restart."""
-        for job in sorted(self.running, key=lambda j: (j.started_ts, j.id)):
+        for job in sorted(self.jobs.running.values(), key=lambda j: (j.started_ts, j.id)):
             if len(job.held) >= job.hi or self.now - job.started_ts < self.config.slice_s:
                 continue
             extra = min(job.hi - len(job.held), self.n_free())

@@ -86,6 +86,10 @@ class ControllerConfig:
     # A waiting job's reason is written to its record only when its gist changes, and at most
     # this often per job: rewriting every round's wording cost hundreds of writes per job (issue 11).
     wait_reason_interval_s: float = 30.0
+    # Working out why every waiting job waits costs O(queue): rounds between do only what changes
+    # something (controller/plan.py), and one round this often also explains (and when a job waits
+    # with no reason yet).
+    explain_interval_s: float = 2.0
     # Prometheus /metrics on this port (0: off; -1: any free port, written to the log).
     metrics_port: int = 0
     # Runs that ended are copied to the usage bucket (GPU-hours outlive purged job records) this often.

@@ -1,0 +1,274 @@
+"""The leader's decision for one round, without I/O: job records, node states, settings and the
+time in; record changes out (issue 12).
+
+The leader is a thin executor of it (controller/leader.py: write each change with compare-and-set,
+then publish the assignments derived from the records), and the simulator executes the very same
+plan in virtual time (controller/sim.py), so the two cannot drift apart: run time is counted where
+transitions.py counts it, groups come from the records, a restricted user is treated alike.
+
+A round, in order:
+
+1. Nodes that are not alive (no heartbeat, or forgotten) lose their runs: :class:`LoseNode`.
+2. Jobs of restricted users (KV ``hfai_users`` key ``restricted``: storage over its limit, ...)
+   are interrupted through the normal protocol if running (:class:`Interrupt`) and kept out of
+   the policy while waiting, saying why (:class:`Explain`).
+3. The policy (controller/policy.py, or a baseline in the simulator) decides on the records as
+   they will be after 1 and 2; its starts get a master address and port (:class:`StartRun`),
+   its suspensions become :class:`Interrupt`, and its wait reasons :class:`Explain` when due.
+
+Every action carries the pure change (:meth:`Action.apply`, from transitions.py) that the
+executor applies to the record it reads: a record that changed since is simply changed again.
+
+:class:`Planner` keeps the policy's :class:`~hfai.controller.queues.JobIndex` between rounds
+(fed with the records that changed) and when it last explained each job; it holds no clock and
+does no I/O, and a planner fed the same records plans the same actions as a fresh one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hfai.controller import transitions
+from hfai.controller.assignments import pick_master_port
+from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Suspend, Wait, decide, ordering
+from hfai.controller.queues import JobIndex, Ordering
+from hfai.controller.views import job_view
+from hfai.protocol.types import JobRecord
+
+Policy = Callable[..., list]  # (jobs or JobIndex, nodes, now, PolicyConfig) -> decisions
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the plan knows of a node: ``alive`` (heartbeating, or not yet judged), ``schedulable``
+    (alive, not drained, no fatal GPU error), and the address jobs rendezvous at."""
+
+    name: str
+    group: str = "default"
+    alive: bool = True
+    schedulable: bool = True
+    address: str = ""
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    restricted: Mapping[str, str] = field(default_factory=dict)  # user -> why
+    master_port_base: int = 20000
+    master_port_span: int = 20000
+    #: A waiting job's reason is rewritten at most this often, and only when its gist changes.
+    wait_reason_interval_s: float = 30.0
+
+
+# ------------------------------------------------------------------------------------ actions
+
+
+@dataclass(frozen=True)
+class Action:
+    job_id: str
+
+    def apply(self, job: JobRecord, now: float) -> JobRecord | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LoseNode(Action):
+    node: str
+
+    def apply(self, job: JobRecord, now: float) -> JobRecord | None:
+        return transitions.apply_node_lost(job, self.node, now)
+
+
+@dataclass(frozen=True)
+class Interrupt(Action):
+    """Suspend (or resize) the running job: checkpoint, release the nodes, back in line."""
+
+    decision: Suspend
+
+    def apply(self, job: JobRecord, now: float) -> JobRecord | None:
+        return transitions.apply_suspend(job, self.decision, now)
+
+
+@dataclass(frozen=True)
+class StartRun(Action):
+    nodes: tuple[str, ...]
+    master_addr: str
+    master_port: int
+    reason: str = ""
+
+    def apply(self, job: JobRecord, now: float) -> JobRecord | None:
+        return transitions.apply_start(job, Start(self.job_id, self.nodes, self.reason), now,
+                                       self.master_addr, self.master_port)
+
+
+@dataclass(frozen=True)
+class Explain(Action):
+    """Why a waiting job waits (no state change, no history line)."""
+
+    reason: str
+
+    def apply(self, job: JobRecord, now: float) -> JobRecord | None:
+        return transitions.apply_wait_reason(job, self.reason)
+
+
+def restricted_reason(why: str) -> str:
+    return f"restricted: {why}" if why else "restricted by an operator"
+
+
+# ------------------------------------------------------------------------------------ planner
+
+
+class Planner:
+    """Plans rounds for one leader term (or one replay). ``policy`` is a decide-like function;
+    its ``ordering`` attribute (or the hfai policy's) tells how to index the waiting jobs."""
+
+    def __init__(self, policy: Policy = decide, order: Callable[[PolicyConfig], Ordering] | None = None):
+        self.policy = policy
+        self._order = order or getattr(policy, "ordering", ordering)
+        self.records: dict[str, JobRecord] = {}  # the live records (final ones leave)
+        self._views: dict[str, JobView] = {}
+        self.index: JobIndex | None = None
+        self.explained: dict[str, float] = {}  # job id -> when its reason was last written
+        self._fresh: set[str] = set()  # jobs that began waiting since the last explaining round
+
+    # -- feeding it
+
+    def observe(self, record: JobRecord) -> None:
+        """A record is new or changed."""
+        if record.state.final:
+            self.forget(record.id)
+            return
+        before = self._views.get(record.id)
+        self.records[record.id] = record
+        view = self._views[record.id] = job_view(record)
+        if record.state.waiting and (before is None or not before.state.waiting):
+            self._fresh.add(record.id)
+        if self.index is not None:
+            self.index.put(view)
+        if not record.state.waiting:
+            self.explained.pop(record.id, None)
+
+    def unexplained(self) -> bool:
+        """Some job began waiting since the last round that explained every wait."""
+        return bool(self._fresh)
+
+    def forget(self, job_id: str) -> None:
+        self._fresh.discard(job_id)
+        self.records.pop(job_id, None)
+        self._views.pop(job_id, None)
+        self.explained.pop(job_id, None)
+        if self.index is not None:
+            self.index.discard(job_id)
+
+    def sync(self, records: Mapping[str, JobRecord]) -> None:
+        """Catch up with a whole bucket's records (records are replaced, never mutated, on every
+        change, so an identity test finds the changed ones)."""
+        mine = self.records
+        for job_id, r in records.items():
+            if mine.get(job_id) is not r:
+                if r.state.final:
+                    if job_id in mine:
+                        self.forget(job_id)
+                else:
+                    self.observe(r)
+        for job_id in [k for k in mine if k not in records]:  # purged or deleted
+            self.forget(job_id)
+
+    def _index(self, config: PolicyConfig) -> JobIndex:
+        order = self._order(config)
+        if self.index is None or self.index.signature != order.signature:
+            self.index = JobIndex.of(self._views.values(), order)
+        return self.index
+
+    # -- one round
+
+    def plan(self, nodes: Sequence[NodeState], settings: PlanSettings, now: float) -> list[Action]:
+        """The actions of one round at time ``now`` (see the module docstring). Deterministic
+        for the same records, nodes, settings, time and explanation memory."""
+        index = self._index(settings.policy)
+        actions: list[Action] = []
+        # Records as they will be after the node losses and restrictions, for the policy's eyes;
+        # the index is put back as it was before returning.
+        overlay: dict[str, JobRecord] = {}
+        for n in nodes:
+            if n.alive:
+                continue
+            job_id = index.holder.get(n.name)
+            if job_id is None:
+                continue
+            job = overlay.get(job_id, self.records[job_id])
+            after = transitions.apply_node_lost(job, n.name, now)
+            if after is not None:
+                actions.append(LoseNode(job_id, n.name))
+                overlay[job_id] = after
+        hidden: list[str] = []
+        if settings.restricted:
+            for job_id, job in self.records.items():
+                why = settings.restricted.get(job.spec.user)
+                if why is None:
+                    continue
+                job = overlay.get(job_id, job)
+                if job.state.waiting:
+                    hidden.append(job_id)
+                    self._explain(actions, job, restricted_reason(why), now, settings)
+                else:
+                    d = Suspend(job_id, f"interrupted: user {job.spec.user!r} is {restricted_reason(why)}", for_job="")
+                    after = transitions.apply_suspend(job, d, now)
+                    if after is not None:
+                        actions.append(Interrupt(job_id, d))
+                        overlay[job_id] = after
+        for after in overlay.values():
+            index.put(job_view(after))
+        for job_id in hidden:
+            index.discard(job_id)
+        try:
+            views = [NodeView(n.name, n.group, n.schedulable and n.alive) for n in nodes]
+            decisions = self.policy(index, views, now, settings.policy)
+        finally:
+            for job_id in (*overlay, *hidden):
+                index.put(self._views[job_id])
+        address = {n.name: n.address for n in nodes}
+        ports: dict[str, set[int]] | None = None
+        for d in decisions:
+            if isinstance(d, Start):
+                addr = address.get(d.nodes[0], "")
+                if ports is None:
+                    ports = self._ports_in_use()
+                used = ports.setdefault(addr, set())
+                record = self.records[d.job_id]
+                port = pick_master_port(d.job_id, record.run_id + 1, used, settings.master_port_base,
+                                        settings.master_port_span)
+                used.add(port)
+                actions.append(StartRun(d.job_id, d.nodes, addr, port, d.reason))
+            elif isinstance(d, Suspend):
+                actions.append(Interrupt(d.job_id, d))
+            elif isinstance(d, Wait):
+                self._explain(actions, overlay.get(d.job_id) or self.records[d.job_id], d.reason, now, settings)
+        if settings.policy.explain_waits:
+            self._fresh.clear()
+        return actions
+
+    def _explain(self, actions: list[Action], job: JobRecord, reason: str, now: float,
+                 settings: PlanSettings) -> None:
+        if job.reason == reason or not transitions.wait_reason_due(
+                job, reason, self.explained.get(job.id), now, settings.wait_reason_interval_s):
+            return
+        self.explained[job.id] = now
+        actions.append(Explain(job.id, reason))
+
+    def _ports_in_use(self) -> dict[str, set[int]]:
+        ports: dict[str, set[int]] = {}
+        for job in self.records.values():
+            if job.state.holds_nodes and job.master_port:
+                ports.setdefault(job.master_addr, set()).add(job.master_port)
+        return ports
+
+
+def plan_once(records: Iterable[JobRecord], nodes: Sequence[NodeState], settings: PlanSettings, now: float,
+              policy: Policy = decide) -> list[Action]:
+    """One round from scratch: what a fresh leader would do with these records."""
+    planner = Planner(policy)
+    for r in records:
+        planner.observe(r)
+    return planner.plan(nodes, settings, now)
