@@ -28,8 +28,7 @@ from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, same_work
 from hfai.controller.election import LeaseElection
 from hfai.controller.nodes import NodeTracker, unknown_nodes
-from hfai.controller.plan import Explain, Planner, PlanSettings
-from hfai.controller.plan import NodeState as PlanNode
+from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings
 from hfai.controller.store import KVCache, cas_update
 from hfai.controller.views import policy_config
 from hfai.protocol import decode, encode, names
@@ -235,7 +234,7 @@ class Leader:
             else:
                 await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, time.time())))
 
-    def _node_states(self) -> list[NodeState]:
+    def _node_states(self) -> list[PlanNode]:
         """Alive: heartbeating and no fatal GPU error (else its jobs are requeued); also nodes that
         jobs hold but no record names any more, once this leader has led for a heartbeat window."""
         now = time.monotonic()

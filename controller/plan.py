@@ -40,7 +40,7 @@ Policy = Callable[..., list]  # (jobs or JobIndex, nodes, now, PolicyConfig) -> 
 
 
 @dataclass(frozen=True)
-class NodeState:
+class PlanNode:
     """What the plan knows of a node: ``alive`` (heartbeating, or not yet judged), ``schedulable``
     (alive, not drained, no fatal GPU error), and the address jobs rendezvous at."""
 
@@ -125,7 +125,7 @@ class Planner:
 
     def __init__(self, policy: Policy = decide, order: Callable[[PolicyConfig], Ordering] | None = None):
         self.policy = policy
-        self._order = order or getattr(policy, "ordering", ordering)
+        self._order: Callable[[PolicyConfig], Ordering] = order or getattr(policy, "ordering", ordering)
         self.records: dict[str, JobRecord] = {}  # the live records (final ones leave)
         self._views: dict[str, JobView] = {}
         self.index: JobIndex | None = None
@@ -183,7 +183,7 @@ class Planner:
 
     # -- one round
 
-    def plan(self, nodes: Sequence[NodeState], settings: PlanSettings, now: float) -> list[Action]:
+    def plan(self, nodes: Sequence[PlanNode], settings: PlanSettings, now: float) -> list[Action]:
         """The actions of one round at time ``now`` (see the module docstring). Deterministic
         for the same records, nodes, settings, time and explanation memory."""
         index = self._index(settings.policy)
@@ -265,7 +265,7 @@ class Planner:
         return ports
 
 
-def plan_once(records: Iterable[JobRecord], nodes: Sequence[NodeState], settings: PlanSettings, now: float,
+def plan_once(records: Iterable[JobRecord], nodes: Sequence[PlanNode], settings: PlanSettings, now: float,
               policy: Policy = decide) -> list[Action]:
     """One round from scratch: what a fresh leader would do with these records."""
     planner = Planner(policy)

@@ -483,13 +483,13 @@ class _GroupRound:
                 else:
                     self.place(job)
             return
-        for job, passed in level.fitting(lambda: self.cap(p)):
+        for found, passed in level.fitting(lambda: self.cap(p)):
             if passed:
                 self.reserve(p)  # a job ahead was passed over: it is blocked
-            if job is None:
+            if found is None:
                 return
-            self.prio[job.id] = p
-            self.place(job)
+            self.prio[found.id] = p
+            self.place(found)
 
     def skip(self, job: JobView, p: int) -> None:
         """A job that cannot get enough nodes this round even by preempting: it is blocked (the
