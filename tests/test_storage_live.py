@@ -1,0 +1,170 @@
+"""Workspaces and storage rules on a live local cluster (nats-server, controller, agent, hfai-storage,
+credentials): push with .hfignore, one changed byte moves one chunk, a killed push resumes, a job
+runs in the pushed copy, a user over the limit is restricted and refused, and restored after
+cleaning up. One cluster for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from spine_cluster import Cluster
+
+from hfai import _nats
+from hfai.config import StorageConfig
+from hfai.protocol import names
+from hfai.protocol.types import ChainState
+
+pytestmark = pytest.mark.slow
+
+CHUNK = 64 * 1024
+LIMIT = 6_000_000  # tester stays under it (~4 MB), bob goes over
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("storage"), nodes=1)
+    c.local.storage = StorageConfig(chunk_bytes=CHUNK, request_bytes=2 * CHUNK, limit_bytes=LIMIT,
+                                    scan_interval_s=0.5, gc_interval_s=3600.0)
+    with c:
+        yield c
+
+
+def _push(cluster: Cluster, ws: Path, user: str = "tester", *extra: str) -> str:
+    r = cluster.cli("workspace", "push", *extra, cwd=ws, user=user)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _sent(out: str) -> tuple[int, int]:
+    words = out.split("sent ", 1)[1].split()
+    return int(words[0]), int(words[2])
+
+
+def test_push_ignores_and_moves_only_changed_chunks(cluster, tmp_path):
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    (ws / ".hfignore").write_text("*.log\ncache/\n")
+    (ws / "train.py").write_text("print('hi')\n")
+    (ws / "run.log").write_text("not pushed")
+    (ws / "cache").mkdir()
+    (ws / "cache" / "x").write_text("not pushed")
+    big = os.urandom(20 * CHUNK)
+    (ws / "big.bin").write_bytes(big)
+    assert cluster.cli("workspace", "init", "proj", cwd=ws).returncode == 0
+    sent, total = _sent(_push(cluster, ws))
+    assert sent == total == 22  # 20 chunks of big.bin, train.py, .hfignore
+    remote = cluster.local.root / "workspaces" / "tester" / "proj"
+    assert sorted(p.name for p in remote.iterdir()) == [".hfignore", "big.bin", "train.py"]
+    assert (remote / "big.bin").read_bytes() == big
+    # One byte changed in the middle of the large file: exactly one chunk moves.
+    changed = bytearray(big)
+    changed[7 * CHUNK + 5] ^= 0xFF
+    (ws / "big.bin").write_bytes(bytes(changed))
+    assert _sent(_push(cluster, ws)) == (1, 22)
+    assert (remote / "big.bin").read_bytes() == bytes(changed)
+    assert _sent(_push(cluster, ws))[0] == 0  # nothing changed: nothing moves
+    # Pull it back elsewhere.
+    r = cluster.cli("workspace", "pull", "proj", str(tmp_path / "back"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "back" / "big.bin").read_bytes() == bytes(changed)
+    listed = cluster.cli("workspace", "list", cwd=ws)
+    assert "proj" in listed.stdout and str(remote) in listed.stdout
+
+
+def _staged_messages(cluster: Cluster) -> int:
+    async def go() -> int:
+        nc = await _nats.connect(cluster.config, "test", reconnect=False, creds=str(cluster.service_creds()))
+        try:
+            store = await nc.jetstream().object_store(names.BUCKET_WS_STAGING)
+            return (await store.status()).stream_info.state.messages
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_a_killed_push_resumes(cluster, tmp_path):
+    ws = tmp_path / "resume"
+    ws.mkdir()
+    data = os.urandom(40 * CHUNK)
+    (ws / "weights.bin").write_bytes(data)
+    assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
+    before = _staged_messages(cluster)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
+    env.update(HFAI_CONFIG=str(cluster.local.config_path), HFAI_USER="tester")
+    # 40 chunks at 256 KB/s: ~10 s; killed once a few requests are staged.
+    proc = subprocess.Popen([sys.executable, "-m", "hfai.cli.main", "workspace", "push", "--bwlimit", "256"],
+                            cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        cluster.wait(lambda: _staged_messages(cluster) >= before + 4, 30, "part of the push to be staged", poll=0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    sent, total = _sent(_push(cluster, ws))
+    assert total == 40 and 0 < sent < 40
+    assert (cluster.local.root / "workspaces" / "tester" / "resume" / "weights.bin").read_bytes() == data
+
+
+def test_a_job_runs_in_the_pushed_copy(cluster, tmp_path):
+    ws = tmp_path / "jobws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "show.py").write_text(textwrap.dedent("""
+        import os
+        print("CWD", os.getcwd(), "DATASETS", os.environ.get("HFAI_DATASETS_DIR"), flush=True)
+        print("DATA", open("input.txt").read(), flush=True)
+    """))
+    (ws / "sub" / "input.txt").write_text("from-the-workspace")
+    assert cluster.cli("workspace", "init", "jobws", cwd=ws).returncode == 0
+    _push(cluster, ws)
+    (ws / "sub" / "input.txt").write_text("local edit, not pushed")
+    r = cluster.cli("python", "show.py", "--", "-n", "1", "--name", "wsjob", cwd=ws / "sub")
+    assert r.returncode == 0, r.stderr
+    remote = cluster.local.root / "workspaces" / "tester" / "jobws" / "sub"
+    job = cluster.wait_state("wsjob", ChainState.SUCCEEDED)
+    assert job.spec.workdir == str(remote)
+    log = cluster.log(job.id)
+    assert f"CWD {remote}" in log and "DATA from-the-workspace" in log
+    assert f"DATASETS {cluster.local.root / 'datasets'}" in log
+
+
+def test_over_the_limit_restricts_until_cleaned_up(cluster, tmp_path):
+    ws = tmp_path / "hog"
+    ws.mkdir()
+    (ws / "blob").write_bytes(os.urandom(LIMIT + CHUNK))
+    assert cluster.cli("workspace", "init", cwd=ws, user="bob").returncode == 0
+    _push(cluster, ws, "bob")
+
+    def refused():
+        r = cluster.cli("submit", "--name", "nope", "true", cwd=tmp_path, user="bob")
+        return r if r.returncode != 0 else None
+
+    r = cluster.wait(refused, 30, "bob's submission to be refused")
+    assert "restricted" in r.stderr and "Traceback" not in r.stderr
+    usage = cluster.cli("workspace", "usage", cwd=ws, user="bob")
+    assert "RESTRICTED" in usage.stdout
+    still = cluster.cli("workspace", "restore-request", cwd=ws, user="bob")
+    assert still.returncode != 0 and "still over the limit" in still.stderr
+    assert cluster.cli("workspace", "remove", "hog", cwd=ws, user="bob").returncode == 0
+    lifted = cluster.cli("workspace", "restore-request", cwd=ws, user="bob")
+    assert lifted.returncode == 0, lifted.stderr
+    assert "not restricted" in lifted.stdout
+    r = cluster.cli("submit", "--name", "ok", "true", cwd=tmp_path, user="bob")
+    assert r.returncode == 0, r.stderr
+    cluster.wait_state("ok", ChainState.SUCCEEDED)
+
+
+def test_another_users_workspace_is_out_of_reach(cluster, tmp_path):
+    """Users act only as themselves: removing or pulling 'proj' as bob names bob's own workspaces."""
+    r = cluster.cli("workspace", "pull", "proj", str(tmp_path / "x"), cwd=tmp_path, user="bob")
+    assert r.returncode != 0 and "no workspace 'proj'" in r.stderr
+    r = cluster.cli("workspace", "remove", "proj", cwd=tmp_path, user="bob")
+    assert r.returncode != 0
+    assert (cluster.local.root / "workspaces" / "tester" / "proj" / "big.bin").exists()
