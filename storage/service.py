@@ -228,7 +228,7 @@ class StorageService:
         return s.Chunks(chunks=tuple(out))
 
     async def ws_list(self, user: str, _op: bool, _req: s.ListWorkspaces) -> s.WorkspaceList:
-        return s.WorkspaceList(workspaces=self.workspaces.list(user))
+        return s.WorkspaceList(workspaces=self.workspaces.listing(user))
 
     async def ws_remove(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.WorkspaceInfo:
         async with self._lock(user, req.workspace):
@@ -240,7 +240,7 @@ class StorageService:
         used = await asyncio.to_thread(self.workspaces.usage, user)
         restricted = await self._restricted()
         return s.UsageReply(user=user, used=used, limit=self.sc.limit_bytes,
-                            restricted=restricted.users.get(user, ""), workspaces=self.workspaces.list(user))
+                            restricted=restricted.users.get(user, ""), workspaces=self.workspaces.listing(user))
 
     async def restore(self, user: str, op: bool, req: s.UsageRequest) -> s.UsageReply:
         """Re-measure the caller's usage and lift their storage restriction if it is within the limit."""

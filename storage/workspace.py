@@ -145,7 +145,7 @@ class Workspaces:
         return WorkspaceInfo(name=name, path=str(self.path(user, name)), files=len(m.files),
                              bytes=sum(f.size for f in m.files), pushed_ts=ts)
 
-    def list(self, user: str) -> tuple[WorkspaceInfo, ...]:
+    def listing(self, user: str) -> tuple[WorkspaceInfo, ...]:
         d = self.manifests / names.check_token("user name", user)
         if not d.is_dir():
             return ()
