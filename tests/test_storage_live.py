@@ -168,3 +168,48 @@ def test_another_users_workspace_is_out_of_reach(cluster, tmp_path):
     r = cluster.cli("workspace", "remove", "proj", cwd=tmp_path, user="bob")
     assert r.returncode != 0
     assert (cluster.local.root / "workspaces" / "tester" / "proj" / "big.bin").exists()
+
+
+PATIENT = """
+import os, sys, time, hfai
+if int(os.environ.get("HFAI_SUSPEND_COUNT", "0")) > 0:
+    print("RESUMED", flush=True)
+    sys.exit(0)
+for _ in range(600):
+    if hfai.receive_suspend_command():
+        print("CHECKPOINT", flush=True)
+        hfai.go_suspend()
+    time.sleep(0.1)
+"""
+
+
+def test_a_restricted_users_running_job_is_suspended_and_resumes(cluster, tmp_path):
+    """Storage rules and scheduler together: over the limit, carol's running job checkpoints and is
+    suspended (controller/plan.py holds restricted users' jobs); cleaned up and restored, it resumes."""
+    ws = tmp_path / "carolws"
+    ws.mkdir()
+    (ws / "patient.py").write_text(PATIENT)
+    assert cluster.cli("workspace", "init", cwd=ws, user="carol").returncode == 0
+    _push(cluster, ws, "carol")
+    r = cluster.cli("python", "patient.py", "--", "-n", "1", "--name", "patient", cwd=ws, user="carol")
+    assert r.returncode == 0, r.stderr
+    job = cluster.run(lambda api: api.status("patient"), user="carol")
+    try:
+        cluster.wait(lambda: cluster.run(lambda api: api.status(job.id), user="carol").state is ChainState.RUNNING,
+                     30, "carol's job to run")
+        (ws / "blob").write_bytes(os.urandom(LIMIT + CHUNK))
+        _push(cluster, ws, "carol")
+        cluster.wait(lambda: cluster.run(lambda api: api.status(job.id), user="carol").state is ChainState.SUSPENDED,
+                     20, "the restricted user's job to be suspended")
+        assert "CHECKPOINT" in cluster.log(job.id)
+        (ws / "blob").unlink()
+        _push(cluster, ws, "carol")
+        assert cluster.cli("workspace", "restore-request", cwd=ws, user="carol").returncode == 0
+        cluster.wait(lambda: cluster.run(lambda api: api.status(job.id), user="carol").state is ChainState.SUCCEEDED,
+                     30, "the job to resume and finish")
+        assert "RESUMED" in cluster.log(job.id)
+    finally:
+        cluster.run(lambda api: api.stop(job.id), user="carol")
+        (ws / "blob").unlink(missing_ok=True)
+        _push(cluster, ws, "carol")
+        cluster.cli("workspace", "restore-request", cwd=ws, user="carol")
