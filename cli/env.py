@@ -23,12 +23,13 @@ def env():
 @click.option("--python", "python", default="", help="Interpreter to base it on (default: this one).")
 @click.option("-r", "--requirements", default="", help="pip install -r this file into it.")
 @click.option("--system-site-packages", is_flag=True, help="See the base interpreter's packages too.")
+@click.option("--no-pip", is_flag=True, help="Without pip (faster; nothing to install into it later).")
 @user_errors()
-def create(name: str, python: str, requirements: str, system_site_packages: bool):
+def create(name: str, python: str, requirements: str, system_site_packages: bool, no_pip: bool):
     """Create environment NAME."""
     from hfai.storage import envs
 
-    e = envs.create(_root(), name, python, requirements, system_site_packages)
+    e = envs.create(_root(), name, python, requirements, system_site_packages, pip=not no_pip)
     click.echo(f"environment {e.name} (Python {e.python}) at {e.path}; use it with HF_ENV_NAME={e.name} or -i {e.name}")
 
 

@@ -32,7 +32,7 @@ def _dir(env_root: str, name: str) -> Path:
 
 
 def create(env_root: str, name: str, python: str = "", requirements: str = "", system_site: bool = False,
-           timeout_s: float = 1800.0) -> EnvInfo:
+           pip: bool = True, timeout_s: float = 1800.0) -> EnvInfo:
     d = _dir(env_root, name)
     if d.exists():
         raise InvalidRequest(f"environment {name!r} already exists at {d}")
@@ -42,7 +42,10 @@ def create(env_root: str, name: str, python: str = "", requirements: str = "", s
     if requirements and not Path(requirements).is_file():
         raise NotFound(f"no requirements file {requirements}")
     Path(env_root).mkdir(parents=True, exist_ok=True)
-    cmd = [exe, "-m", "venv", *(["--system-site-packages"] if system_site else []), str(d)]
+    if requirements and not pip:
+        raise InvalidRequest("-r needs pip in the environment; drop --no-pip")
+    cmd = [exe, "-m", "venv", *(["--system-site-packages"] if system_site else []),
+           *([] if pip else ["--without-pip"]), str(d)]
     _run(cmd, "create the virtualenv", timeout_s, d)
     if requirements:
         _run([str(d / "bin" / "python"), "-m", "pip", "install", "-r", requirements], "install the requirements",

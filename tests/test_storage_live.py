@@ -213,3 +213,24 @@ def test_a_restricted_users_running_job_is_suspended_and_resumes(cluster, tmp_pa
         (ws / "blob").unlink(missing_ok=True)
         _push(cluster, ws, "carol")
         cluster.cli("workspace", "restore-request", cwd=ws, user="carol")
+
+
+def test_an_environment_made_by_its_user_runs_jobs(cluster, tmp_path):
+    r = cluster.cli("env", "create", "myenv", "--no-pip", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "myenv" in cluster.cli("env", "list", cwd=tmp_path).stdout
+    again = cluster.cli("env", "create", "myenv", "--no-pip", cwd=tmp_path)
+    assert again.returncode != 0 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    (tmp_path / "where.py").write_text("import sys; print('PREFIX', sys.prefix, flush=True)\n")
+    env_dir = cluster.local.root / "envs" / "myenv"
+
+    def offered():  # the agent offers it from its next heartbeat on
+        r = cluster.cli_env({"HFAI_USER": "tester", "HF_ENV_NAME": "myenv"}, "python", "where.py", "--", "-n", "1",
+                            "--name", "inenv", cwd=tmp_path)
+        return r if r.returncode == 0 else None
+
+    cluster.wait(offered, 15, "the environment to be offered and the job submitted")
+    job = cluster.wait_state("inenv", ChainState.SUCCEEDED)
+    assert f"PREFIX {env_dir}" in cluster.log(job.id)
+    assert cluster.cli("env", "remove", "myenv", cwd=tmp_path).returncode == 0
+    assert not env_dir.exists()
