@@ -184,7 +184,8 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
 
 
-_SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "web": WebConfig, "storage": StorageConfig}
+_SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "web": WebConfig,
+             "storage": StorageConfig}
 
 
 def config_file(env: Mapping[str, str] = os.environ) -> str | os.PathLike | None:
