@@ -188,3 +188,15 @@ def test_gc_moves_and_deletes_by_date(tmp_path: Path):
     later = run_gc(ws, tmp_path / "gc", NOW + 8 * DAY, 7 * DAY, 7 * DAY)
     assert later.deleted == (f"alice/{int(NOW)}",) and not stamp.exists()
     assert "alice/proj/new.txt" in later.moved
+
+
+@pytest.mark.parametrize("group", ["workspace", "dataset", "env"])
+def test_storage_commands_help_imports_neither_torch_nor_nats(group):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "hfai.cli.main", group, "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Usage" in r.stdout
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in r.stderr.splitlines() if "|" in line}
+    assert "torch" not in imported and "nats" not in imported
