@@ -20,7 +20,7 @@ from hfai._atomic import write_atomic
 from hfai.cli.client import ApiClient
 from hfai.protocol import encode, names
 from hfai.protocol import storage as s
-from hfai.protocol.errors import InvalidRequest, NotFound
+from hfai.protocol.errors import InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
 from hfai.storage.chunks import build_manifest, chunk_hash, read_chunk
 
@@ -42,15 +42,19 @@ class PushResult:
 
 class StorageClient(ApiClient):
     async def scall(self, verb: str, request, expect: type, timeout_s: float | None = None):
+        """One request to the storage service (``timeout_s``: other than ``[nats] request_timeout_s``)."""
+        from dataclasses import replace
+
         subject = names.storage_subject(self.user, verb, operator=self.operator)
-        if timeout_s is None:
-            return await self._request(subject, encode(request), expect)
         saved = self.config
         try:
-            from dataclasses import replace
-
-            self.config = replace(saved, nats=replace(saved.nats, request_timeout_s=timeout_s))
+            if timeout_s is not None:
+                self.config = replace(saved, nats=replace(saved.nats, request_timeout_s=timeout_s))
             return await self._request(subject, encode(request), expect)
+        except Unavailable as e:
+            if "no controller" in str(e):
+                raise Unavailable("no storage service answers; is `hfai-storage` running?") from None
+            raise
         finally:
             self.config = saved
 
