@@ -151,7 +151,9 @@ def test_metrics_of_the_controller_and_the_agent_match_the_cluster(cluster):
     m = c.wait(jobs_match, 30, "hfai_jobs to match the API's job list")
     assert _value(m, "hfai_jobs", state="running") == 1.0
     assert _value(m, "hfai_nodes", state="up") == 1.0
-    assert _value(m, "hfai_job_submit_to_running_seconds_count") >= 1
+    # The histograms are fed by a scan of the records every second.
+    m = c.wait(lambda: _value(m2 := _scrape(c.local.controller.metrics_port),
+                              "hfai_job_submit_to_running_seconds_count") >= 1 and m2, 10, "submit->running observed")
     assert _value(m, "hfai_scheduling_round_seconds_count") > 0
     assert _value(m, "hfai_nats_reconnects_total") == 0.0
 
@@ -160,7 +162,8 @@ def test_metrics_of_the_controller_and_the_agent_match_the_cluster(cluster):
     utils = [s for s in a["hfai_gpu_utilization_ratio"].samples if s.labels["node"] == "node-0"]
     assert len(utils) == 8 and all(0.0 <= s.value <= 1.0 for s in utils)
     assert _value(a, "hfai_gpu_memory_total_bytes", node="node-0", gpu="0") > 0
-    assert _value(a, "hfai_node_runs", node="node-0") == 1.0
+    # As of the agent's last heartbeat (every 0.5 s here): the run shows from the next one on.
+    c.wait(lambda: _value(_scrape(port), "hfai_node_runs", node="node-0") == 1.0, 10, "the run in hfai_node_runs")
     c.run(lambda api: api.stop(job.id))
     c.wait_state(job.id, ChainState.STOPPED)
 
@@ -180,16 +183,27 @@ def test_usage_outlives_the_purged_job_record(cluster):
 
     nc_creds = str(c.service_creds())
 
-    async def purge():
+    async def with_js(act):
         from hfai import _nats
 
         nc = await _nats.connect(c.config, "test-purge", reconnect=False, creds=nc_creds)
         try:
-            await (await nc.jetstream().key_value("hfai_jobs")).purge(job.id)
+            return await act(nc.jetstream())
         finally:
             await nc.close()
 
-    asyncio.run(purge())
+    async def stored(js):
+        try:
+            return await (await js.key_value("hfai_usage")).get(f"{job.id}.1")
+        except Exception:
+            return None
+
+    async def purge(js):
+        await (await js.key_value("hfai_jobs")).purge(job.id)
+
+    # The controllers copy ended runs every usage_interval_s; the retention purge comes far later.
+    c.wait(lambda: asyncio.run(with_js(stored)), 30, "the run to be stored in hfai_usage")
+    asyncio.run(with_js(purge))
     c.wait(lambda: job.id not in {j.id for j in c.run(lambda api: api.list())}, 10, "the record to be gone")
     assert carol_rows() == rows  # the GPU-hours stayed in hfai_usage
     table = c.cli("usage", user="carol")
@@ -221,6 +235,7 @@ def _browser(shots: Path):
 
 
 def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -229,7 +244,12 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
     shots.mkdir()
     print(f"screenshots in {shots}")
     d = _browser(shots)
-    wait = WebDriverWait(d, 60, poll_frequency=0.2)
+    # The pages re-render their rows at every poll: an element found a moment ago may be gone.
+    wait = WebDriverWait(d, 60, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,))
+
+    def click_link(text: str) -> bool:
+        d.find_element(By.LINK_TEXT, text).click()
+        return True
 
     def row_state(job_id: str) -> str | None:
         rows = d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{job_id}']")
@@ -240,7 +260,11 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
         d.find_element(By.ID, "creds").send_keys(c.creds("tester").read_text())
         d.save_screenshot(str(shots / "1-sign-in.png"))
         d.find_element(By.ID, "sign-in").click()
-        wait.until(lambda _d: d.find_elements(By.ID, "who") and d.find_element(By.ID, "who").text == "tester")
+        try:
+            wait.until(lambda _d: d.find_elements(By.ID, "who") and d.find_element(By.ID, "who").text == "tester")
+        except Exception:
+            d.save_screenshot(str(shots / "1-sign-in-failed.png"))
+            raise AssertionError(f"sign-in failed: {d.current_url} {d.page_source[:3000]}") from None
 
         low = c.submit([*STEPS, "100000", "0.05"], name="pretrain", priority=Priority.LOW)
         wait.until(lambda _d: row_state(low.id) == "running")
@@ -251,7 +275,7 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
         wait.until(lambda _d: row_state(high.id) == "running")
         d.save_screenshot(str(shots / "3-jobs-suspended.png"))
 
-        d.find_element(By.LINK_TEXT, "pretrain").click()
+        wait.until(lambda _d: click_link("pretrain"))
         wait.until(lambda _d: "suspending at step" in d.find_element(By.ID, "log").text)
         assert d.find_element(By.ID, "state").text == "suspended"
         assert "suspending" in d.find_element(By.ID, "history").text

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hfai.cli.client import ApiClient
 from hfai.config import Config
-from hfai.protocol.errors import Forbidden, InvalidRequest
+from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ class Sessions:
         credentials or the cluster refuses them."""
         from hfai.auth import jwt
 
+        # A browser's form sends a textarea's lines ending in CR LF; the seed parser wants LF.
+        creds_text = creds_text.replace("\r\n", "\n").replace("\r", "\n").strip() + "\n"
         if len(creds_text.encode()) > MAX_CREDS_BYTES:
             raise InvalidRequest("that is not an hfai credentials file (too large)")
         try:
@@ -66,9 +68,13 @@ class Sessions:
         api = ApiClient(config)
         try:
             await api.__aenter__()
-        except BaseException:
+        except HfaiError:
             path.unlink(missing_ok=True)
             raise
+        except Exception as e:  # e.g. a seed that is not an nkey
+            path.unlink(missing_ok=True)
+            raise InvalidRequest(f"those credentials cannot be used ({type(e).__name__}); paste the whole .creds file") \
+                from None
         if api.operator is False and not api.user:
             raise Forbidden("those credentials name no user")
         session = Session(id=sid, api=api, last_used=time.monotonic())
