@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hfai.cli.client import ApiClient
 from hfai.config import Config
-from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest
+from hfai.protocol.errors import HfaiError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,8 @@ class Sessions:
             raise
         except Exception as e:  # e.g. a seed that is not an nkey
             path.unlink(missing_ok=True)
-            raise InvalidRequest(f"those credentials cannot be used ({type(e).__name__}); paste the whole .creds file") \
-                from None
-        if api.operator is False and not api.user:
-            raise Forbidden("those credentials name no user")
+            why = f"those credentials cannot be used ({type(e).__name__}); paste the whole .creds file"
+            raise InvalidRequest(why) from None
         session = Session(id=sid, api=api, last_used=time.monotonic())
         self._by_id[sid] = session
         log.info("%s signed in", api.user)
