@@ -125,12 +125,13 @@ class Planner:
 
     def __init__(self, policy: Policy = decide, order: Callable[[PolicyConfig], Ordering] | None = None):
         self.policy = policy
-        self._order: Callable[[PolicyConfig], Ordering] = order or getattr(policy, "ordering", ordering)
+        self._order: Callable[[PolicyConfig], Ordering] = order or getattr(policy, "ordering", None) or ordering
         self.records: dict[str, JobRecord] = {}  # the live records (final ones leave)
         self._views: dict[str, JobView] = {}
         self.index: JobIndex | None = None
         self.explained: dict[str, float] = {}  # job id -> when its reason was last written
         self._fresh: set[str] = set()  # jobs that began waiting since the last explaining round
+        self._nodes_seen: tuple[Sequence[PlanNode], list[NodeView], dict[str, str]] | None = None
 
     # -- feeding it
 
@@ -222,19 +223,18 @@ class Planner:
             index.put(job_view(after))
         for job_id in hidden:
             index.discard(job_id)
+        views, address = self._node_views(nodes)
         try:
-            views = [NodeView(n.name, n.group, n.schedulable and n.alive) for n in nodes]
             decisions = self.policy(index, views, now, settings.policy)
         finally:
             for job_id in (*overlay, *hidden):
                 index.put(self._views[job_id])
-        address = {n.name: n.address for n in nodes}
         ports: dict[str, set[int]] | None = None
         for d in decisions:
             if isinstance(d, Start):
                 addr = address.get(d.nodes[0], "")
                 if ports is None:
-                    ports = self._ports_in_use()
+                    ports = self._ports_in_use(index)
                 used = ports.setdefault(addr, set())
                 record = self.records[d.job_id]
                 port = pick_master_port(d.job_id, record.run_id + 1, used, settings.master_port_base,
@@ -257,10 +257,22 @@ class Planner:
         self.explained[job.id] = now
         actions.append(Explain(job.id, reason))
 
-    def _ports_in_use(self) -> dict[str, set[int]]:
+    def _node_views(self, nodes: Sequence[PlanNode]) -> tuple[list[NodeView], dict[str, str]]:
+        """The policy's node views and the nodes' addresses (the simulator passes the same list
+        every round: built once)."""
+        if self._nodes_seen is not None and self._nodes_seen[0] is nodes:
+            return self._nodes_seen[1], self._nodes_seen[2]
+        views = [NodeView(n.name, n.group, n.schedulable and n.alive) for n in nodes]
+        address = {n.name: n.address for n in nodes}
+        self._nodes_seen = (nodes, views, address)
+        return views, address
+
+    def _ports_in_use(self, index: JobIndex) -> dict[str, set[int]]:
+        """Master ports of the runs that hold nodes, per address (O(nodes), not O(jobs))."""
         ports: dict[str, set[int]] = {}
-        for job in self.records.values():
-            if job.state.holds_nodes and job.master_port:
+        for job_id in set(index.holder.values()):
+            job = self.records.get(job_id)
+            if job is not None and job.master_port:
                 ports.setdefault(job.master_addr, set()).add(job.master_port)
         return ports
 

@@ -189,6 +189,10 @@ class JobIndex:
     def views(self) -> Iterator[JobView]:
         return (w.view for w in self._where.values())
 
+    def __iter__(self) -> Iterator[JobView]:
+        """The live jobs, like the list a simple policy takes."""
+        return self.views()
+
     def put(self, view: JobView) -> None:
         """Add the job or replace what the index knew of it; a job in no live state leaves."""
         self.discard(view.id)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from dataclasses import replace
 
 from hfai.controller.policy import TIME_SLICE_WAIT, Start, Suspend
 from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
+from hfai.protocol.types import evolve as replace  # fast: records have no __post_init__
 
 
 def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:

@@ -1,0 +1,127 @@
+"""Baseline policies the simulator measures hfai against, with the same signature as
+:func:`hfai.controller.policy.decide` and the same kind of job index (so each round costs what it
+touches, not the length of the queue):
+
+* ``fifo``: strict first-come-first-served by submit time, no preemption, no backfill: the head
+  of the line blocks everyone behind it.
+* ``las``: discretized least-attained-service in the style of Tiresias: queue k holds jobs whose
+  attained service (node-seconds run) is below ``thresholds_node_s[k]``; lower queues first, FIFO
+  within a queue; every round the jobs that fit in that order (skipping those that do not) should
+  run, and running jobs outside that set are suspended.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+
+from hfai.controller.policy import Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
+from hfai.controller.queues import JobIndex, Ordering
+
+Policy = Callable[[Iterable[JobView] | JobIndex, Iterable[NodeView], float, PolicyConfig], list[Decision]]
+
+FIFO_ORDER = Ordering(("fifo",), lambda v: 0, lambda v: v.submit_ts)
+
+
+def fifo_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
+                config: PolicyConfig) -> list[Decision]:
+    """Strict FIFO by submit time, no preemption, no backfill: the head of the line blocks."""
+    index = indexed(jobs, FIFO_ORDER)
+    free_by_group = free_nodes(index, nodes)
+    out: list[Decision] = []
+    for group in sorted(index.groups):
+        g = index.groups[group]
+        free = free_by_group.get(group, [])
+        fi = 0
+        for _, job_id in heapq.merge(*(keys for level in g.levels.values() for keys in level.by_size.values())):
+            job = index.get(job_id)
+            assert job is not None
+            if job.lo > len(free) - fi:
+                break
+            out.append(Start(job.id, tuple(free[fi:fi + job.lo]), "fifo: head of the line fits"))
+            fi += job.lo
+    return out
+
+
+fifo_decide.ordering = lambda config: FIFO_ORDER  # type: ignore[attr-defined]
+
+
+def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600.0)) -> Policy:
+    limits = sorted(thresholds_node_s)
+
+    def queue_of(v: JobView, now: float) -> int:
+        ran = v.run_s + (now - v.started_ts if v.state.holds_nodes else 0.0)
+        return bisect.bisect_right(limits, ran * v.size)
+
+    # A waiting job's attained service does not change while it waits: its queue is its level.
+    order = Ordering(("las", tuple(limits)), lambda v: -queue_of(v, 0.0), lambda v: v.submit_ts)
+
+    def las_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
+                   config: PolicyConfig) -> list[Decision]:
+        index = indexed(jobs, order)
+        nodes = list(nodes)
+        free_by_group = free_nodes(index, nodes)
+        usable: dict[str, int] = {}
+        for n in nodes:
+            if n.schedulable:
+                usable[n.group] = usable.get(n.group, 0) + 1
+        out: list[Decision] = []
+        for group in sorted(index.groups):
+            out.extend(_las_group(index, group, free_by_group.get(group, []), usable.get(group, 0), now, queue_of))
+        return out
+
+    las_decide.__name__ = "las_decide"
+    las_decide.ordering = lambda config: order  # type: ignore[attr-defined]
+    return las_decide
+
+
+def _las_group(index: JobIndex, group: str, free: list[str], usable: int, now: float,
+               queue_of: Callable[[JobView, float], int]) -> list[Decision]:
+    g = index.groups[group]
+    # Nodes of jobs being suspended count as capacity: they are free once the checkpoint is done.
+    cap = [usable]  # a cell: the merge of waiting jobs reads the current value
+    fi = 0
+    running: dict[int, list[JobView]] = {}
+    for j in g.running.values():
+        running.setdefault(queue_of(j, now), []).append(j)
+    out: list[Decision] = []
+    for q in sorted(set(running) | {-level for level in g.levels}):
+        here = sorted(running.get(q, []), key=lambda j: (j.submit_ts, j.id))
+        ri = 0
+        level = g.levels.get(-q)
+        waiting = level.fitting(lambda: cap[0]) if level is not None else iter(())
+        w, _ = next(waiting, (None, False))
+        while w is not None or ri < len(here):
+            r = here[ri] if ri < len(here) else None
+            if r is not None and (w is None or (r.submit_ts, r.id) < (w.submit_ts, w.id)):
+                ri += 1
+                if r.size <= cap[0]:
+                    cap[0] -= r.size
+                else:
+                    out.append(Suspend(r.id, f"las: queue {q} yields to jobs with less attained service", for_job=""))
+                continue
+            assert w is not None
+            if w.lo <= cap[0]:  # the cap may have shrunk since the merge offered it
+                cap[0] -= w.lo
+                if w.lo <= len(free) - fi:
+                    out.append(Start(w.id, tuple(free[fi:fi + w.lo]), f"las: queue {q}"))
+                    fi += w.lo
+            w, _ = next(waiting, (None, False))
+    return out
+
+
+las_decide = make_las()
+
+
+def free_nodes(index: JobIndex, nodes: Iterable[NodeView]) -> dict[str, list[str]]:
+    """Schedulable nodes no job holds, per group, sorted by name."""
+    free: dict[str, list[str]] = {}
+    holder = index.holder
+    for n in nodes:
+        names = free.setdefault(n.group, [])
+        if n.schedulable and n.name not in holder:
+            names.append(n.name)
+    for names in free.values():
+        names.sort()
+    return free
