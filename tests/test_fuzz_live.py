@@ -40,6 +40,8 @@ from hfai.protocol.types import (
     SettingsReply,
     StopRequest,
     SubmitRequest,
+    UsageReply,
+    UsageRequest,
 )
 
 pytestmark = pytest.mark.slow
@@ -73,6 +75,8 @@ VERBS: dict[str, tuple[object, type]] = {
 }
 if getattr(names, "VERB_LOGS", None):  # log requests relayed by the controller, where it offers them
     VERBS[names.VERB_LOGS] = (LogRequest(job_id="nope", rank=0), LogChunk)
+if getattr(names, "VERB_USAGE", None):  # GPU-hours (controller/usage_recorder.py)
+    VERBS[names.VERB_USAGE] = (UsageRequest(since_ts=0.0), UsageReply)
 assert set(VERBS) == set(names.VERBS), "a new API verb: add it to the fuzzer"
 
 HOSTILE = [None, True, False, 0, -1, 1, 2**31, 2**63 - 1, -(2**63), 2**64 - 1, 0.5, math.nan, math.inf, -math.inf,
