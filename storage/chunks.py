@@ -48,11 +48,23 @@ def walk(root: Path, ignore: Ignore) -> Iterator[tuple[str, os.stat_result]]:
                 yield rel, st
 
 
-def build_manifest(root: Path, chunk_bytes: int, on_bytes=None) -> Manifest:
-    """Hash every kept file under ``root``; ``on_bytes(n)`` is told of each chunk read (progress)."""
+def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | None = None,
+                   stamps: dict | None = None) -> Manifest:
+    """Hash every kept file under ``root``; ``on_bytes(n)`` is told of each chunk read (progress).
+    ``known``: path -> [size, mtime_ns, chunks] of the last push: a file whose size and mtime are
+    unchanged is not read again (rsync's quick check)."""
     ignore = Ignore.load(root)
     files = []
     for rel, st in walk(root, ignore):
+        if stamps is not None:
+            stamps[rel] = st.st_mtime_ns  # taken before reading: a later change shows as a newer mtime
+        seen = (known or {}).get(rel)
+        if seen and seen[0] == st.st_size and seen[1] == st.st_mtime_ns and \
+                len(seen[2]) == (st.st_size + chunk_bytes - 1) // chunk_bytes:
+            files.append(FileEntry(path=rel, size=st.st_size, mode=st.st_mode & 0o777, chunks=tuple(seen[2])))
+            if on_bytes is not None:
+                on_bytes(st.st_size)
+            continue
         hashes, size = [], 0
         # The size is what was read (a file growing meanwhile stays consistent with its chunks).
         for data in file_chunks(root / rel, chunk_bytes):
@@ -62,6 +74,20 @@ def build_manifest(root: Path, chunk_bytes: int, on_bytes=None) -> Manifest:
                 on_bytes(len(data))
         files.append(FileEntry(path=rel, size=size, mode=st.st_mode & 0o777, chunks=tuple(hashes)))
     return Manifest(files=tuple(files), chunk_bytes=chunk_bytes)
+
+
+def quick_index(root: Path, manifest: Manifest, stamps: dict) -> dict:
+    """path -> [size, mtime_ns, chunks] for :func:`build_manifest`'s ``known`` at the next push;
+    files whose mtime moved since they were hashed (``stamps``) are left out."""
+    out = {}
+    for f in manifest.files:
+        try:
+            st = os.lstat(root / f.path)
+        except OSError:
+            continue
+        if st.st_size == f.size and st.st_mtime_ns == stamps.get(f.path):
+            out[f.path] = [f.size, st.st_mtime_ns, list(f.chunks)]
+    return out
 
 
 def read_chunk(root: Path, entry: FileEntry, index: int, chunk_bytes: int) -> bytes:

@@ -22,10 +22,11 @@ from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.errors import InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
-from hfai.storage.chunks import build_manifest, chunk_hash, read_chunk
+from hfai.storage.chunks import build_manifest, chunk_hash, quick_index, read_chunk
 
 MARKER_DIR = ".hfai"
 MARKER = "workspace.json"
+QUICK = "pushed.json"  # size, mtime and chunks of each file at the last push
 IN_FLIGHT = 4
 
 Progress = Callable[[int], object]
@@ -109,7 +110,9 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     ``on_hash``/``on_send`` of each chunk's bytes; ``bwlimit`` (bytes/s, 0: none) paces the sends."""
     marker = read_marker(root)
     name = plan.check_workspace_name(marker["name"])
-    manifest = await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash)
+    known = _read_quick(root, chunk_bytes)
+    stamps: dict[str, int] = {}
+    manifest = await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps)
     where: dict[str, tuple[s.FileEntry, int]] = {}
     for f in manifest.files:
         for i, h in enumerate(f.chunks):
@@ -127,7 +130,17 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     info = await client.scall(s.VERB_WS_COMMIT, s.CommitRequest(workspace=name, manifest=manifest),
                               s.WorkspaceInfo, timeout_s=commit_timeout_s)
     write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
+    write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes,
+                                                         "files": quick_index(root, manifest, stamps)}))
     return PushResult(info, len(manifest.files), len(hashes), len(lacking), sent)
+
+
+def _read_quick(root: Path, chunk_bytes: int) -> dict:
+    try:
+        data = json.loads((root / MARKER_DIR / QUICK).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data.get("files", {}) if isinstance(data, dict) and data.get("chunk_bytes") == chunk_bytes else {}
 
 
 def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int) -> list[list[str]]:

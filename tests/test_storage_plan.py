@@ -200,3 +200,18 @@ def test_storage_commands_help_imports_neither_torch_nor_nats(group):
     assert r.returncode == 0 and "Usage" in r.stdout
     imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in r.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "nats" not in imported
+
+
+def test_quick_check_reuses_hashes_of_unchanged_files_only(tmp_path: Path):
+    from hfai.storage.chunks import quick_index
+
+    (tmp_path / "a").write_bytes(b"aaaa")
+    (tmp_path / "b").write_bytes(b"bbbb")
+    stamps: dict = {}
+    first = build_manifest(tmp_path, 4, stamps=stamps)
+    known = quick_index(tmp_path, first, stamps)
+    known["a"][2] = ["stale-but-trusted"]  # unchanged size and mtime: not read again
+    (tmp_path / "b").write_bytes(b"BBBB")
+    os.utime(tmp_path / "b", ns=(stamps["b"] + 10**9, stamps["b"] + 10**9))
+    again = {f.path: f.chunks for f in build_manifest(tmp_path, 4, known=known).files}
+    assert again["a"] == ("stale-but-trusted",) and again["b"] == (chunk_hash(b"BBBB"),)
