@@ -32,6 +32,7 @@ class Workspaces:
         self.root.mkdir(parents=True, exist_ok=True)
         self.manifests.mkdir(parents=True, exist_ok=True)
         os.chmod(self.manifests.parent, 0o700)
+        self._decoded: dict[Path, tuple[tuple[int, int], Manifest]] = {}
 
     def path(self, user: str, name: str) -> Path:
         return self.root / names.check_token("user name", user) / plan.check_workspace_name(name)
@@ -40,10 +41,20 @@ class Workspaces:
         return self.manifests / names.check_token("user name", user) / f"{plan.check_workspace_name(name)}.manifest"
 
     def manifest(self, user: str, name: str) -> Manifest | None:
+        """The last committed manifest (decoded once per version: a 10,000-file one takes a while)."""
+        p = self._manifest_path(user, name)
         try:
-            return decode(self._manifest_path(user, name).read_bytes(), Manifest)
+            st = p.stat()
+            hit = self._decoded.get(p)
+            if hit is not None and hit[0] == (st.st_mtime_ns, st.st_size):
+                return hit[1]
+            m = decode(p.read_bytes(), Manifest)
         except (FileNotFoundError, ProtocolError):
             return None
+        if len(self._decoded) > 64:
+            self._decoded.clear()
+        self._decoded[p] = ((st.st_mtime_ns, st.st_size), m)
+        return m
 
     def save_manifest(self, user: str, name: str, m: Manifest) -> None:
         p = self._manifest_path(user, name)
