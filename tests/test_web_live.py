@@ -41,6 +41,10 @@ def cluster(tmp_path_factory):
     try:
         c = Cluster(root / "cluster", nodes=1, metrics_port=free_port())
         c.local.web = WebConfig(port=free_port(), poll_s=0.3)
+        work = root / "work"  # where the jobs keep their progress files
+        work.mkdir()
+        submit = c.submit
+        c.submit = lambda *a, **kw: submit(*a, **{"workdir": work, **kw})  # type: ignore[method-assign]
         with c:
             c.wait(lambda: _get(c, "/healthz")[0] == 200, 30, "hfai-web to answer")
             yield c
