@@ -37,6 +37,7 @@ waiting job never scans the running jobs just to learn it cannot preempt any.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -85,10 +86,10 @@ class PolicyConfig:
     #: Grow an elastic job only if it gains at least this fraction of its size (and one node):
     #: growing costs a restart, so a tiny gain is not worth it.
     grow_min_gain: float = 0.25
-    #: Round-robin weight of one time-slice turn: a job that yielded k times queues as if it had
-    #: been submitted k * turn_s later. Short new jobs overtake long ones that already had turns,
-    #: yet only jobs submitted within that window can, so every job's wait stays bounded.
-    turn_s: float = 86400.0
+    #: Attained-service bands, in slices of node-time (``slice_s`` node-seconds; with the default
+    #: slice: 1, 8 and 64 node-hours). Within a priority, jobs in a lower band (less service so far)
+    #: go first and may take a time slice from jobs in a higher one; FIFO within a band.
+    service_bands: tuple[float, ...] = (2.0, 16.0, 128.0)
     #: A blocked job lets later jobs of its own user and priority run on the free nodes (it could
     #: not take them back) until it has waited this long; then it keeps them free for itself.
     own_backfill_s: float = 4 * 3600.0
@@ -201,6 +202,13 @@ def effective_priority(job: JobView, now: float, config: PolicyConfig) -> int:
     return Priority.NORMAL.value if ran >= config.above_normal_s else job.priority
 
 
+def service_band(job: JobView, now: float, config: PolicyConfig) -> int:
+    """Which attained-service band the job is in: 0 until it has run ``service_bands[0]`` slices
+    of node-time, and so on (rule 1)."""
+    ran = job.run_s + (now - job.started_ts if job.state.holds_nodes else 0.0)
+    return bisect.bisect_right(config.service_bands, ran * job.size / config.slice_s) if config.slice_s > 0 else 0
+
+
 def quota_usage(jobs: Iterable[JobView]) -> dict[tuple[str, int, str], int]:
     """Nodes held now per (user, declared priority, group)."""
     used: dict[tuple[str, int, str], int] = defaultdict(int)
@@ -224,8 +232,17 @@ def resolve_auto(user: str, group: str, nodes: int, jobs: Iterable[JobView], quo
 
 
 def ordering(config: PolicyConfig) -> Ordering:
-    """How :func:`decide` lines up waiting jobs (rule 1)."""
-    return priority_ordering(config.turn_s, config.above_normal_s)
+    """How :func:`decide` lines up waiting jobs (rule 1): by effective priority, then service band
+    (a waiting job's band cannot change while it waits), then original submit time."""
+
+    def key(v: JobView) -> float:
+        return service_band(v, 0.0, config) * _BAND_WEIGHT + v.submit_ts
+
+    return priority_ordering(config.above_normal_s, key, ("bands", config.slice_s, config.service_bands))
+
+
+#: Far more than any submit time (seconds since 1970 stay below 1e11 until the year 5138).
+_BAND_WEIGHT = 1e11
 
 
 def indexed(jobs: Iterable[JobView] | JobIndex, order: Ordering) -> JobIndex:
@@ -270,7 +287,6 @@ class _Level:
     sliceable: list[JobView] = field(default_factory=list)
     slice_ids: set[str] = field(default_factory=set)
     slice_nodes: int = 0
-    slice_nodes_by_user: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     slice_head: int = 0
     # The jobs that have not held their nodes for a slice yet (they will become sliceable),
     # earliest started first: only looked at to tell a waiting job when its turn comes.
@@ -284,6 +300,7 @@ class _Pool:
 
     def __init__(self, running: Iterable[JobView], now: float, config: PolicyConfig):
         self.prio: dict[str, int] = {}  # effective priority of every running job
+        self.band: dict[str, int] = {}  # service band of every running job
         self.levels: dict[int, _Level] = {}
         cutoff = now - config.slice_s
         levels, prio = self.levels, self.prio
@@ -297,22 +314,24 @@ class _Pool:
             n = len(j.held)
             level.nodes += n
             if j.started_ts <= cutoff:
+                self.band[j.id] = service_band(j, now, config)
                 level.sliceable.append(j)
                 level.slice_nodes += n
-                level.slice_nodes_by_user[j.user] += n
             else:
                 level.unripe.append(j)
         self.order = sorted(levels)
         self.taken: set[str] = set()
         self.lower_cache: dict[int, int] = {}
+        self.slice_cache: dict[tuple[int, str, int], int] = {}
 
     def sorted_level(self, p: int) -> _Level:
         level = self.levels[p]
         if not level.ready:
             # Most recently started first: preempting it loses the least work.
             level.jobs.sort(key=lambda j: (-j.started_ts, j.id))
-            # Round-robin among equals: the one that has held its nodes longest yields first.
-            level.sliceable.sort(key=lambda j: (j.started_ts, j.id))
+            # Among equals: the most attained service yields first, then the longest held.
+            band = self.band
+            level.sliceable.sort(key=lambda j: (-band[j.id], j.started_ts, j.id))
             level.slice_ids = {j.id for j in level.sliceable}
             level.unripe.sort(key=lambda j: (j.started_ts, j.id))
             level.ready = True
@@ -322,11 +341,11 @@ class _Pool:
         """Mark ``job`` as a victim (whole or shrunk): it cannot be chosen again this round."""
         self.taken.add(job.id)
         self.lower_cache.clear()
+        self.slice_cache.clear()
         level = self.sorted_level(self.prio[job.id])
         level.nodes -= len(job.held)
         if job.id in level.slice_ids:
             level.slice_nodes -= len(job.held)
-            level.slice_nodes_by_user[job.user] -= len(job.held)
 
     def lower_nodes(self, prio: int) -> int:
         found = self.lower_cache.get(prio)
@@ -348,11 +367,19 @@ class _Pool:
             if v.id not in self.taken:
                 yield v
 
-    def slice_nodes(self, prio: int, user: str) -> int:
+    def slice_nodes(self, prio: int, user: str, band: int) -> int:
+        """Nodes a job of ``user`` in service band ``band`` could take by time slicing at ``prio``:
+        of other users' jobs that held their nodes for a slice and are in a higher band."""
         level = self.levels.get(prio)
-        if level is None:
+        if level is None or not level.slice_nodes:
             return 0
-        return level.slice_nodes - level.slice_nodes_by_user.get(user, 0)
+        key = (prio, user, band)
+        found = self.slice_cache.get(key)
+        if found is None:
+            found = sum(len(v.held) for v in level.sliceable
+                        if v.user != user and self.band[v.id] > band and v.id not in self.taken)
+            self.slice_cache[key] = found
+        return found
 
     def could_take_any(self, prio: int) -> bool:
         """Whether a job at ``prio`` could preempt anything at all (cheap early-out)."""
@@ -403,7 +430,7 @@ class _GroupRound:
         self.starts: list[tuple[JobView, list[str]]] = []
         self.started: set[str] = set()
         self.out: list[Decision] = []
-        self.turns: dict[tuple[int, str, int], float | None] = {}  # slice_turn's answers this round
+        self.turns: dict[tuple[int, str, int, int], float | None] = {}  # slice_turn's answers this round
 
     # -- helpers
 
@@ -510,7 +537,7 @@ class _GroupRound:
                 fallback = f"waiting for nodes: {why}, and no running job may be preempted for it"
             else:
                 fallback = f"waiting for {need} more node(s), held by jobs it may not preempt"
-            self.wait(job, self.slice_wait(job, need - self.pool.lower_nodes(p) - self.pool.slice_nodes(p, job.user))
+            self.wait(job, self.slice_wait(job, need - self.pool.lower_nodes(p) - self.slices(job, p))
                       or fallback)
 
     def over_quota(self, job: JobView, room: int) -> str:
@@ -564,7 +591,7 @@ class _GroupRound:
         if victims is None:
             if self.config.explain_waits:
                 p = self.prio[job.id]
-                short = need - from_leaving - self.pool.lower_nodes(p) - self.pool.slice_nodes(p, job.user)
+                short = need - from_leaving - self.pool.lower_nodes(p) - self.slices(job, p)
                 self.wait(job, self.slice_wait(job, short) or
                           f"waiting for {need - from_leaving} more node(s), held by jobs it may not preempt",
                           quiet=True)
@@ -579,33 +606,52 @@ class _GroupRound:
         self.wait(job, "waiting for preempted jobs to checkpoint and release their nodes")
 
     def slice_wait(self, job: JobView, short: int) -> str | None:
-        """The wait reason of a job that time slicing will serve, or None: jobs of its priority
-        and other users that have not held their nodes for a slice yet hold at least the ``short``
-        nodes it lacks beyond what it could take now. Its turn comes when enough of them have."""
+        """The wait reason of a job that time slicing will serve, or None: other users' jobs of
+        its priority that may not be sliced for it yet (held their nodes less than a slice, or
+        have had no more service than it) hold at least the ``short`` nodes it lacks beyond what
+        it could take now. Its turn comes when enough of them may."""
         if short <= 0:
             return None
         p = self.prio[job.id]
-        key = (p, job.user, short)
+        band = self.band_of(job)
+        key = (p, job.user, short, band)
         if key not in self.turns:
-            self.turns[key] = self.slice_turn(p, job.user, short)
+            self.turns[key] = self.slice_turn(p, job.user, short, band)
         turn = self.turns[key]
         if turn is None:
             return None
         return f"{TIME_SLICE_WAIT}, next turn in ~{max(1, math.ceil(turn / 60))} min"
 
-    def slice_turn(self, p: int, user: str, short: int) -> float | None:
-        """Seconds until running jobs of priority ``p`` and other users than ``user`` that are
-        not sliceable yet will have freed ``short`` nodes by becoming so; None if they never can."""
-        if p not in self.pool.levels:
+    def slice_turn(self, p: int, user: str, short: int, band: int) -> float | None:
+        """Seconds until running jobs of priority ``p`` and other users than ``user`` will have
+        become sliceable for a job in service band ``band`` holding ``short`` nodes; None if they
+        never can (the job is in the last band, or too few nodes are held by others)."""
+        if p not in self.pool.levels or band >= len(self.config.service_bands):
             return None
-        got = 0
-        for v in self.pool.sorted_level(p).unripe:
+        threshold = self.config.service_bands[band] * self.config.slice_s  # node-seconds to leave the band
+        ready: list[tuple[float, int]] = []
+        for v in self.pool.sorted_level(p).jobs:
             if v.user == user or v.id in self.pool.taken:
                 continue
-            got += len(v.held)
+            if v.id in self.pool.band and self.pool.band[v.id] > band:
+                continue  # sliceable now: already counted
+            # When it has held its nodes for a slice and its service has left the job's band.
+            past_band = v.started_ts + max(0.0, threshold / max(1, len(v.held)) - v.run_s)
+            ready.append((max(v.started_ts + self.config.slice_s, past_band), len(v.held)))
+        ready.sort()
+        got = 0
+        for at, n in ready:
+            got += n
             if got >= short:
-                return max(0.0, v.started_ts + self.config.slice_s - self.now)
+                return max(0.0, at - self.now)
         return None
+
+    def slices(self, job: JobView, p: int) -> int:
+        """Nodes the job could take from its own priority by time slicing."""
+        return self.pool.slice_nodes(p, job.user, self.band_of(job))
+
+    def band_of(self, job: JobView) -> int:
+        return service_band(job, self.now, self.config)
 
     def pin_free(self, job: JobView) -> None:
         self.fi = len(self.free)
@@ -613,7 +659,7 @@ class _GroupRound:
     def victim_decision(self, job: JobView, v: _Victim) -> Suspend:
         vp, jp = self.prio[v.job.id], self.prio[job.id]
         if v.sliced:
-            why = (f"time slice: yields to job {job.id} of equal priority after "
+            why = (f"time slice: yields to job {job.id} of equal priority and less service so far after "
                    f"{(self.now - v.job.started_ts) / 60:.1f} min")
         else:
             why = f"preempted by job {job.id} (priority {Priority.label(jp)} > {Priority.label(vp)})"
@@ -626,7 +672,7 @@ class _GroupRound:
         """Jobs (or elastic surplus) whose nodes add up to ``need``, cheapest first; None if
         impossible. Victims that turn out not to be needed are dropped again."""
         p = self.prio[job.id]
-        if self.pool.lower_nodes(p) + self.pool.slice_nodes(p, job.user) < need:
+        if self.pool.lower_nodes(p) + self.slices(job, p) < need:
             return None
         chosen: list[_Victim] = []
         left = need
@@ -649,9 +695,10 @@ class _GroupRound:
             yield from pool.untaken(pool.sorted_level(prio), sliceable=False)
         if p in pool.levels:
             level = pool.sorted_level(p)
-            # Round-robin among equals: the one that has held its nodes longest yields first.
+            # Among equals: only other users' jobs with more attained service yield (most first).
+            band = self.band_of(job)
             for v in pool.untaken(level, sliceable=True):
-                if v.user != job.user:
+                if v.user != job.user and pool.band[v.id] > band:
                     yield v
 
     # -- elastic

@@ -7,7 +7,7 @@ to tens of thousands, slowed to a crawl. :class:`JobIndex` is updated per change
 
 * waiting jobs per *effective* priority level (a waiting job's level cannot change while it
   waits: ABOVE_NORMAL decays only with running time), each level split by the fewest nodes a job
-  can run on, every list in queue order ``(submit_ts + slice_turns * turn_s, id)``. A round then
+  can run on, every list in the policy's queue order (``key``, then id). A round then
   looks only at the jobs that could get nodes at all (a level whose jobs all need more nodes than
   could be freed for them is skipped in O(1) per size) — the cost follows what changes, not the
   length of the queue;
@@ -22,7 +22,6 @@ many rounds decides exactly what one built from scratch does.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,7 +31,7 @@ from hfai.protocol.types import ChainState, Priority
 if TYPE_CHECKING:
     from hfai.controller.policy import JobView
 
-Key = tuple[float, str]  # queue order: (submit_ts + slice_turns * turn_s, job id)
+Key = tuple[float, str]  # queue order: (the ordering's key, job id)
 
 _ABOVE_NORMAL, _NORMAL = Priority.ABOVE_NORMAL.value, Priority.NORMAL.value
 _QUEUED, _SUSPENDED, _RUNNING = ChainState.QUEUED, ChainState.SUSPENDED, ChainState.RUNNING
@@ -148,14 +147,14 @@ class Ordering:
         self.key = key
 
 
-def priority_ordering(turn_s: float, above_normal_s: float = math.inf) -> Ordering:
-    """The hfai policy's: by effective priority (ABOVE_NORMAL that ran ``above_normal_s`` counts
-    as NORMAL), then original submit time, each time-slice turn taken counting ``turn_s`` later."""
+def priority_ordering(above_normal_s: float, key: Callable[[JobView], float], signature: tuple) -> Ordering:
+    """Levels by effective priority (ABOVE_NORMAL that ran ``above_normal_s`` counts as NORMAL),
+    ``key`` within a level (the policy's)."""
 
     def level(v: JobView) -> int:
         return _NORMAL if v.priority == _ABOVE_NORMAL and v.run_s >= above_normal_s else v.priority
 
-    return Ordering(("priority", turn_s, above_normal_s), level, lambda v: v.submit_ts + v.slice_turns * turn_s)
+    return Ordering(("priority", above_normal_s, *signature), level, key)
 
 
 class JobIndex:

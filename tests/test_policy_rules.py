@@ -67,13 +67,16 @@ def test_fifo_within_a_priority_by_original_submit_time():
     assert list(of(out, Start)) == ["old"]
 
 
-def test_a_time_slice_turn_moves_a_job_back_by_turn_s_only():
-    config = PolicyConfig(turn_s=100.0)
-    had_turn = queued("a", user="x", submit=0, slice_turns=1, state=ChainState.SUSPENDED)
-    # Submitted within turn_s after it: goes first (round-robin).
-    assert list(of(run([had_turn, queued("b", user="y", submit=50)], nodes(1), config), Start)) == ["b"]
-    # Submitted later than that: cannot overtake, so the wait of a job stays bounded.
-    assert list(of(run([had_turn, queued("c", user="y", submit=150)], nodes(1), config), Start)) == ["a"]
+def test_within_a_priority_less_attained_service_goes_first_then_fifo():
+    # Service bands are 2, 16 and 128 slices of node-time: 1 h on one node is band 1.
+    ran_an_hour = queued("a", user="x", submit=0, run_s=3600.0, state=ChainState.SUSPENDED)
+    ran_less = queued("b", user="x", submit=1, run_s=3599.0, state=ChainState.SUSPENDED)
+    new = queued("c", user="y", submit=50)
+    assert list(of(run([ran_an_hour, new], nodes(1)), Start)) == ["c"]  # band 0 before band 1
+    assert list(of(run([ran_less, new], nodes(1)), Start)) == ["b"]  # same band: first come
+    # Service is node-time: an hour on two nodes is two hours of service.
+    assert list(of(run([queued("d", n=2, run_s=1800.0, submit=0, state=ChainState.SUSPENDED),
+                        queued("e", n=2, submit=9)], nodes(2)), Start)) == ["e"]
 
 
 # ---------------------------------------------------------------------------------- gangs
@@ -149,10 +152,13 @@ def test_two_waiting_jobs_do_not_take_the_same_victim():
 # ---------------------------------------------------------------------------- time slices
 
 
-def test_time_slice_suspends_another_users_job_after_one_slice():
-    out = run([running("r", names(0), user="v", started=NOW - 2000), queued("w", user="u")], nodes(1))
+def test_time_slice_suspends_another_users_job_with_more_service_after_one_slice():
+    out = run([running("r", names(0), user="v", started=NOW - 4000), queued("w", user="u")], nodes(1))
     d = of(out, Suspend)["r"]
     assert d.sliced and d.for_job == "w" and "time slice" in d.reason
+    # Held its nodes for a slice but has had no more service than the waiting job: it keeps them.
+    out = run([running("r", names(0), user="v", started=NOW - 2000), queued("w", user="u", run_s=500.0)], nodes(1))
+    assert not of(out, Suspend)
 
 
 def test_a_job_that_just_resumed_keeps_its_nodes_for_one_slice():
@@ -163,15 +169,16 @@ def test_a_job_that_just_resumed_keeps_its_nodes_for_one_slice():
 def test_a_job_waiting_for_its_time_slice_says_when_its_turn_comes():
     """Issue 13 defect 8: it said "the group is full, and no running job may be preempted for it"."""
     out = run([running("r", names(0), user="v", started=NOW - 1000), queued("w", user="u")], nodes(1))
-    assert of(out, Wait)["w"].reason == "waiting for its time slice, next turn in ~14 min"  # 800 s left
-    # Two nodes short: the turn comes when the second-oldest of the other users' jobs has had its slice.
+    # It may be sliced once it has had 2 slices (3600 s) of node-time: 2600 s from now.
+    assert of(out, Wait)["w"].reason == "waiting for its time slice, next turn in ~44 min"
+    # Two nodes short: the turn comes when the second of the other users' jobs may be sliced.
     jobs = [running("r1", names(0), user="v", started=NOW - 1700), running("r2", names(1), user="x", started=NOW - 60),
             running("mine", names(2), user="u", started=NOW - 10), queued("w", user="u", n=2)]
-    assert of(run(jobs, nodes(3)), Wait)["w"].reason == "waiting for its time slice, next turn in ~29 min"
+    assert of(run(jobs, nodes(3)), Wait)["w"].reason == "waiting for its time slice, next turn in ~59 min"
     # Lower-priority nodes it can take now count: only one more node must come from slicing.
     jobs = [running("low", names(0), prio=LOW, user="x"), running("r", names(1), user="v", started=NOW - 1790),
             queued("w", user="u", n=2)]
-    assert of(run(jobs, nodes(2)), Wait)["w"].reason == "waiting for its time slice, next turn in ~1 min"
+    assert of(run(jobs, nodes(2)), Wait)["w"].reason == "waiting for its time slice, next turn in ~31 min"
     # Slicing never serves it (its own user's job, or a higher priority holds the nodes): as before.
     for holder in (running("r", names(0), user="u"), running("r", names(0), user="v", prio=HIGH)):
         reason = of(run([holder, queued("w", user="u")], nodes(1)), Wait)["w"].reason
@@ -187,9 +194,12 @@ def test_never_sliced_for_the_same_user_at_the_same_priority():
 
 
 def test_slice_takes_the_job_that_held_its_nodes_longest():
-    jobs = [running("r1", names(0), user="v", started=NOW - 2000),
+    jobs = [running("r1", names(0), user="v", started=NOW - 4000),
             running("r2", names(1), user="x", started=NOW - 5000), queued("w", user="u")]
     assert list(of(run(jobs, nodes(2)), Suspend)) == ["r2"]
+    # More service outranks holding longer: r1 has had 20 h of node-time in earlier runs.
+    jobs[0] = running("r1", names(0), user="v", started=NOW - 4000, run_s=72000.0)
+    assert list(of(run(jobs, nodes(2)), Suspend)) == ["r1"]
 
 
 # --------------------------------------------------------------------------- quotas, AUTO

@@ -66,7 +66,9 @@ def test_hfai_time_slices_between_users():
     s = Simulator([TraceJob(0.0, 1000.0, 1, user="a"), TraceJob(10.0, 50.0, 1, user="b")], 1, decide, config, "hfai")
     s.run()
     short = by_submit(s.jobs)[10.0]
-    assert short.end <= 10.0 + 100.0 + 50.0 + 5.0  # one slice of the long job, then its turn
+    # The long job yields once it has had two slices of service (band 1), then the short one runs.
+    assert short.end <= 10.0 + 200.0 + 50.0 + 5.0
+    assert by_submit(s.jobs)[0.0].interrupts == 1
 
 
 def test_elastic_job_runs_slower_on_fewer_nodes_and_grows_later():

@@ -13,9 +13,9 @@ def nodes(n: int, group: str = "default") -> list[NodeView]:
     return [NodeView(f"n{i}", group) for i in range(n)]
 
 
-def job(id, prio=10, n=1, ts=0.0, state=Q, user="u", held=(), started=0.0, turns=0) -> JobView:
+def job(id, prio=10, n=1, ts=0.0, state=Q, user="u", held=(), started=0.0, turns=0, run_s=0.0) -> JobView:
     return JobView(id=id, user=user, priority=prio, nodes=n, submit_ts=ts, state=state, held=held,
-                   started_ts=started, slice_turns=turns)
+                   started_ts=started, slice_turns=turns, run_s=run_s)
 
 
 def of(kind, decisions):
@@ -62,17 +62,17 @@ def test_no_double_preemption_while_a_victim_is_leaving():
     assert "being released" in of(Wait, ds)[0].reason
 
 
-def test_time_slice_only_after_the_slice_and_never_for_the_same_user():
+def test_time_slice_only_after_two_slices_of_service_and_never_for_the_same_user():
     holder = job("holder", user="alice", state=R, held=("n0",), started=0)
-    assert not of(Suspend, decide([holder, job("w", user="bob", ts=1)], nodes(1), 50, CFG))
-    ds = decide([holder, job("w", user="bob", ts=1)], nodes(1), 150, CFG)
+    assert not of(Suspend, decide([holder, job("w", user="bob", ts=1)], nodes(1), 150, CFG))
+    ds = decide([holder, job("w", user="bob", ts=1)], nodes(1), 250, CFG)
     assert [(s.job_id, s.sliced) for s in of(Suspend, ds)] == [("holder", True)]
     assert "time slice" in of(Suspend, ds)[0].reason
-    assert not of(Suspend, decide([holder, job("w", user="alice", ts=1)], nodes(1), 150, CFG))
+    assert not of(Suspend, decide([holder, job("w", user="alice", ts=1)], nodes(1), 250, CFG))
 
 
-def test_round_robin_prefers_jobs_that_yielded_less():
-    ds = decide([job("yielded", ts=1, turns=1), job("fresh", ts=2, turns=0)], nodes(1), 10, CFG)
+def test_round_robin_prefers_jobs_that_had_less_service():
+    ds = decide([job("yielded", ts=1, turns=1, run_s=250), job("fresh", ts=2, turns=0)], nodes(1), 10, CFG)
     assert [s.job_id for s in of(Start, ds)] == ["fresh"]
 
 
