@@ -38,6 +38,7 @@ waiting job never scans the running jobs just to learn it cannot preempt any.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -341,11 +342,17 @@ class _Pool:
         """Mark ``job`` as a victim (whole or shrunk): it cannot be chosen again this round."""
         self.taken.add(job.id)
         self.lower_cache.clear()
-        self.slice_cache.clear()
-        level = self.sorted_level(self.prio[job.id])
-        level.nodes -= len(job.held)
+        p = self.prio[job.id]
+        level = self.sorted_level(p)
+        n = len(job.held)
+        level.nodes -= n
         if job.id in level.slice_ids:
-            level.slice_nodes -= len(job.held)
+            level.slice_nodes -= n
+            # Keep the slice totals asked for so far (a handful) instead of summing them again.
+            band = self.band[job.id]
+            for key in self.slice_cache:
+                if key[0] == p and key[1] != job.user and band > key[2]:
+                    self.slice_cache[key] -= n
 
     def lower_nodes(self, prio: int) -> int:
         found = self.lower_cache.get(prio)
@@ -431,6 +438,9 @@ class _GroupRound:
         self.started: set[str] = set()
         self.out: list[Decision] = []
         self.turns: dict[tuple[int, str, int, int], float | None] = {}  # slice_turn's answers this round
+        self.wband: dict[str, int] = {}  # service band of the waiting jobs looked at (explaining)
+        self.ready: dict[tuple[int, str, int, int], tuple[list[float], list[int]]] = {}  # see ready_times
+        self.reasons: dict[tuple, str] = {}  # skip's reasons this round, while nothing changed
 
     # -- helpers
 
@@ -503,10 +513,26 @@ class _GroupRound:
         visits only jobs that could get nodes, so a long queue behind a full cluster costs O(1)
         per size, not O(jobs). Both make the same non-Wait decisions."""
         if self.config.explain_waits:
-            for job in level.in_order():
-                self.prio[job.id] = p
-                if job.lo > self.cap(p):
-                    self.skip(job, p)
+            # Every waiting job gets its reason: O(queue), so kept tight. The cap changes only
+            # when something starts, is taken or is pinned (``state``).
+            views, prio, wband, reasons, out = level.views, self.prio, self.wband, self.reasons, self.out
+            state: tuple[int, int, int] | None = None
+            cap = 0
+            for key, job_id in heapq.merge(*level.by_size.values()):
+                job = views[job_id]
+                prio[job_id] = p
+                band = wband[job_id] = int(key // _BAND_WEIGHT)  # the ordering's key holds the band
+                now_state = (self.fi, self.leaving, len(self.pool.taken))
+                if now_state != state:
+                    state, cap = now_state, self.cap(p)
+                if job.lo > cap:
+                    self.reserve(p)
+                    # A long tail repeats a few situations: the reason depends only on these.
+                    memo = (p, job.lo, job.user, job.priority, band, state)
+                    reason = reasons.get(memo)
+                    if reason is None:
+                        reason = reasons[memo] = self.skip_reason(job, p)
+                    out.append(Wait(job_id, reason))
                 else:
                     self.place(job)
             return
@@ -518,27 +544,20 @@ class _GroupRound:
             self.prio[found.id] = p
             self.place(found)
 
-    def skip(self, job: JobView, p: int) -> None:
-        """A job that cannot get enough nodes this round even by preempting: it is blocked (the
-        same effect whether it is looked at or passed over), and, explaining, says why."""
-        self.reserve(p)
-        if not self.config.explain_waits:
-            return
+    def skip_reason(self, job: JobView, p: int) -> str:
         lo = job.lo
         room = self.room(job)
         if lo > self.usable:
-            self.wait(job, f"needs {lo} nodes, group {self.group!r} has {self.usable} usable")
-        elif room is not None and room < lo:
-            self.wait(job, self.over_quota(job, room))
+            return f"needs {lo} nodes, group {self.group!r} has {self.usable} usable"
+        if room is not None and room < lo:
+            return self.over_quota(job, room)
+        need = lo - self.n_free() - self.leaving
+        if self.hopeless(p):
+            why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
+            fallback = f"waiting for nodes: {why}, and no running job may be preempted for it"
         else:
-            need = lo - self.n_free() - self.leaving
-            if self.hopeless(p):
-                why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
-                fallback = f"waiting for nodes: {why}, and no running job may be preempted for it"
-            else:
-                fallback = f"waiting for {need} more node(s), held by jobs it may not preempt"
-            self.wait(job, self.slice_wait(job, need - self.pool.lower_nodes(p) - self.slices(job, p))
-                      or fallback)
+            fallback = f"waiting for {need} more node(s), held by jobs it may not preempt"
+        return self.slice_wait(job, need - self.pool.lower_nodes(p) - self.slices(job, p)) or fallback
 
     def over_quota(self, job: JobView, room: int) -> str:
         held = self.used.get((job.user, job.priority, self.group), 0)
@@ -628,6 +647,18 @@ class _GroupRound:
         never can (the job is in the last band, or too few nodes are held by others)."""
         if p not in self.pool.levels or band >= len(self.config.service_bands):
             return None
+        key = (p, user, band, len(self.pool.taken))
+        ready = self.ready.get(key)
+        if ready is None:
+            ready = self.ready[key] = self.ready_times(p, user, band)
+        times, nodes = ready
+        i = bisect.bisect_left(nodes, short)
+        return max(0.0, times[i] - self.now) if i < len(nodes) else None
+
+    def ready_times(self, p: int, user: str, band: int) -> tuple[list[float], list[int]]:
+        """When other users' jobs at ``p`` that may not be sliced for band ``band`` yet may be
+        (held their nodes a slice, and their service left the band), in order, with the running
+        total of their nodes."""
         threshold = self.config.service_bands[band] * self.config.slice_s  # node-seconds to leave the band
         ready: list[tuple[float, int]] = []
         for v in self.pool.sorted_level(p).jobs:
@@ -635,23 +666,23 @@ class _GroupRound:
                 continue
             if v.id in self.pool.band and self.pool.band[v.id] > band:
                 continue  # sliceable now: already counted
-            # When it has held its nodes for a slice and its service has left the job's band.
             past_band = v.started_ts + max(0.0, threshold / max(1, len(v.held)) - v.run_s)
             ready.append((max(v.started_ts + self.config.slice_s, past_band), len(v.held)))
         ready.sort()
-        got = 0
+        times, totals, got = [], [], 0
         for at, n in ready:
             got += n
-            if got >= short:
-                return max(0.0, at - self.now)
-        return None
+            times.append(at)
+            totals.append(got)
+        return times, totals
 
     def slices(self, job: JobView, p: int) -> int:
         """Nodes the job could take from its own priority by time slicing."""
         return self.pool.slice_nodes(p, job.user, self.band_of(job))
 
     def band_of(self, job: JobView) -> int:
-        return service_band(job, self.now, self.config)
+        band = self.wband.get(job.id)
+        return service_band(job, self.now, self.config) if band is None else band
 
     def pin_free(self, job: JobView) -> None:
         self.fi = len(self.free)
