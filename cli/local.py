@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hfai._atomic import write_atomic
+from hfai._proc import pid_alive
 from hfai.config import (
     AgentConfig,
     Config,
@@ -195,7 +197,7 @@ class LocalCluster:
         else:
             proc, self.url = start_nats(self.root / "nats", self.root / "logs" / "nats.log", config_file=conf)
             self._procs["nats"] = proc
-        self.config_path.write_text(dump_toml(self.config()))
+        write_atomic(self.config_path, dump_toml(self.config()))
         # Before any controller leads: at a takeover every known node gets a heartbeat window, so
         # a node of the last cluster that this one lacks would get work for that long.
         forgotten: list[str] = []
@@ -458,8 +460,8 @@ class LocalCluster:
 
     def save(self) -> None:
         self.pids["nats"] = self._procs["nats"].pid if "nats" in self._procs else self.pids.get("nats", 0)
-        self.state_path.write_text(json.dumps({"url": self.url, "nodes": self.nodes, "pids": self.pids,
-                                               "auth": self.auth, "owner": self.owner or _login()}, indent=1))
+        write_atomic(self.state_path, json.dumps({"url": self.url, "nodes": self.nodes, "pids": self.pids,
+                                                  "auth": self.auth, "owner": self.owner or _login()}, indent=1))
 
     @classmethod
     def load(cls, root: Path | None = None) -> LocalCluster | None:
@@ -473,10 +475,10 @@ class LocalCluster:
 
     def is_up(self) -> bool:
         loaded = LocalCluster.load(self.root)
-        return loaded is not None and _alive(loaded.pids.get("nats"))
+        return loaded is not None and pid_alive(loaded.pids.get("nats"))
 
     def alive(self) -> dict[str, bool]:
-        return {name: _alive(pid) for name, pid in self.pids.items()}
+        return {name: pid_alive(pid) for name, pid in self.pids.items()}
 
 
 #: What ``reset`` wipes under the root (``envs/`` is the user's, not state).
@@ -510,19 +512,8 @@ def _login() -> str:
     return current_user()
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        import psutil
-
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
-
-
 def _terminate(pid: int | None, proc: subprocess.Popen | None, grace_s: float = 10.0) -> None:
-    if not pid or not _alive(pid):
+    if not pid or not pid_alive(pid):
         if proc is not None:
             proc.poll()
         return
@@ -534,7 +525,7 @@ def _terminate(pid: int | None, proc: subprocess.Popen | None, grace_s: float = 
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             return
-        if not _alive(pid):
+        if not pid_alive(pid):
             return
         time.sleep(0.05)
     try:

@@ -63,7 +63,7 @@ class Priority(enum.IntEnum):
             return str(value)
 
 
-#: Submit-time placeholder: "the highest level I still have quota for" (see DESIGN: AUTO).
+#: Submit-time placeholder: "the highest level I still have quota for" (docs/scheduling.md, "AUTO").
 AUTO_PRIORITY = -1
 
 

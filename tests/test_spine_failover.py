@@ -29,9 +29,8 @@ def test_leader_killed_standby_takes_over_without_losing_or_duplicating_jobs(tmp
         old = c.wait(c.leader, 10, "a leader")
         c.local.kill(f"{old}")
         t0 = time.monotonic()
-        new = c.wait(lambda: (h := c.leader()) not in (None, old) and h, 10, "the standby to take the lease", 0.05)
+        c.wait(lambda: (h := c.leader()) not in (None, old) and h, 10, "the standby to take the lease", 0.05)
         took = time.monotonic() - t0
-        assert new != old
         assert took <= 2.0 + 1.0, f"takeover took {took:.2f}s"
 
         for job in (running, *queued):
