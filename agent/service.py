@@ -23,7 +23,7 @@ from nats.aio.client import Client
 
 from hfai import _nats
 from hfai._atomic import write_atomic
-from hfai._daemon import Supervisor
+from hfai._daemon import FailureStreak, Supervisor
 from hfai._metrics import MetricsServer
 from hfai._version import __version__
 from hfai.agent import safefs
@@ -266,12 +266,23 @@ class Agent:
         return gone
 
     async def _reconcile_loop(self) -> None:
+        streak = FailureStreak(self.ac.reconcile_failures_max)  # failures on this node's own state
         while True:
             self._wake.clear()
             try:
                 await self.reconcile()
-            except Exception:
-                log.exception("reconcile failed; retrying")
+                streak.succeeded()
+            except LocalStateError:
+                raise
+            except (nats.errors.Error, TimeoutError):
+                log.exception("reconcile failed on NATS; retrying")  # the connection heals itself
+            except Exception as e:
+                # A disk that stays full or read-only does not heal by retrying: past the bound the
+                # agent stops (systemd restarts it, and meanwhile the leader moves the work) rather
+                # than heartbeating as a healthy node that never runs anything (issue 12).
+                log.exception("reconcile failed (%d in a row); retrying", streak.count + 1)
+                if streak.failed():
+                    raise LocalStateError(f"reconcile failed {streak.count} times in a row: {e}") from e
             try:
                 await asyncio.wait_for(self._wake.wait(), self.ac.reconcile_interval_s)
             except TimeoutError:

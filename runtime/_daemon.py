@@ -100,6 +100,23 @@ async def cancel_and_wait(tasks, timeout_s: float | None = CANCEL_TIMEOUT_S) -> 
     await asyncio.gather(*tasks, return_exceptions=True)  # collect their outcomes
 
 
+class FailureStreak:
+    """Counts failures in a row of a loop that retries; :meth:`failed` says when the streak has
+    reached ``limit`` (0: never): an error that retrying does not cure (a full or read-only disk)
+    should stop the daemon for systemd to restart, not be logged for ever."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.count = 0
+
+    def succeeded(self) -> None:
+        self.count = 0
+
+    def failed(self) -> bool:
+        self.count += 1
+        return 0 < self.limit <= self.count
+
+
 class Supervisor:
     """A daemon's long-lived tasks, watched: each is meant to run until the daemon stops it, so one
     that ends first (an error, a return, a cancellation nobody asked for) has stopped doing its

@@ -104,6 +104,9 @@ class AgentConfig:
     address: str = ""
     heartbeat_interval_s: float = 5.0
     reconcile_interval_s: float = 0.5
+    # This many failed reconcile rounds in a row on local errors (disk full, read-only, ...) stop
+    # the agent, for systemd to restart it (0: never).
+    reconcile_failures_max: int = 20
     # "auto" (NVML if present, else simulated), "nvml" or "sim".
     gpu_source: str = "auto"
     sim_gpus: int = 8

@@ -177,3 +177,48 @@ async def test_a_controller_whose_cache_or_lease_task_dies_fails(tmp_path):
             finally:
                 await c.close()
             assert reason == f"task {task.get_name()} was cancelled", reason
+
+
+def test_a_failure_streak_ends_at_its_limit_and_a_success_resets_it():
+    from hfai._daemon import FailureStreak
+
+    streak = FailureStreak(3)
+    assert not streak.failed() and not streak.failed()
+    streak.succeeded()
+    assert [streak.failed() for _ in range(3)] == [False, False, True]
+    never = FailureStreak(0)
+    assert not any(never.failed() for _ in range(100))
+
+
+async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_path):
+    """A disk that stays broken stops the agent (its supervisor then exits the process) instead of
+    leaving a node that heartbeats but never runs work; a NATS error is retried for ever."""
+    import dataclasses
+
+    from hfai.agent.service import Agent, LocalStateError
+    from hfai.config import AgentConfig, Config
+
+    config = Config(agent=dataclasses.replace(AgentConfig(), node="n0", state_dir=str(tmp_path),
+                                              reconcile_interval_s=0.001, reconcile_failures_max=5))
+    agent = Agent(config)
+    calls = []
+
+    async def broken() -> None:
+        calls.append(1)
+        raise OSError(28, "No space left on device")
+
+    agent.reconcile = broken  # type: ignore[method-assign]
+    with pytest.raises(LocalStateError, match="5 times in a row"):
+        await asyncio.wait_for(agent._reconcile_loop(), 10)
+    assert len(calls) == 5
+
+    async def nats_down() -> None:
+        calls.append(1)
+        if len(calls) > 50:
+            raise asyncio.CancelledError
+        raise nats.errors.ConnectionClosedError
+
+    agent.reconcile = nats_down  # type: ignore[method-assign]
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(agent._reconcile_loop(), 10)
+    assert len(calls) > 50
