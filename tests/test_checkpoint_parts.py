@@ -44,6 +44,7 @@ def _parts(d) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.startswith("part-"))
 
 
+@pytest.mark.slow
 def test_a_plain_process_saves_a_directory_and_loads_it_back(tmp_path):
     model, opt = _trained()
     out = tmp_path / "latest.pt"
@@ -66,6 +67,7 @@ def test_a_plain_process_saves_a_directory_and_loads_it_back(tmp_path):
     assert _parts(out) == _parts(out)[:1]  # the older save's part is gone
 
 
+@pytest.mark.slow  # a fresh interpreter or more: seconds
 def test_todays_single_file_helpers_still_work(tmp_path):
     model, _ = _trained()
     path = ckpt.save({"model": model.state_dict(), "step": 4}, tmp_path / "one.pt")

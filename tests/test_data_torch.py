@@ -44,6 +44,7 @@ def first_bytes(batch) -> list[int]:
 @pytest.mark.parametrize(
     ("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")], ids=["inline", "fork", "spawn"]
 )
+@pytest.mark.slow
 def test_stock_dataloader_reads_whole_batches(ffr, workers, context):
     ds = Dataset(ffr)
     loader = torch.utils.data.DataLoader(

@@ -100,6 +100,7 @@ def test_leader_frozen_past_its_lease_hands_over_and_leads_again_when_its_turn_c
         assert all(c.local.alive()[n] for n in ("controller-0", "controller-1"))
 
 
+@pytest.mark.slow
 def test_a_forged_exit_event_does_not_finish_someone_elses_job(tmp_path):
     with Cluster(tmp_path, nodes=2) as c:
         job = c.submit(["python", STEPS, "600", "0.1"], name="bobs-training", user="bob", workdir=tmp_path)

@@ -38,6 +38,7 @@ def test_each_agent_gets_its_own_node_state_and_credentials():
     assert fleet.agent_config(base, "node-3", "/var/fleet", None).nats.creds == ""
 
 
+@pytest.mark.slow
 def test_a_fleet_without_credentials_stops_with_one_line(tmp_path):
     env = dict(os.environ, HFAI_CONFIG="", HFAI_NATS_URL="nats://127.0.0.1:1")
     env.pop("HFAI_NATS_CREDS", None)

@@ -6,6 +6,7 @@ import copy
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -124,6 +125,7 @@ def test_set_replace_torch_patches_and_restores(monkeypatch):
     assert torch.equal(ln, torch.nn.LayerNorm(8)(x.float()))
 
 
+@pytest.mark.slow  # a fresh interpreter or more: seconds
 def test_parallel_is_lazy_and_reachable():
     code = (
         "import sys, hfai.nn\n"
@@ -144,6 +146,7 @@ def test_parallel_is_lazy_and_reachable():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow  # a fresh interpreter or more: seconds
 def test_imports_without_triton_and_import_hfai_stays_light():
     code = (
         "import sys\n"

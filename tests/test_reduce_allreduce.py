@@ -15,7 +15,7 @@ from test_reduce_harness import assert_all_ok, no_leaked_segments, run_ranks  # 
 
 import hfai.reduce as R
 
-pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaked_segments")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaked_segments")]
 
 #: fp16/bf16 are summed in fp32 then rounded once: one rounding of the result's magnitude.
 TOL = {

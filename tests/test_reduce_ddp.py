@@ -12,7 +12,7 @@ from torch import nn
 
 import hfai.reduce as R
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaked_segments")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaked_segments")]
 
 CONFIG = R.ReduceConfig(timeout_s=20)
 

@@ -18,6 +18,9 @@ from datetime import timedelta
 import pytest
 import torch.multiprocessing as mp
 
+# Starts processes (a cluster or torch workers): seconds each; `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 #: The gloo default group's own timeout; every test's own waits are shorter.
 PG_TIMEOUT_S = 30
 

@@ -203,6 +203,7 @@ def test_pid_alive_and_start_time():
     assert not shm.pid_alive(proc.pid)
 
 
+@pytest.mark.slow  # a fresh interpreter or more: seconds
 def test_import_has_no_side_effects():
     code = (
         "import sys; import hfai; assert 'torch' not in sys.modules, 'hfai imported torch'\n"

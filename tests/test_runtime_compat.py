@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 CHAIN = """
 import os, hfai
 count = int(os.environ["HFAI_SUSPEND_COUNT"])
@@ -52,6 +54,7 @@ def test_without_simulation_nothing_is_kept(tmp_path):
     assert r.returncode == 0 and "ran on" in r.stdout and not (tmp_path / "home").exists()
 
 
+@pytest.mark.slow  # a fresh interpreter or more: seconds
 def test_hfai_nccl_distributed_is_hfai_distributed_and_stays_light():
     code = ("import sys, hfai, hfai.distributed\n"
             "import hfai.nccl.distributed as dist\n"

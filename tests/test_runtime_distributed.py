@@ -8,6 +8,9 @@ import socket
 
 import pytest
 
+# Starts processes (a cluster or torch workers): seconds each; `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 

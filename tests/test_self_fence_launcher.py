@@ -20,6 +20,9 @@ from hfai.agent.plan import RunPhase, platform_stopped
 from hfai.agent.runs import RunStore
 from hfai.protocol.types import DesiredRun, RunAssignment
 
+# Starts real processes and waits out fence bounds: seconds each; `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 FENCE_S = 1.0
 KILL_S = 1.5
 POLL_S = 0.1

@@ -9,6 +9,9 @@ from spine_cluster import JOBS, Cluster
 
 from hfai.protocol.types import ChainState
 
+# Starts processes (a cluster or torch workers): seconds each; `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 STEPS = str(JOBS / "steps.py")
 
 
