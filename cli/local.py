@@ -512,6 +512,21 @@ def _login() -> str:
     return current_user()
 
 
+def free_port(host: str, preferred: int) -> int:
+    """``preferred`` if nothing listens on it at ``host``, else a port the kernel says is free."""
+    import socket
+
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise Unavailable(f"no free TCP port on {host}")
+
+
 def _terminate(pid: int | None, proc: subprocess.Popen | None, grace_s: float = 10.0) -> None:
     if not pid or not pid_alive(pid):
         if proc is not None:

@@ -476,11 +476,14 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     """
     import dataclasses
 
-    from hfai.cli.local import LOCAL_CONTROLLER, LocalCluster
+    from hfai.cli.local import LOCAL_CONTROLLER, LocalCluster, free_port
     from hfai.config import WebConfig
 
     cc = LOCAL_CONTROLLER if slice_s is None else dataclasses.replace(LOCAL_CONTROLLER, slice_s=slice_s)
-    cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc, web=WebConfig())
+    web = WebConfig()
+    # Another local cluster (or anything else) on the usual port: take a free one, shown below.
+    web = dataclasses.replace(web, port=free_port(web.host, web.port))
+    cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc, web=web)
     if fresh:
         cluster.reset()
     resumed = cluster.has_state

@@ -232,3 +232,17 @@ def test_write_atomic_mode_and_no_leftovers(tmp_path):
     with pytest.raises(OSError):
         write_atomic(blocked, "7")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fence", "s.creds"]
+
+
+def test_local_up_takes_the_usual_web_port_or_a_free_one():
+    import socket
+
+    from hfai.cli.local import free_port
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        other = free_port("127.0.0.1", taken)
+        assert other not in (taken, 0)
+    assert free_port("127.0.0.1", taken) == taken  # free again once nobody listens
