@@ -10,6 +10,7 @@ import asyncio
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -28,6 +29,11 @@ LAZY_GROUPS = {
     "workspace": ("hfai.cli.workspace", "workspace"),
     "dataset": ("hfai.cli.dataset", "dataset"),
     "env": ("hfai.cli.env", "env"),
+    # Changing jobs after submit (cli/control.py).
+    "hold": ("hfai.cli.control", "hold"),
+    "release": ("hfai.cli.control", "release"),
+    "requeue": ("hfai.cli.control", "requeue"),
+    "update": ("hfai.cli.control", "update"),
 }
 
 
@@ -56,13 +62,10 @@ run_async = user_errors()
 
 
 def cli_config():
-    """Config for talking to the cluster: HFAI_CONFIG / /etc/hfai/hfai.toml, else a running
-    ``hfai local`` cluster, else defaults (``HFAI_NATS_URL`` overrides the URL in every case)."""
-    from hfai.cli.local import LocalCluster
-    from hfai.config import config_file, load_config
+    """Config for talking to the cluster (see :func:`hfai.cli.client.cli_config`)."""
+    from hfai.cli.client import cli_config as config
 
-    local = LocalCluster.load() if config_file() is None else None
-    return load_config(local.config_path if local is not None else None)
+    return config()
 
 
 def api():
@@ -97,6 +100,15 @@ def submit_options(f):
         click.option("-i", "--env-name", default=lambda: os.environ.get("HF_ENV_NAME", ""),
                      help="Environment (HF_ENV_NAME) to run in, from the nodes' environment root."),
         click.option("-f", "--force", is_flag=True, help="Submit even if a job of that name is active."),
+        click.option("--after", "after", multiple=True, metavar="ID[:ok|any]",
+                     help="Start only after job ID succeeded (ok, the default) or ended at all (any); repeatable."),
+        click.option("--array", "array", metavar="SPEC",
+                     help="A job array: 0-99, 1,3,5 or 0-15:4 (a step), with %N to run at most N at once; "
+                          "each member sees HFAI_ARRAY_INDEX."),
+        click.option("-t", "--time", "time_limit", metavar="DURATION",
+                     help="Stop the job once it has run this long over all its runs: 90m, 2h, 1:30:00, 45s."),
+        click.option("--retry", "retries", type=click.IntRange(0, 100), default=0, show_default=True,
+                     help="Requeue a run that fails (a rank's non-zero exit) up to N times."),
     ]
     for opt in reversed(options):
         f = opt(f)
@@ -127,7 +139,9 @@ def _workdir() -> str:
 
 
 def build_spec(command: list[str], nodes: str, name: str | None, priority: str, group: str,
-               env_vars: tuple[str, ...], env_name: str):
+               env_vars: tuple[str, ...], env_name: str, after: tuple[str, ...] = (), time_limit: str | None = None,
+               retries: int = 0, array: str | None = None):
+    from hfai.cli.control import parse_array, parse_duration
     from hfai.protocol.types import JobSpec
 
     env = {}
@@ -141,16 +155,32 @@ def build_spec(command: list[str], nodes: str, name: str | None, priority: str, 
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
     count, min_nodes, max_nodes = parse_nodes(nodes)
+    limit = parse_array(array)[1] if array else 0
     return JobSpec(name=name or entry_script(command)[1], entrypoint=tuple(command), workdir=_workdir(), nodes=count,
                    priority=prio, group=group, env_name=env_name, env=env, min_nodes=min_nodes,
-                   max_nodes=max_nodes)
+                   max_nodes=max_nodes, after=tuple(after), retries=retries, array_limit=limit,
+                   time_limit_s=parse_duration(time_limit) if time_limit else 0.0)
 
 
 @run_async
-async def _submit(spec, force: bool) -> None:
+async def _submit(spec, force: bool, array: str | None = None) -> None:
+    from hfai.cli.control import parse_array
+    from hfai.protocol import names
+    from hfai.protocol.types import JobReply, SubmitRequest
+
+    indices = parse_array(array)[0] if array else ()
     async with api() as client:
-        job = await client.submit(spec, force=force)
+        reply = await client.call(names.VERB_SUBMIT, SubmitRequest(spec=spec, force=force, array=indices), JobReply)
+    job = reply.job
     size = f"{job.spec.min_nodes}-{job.spec.max_nodes}" if job.spec.elastic else str(job.spec.nodes)
+    if reply.array_ids:
+        at_once = f", at most {spec.array_limit} at once" if spec.array_limit else ""
+        click.echo(f"submitted job array {render.clean(spec.name)} ({render.clean(job.spec.array_id)}): "
+                   f"{len(reply.array_ids)} jobs {render.clean(spec.name)}[i]{at_once}, {size} node(s) each, "
+                   f"priority {Priority.label(job.spec.priority)}")
+        click.echo(f"  ids: {' '.join(render.clean(i) for i in reply.array_ids[:10])}"
+                   f"{' ...' if len(reply.array_ids) > 10 else ''}")
+        return
     click.echo(f"submitted job {render.clean(job.spec.name)} ({render.clean(job.id)}): {size} node(s), "
                f"priority {Priority.label(job.spec.priority)}")
     click.echo(f"  follow it with:  hfai logs {render.clean(job.id)} -f      see the queue with:  hfai ps")
@@ -245,8 +275,8 @@ def python_cmd(file: str, args: tuple[str, ...]):
     with ctx:
         p = ctx.params
         spec = build_spec(["python", *argv], p["nodes"], p["name"], p["priority"], p["group"],
-                          p["env_vars"], p["env_name"])
-    _submit(spec, p["force"])
+                          p["env_vars"], p["env_name"], p["after"], p["time_limit"], p["retries"], p["array"])
+    _submit(spec, p["force"], p["array"])
 
 
 @click.command()
@@ -258,27 +288,61 @@ def _submit_parser(**_kwargs):
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @submit_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def submit(command, nodes, name, priority, group, env_vars, env_name, force):
+def submit(command, nodes, name, priority, group, env_vars, env_name, force, after, array, time_limit, retries):
     """Submit any COMMAND (python file.py ..., bash file.sh, an executable) as a job."""
     command = list(command)
     _check_script(command)
-    spec = build_spec(command, nodes, name, priority, group, env_vars, env_name)
-    _submit(spec, force)
+    spec = build_spec(command, nodes, name, priority, group, env_vars, env_name, after, time_limit, retries, array)
+    _submit(spec, force, array)
 
 
 # ------------------------------------------------------------------------------------ queries
 
-@main.command()
+def _column_help() -> str:
+    return ", ".join(f"{name} ({col.help})" for name, col in render.JOB_COLUMNS.items())
+
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON (documented in docs/cli.md) instead of a table: no truncation, no escaping.")
+
+
+@main.command(epilog="Filters: --mine / -u with only yourself and which states are asked for (finished or not) are "
+                     "applied by the controller; other users, states, --name and held are matched by the CLI on "
+                     "what it lists.")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include finished jobs.")
-@click.option("--mine", is_flag=True, help="Only my jobs.")
+@click.option("--mine", is_flag=True, help="Only my jobs (as -u ME).")
+@click.option("-u", "--user", "users", multiple=True, metavar="USER", help="Only USER's jobs; repeatable.")
+@click.option("--all-users", is_flag=True, help="Everyone's jobs (the default; overrides -u and --mine).")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              help=f"Only jobs in STATE ({render.states_help()}, or active: not ended); repeatable. A final "
+                   "state implies -a.")
+@click.option("--name", "names", multiple=True, metavar="PATTERN",
+              help="Only jobs whose name matches the glob PATTERN ('train-*'); repeatable.")
+@click.option("--held", is_flag=True, help="Only waiting jobs on hold (hfai hold).")
+@click.option("-o", "--columns", metavar="COLUMNS",
+              help=f"Comma-separated columns, default {','.join(render.DEFAULT_COLUMNS)}. Known: {_column_help()}.")
+@click.option("-w", "--wide", is_flag=True, help="Never cut a cell to fit the terminal.")
+@json_option
 @run_async
-async def ps(show_all: bool, mine: bool):
-    """List jobs: id, name, user, nodes (an elastic job: held of MIN-MAX), priority, state,
-    suspend count, age, why."""
+async def ps(show_all: bool, mine: bool, users: tuple[str, ...], all_users: bool, states: tuple[str, ...],
+             names: tuple[str, ...], held: bool, columns: str | None, wide: bool, as_json: bool):
+    """List jobs (the active ones, by default everyone's): id, name, user, nodes (an elastic job:
+    held of MIN-MAX), priority, state, suspend count, age, why."""
+    from hfai.cli.client import JobFilter
+
+    shown = render.parse_columns(columns) if columns else render.DEFAULT_COLUMNS
     async with api() as client:
-        jobs = await client.list(all_users=not mine, include_finished=show_all)
-    empty = "no jobs" if show_all else "no active jobs (`hfai ps -a` lists finished ones too)"
-    click.echo(render.jobs_table(jobs, empty=empty, width=_terminal_width()))
+        who = () if all_users else (*users, *([client.user] if mine else []))
+        only = JobFilter.of(users=who, states=states, names=names, finished=show_all)
+        jobs = [j for j in await client.jobs(only) if not held or render.held_by(j)]
+    if as_json:
+        now = time.time()
+        click.echo(render.dumps([render.job_json(j, now) for j in jobs]))
+        return
+    filtered = bool(who or states or names or held)
+    empty = ("no jobs match" if filtered else "no jobs" if show_all
+             else "no active jobs (`hfai ps -a` lists finished ones too)")
+    click.echo(render.jobs_table(jobs, empty=empty, width=None if wide else _terminal_width(), columns=shown))
 
 
 def _terminal_width() -> int | None:
@@ -292,12 +356,14 @@ def _terminal_width() -> int | None:
 
 @main.command()
 @click.argument("job")
+@json_option
 @run_async
-async def status(job: str):
-    """Show one job (by id or name): state, why, nodes, history."""
+async def status(job: str, as_json: bool):
+    """Show one job (by id or name): state, why, nodes, run time, hold, dependencies, limits, history.
+    --json prints one object: a `hfai ps --json` item with its history."""
     async with api() as client:
         record = await client.status(job)
-    click.echo(render.job_details(record))
+    click.echo(render.dumps(render.job_json(record, history=True)) if as_json else render.job_details(record))
 
 
 @main.command()
@@ -311,38 +377,44 @@ async def stop(job: str):
 
 
 @main.command()
+@json_option
 @run_async
-async def nodes():
+async def nodes(as_json: bool):
     """Nodes: state, GPUs busy, utilisation, memory, jobs, and why a node is drained or down (a down
     node's figures, in parentheses, are from its last heartbeat)."""
     async with api() as client:
         infos = await client.nodes()
-    click.echo(render.nodes_table(infos))
+    click.echo(render.dumps([render.node_json(n) for n in infos]) if as_json else render.nodes_table(infos))
 
 
 @main.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
 @click.option("-r", "--rank", default=0, show_default=True, help="Which node rank's output.")
+@click.option("-n", "--tail", type=click.IntRange(min=0), metavar="N",
+              help="Only the last N lines (then, with -f, what follows).")
+@click.option("-t", "--timestamps", is_flag=True,
+              help="Put the time before each line: when this command received it (the nodes keep output "
+                   "without times), so for lines already written it is the time you read them.")
 @click.option("--poll", default=0.5, hidden=True)
 @run_async
-async def logs(job: str, follow: bool, rank: int, poll: float):
+async def logs(job: str, follow: bool, rank: int, tail: int | None, timestamps: bool, poll: float):
     """Print a job's output (stdout and stderr of one rank, all its runs)."""
+    stamper = render.LineStamper() if timestamps else None
     async with api() as client:
         record = await client.status(job)
-        offset = 0
+        offset: int | None = None
         while True:
             nodes = record.nodes or record.last_nodes
             if rank < 0 or (nodes and rank >= len(nodes)):
                 raise click.UsageError(f"job {render.clean(record.id)} has ranks 0..{max(0, len(nodes) - 1)}")
             if nodes:
-                chunk = await client.log_chunk(record.id, rank, offset)
-                if chunk.data:
-                    sys.stdout.buffer.write(chunk.data)
+                if offset is None:
+                    offset = 0 if tail is None else await client.tail_offset(record.id, rank, tail)
+                async for data in client.read_log(record.id, rank, offset):
+                    offset += len(data)
+                    sys.stdout.buffer.write(stamper.feed(data, time.time()) if stamper else data)
                     sys.stdout.flush()
-                    offset += len(chunk.data)
-                    if offset < chunk.size:
-                        continue
             elif not follow:
                 click.echo(f"job {render.clean(record.id)} has not run yet ({record.state.value}: "
                            f"{render.clean(record.reason)})", err=True)
@@ -354,9 +426,30 @@ async def logs(job: str, follow: bool, rank: int, poll: float):
 
 # ---------------------------------------------------------------------------------- operators
 
-@main.group()
-def quota():
-    """Node quotas per (user, priority, group). Setting them is for operators."""
+@main.group(invoke_without_command=True)
+@click.pass_context
+def quota(ctx):
+    """Node quotas per (user, priority, group). Alone, as `hfai quota show`: my limits and use.
+    Setting them is for operators."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(quota_show)
+
+
+@quota.command("show")
+@json_option
+@run_async
+async def quota_show(as_json: bool = False):
+    """My quotas next to my use: per priority and group, the limit that applies to me, the nodes my
+    jobs hold, the nodes my waiting jobs ask for, and the room left."""
+    from hfai.cli.client import JobFilter
+
+    async with api() as client:
+        settings = await client.settings()
+        jobs = await client.jobs(JobFilter.of(users=[client.user]))
+        groups = {n.record.group for n in await client.nodes()}
+        me = client.user
+    rows = render.quota_use(me, settings.quotas, jobs, groups)
+    click.echo(render.dumps([r.as_json() for r in rows]) if as_json else render.quota_use_table(me, rows))
 
 
 # ignore_unknown_options: else click takes the documented NODES -1 for an option named "-1".
@@ -377,12 +470,13 @@ async def quota_set(user: str, priority: str, nodes: int, group: str):
 
 
 @quota.command("ls")
+@json_option
 @run_async
-async def quota_ls():
+async def quota_ls(as_json: bool):
     """Show every quota."""
     async with api() as client:
         reply = await client.settings()
-    click.echo(render.quotas_table(reply.quotas))
+    click.echo(render.dumps(render.quotas_json(reply.quotas)) if as_json else render.quotas_table(reply.quotas))
 
 
 @main.group()

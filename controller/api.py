@@ -21,10 +21,12 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from hfai.config import ControllerConfig
+from hfai.controller import transitions
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.policy import resolve_auto
 from hfai.controller.store import KVCache, cas_update, cas_value
 from hfai.controller.transitions import apply_stop
+from hfai.controller.validate import check_array, parse_dependency
 from hfai.controller.views import job_view, quotas_of
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Conflict, Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable, error_for_code
@@ -34,6 +36,7 @@ from hfai.protocol.types import (
     DrainedNodes,
     DrainRequest,
     ErrorReply,
+    HoldRequest,
     JobEvent,
     JobList,
     JobRecord,
@@ -49,10 +52,12 @@ from hfai.protocol.types import (
     QuotaSetRequest,
     QuotasRequest,
     QuotaTable,
+    RequeueRequest,
     RestrictedUsers,
     SettingsReply,
     StopRequest,
     SubmitRequest,
+    UpdateRequest,
     UsageReply,
     UsageRequest,
 )
@@ -110,6 +115,9 @@ class ApiService:
             names.VERB_DRAIN: (DrainRequest, self.drain),
             names.VERB_LOGS: (LogRequest, self.logs),
             names.VERB_USAGE: (UsageRequest, self.usage_report),
+            names.VERB_HOLD: (HoldRequest, self.hold),
+            names.VERB_REQUEUE: (RequeueRequest, self.requeue),
+            names.VERB_UPDATE: (UpdateRequest, self.update),
         }
         # Usage accounting (controller/usage_recorder.py), set by the controller service.
         self.usage: Callable[[UsageRequest, int], UsageReply] | None = None
@@ -162,15 +170,40 @@ class ApiService:
                 if j.spec.user == user and j.spec.name == spec.name and not j.state.final:
                     raise Conflict(f"job {spec.name!r} is already {j.state.value} as {j.id}; "
                                    "stop it first, or submit with -f/--force to run another")
+        self._check_dependencies(caller, spec)
         now = time.time()
+        if not req.array:
+            record = await self._create(replace(spec, array_id="", array_index=-1, array_limit=0), user, now)
+            self._on_submit()
+            return JobReply(job=record)
+        # A job array: one record per index, named NAME[i], each told its index (HFAI_ARRAY_INDEX).
+        array_id = uuid.uuid4().hex[:10]
+        created = []
+        for i in check_array(req.array):
+            member = replace(spec, name=f"{spec.name}[{i}]", array_id=array_id, array_index=i,
+                             env={**spec.env, "HFAI_ARRAY_INDEX": str(i), "HFAI_ARRAY_ID": array_id})
+            created.append(await self._create(member, user, now))
+        self._on_submit()
+        return JobReply(job=created[0], array_ids=tuple(r.id for r in created))
+
+    async def _create(self, spec: JobSpec, user: str, now: float) -> JobRecord:
         record = JobRecord(
             id=uuid.uuid4().hex[:10], spec=spec, state=ChainState.QUEUED, submit_ts=now, reason="queued",
             history=(JobEvent(ts=now, state=ChainState.QUEUED, reason=f"submitted by {user}"),),
         )
         rev = await self._kv.create(record.id, encode(record))
         self._jobs.put_local(record.id, record, rev)
-        self._on_submit()
-        return JobReply(job=record)
+        return record
+
+    def _check_dependencies(self, caller: Caller, spec: JobSpec) -> None:
+        """Every job named in --after exists and is the caller's (or the caller is an operator)."""
+        for entry in spec.after:
+            dep, _ = parse_dependency(entry)
+            job = self._jobs.values.get(dep)
+            if job is None:
+                raise NotFound(f"--after {dep}: no such job (use a job id, see hfai ps -a)")
+            if not caller.may_act_on(job):
+                raise Forbidden(f"--after {dep}: job {dep} belongs to {job.spec.user}; depend on your own jobs")
 
     def _validate(self, spec: JobSpec) -> JobSpec:
         # Refuse at submit what the agents could not launch (pure checks in controller/validate.py).
@@ -202,6 +235,46 @@ class ApiService:
             self._jobs.put_local(record.id, record, rev)
             self._on_submit()
         return JobReply(job=record)
+
+    async def _change(self, caller: Caller, ref: str, verb: str, change) -> JobReply:
+        """Apply ``change`` (record -> record; raises for a job in the wrong state) to the caller's
+        job, or any job for an operator, with compare-and-set."""
+        job = await self._find(caller.user, ref)
+        if not caller.may_act_on(job):
+            raise Forbidden(f"job {job.id} belongs to {job.spec.user}; you can only {verb} your own jobs")
+        record, rev, changed = await cas_update(self._kv, job.id, change)
+        if changed:
+            self._jobs.put_local(record.id, record, rev)
+            self._on_submit()
+        return JobReply(job=_shown_to(caller, record))
+
+    def _by(self, caller: Caller, job: JobRecord) -> str:
+        return caller.user if job.spec.user == caller.user else f"operator {caller.user}"
+
+    async def hold(self, caller: Caller, req: HoldRequest) -> JobReply:
+        return await self._change(caller, req.job, "hold" if req.hold else "release",
+                                  lambda j: transitions.apply_hold(j, self._by(caller, j), req.hold))
+
+    async def requeue(self, caller: Caller, req: RequeueRequest) -> JobReply:
+        return await self._change(caller, req.job, "requeue",
+                                  lambda j: transitions.apply_requeue(j, time.time(), self._by(caller, j)))
+
+    async def update(self, caller: Caller, req: UpdateRequest) -> JobReply:
+        if req.priority is None and req.nodes is None:
+            raise InvalidRequest("nothing to change: give a priority and/or a node count")
+        from hfai.controller.validate import check_quota
+
+        job = await self._find(caller.user, req.job)
+        spec = job.spec
+        if req.priority is not None:
+            spec = replace(spec, priority=req.priority)
+        if req.nodes is not None:
+            spec = replace(spec, nodes=req.nodes)
+        # The changed spec must pass what a submitted one would (sizes, group, quota).
+        spec = self._validate(spec)
+        check_quota(spec, quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable)))
+        return await self._change(caller, req.job, "change",
+                                  lambda j: transitions.apply_update(j, req.priority, req.nodes))
 
     async def logs(self, caller: Caller, req: LogRequest) -> LogChunk:
         """A slice of one rank's log, relayed from the agent of the node that rank ran on; only the

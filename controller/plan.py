@@ -12,8 +12,12 @@ A round, in order:
 2. Jobs of restricted users (KV ``hfai_users`` key ``restricted``: storage over its limit, ...)
    are interrupted through the normal protocol if running (:class:`Interrupt`) and kept out of
    the policy while waiting, saying why (:class:`Explain`).
-3. The policy (controller/policy.py, or a baseline in the simulator) decides on the records as
-   they will be after 1 and 2; its starts get a master address and port (:class:`StartRun`),
+3. Jobs past their time limit (``--time``) are stopped (:class:`StopRun`). Waiting jobs that may
+   not start yet stay out of the policy, saying why: held (``hfai hold``), waiting for the jobs
+   they depend on (``--after``), or their job array at its limit (``--array ...%N``); a job whose
+   dependency can never be met (it needed one to succeed, and it failed) is stopped.
+4. The policy (controller/policy.py, or a baseline in the simulator) decides on the records as
+   they will be after 1 to 3; its starts get a master address and port (:class:`StartRun`),
    its suspensions become :class:`Interrupt`, and its wait reasons :class:`Explain` when due.
 
 Every action carries the pure change (:meth:`Action.apply`, from transitions.py) that the
@@ -34,7 +38,7 @@ from hfai.controller.assignments import pick_master_port
 from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Suspend, Wait, decide, ordering
 from hfai.controller.queues import JobIndex, Ordering
 from hfai.controller.views import job_view
-from hfai.protocol.types import JobRecord
+from hfai.protocol.types import ChainState, JobRecord
 
 Policy = Callable[..., list]  # (jobs or JobIndex, nodes, now, PolicyConfig) -> decisions
 
@@ -103,6 +107,16 @@ class StartRun(Action):
 
 
 @dataclass(frozen=True)
+class StopRun(Action):
+    """The platform ends the job: its time limit, or a dependency that can never be met."""
+
+    reason: str
+
+    def apply(self, job: JobRecord, now: float) -> JobRecord | None:
+        return transitions.apply_platform_stop(job, now, self.reason)
+
+
+@dataclass(frozen=True)
 class Explain(Action):
     """Why a waiting job waits (no state change, no history line)."""
 
@@ -132,14 +146,21 @@ class Planner:
         self.explained: dict[str, float] = {}  # job id -> when its reason was last written
         self._fresh: set[str] = set()  # jobs that began waiting since the last explaining round
         self._nodes_seen: tuple[Sequence[PlanNode], list[NodeView], dict[str, str]] | None = None
+        # Only these jobs need looking at for gates and limits each round (O(them), not O(jobs)).
+        self._gated: set[str] = set()  # held, depending on others, or in a limited array
+        self._timed: set[str] = set()  # hold nodes and have a time limit
+        self._array_active: dict[str, set[str]] = {}  # array id -> members holding nodes
+        self.ended: dict[str, ChainState] = {}  # final state of jobs seen to end (dependencies)
 
     # -- feeding it
 
     def observe(self, record: JobRecord) -> None:
         """A record is new or changed."""
         if record.state.final:
+            self.ended[record.id] = record.state
             self.forget(record.id)
             return
+        self._track(record)
         before = self._views.get(record.id)
         self.records[record.id] = record
         view = self._views[record.id] = job_view(record)
@@ -154,7 +175,29 @@ class Planner:
         """Some job began waiting since the last round that explained every wait."""
         return bool(self._fresh)
 
+    def _track(self, r: JobRecord) -> None:
+        spec = r.spec
+        if r.hold or spec.after or spec.array_limit:
+            self._gated.add(r.id)
+        else:
+            self._gated.discard(r.id)
+        if spec.time_limit_s > 0 and r.state.holds_nodes:
+            self._timed.add(r.id)
+        else:
+            self._timed.discard(r.id)
+        if spec.array_id:
+            active = self._array_active.setdefault(spec.array_id, set())
+            if r.state.holds_nodes:
+                active.add(r.id)
+            else:
+                active.discard(r.id)
+
     def forget(self, job_id: str) -> None:
+        r = self.records.get(job_id)
+        if r is not None and r.spec.array_id in self._array_active:
+            self._array_active[r.spec.array_id].discard(job_id)
+        self._gated.discard(job_id)
+        self._timed.discard(job_id)
         self._fresh.discard(job_id)
         self.records.pop(job_id, None)
         self._views.pop(job_id, None)
@@ -169,6 +212,7 @@ class Planner:
         for job_id, r in records.items():
             if mine.get(job_id) is not r:
                 if r.state.final:
+                    self.ended[job_id] = r.state
                     if job_id in mine:
                         self.forget(job_id)
                 else:
@@ -219,6 +263,40 @@ class Planner:
                     if after is not None:
                         actions.append(Interrupt(job_id, d))
                         overlay[job_id] = after
+        for job_id in sorted(self._timed):
+            job = overlay.get(job_id, self.records[job_id])
+            if transitions.time_limit_reached(job, now):
+                ran = job.run_s + now - job.started_ts
+                why = f"time limit reached: ran {_hms(ran)} of {_hms(job.spec.time_limit_s)}"
+                after = transitions.apply_platform_stop(job, now, why)
+                if after is not None:
+                    actions.append(StopRun(job_id, why))
+                    overlay[job_id] = after
+        arrays: dict[str, list[JobRecord]] = {}  # waiting members that passed the other gates
+        for job_id in sorted(self._gated):
+            job = overlay.get(job_id, self.records[job_id])
+            if not job.state.waiting or job_id in hidden:
+                continue
+            gate = self._gate(job)
+            if gate is None:
+                if job.spec.array_limit:
+                    arrays.setdefault(job.spec.array_id, []).append(job)
+                continue
+            stop, why = gate
+            hidden.append(job_id)  # waits, or is stopped: not for the policy either way
+            if stop:
+                actions.append(StopRun(job_id, why))
+            else:
+                self._explain(actions, job, why, now, settings)
+        for array_id, members in arrays.items():
+            # Only as many as the array may still start, in index order, go to the policy.
+            limit = members[0].spec.array_limit
+            room = max(0, limit - len(self._array_active.get(array_id, ())))
+            members.sort(key=lambda j: (j.spec.array_index, j.id))
+            for job in members[room:]:
+                hidden.append(job.id)
+                self._explain(actions, job, f"its job array {array_id} already runs {limit} member(s) "
+                              f"(--array ...%{limit})", now, settings)
         for after in overlay.values():
             index.put(job_view(after))
         for job_id in hidden:
@@ -249,6 +327,21 @@ class Planner:
             self._fresh.clear()
         return actions
 
+    def _gate(self, job: JobRecord) -> tuple[bool, str] | None:
+        """Why a waiting job may not start yet: (False, reason) to wait, (True, reason) to stop it
+        for good; None: it may."""
+        if job.hold:
+            return False, transitions.held_reason(job)
+        for entry in job.spec.after:
+            dep, _, kind = entry.partition(":")
+            if dep in self.records:
+                return False, f"waiting for job {dep} to end ({'succeed' if kind != 'any' else 'end'})"
+            ended = self.ended.get(dep)
+            # A dependency we never saw end is long gone (purged after its retention): met.
+            if ended is not None and kind != "any" and ended is not ChainState.SUCCEEDED:
+                return True, f"dependency never satisfied: job {dep} {ended.value}, this job needed it to succeed"
+        return None
+
     def _explain(self, actions: list[Action], job: JobRecord, reason: str, now: float,
                  settings: PlanSettings) -> None:
         if job.reason == reason or not transitions.wait_reason_due(
@@ -275,6 +368,11 @@ class Planner:
             if job is not None and job.master_port:
                 ports.setdefault(job.master_addr, set()).add(job.master_port)
         return ports
+
+
+def _hms(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def plan_once(records: Iterable[JobRecord], nodes: Sequence[PlanNode], settings: PlanSettings, now: float,

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 
 from hfai.controller.policy import TIME_SLICE_WAIT, Start, Suspend
+from hfai.protocol.errors import IllegalTransition
 from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
 from hfai.protocol.types import evolve as replace  # fast: records have no __post_init__
 
@@ -39,8 +40,17 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
     job = replace(job, exits=exits, whole_life_state=wls)
     rank = job.nodes.index(ev.node)
     if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
+        why = f"rank {rank} on {ev.node} exited with code {code}"
+        if job.retried < job.spec.retries:
+            # --retry: like an interruption, the other ranks are asked to stop first and the
+            # job is requeued once every rank has exited (no rank outlives its restart).
+            why = f"{why}; retry {job.retried + 1} of {job.spec.retries}"
+            job = replace(job, retried=job.retried + 1)
+            if len(exits) == len(job.nodes):
+                return requeue(job, now, why)
+            return job.transition(ChainState.SUSPENDING, now, why)
         # One rank failing fails the gang; the other nodes lose the run from their assignment.
-        return _finish(job, ChainState.FAILED, now, f"rank {rank} on {ev.node} exited with code {code}")
+        return _finish(job, ChainState.FAILED, now, why)
     if job.state is ChainState.RUNNING and ev.platform_stopped:
         # The platform stopped a rank (its launcher fenced the job when its agent went silent):
         # an interruption, never the user's failure. The other ranks are asked to suspend, and
@@ -99,6 +109,60 @@ def apply_suspend(job: JobRecord, d: Suspend, now: float) -> JobRecord | None:
         return None
     turns = job.slice_turns + 1 if d.sliced else job.slice_turns
     return job.transition(ChainState.SUSPENDING, now, d.reason, slice_turns=turns)
+
+
+def apply_platform_stop(job: JobRecord, now: float, reason: str) -> JobRecord | None:
+    """The platform ends the job (time limit, a dependency that can never be met): a waiting job
+    stops at once, a running one through the stop protocol (it may save what it has)."""
+    if job.state.final or job.state is ChainState.STOPPING:
+        return None
+    if job.state.waiting:
+        return _finish(job, ChainState.STOPPED, now, reason)
+    if job.state is ChainState.SUSPENDING:
+        return None  # its run is ending anyway; the next round stops the waiting job
+    return job.transition(ChainState.STOPPING, now, reason)
+
+
+def time_limit_reached(job: JobRecord, now: float) -> bool:
+    """Has a running job used up its --time over all its runs?"""
+    limit = job.spec.time_limit_s
+    return limit > 0 and job.state is ChainState.RUNNING and job.run_s + (now - job.started_ts) >= limit
+
+
+def apply_hold(job: JobRecord, by: str, hold: bool) -> JobRecord:
+    """Hold a waiting job (it is not started until released) or release it. Raises for a job
+    that is not waiting: holding a running one would need an interruption, which is requeue's."""
+    if not job.state.waiting:
+        raise IllegalTransition(f"job {job.id} is {job.state.value}: only a waiting job can be "
+                                f"{'held' if hold else 'released'} (hfai requeue interrupts a running one)")
+    if hold:
+        return replace(job, hold=by, reason=held_reason(job, by)) if job.hold != by else job
+    return replace(job, hold="", reason="released") if job.hold else job
+
+
+def held_reason(job: JobRecord, by: str | None = None) -> str:
+    return f"held by {by or job.hold} (hfai release {job.id})"
+
+
+def apply_requeue(job: JobRecord, now: float, by: str) -> JobRecord:
+    """Interrupt a running job through the normal protocol; it keeps its place in line."""
+    if job.state is not ChainState.RUNNING:
+        raise IllegalTransition(f"job {job.id} is {job.state.value}: only a running job can be requeued")
+    return job.transition(ChainState.SUSPENDING, now, f"requeued by {by}")
+
+
+def apply_update(job: JobRecord, priority: int | None, nodes: int | None) -> JobRecord:
+    """A waiting job with another priority and/or node count (validated by the caller)."""
+    if not job.state.waiting:
+        raise IllegalTransition(f"job {job.id} is {job.state.value}: only a waiting job can be changed")
+    spec = job.spec
+    if priority is not None:
+        spec = replace(spec, priority=priority)
+    if nodes is not None:
+        if spec.elastic:
+            raise IllegalTransition(f"job {job.id} is elastic: its node range cannot be changed")
+        spec = replace(spec, nodes=nodes)
+    return replace(job, spec=spec)
 
 
 def apply_wait_reason(job: JobRecord, reason: str) -> JobRecord | None:

@@ -126,11 +126,50 @@ def check_spec(spec: JobSpec) -> JobSpec:
     check_entrypoint(spec.entrypoint)
     check_env(spec.env)
     check_workdir(spec.workdir)
+    check_limits(spec)
     size = len(encode(spec))
     if size > MAX_SPEC_BYTES:
         raise InvalidRequest(f"the job spec is {size} bytes, at most {MAX_SPEC_BYTES} are allowed; "
                              "shorten the command line or the environment")
     return spec
+
+
+MAX_RETRIES = 100
+MAX_AFTER = 64
+MAX_ARRAY = 1000
+DEPENDENCY_KINDS = ("ok", "any")
+
+
+def parse_dependency(entry: str) -> tuple[str, str]:
+    """``"ID"``, ``"ID:ok"`` (start once ID succeeded) or ``"ID:any"`` (once it ended at all)."""
+    job_id, _, kind = entry.partition(":")
+    kind = kind or "ok"
+    if not names.is_token(job_id) or kind not in DEPENDENCY_KINDS:
+        raise InvalidRequest(f"dependency {show(entry)}: expected JOB_ID or JOB_ID:ok or JOB_ID:any")
+    return job_id, kind
+
+
+def check_limits(spec: JobSpec) -> None:
+    """Dependencies, time limit, retries and array settings are well-formed."""
+    if len(spec.after) > MAX_AFTER:
+        raise InvalidRequest(f"at most {MAX_AFTER} dependencies (--after), not {len(spec.after)}")
+    for entry in spec.after:
+        parse_dependency(entry)
+    if not spec.time_limit_s >= 0:
+        raise InvalidRequest(f"the time limit must be 0 (none) or more seconds, not {spec.time_limit_s}")
+    if not 0 <= spec.retries <= MAX_RETRIES:
+        raise InvalidRequest(f"--retry takes 0 to {MAX_RETRIES}, not {spec.retries}")
+    if spec.array_limit < 0:
+        raise InvalidRequest(f"an array's limit (%N) must be at least 1, not {spec.array_limit}")
+
+
+def check_array(indices: tuple[int, ...]) -> tuple[int, ...]:
+    """A job array's indices: distinct, 0 or more, at most MAX_ARRAY of them."""
+    if len(indices) > MAX_ARRAY:
+        raise InvalidRequest(f"a job array has at most {MAX_ARRAY} members, not {len(indices)}")
+    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+        raise InvalidRequest("a job array's indices must be distinct and not negative")
+    return indices
 
 
 def check_placement(spec: JobSpec, nodes: Iterable[NodeRecord]) -> JobSpec:

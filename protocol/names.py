@@ -28,8 +28,12 @@ VERB_DRAIN = "drain"
 VERB_LOGS = "logs"
 # GPU-hours per day, user, group and priority (hfai usage, hfai-web).
 VERB_USAGE = "usage"
+# Protocol 1.2: hold/release a waiting job, requeue a running one, change a waiting one.
+VERB_HOLD = "hold"
+VERB_REQUEUE = "requeue"
+VERB_UPDATE = "update"
 VERBS = (VERB_SUBMIT, VERB_LIST, VERB_STATUS, VERB_STOP, VERB_NODES, VERB_QUOTA_SET, VERB_SETTINGS, VERB_DRAIN,
-         VERB_LOGS, VERB_USAGE)
+         VERB_LOGS, VERB_USAGE, VERB_HOLD, VERB_REQUEUE, VERB_UPDATE)
 
 AGENT_PREFIX = "hfai.agent"
 

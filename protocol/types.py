@@ -205,6 +205,17 @@ class JobSpec:
     # Elastic jobs run on min_nodes..max_nodes (``nodes`` = max_nodes); 0 means a fixed size.
     min_nodes: int = 0
     max_nodes: int = 0
+    # Protocol 1.2 (issue 13). Start only after these jobs ended: "ID:ok" (succeeded) or "ID:any".
+    after: tuple[str, ...] = ()
+    # Stopped by the platform once it has run this long over all its runs (0: no limit).
+    time_limit_s: float = 0.0
+    # A run that fails (a rank's non-zero exit) is requeued this many times before the job fails.
+    retries: int = 0
+    # A member of a job array: the array's id, this member's index, and how many members of the
+    # array may hold nodes at once (0: no limit).
+    array_id: str = ""
+    array_index: int = -1
+    array_limit: int = 0
 
     @property
     def elastic(self) -> bool:
@@ -254,6 +265,9 @@ class JobRecord:
     queued_ts: float = 0.0
     last_nodes: tuple[str, ...] = ()
     history: tuple[JobEvent, ...] = ()
+    # Protocol 1.2: who put a waiting job on hold ("" = not held); failed runs requeued so far.
+    hold: str = ""
+    retried: int = 0
 
     HISTORY_LIMIT: ClassVar[int] = 50
 
@@ -430,6 +444,9 @@ class SubmitRequest:
     KIND: ClassVar[str]
     spec: JobSpec
     force: bool = False
+    # Protocol 1.2: a job array, one job per index (each sees HFAI_ARRAY_INDEX); at most
+    # ``spec.array_limit`` of them hold nodes at once.
+    array: tuple[int, ...] = ()
 
 
 @message("list_request")
@@ -456,6 +473,33 @@ class JobRequest:
 class StopRequest:
     KIND: ClassVar[str]
     job: str
+
+
+@message("hold_request")
+class HoldRequest:
+    """Hold a waiting job (it is not started until released) or release it (``hold=False``)."""
+
+    KIND: ClassVar[str]
+    job: str
+    hold: bool = True
+
+
+@message("requeue_request")
+class RequeueRequest:
+    """Interrupt a running job through the normal protocol and put it back in line."""
+
+    KIND: ClassVar[str]
+    job: str
+
+
+@message("update_request")
+class UpdateRequest:
+    """Change a waiting job: its priority and/or its node count (None: unchanged)."""
+
+    KIND: ClassVar[str]
+    job: str
+    priority: int | None = None
+    nodes: int | None = None
 
 
 @message("nodes_request")
@@ -493,6 +537,8 @@ class DrainRequest:
 class JobReply:
     KIND: ClassVar[str]
     job: JobRecord
+    # Protocol 1.2: the ids of all the members of a submitted job array (``job`` is the first).
+    array_ids: tuple[str, ...] = ()
 
 
 @message("job_list")

@@ -1,0 +1,141 @@
+"""Changing jobs after submit: ``hfai hold``, ``release``, ``requeue``, ``update``; and the parsers
+of the submission options that need more than click (``--array``, ``--time``). Pure parsers,
+thin commands: each command is one API call (controller/api.py), whose rules (own jobs only, the
+states each change applies to) are enforced by the controller."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from hfai.cli import render
+from hfai.cli.errors import user_errors
+from hfai.protocol.types import Priority
+
+run_async = user_errors()
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_ARRAY_PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+MAX_ARRAY = 1000
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90m``, ``2h``, ``1d``, ``45s``, ``1:30:00`` (h:m:s), ``30:00`` (m:s) or
+    a plain number of minutes (Slurm's ``-t 30``). Raises click.BadParameter."""
+    t = text.strip().lower()
+    try:
+        if ":" in t:
+            parts = [int(p) for p in t.split(":")]
+            if len(parts) > 3 or any(p < 0 for p in parts):
+                raise ValueError
+            seconds = 0
+            for p in parts:
+                seconds = seconds * 60 + p
+            value = float(seconds)
+        elif t[-1:] in _UNITS:
+            value = float(t[:-1]) * _UNITS[t[-1]]
+        else:
+            value = float(t) * 60
+    except (ValueError, IndexError):
+        raise click.BadParameter(f"{text!r}: use 90m, 2h, 1d, 45s or H:MM:SS", param_hint="'-t' / '--time'") from None
+    if not 0 < value < float("inf"):
+        raise click.BadParameter(f"{text!r}: the time limit must be more than 0", param_hint="'-t' / '--time'")
+    return value
+
+
+def parse_array(text: str) -> tuple[tuple[int, ...], int]:
+    """(indices, limit) from ``0-99``, ``1,3,5``, ``0-15:4`` (a step), each with an optional
+    ``%N``: at most N members hold nodes at once (0: no limit). Raises click.BadParameter."""
+    spec, _, limit_text = text.strip().partition("%")
+    hint = "'--array'"
+    try:
+        limit = int(limit_text) if limit_text else 0
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: %N needs a whole number", param_hint=hint) from None
+    if limit_text and limit < 1:
+        raise click.BadParameter(f"{text!r}: %N must be at least 1", param_hint=hint)
+    indices: list[int] = []
+    for part in spec.split(","):
+        m = _ARRAY_PART.fullmatch(part.strip())
+        if not m:
+            raise click.BadParameter(f"{text!r}: expected 0-99, 1,3,5 or 0-15:4, with an optional %N",
+                                     param_hint=hint)
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        step = int(m.group(3)) if m.group(3) else 1
+        if hi < lo or step < 1:
+            raise click.BadParameter(f"{text!r}: a range needs FIRST <= LAST and a step of at least 1",
+                                     param_hint=hint)
+        if (hi - lo) // step + 1 + len(indices) > MAX_ARRAY:
+            raise click.BadParameter(f"{text!r}: at most {MAX_ARRAY} members", param_hint=hint)
+        indices.extend(range(lo, hi + 1, step))
+    if len(set(indices)) != len(indices):
+        raise click.BadParameter(f"{text!r}: an index is given twice", param_hint=hint)
+    return tuple(indices), limit
+
+
+def _show(job, what: str) -> None:
+    click.echo(f"job {render.clean(job.spec.name)} ({render.clean(job.id)}) {what}: {render.clean(job.state.value)}"
+               + (f", {render.clean(job.reason)}" if job.reason else ""))
+
+
+async def _call(verb: str, request):
+    from hfai.cli.main import api
+    from hfai.protocol.types import JobReply
+
+    async with api() as client:
+        return (await client.call(verb, request, JobReply)).job
+
+
+@click.command()
+@click.argument("job")
+@run_async
+async def hold(job: str):
+    """Keep a waiting JOB (id or name) from starting until `hfai release`."""
+    from hfai.protocol import names
+    from hfai.protocol.types import HoldRequest
+
+    _show(await _call(names.VERB_HOLD, HoldRequest(job=job, hold=True)), "held")
+
+
+@click.command()
+@click.argument("job")
+@run_async
+async def release(job: str):
+    """Let a held JOB start again (it keeps its place in line)."""
+    from hfai.protocol import names
+    from hfai.protocol.types import HoldRequest
+
+    _show(await _call(names.VERB_HOLD, HoldRequest(job=job, hold=False)), "released")
+
+
+@click.command()
+@click.argument("job")
+@run_async
+async def requeue(job: str):
+    """Interrupt a running JOB like a preemption (it checkpoints) and put it back in line."""
+    from hfai.protocol import names
+    from hfai.protocol.types import RequeueRequest
+
+    _show(await _call(names.VERB_REQUEUE, RequeueRequest(job=job)), "requeued")
+
+
+@click.command()
+@click.argument("job")
+@click.option("-p", "--priority", help=f"New priority: {Priority.choices()}.")
+@click.option("-n", "--nodes", type=click.IntRange(1), help="New node count (not for elastic jobs).")
+@run_async
+async def update(job: str, priority: str | None, nodes: int | None):
+    """Change a waiting JOB's priority or node count (checked like a new submission)."""
+    from hfai.protocol import names
+    from hfai.protocol.errors import HfaiError
+    from hfai.protocol.types import UpdateRequest
+
+    if priority is None and nodes is None:
+        raise click.UsageError("give -p/--priority and/or -n/--nodes")
+    try:
+        level = Priority.parse(priority) if priority is not None else None
+    except HfaiError as e:
+        raise click.UsageError(str(e)) from None
+    _show(await _call(names.VERB_UPDATE, UpdateRequest(job=job, priority=level, nodes=nodes)), "changed")
