@@ -7,7 +7,12 @@ the record), so no run is ever started twice on a node.
 Interrupt windows, per run, measured from when the agent raised the suspend flag:
   no ack within ``ack_window_s`` -> SIGTERM;
   ack -> the job normally exits by itself (``go_suspend`` exits); still alive ``ack_exit_grace_s``
-  after its ack -> SIGTERM;  still alive ``kill_window_s`` after a SIGTERM -> SIGKILL.
+  after its ack -> SIGTERM (at once if the ack asked to be stopped: ``go_suspend(exit=False)``);
+  still alive ``kill_window_s`` after a SIGTERM -> SIGKILL.
+
+The grace after an ack is seconds, not a blink: a job's ack often precedes its exit by a while
+(spawned workers: one rank acks, the others finish their share, then the parent joins them and its
+interpreter winds down), and a SIGTERM then would turn a clean exit into "exited with code -15".
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class LocalRun:
     sent: frozenset[RunEventKind] = frozenset()
     # Its launcher stopped it because this agent was silent too long (self-fencing).
     fenced: bool = False
+    # The ack asks the platform to stop the job now (``go_suspend(exit=False)``): no exit grace.
+    ack_stop: bool = False
 
 
 def platform_stopped(run: LocalRun | None) -> bool:
@@ -57,6 +64,10 @@ def fence_problem(fence_s: float, heartbeat_interval_s: float) -> str | None:
                 f"are {heartbeat_interval_s:g}s apart: raise [controller] heartbeat_timeout_s or lower "
                 f"[agent] heartbeat_interval_s (fence bound = 0.6 * heartbeat_timeout_s)")
     return None
+
+
+# How long a job that acknowledged a suspend may take to exit by itself ([agent] ack_exit_grace_s).
+ACK_EXIT_GRACE_S = 15.0
 
 
 class Act(enum.Enum):
@@ -79,7 +90,7 @@ class Action:
 
 
 def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: float,
-         ack_exit_grace_s: float = 2.0) -> list[Action]:
+         ack_exit_grace_s: float = ACK_EXIT_GRACE_S) -> list[Action]:
     actions: list[Action] = []
     for key, ra in desired.items():
         lr = local.get(key)
@@ -129,7 +140,11 @@ def _plan_known(ra: RunAssignment, lr: LocalRun, now: float, ack_exit_grace_s: f
 
 
 def _ack_grace_over(lr: LocalRun, now: float, grace_s: float) -> bool:
-    return lr.acked and now - (lr.ack_ts if lr.ack_ts is not None else now) >= grace_s
+    if not lr.acked:
+        return False
+    if lr.ack_stop:
+        return True
+    return now - (lr.ack_ts if lr.ack_ts is not None else now) >= grace_s
 
 
 def _stop(lr: LocalRun, now: float, ra: RunAssignment | None = None) -> list[Action]:

@@ -132,6 +132,7 @@ class RunStore:
             suspend_ts=safefs.lstat_mtime(control, SUSPEND_FILE),
             acked=ack_ts is not None,
             ack_ts=ack_ts,
+            ack_stop=ack_ts is not None and _asks_to_stop(safefs.read_small(control, ACK_FILE)),
             term_ts=_read_float(d / "term"),
             fenced=(d / FENCED_FILE).exists(),
             sent=frozenset(k for k in RunEventKind if (d / f"{k.value}.sent").exists()),
@@ -382,6 +383,12 @@ def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str,
         "PYTHONUNBUFFERED": "1",
     }
     return env
+
+
+def _asks_to_stop(ack: bytes | None) -> bool:
+    """Does the job's ack (``go_suspend``: "<pid> <time> exit|stop") ask to be stopped now? Anything
+    else, an older runtime's ack included, means the job exits by itself."""
+    return ack is not None and ack.split()[2:3] == [b"stop"]
 
 
 def _read_text(path: Path) -> str | None:

@@ -5,7 +5,8 @@ channel between agent and job, kept as plain files so that it survives an agent 
 one ``stat`` to poll:
 
 * ``suspend``          - created by the agent: the platform asks the job to checkpoint and stop;
-* ``ack``              - created by the job in :func:`go_suspend`: checkpoint saved, stop me;
+* ``ack``              - created by the job in :func:`go_suspend`: checkpoint saved; "<pid> <time>
+                         exit" (exiting now: the agent waits a grace) or "... stop" (stop me);
 * ``whole_life_state`` - an integer the job sets; it is carried to the next run of the chain.
 
 Off the platform (no control directory) every call is a cheap no-op and
@@ -137,7 +138,8 @@ def go_suspend(exit: bool = True) -> None:
                 print("hfai: simulated suspend acknowledged, exiting", file=sys.stderr, flush=True)
                 sys.exit(0)
         return
-    write_atomic(os.path.join(cdir, ACK_FILE), f"{os.getpid()} {time.time()}\n")
+    # The last word tells the agent whether to wait for the exit (a grace) or stop the job now.
+    write_atomic(os.path.join(cdir, ACK_FILE), f"{os.getpid()} {time.time()} {'exit' if exit else 'stop'}\n")
     if exit:
         sys.stdout.flush()
         sys.stderr.flush()

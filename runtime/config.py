@@ -113,8 +113,10 @@ class AgentConfig:
     state_dir: str = "/var/lib/hfai/agent"
     # HF_ENV_NAME=<name> runs the job with <env_root>/<name>/bin first on PATH.
     env_root: str = "/opt/hfai/envs"
-    # A job that acknowledged a suspend normally exits by itself; after this long it gets SIGTERM.
-    ack_exit_grace_s: float = 2.0
+    # A job that acknowledged a suspend normally exits by itself (go_suspend() exits); after this
+    # long it gets SIGTERM. Seconds: a job with spawned workers acks before its workers and then
+    # its parent have finished (issue 13). go_suspend(exit=False) asks to be stopped at once.
+    ack_exit_grace_s: float = 15.0
     # Job logs on this node are deleted this long after their last write, unless the job still
     # has a run here (0: keep forever); checked every log_gc_interval_s.
     log_retention_s: float = 30 * 86400.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hfai.agent.plan import Act, LocalRun, RunPhase, plan
+from hfai.agent.plan import ACK_EXIT_GRACE_S, Act, LocalRun, RunPhase, plan
 from hfai.protocol.types import DesiredRun, RunAssignment, RunEventKind
 
 RA = RunAssignment(job_id="j", run_id=1, name="n", user="u", group="g", priority=10, rank=0, world_size=1,
@@ -36,9 +36,21 @@ def test_suspend_windows():
     acked = local(suspend_ts=99.0, acked=True, ack_ts=99.5)
     assert acts({s.key: s}, {s.key: acked}) == [(Act.REPORT_ACK, s.key)]  # it exits by itself, normally
     late = local(suspend_ts=95.0, acked=True, ack_ts=97.0, sent=ALL_SENT | {RunEventKind.SUSPEND_ACKED})
-    assert acts({s.key: s}, {s.key: late}) == [(Act.TERMINATE, s.key)]  # the ack grace is over
+    assert [a.act for a in plan({s.key: s}, {s.key: late}, 100.0, ack_exit_grace_s=2.0)] == [Act.TERMINATE]
     assert acts({s.key: s}, {s.key: local(suspend_ts=80.0, term_ts=98.0)}) == []
     assert acts({s.key: s}, {s.key: local(suspend_ts=80.0, term_ts=96.0)}) == [(Act.KILL, s.key)]
+
+
+def test_an_acked_job_gets_seconds_to_exit_unless_it_asks_to_be_stopped():
+    """Issue 13: a job with spawned workers acks before its parent exits; a SIGTERM 2 s after the
+    ack turned its clean exit into -15. go_suspend(exit=False) asks for the stop: no grace."""
+    s = replace(RA, desired=DesiredRun.SUSPEND)
+    sent = ALL_SENT | {RunEventKind.SUSPEND_ACKED}
+    exiting = local(suspend_ts=90.0, acked=True, ack_ts=95.0, sent=sent)
+    assert acts({s.key: s}, {s.key: exiting}) == []  # 5 s after the ack: still exiting by itself
+    assert acts({s.key: s}, {s.key: exiting}, now=95.0 + ACK_EXIT_GRACE_S) == [(Act.TERMINATE, s.key)]
+    stop_me = replace(exiting, ack_stop=True)
+    assert acts({s.key: s}, {s.key: stop_me}, now=95.0) == [(Act.TERMINATE, s.key)]
 
 
 def test_exit_is_reported_once_and_unwanted_runs_are_stopped_then_cleaned():
@@ -62,3 +74,11 @@ def test_stale_logs_keep_recent_and_live_jobs():
     last = {"old": 100.0, "recent": 950.0, "old-but-running": 50.0}
     assert stale_logs(last, {"old-but-running"}, now=1000.0, retention_s=500.0) == ["old"]
     assert stale_logs(last, set(), now=1000.0, retention_s=0) == []
+
+
+def test_only_an_ack_that_says_stop_skips_the_grace():
+    from hfai.agent.runs import _asks_to_stop
+
+    assert _asks_to_stop(b"123 1700000000.5 stop\n")
+    assert not any(_asks_to_stop(a) for a in (b"123 1700000000.5 exit\n", b"123 1700000000.5\n", b"", None,
+                                               b"stop", b"1 2 stopped"))
