@@ -81,7 +81,8 @@ def _project(
         return t.unflatten(-1, (parts, heads, embed // heads)).unbind(-3)
 
     if packed_weight is not None and query is key and key is value:
-        return tuple(_heads(t, batch_first) for t in split(F.linear(query, packed_weight, bias), 3))
+        q, k, v = split(F.linear(query, packed_weight, bias), 3)
+        return _heads(q, batch_first), _heads(k, batch_first), _heads(v, batch_first)
     q = split(F.linear(query, weights[0], b_q), 1)[0]
     if packed_weight is not None and key is value:
         kv_bias = None if bias is None else bias[embed:]
@@ -126,10 +127,14 @@ def attention(
     :func:`multi_head_attention_forward` for torch's full argument set with fallback.
     """
     batch = query.shape[0] if batch_first else query.shape[1]
+    proj: tuple[Tensor, Tensor, Tensor]
     if in_proj_weight is not None:
-        proj = tuple(in_proj_weight.chunk(3))
-    else:
+        w_q, w_k, w_v = in_proj_weight.chunk(3)
+        proj = (w_q, w_k, w_v)
+    elif q_proj_weight is not None and k_proj_weight is not None and v_proj_weight is not None:
         proj = (q_proj_weight, k_proj_weight, v_proj_weight)
+    else:
+        raise ValueError("attention: give in_proj_weight or all three of q/k/v_proj_weight")
     packed, bias = in_proj_weight, in_proj_bias
     q, k, v = _project(query, key, value, num_heads, proj, packed, bias, batch_first)
     mask = _merged_mask(attn_mask, key_padding_mask, batch, num_heads, q.dtype)
@@ -238,11 +243,13 @@ def multi_head_attention_forward(
     Same arguments and results; the cases listed in this module's docstring run torch's own
     function.
     """
-    args = (query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias)
-    args += (bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training)
-    args += (key_padding_mask, need_weights, attn_mask, use_separate_proj_weight)
-    args += (q_proj_weight, k_proj_weight, v_proj_weight, static_k, static_v)
-    args += (average_attn_weights, is_causal)
+    args = (
+        query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias,
+        bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training,
+        key_padding_mask, need_weights, attn_mask, use_separate_proj_weight,
+        q_proj_weight, k_proj_weight, v_proj_weight, static_k, static_v,
+        average_attn_weights, is_causal,
+    )  # fmt: skip
     ok = is_accelerated(
         query, key, value, num_heads, bias_k=bias_k, bias_v=bias_v, add_zero_attn=add_zero_attn,
         dropout_p=dropout_p, training=training, key_padding_mask=key_padding_mask,

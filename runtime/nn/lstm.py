@@ -152,6 +152,8 @@ def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Tensor | None, b_hh: Tensor
     flat = x.reshape(-1, x.shape[-1])
     if b_ih is None:
         return torch.mm(flat, w_ih.t())
+    if b_hh is None:
+        raise TypeError("lstm_layer: b_ih is given but b_hh is None; pass both biases or neither")
     return torch.addmm(b_ih + b_hh, flat, w_ih.t())
 
 
@@ -184,7 +186,7 @@ def is_accelerated(input: Tensor, params: Sequence[Tensor], dropout: float, trai
 def lstm(
     input: Tensor,
     hx: tuple[Tensor, Tensor],
-    params: Sequence[Tensor],
+    params: list[Tensor] | tuple[Tensor, ...],
     has_biases: bool,
     num_layers: int,
     dropout: float,
@@ -238,7 +240,8 @@ class LSTM(torch.nn.LSTM):
     """
 
     def forward(self, input, hx=None):  # noqa: D102 (same contract as torch.nn.LSTM.forward)
-        if not self._hfai_accelerates(input, hx):
+        weights = self._hfai_weights(input, hx)
+        if weights is None:
             return super().forward(input, hx)
         batched = input.dim() == 3
         if not batched:
@@ -251,7 +254,7 @@ class LSTM(torch.nn.LSTM):
         output, h_n, c_n = lstm(
             input,
             hx,
-            self._flat_weights,
+            weights,
             self.bias,
             self.num_layers,
             float(self.dropout),
@@ -263,17 +266,22 @@ class LSTM(torch.nn.LSTM):
             return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
         return output, (h_n, c_n)
 
-    def _hfai_accelerates(self, input, hx) -> bool:
+    def _hfai_weights(self, input, hx) -> list[Tensor] | None:
+        """The flat weights when hfai's route runs this call; None when torch's code runs it."""
         if not isinstance(input, Tensor) or input.dim() not in (2, 3) or self.proj_size > 0:
-            return False
+            return None
         if hx is not None and not (
             isinstance(hx, tuple)
             and len(hx) == 2
             and all(h.dtype == input.dtype and h.device == input.device for h in hx)
         ):
-            return False  # torch reports the mismatch (or handles what it accepts)
+            return None  # torch reports the mismatch (or handles what it accepts)
+        # An entry is None only while a weight is being reparametrized: torch's code handles that.
+        weights = [w for w in self._flat_weights if w is not None]
+        if len(weights) != len(self._flat_weights):
+            return None
         probe = input if input.dim() == 3 else input.unsqueeze(1)
-        return is_accelerated(probe, self._flat_weights, float(self.dropout), self.training)
+        return weights if is_accelerated(probe, weights, float(self.dropout), self.training) else None
 
     def _zero_state(self, input: Tensor) -> tuple[Tensor, Tensor]:
         batch = input.shape[0] if self.batch_first else input.shape[1]
