@@ -41,17 +41,23 @@ import psutil
 from hfai._atomic import write_atomic
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive
-from hfai.agent import safefs
+from hfai.agent import safefs, zygote
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
 from hfai.agent.launcher import ALIVE_FILE, FENCED_FILE, LAUNCH_FILE
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
+from hfai.agent.zygote import ZygoteError
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import InvalidRequest, ProtocolError
 from hfai.protocol.names import is_token
 from hfai.protocol.types import FENCE_KILL_FACTOR, RunAssignment, RunEventKind
 
-__all__ = ["RunStore", "StartError", "job_environment"]
+__all__ = ["LAUNCH_EXEC", "LAUNCH_FORK", "Launched", "RunStore", "StartError", "job_environment"]
+
+# How launchers start ([agent] launcher): forked from a pre-imported zygote (zygote.py), or each a
+# fresh interpreter (50-100 ms of CPU per run).
+LAUNCH_FORK = "fork"
+LAUNCH_EXEC = "exec"
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +69,8 @@ _AGENT_ONLY = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_SESSIO
 
 class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
-                 run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = ""):
+                 run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = "",
+                 launcher: str = LAUNCH_FORK, launcher_reply_timeout_s: float = 5.0):
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -81,6 +88,9 @@ class RunStore:
         self.datasets_dir = datasets_dir  # HFAI_DATASETS_DIR of jobs: [storage] dataset_root
         self.agent = agent_account()
         self._children: dict[str, subprocess.Popen] = {}
+        if launcher not in (LAUNCH_FORK, LAUNCH_EXEC):
+            raise ValueError(f"[agent] launcher must be {LAUNCH_FORK!r} or {LAUNCH_EXEC!r}, not {launcher!r}")
+        self._zygote = zygote.shared(launcher_reply_timeout_s) if launcher == LAUNCH_FORK else None
 
     # ------------------------------------------------------------------------------ inspect
 
@@ -160,7 +170,7 @@ class RunStore:
 
     # -------------------------------------------------------------------------------- act
 
-    def start(self, ra: RunAssignment) -> subprocess.Popen:
+    def start(self, ra: RunAssignment) -> Launched:
         """Create the run directory and launch the job; raises StartError if it cannot run here."""
         d = self.dir(ra.key)
         d.mkdir(mode=0o700)
@@ -174,9 +184,7 @@ class RunStore:
                 raise
             raise StartError(f"cannot prepare the run on node {self.node}: {e}") from None
         write_atomic(d / LAUNCH_FILE, json.dumps(spec).encode())
-        popen = self._launch(ra, d)
-        self._children[ra.key] = popen
-        return popen
+        return self._launch(ra, d)
 
     def _prepare(self, ra: RunAssignment, d: Path) -> dict:
         """Everything the launcher needs (see launcher.py); StartError if the run may not start."""
@@ -193,8 +201,25 @@ class RunStore:
             spec.update(uid=a.uid, gid=a.gid, groups=list(a.groups))
         return spec
 
-    def _launch(self, ra: RunAssignment, d: Path) -> subprocess.Popen:
-        # The launcher gets the agent's own environment, never the job's (see launcher.py).
+    def _launch(self, ra: RunAssignment, d: Path) -> Launched:
+        # The launcher gets the agent's own environment, never the job's (see launcher.py): forked
+        # from the zygote (zygote.py), or, if that fails, a fresh interpreter.
+        pid = None
+        if self._zygote is not None:
+            try:
+                pid = self._zygote.spawn(str(d))
+            except ZygoteError as e:
+                log.warning("%s; starting %s's launcher as a new process", e, ra.key)
+        if pid is None:
+            pid = self._exec_launcher(ra, d)
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            created = time.time()  # already gone: it wrote its exit status, or none and counts as killed
+        write_atomic(d / "launcher_pid", f"{pid} {created}".encode())
+        return Launched(pid, created)
+
+    def _exec_launcher(self, ra: RunAssignment, d: Path) -> int:
         try:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "hfai.agent.launcher", str(d)], cwd=str(d), stdin=subprocess.DEVNULL,
@@ -203,12 +228,8 @@ class RunStore:
         except OSError as e:
             write_atomic(d / "exit_code", b"127\n")
             raise StartError(f"cannot start the launcher on node {self.node}: {e}") from None
-        try:
-            created = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
-            created = time.time()  # already gone: it wrote its exit status, or none and counts as killed
-        write_atomic(d / "launcher_pid", f"{popen.pid} {created}".encode())
-        return popen
+        self._children[ra.key] = popen  # ours to reap (snapshot)
+        return popen.pid
 
     def _make_control_dir(self, key: str, who: JobIdentity) -> Path:
         """The job's control directory, its user's alone (0700): no other job can raise a suspend
@@ -314,6 +335,35 @@ class RunStore:
         self._children.pop(key, None)
         shutil.rmtree(self.dir(key), ignore_errors=True)
         shutil.rmtree(inside(self._real_root, self.control_root / key), ignore_errors=True)
+
+
+class Launched:
+    """A run's launcher as started: its pid, and a wait for its end (it may be the agent's child
+    or the zygote's, so this polls the pid and its creation time rather than reaping it)."""
+
+    def __init__(self, pid: int, created: float):
+        self.pid = pid
+        self.created = created
+
+    def poll(self) -> bool | None:
+        """True once the launcher has ended, else None (like Popen.poll, without a status: the
+        status is the job's, in the run directory)."""
+        return None if pid_alive(self.pid, self.created) else True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return True
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def fence_spec(fence_s: float, alive: Path, fence_poll_s: float) -> dict:

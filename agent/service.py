@@ -66,7 +66,8 @@ class Agent:
         self.node = names.check_token("node name", self.ac.resolved_node())
         self.address = self.ac.address or _default_address()
         self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
-                              fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root)
+                              fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root,
+                              launcher=self.ac.launcher, launcher_reply_timeout_s=self.ac.launcher_reply_timeout_s)
         self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self._desired: dict[str, RunAssignment] = {}
@@ -305,8 +306,8 @@ class Agent:
         if a.act is Act.START:
             self._check_fence(ra.fence_s)
             try:
-                popen = self.store.start(ra)
-                self._wake_on_exit(popen.pid)
+                launched = self.store.start(ra)
+                self._wake_on_exit(launched.pid)
                 log.info("started %s (job %s rank %d)", key, ra.name, ra.rank)
             except StartError as e:
                 log.warning("cannot start %s: %s", key, e)

@@ -7,7 +7,9 @@ controller and agents as processes, the `hfai local` windows) and prints, in one
   * KV writes per job: revisions added to the jobs bucket and to the assignments bucket while
     the batch ran (every revision is one JetStream write, replicated on a real cluster).
 
-    python bench/bench_throughput.py [--jobs 500] [--nodes 3]
+Once per launcher kind ([agent] launcher: forked from a zygote, or exec'd), with their ratio.
+
+    python bench/bench_throughput.py [--jobs 500] [--nodes 3] [--launchers fork,exec]
 """
 
 from __future__ import annotations
@@ -84,18 +86,14 @@ def breakdown(jobs: list[JobRecord]) -> tuple[float, float]:
     return statistics.median(runs), statistics.median(gaps) if gaps else 0.0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--jobs", type=int, default=500)
-    p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--timeout", type=float, default=1800.0)
-    p.add_argument("--keep", help="run the cluster under this directory and keep it (logs) afterwards")
-    args = p.parse_args(argv)
+def measure(args, launcher: str) -> tuple[float, list[JobRecord], dict[str, int], dict[str, int]]:
+    """One batch on a fresh cluster whose agents start launchers the way ``launcher`` says."""
     with tempfile.TemporaryDirectory(prefix="hfai-bench-tp-") as tmp:
         if args.keep:
-            tmp = args.keep
+            tmp = f"{args.keep}/{launcher}"
         # Jobs run as the agent's own account: "bench" has no Unix account here.
-        cluster = LocalCluster(root=Path(tmp), nodes=args.nodes, agent=dataclasses.replace(LOCAL_AGENT, run_as="agent"))
+        agent = dataclasses.replace(LOCAL_AGENT, run_as="agent", launcher=launcher)
+        cluster = LocalCluster(root=Path(tmp), nodes=args.nodes, agent=agent)
         try:
             cluster.up()
             cluster.wait_ready()
@@ -107,16 +105,34 @@ def main(argv: list[str] | None = None) -> int:
             after = asyncio.run(kv_revisions(config, creds))
         finally:
             cluster.down()
-    rate = args.jobs / took
-    jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
-    assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
-    print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes: {took:.1f} s")
-    print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
-          f"{rate / SLURM_JOBS_PER_S:.2f}x)")
-    print(f"  KV writes per job   {jobs_w:8.2f} job records + {assign_w:.2f} assignments")
-    agent_s, leader_s = breakdown(jobs)
-    print(f"  per job (medians)   {agent_s * 1000:8.0f} ms start decided -> exit recorded, "
-          f"{leader_s * 1000:.0f} ms exit recorded -> next start on the node")
+    return took, jobs, before, after
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--jobs", type=int, default=500)
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--launchers", default="fork,exec",
+                   help="[agent] launcher of each run, in order: fork (zygote) and/or exec (one interpreter per run)")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--keep", help="run the clusters under this directory and keep them (logs) afterwards")
+    args = p.parse_args(argv)
+    rates = {}
+    for launcher in args.launchers.split(","):
+        took, jobs, before, after = measure(args, launcher)
+        rate = rates[launcher] = args.jobs / took
+        jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
+        assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
+        print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes, launchers by {launcher}: {took:.1f} s")
+        print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
+              f"{rate / SLURM_JOBS_PER_S:.2f}x)")
+        print(f"  KV writes per job   {jobs_w:8.2f} job records + {assign_w:.2f} assignments")
+        agent_s, leader_s = breakdown(jobs)
+        print(f"  per job (medians)   {agent_s * 1000:8.0f} ms start decided -> exit recorded, "
+              f"{leader_s * 1000:.0f} ms exit recorded -> next start on the node", flush=True)
+    if {"fork", "exec"} <= rates.keys():
+        print(f"fork vs exec launchers, same run: {rates['fork']:.2f} / {rates['exec']:.2f} jobs/s = "
+              f"{rates['fork'] / rates['exec']:.2f}x")
     return 0
 
 

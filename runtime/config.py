@@ -131,6 +131,11 @@ class AgentConfig:
     fence_poll_s: float = 0.5
     # Prometheus /metrics on this port (0: off; -1: any free port, written to <state_dir>/metrics_port).
     metrics_port: int = 0
+    # How runs' launchers start: "fork" (from one pre-imported process, about a millisecond) or
+    # "exec" (a fresh interpreter per run, 50-100 ms of CPU); see agent/zygote.py. A fork that
+    # fails or gets no answer within launcher_reply_timeout_s falls back to exec.
+    launcher: str = "fork"
+    launcher_reply_timeout_s: float = 5.0
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]

@@ -234,7 +234,7 @@ def test_whole_life_state_is_an_int64_or_nothing(tmp_path):
 def test_a_restarted_agent_seeing_only_a_stale_assignment_keeps_its_adopted_runs(tmp_path):
     first = _agent(tmp_path, run_as="agent")
     first._on_assignment(_entry(NodeAssignment(node="n0", fence=10, runs=(_ra(entrypoint=("sleep", "60")),))))
-    popen = first.store.start(first._desired["job1.1"])
+    launched = first.store.start(first._desired["job1.1"])
     try:
         _wait_for(lambda: (first.store.dir("job1.1") / "child_pid").exists())
         agent = _agent(tmp_path, run_as="agent")  # restarted; KV holds an older leader's entry
@@ -250,7 +250,7 @@ def test_a_restarted_agent_seeing_only_a_stale_assignment_keeps_its_adopted_runs
         assert agent.store.snapshot()["job1.1"].term_ts is not None  # a current leader is obeyed
     finally:
         first.store.signal("job1.1", signal.SIGKILL)
-        popen.wait(10)
+        launched.wait(10)
 
 
 def test_an_empty_kv_still_means_nothing_is_wanted(tmp_path):

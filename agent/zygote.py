@@ -1,0 +1,146 @@
+"""Launchers forked from one pre-imported process: ``python -m hfai.agent.zygote``.
+
+Exec'ing a fresh interpreter for every run's launcher cost 50-100 ms of CPU (interpreter start and
+imports), which capped a node at a few runs per second. The agent instead starts this *zygote*
+once: it imports the launcher and waits on its stdin for run directories, one per line. For each
+it forks a child that becomes a launcher exactly as ``python -m hfai.agent.launcher RUN_DIR`` would
+be — a session of its own, stdin/stdout/stderr on /dev/null, :func:`hfai.agent.launcher.main` —
+and answers the child's pid on stdout. A fork of this small process costs about a millisecond.
+
+What the launcher guarantees is unchanged, as the same code runs: the job in its own process
+group, the uid switch in the job only, the exit status in the run directory, self-fencing. The
+forked launchers do not depend on the zygote: it reaps nothing they need (children are reaped by
+the kernel: SIGCHLD is ignored here, reset in every child), and it exits when the agent closes its
+stdin or dies, leaving its launchers running for the next agent to adopt.
+
+The agent's side is :class:`Zygote`: a blocking request with a bounded wait (the agent starts runs
+synchronously, so a snapshot never sees a run directory without its launcher's pid). Any fault of
+the zygote raises :class:`ZygoteError`; the caller then execs a launcher the old way.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+
+from hfai.agent import launcher
+
+
+class ZygoteError(RuntimeError):
+    """The zygote did not start a launcher (dead, refused, or silent past its timeout)."""
+
+
+class Zygote:
+    """The agent's handle on its zygote process; started on first use, restarted after a fault."""
+
+    def __init__(self, reply_timeout_s: float = 5.0):
+        self.reply_timeout_s = reply_timeout_s
+        self._proc: subprocess.Popen | None = None
+
+    def spawn(self, run_dir: str) -> int:
+        """Fork a launcher for ``run_dir``; returns its pid. Raises ZygoteError (and drops the
+        zygote, so the next call starts a fresh one)."""
+        if "\n" in run_dir:
+            raise ZygoteError(f"run directory {run_dir!r} cannot be sent on one line")
+        try:
+            proc = self._proc or self._start()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(f"{run_dir}\n".encode())
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], self.reply_timeout_s)
+            line = proc.stdout.readline() if ready else b""
+            pid = int(line)
+        except (OSError, ValueError) as e:
+            self.close()
+            raise ZygoteError(f"the launcher zygote did not answer: {e or type(e).__name__}") from None
+        if pid <= 0:
+            self.close()
+            raise ZygoteError("the launcher zygote could not fork")
+        return pid
+
+    def _start(self) -> subprocess.Popen:
+        # The agent's own environment, like an exec'd launcher; a session of its own, so that a
+        # signal to the agent's terminal or group does not reach it (or, through it, nothing).
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "hfai.agent.zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0,
+        )
+        return self._proc
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the zygote (its launchers keep running). Safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+_shared: dict[float, Zygote] = {}
+
+
+def shared(reply_timeout_s: float = 5.0) -> Zygote:
+    """This process's zygote: agents hosted together (agent/fleet.py) fork from one. It ends when
+    this process does (its stdin closes); the runs it forked go on."""
+    z = _shared.get(reply_timeout_s)
+    if z is None:
+        z = _shared[reply_timeout_s] = Zygote(reply_timeout_s)
+    return z
+
+
+def serve(requests, replies) -> int:
+    """The zygote's loop: a run directory per line of ``requests`` (binary), a pid (or 0 if the
+    fork failed) per line of ``replies``; returns at end of input."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the launchers: no zombies
+    for line in requests:
+        run_dir = line.rstrip(b"\n").decode()
+        # The answer waits until the child leads its own session (the agent may signal the
+        # launcher's group before the job has one): the child closes its end of this pipe then.
+        settled, settled_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            pid = 0
+        if pid == 0 and run_dir:
+            os.close(settled)
+            _become_launcher(run_dir, settled_w)  # never returns
+        os.close(settled_w)
+        os.read(settled, 1)  # EOF once the child is settled (or gone)
+        os.close(settled)
+        replies.write(f"{pid}\n".encode())
+        replies.flush()
+    return 0
+
+
+def _become_launcher(run_dir: str, settled: int) -> None:
+    """In the forked child: what ``python -m hfai.agent.launcher RUN_DIR`` started in a new
+    session with /dev/null for stdio would be. Never returns into the zygote's loop."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the launcher waits for its job
+        os.setsid()
+        os.close(settled)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)  # also lets go of the zygote's pipes
+        if null > 2:
+            os.close(null)
+        os.chdir(run_dir)
+        code = launcher.main([run_dir])
+    except BaseException:
+        code = 1  # no stderr to tell: the agent sees a launcher gone without an exit status
+    finally:
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))

@@ -1,0 +1,71 @@
+"""Launchers forked from the zygote (agent/zygote.py) keep what an exec'd launcher guarantees: a
+session of their own, the exit status in the run directory, independence from the zygote; and a
+dead zygote costs nothing but a restart. Real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+
+from hfai.agent import zygote
+from hfai.agent.plan import RunPhase
+from hfai.agent.runs import LAUNCH_EXEC, RunStore
+from hfai.protocol.types import DesiredRun, RunAssignment
+
+pytestmark = pytest.mark.slow
+
+WAIT_S = 30.0  # a bound on waits for short jobs on two shared cores, not a timing
+
+
+def _ra(tmp_path, job_id: str, code: str) -> RunAssignment:
+    return RunAssignment(job_id=job_id, run_id=1, name=job_id, user="u", group="default", priority=10, rank=0,
+                         world_size=1, master_addr="127.0.0.1", master_port=20000,
+                         entrypoint=("python", "-c", code), workdir=str(tmp_path), desired=DesiredRun.RUN)
+
+
+def _exit_code(store: RunStore, key: str) -> int | None:
+    deadline = time.monotonic() + WAIT_S
+    while (run := store.snapshot()[key]).phase is RunPhase.ALIVE:
+        assert time.monotonic() < deadline, f"{key} still running"
+        time.sleep(0.05)
+    return run.exit_code
+
+
+def test_a_forked_launcher_is_a_session_leader_and_records_the_exit(tmp_path):
+    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent")
+    launched = store.start(_ra(tmp_path, "forked", "import time, sys; time.sleep(1); sys.exit(7)"))
+    proc = psutil.Process(launched.pid)
+    assert proc.cmdline()[-1] == "hfai.agent.zygote"  # forked, not a new interpreter
+    assert os.getsid(launched.pid) == launched.pid and proc.ppid() != os.getpid()
+    assert _exit_code(store, "forked.1") == 7
+    launched.wait(WAIT_S)
+
+
+def test_runs_outlive_their_zygote_and_a_dead_zygote_is_replaced(tmp_path):
+    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent")
+    first = store.start(_ra(tmp_path, "first", "import time; time.sleep(2)"))
+    z = zygote.shared()
+    assert z._proc is not None
+    old = z._proc.pid
+    os.kill(old, signal.SIGKILL)  # as when its agent is killed and the pipe closes, only harder
+    z._proc.wait()
+    second = store.start(_ra(tmp_path, "second", "pass"))  # a fault, then a fresh zygote or an exec
+    assert _exit_code(store, "second.1") == 0
+    assert _exit_code(store, "first.1") == 0  # its launcher did not need the zygote
+    first.wait(WAIT_S)
+    second.wait(WAIT_S)
+    third = store.start(_ra(tmp_path, "third", "pass"))
+    assert z._proc is not None and z._proc.pid != old and psutil.Process(third.pid).ppid() == z._proc.pid
+    assert _exit_code(store, "third.1") == 0
+
+
+def test_exec_launchers_remain_available(tmp_path):
+    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
+    launched = store.start(_ra(tmp_path, "execd", "import sys; sys.exit(3)"))
+    assert _exit_code(store, "execd.1") == 3
+    assert psutil.Process(os.getpid()).pid != launched.pid and sys.executable
