@@ -103,16 +103,42 @@ def decode(data: bytes | bytearray | memoryview | None, expect: type | tuple[typ
 
 # ------------------------------------------------------------------------------------ internals
 
+# Encoders and decoders are built once per type (the first message of a kind pays for reading its
+# type hints); a node record used to cost ~1.2 ms to encode and decode through a walk that asked
+# typing about every field of every message (issue 11: `hfai nodes` at 1,000 nodes).
+
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+_ENCODERS: dict[type, Any] = {}
+
+
 def _to_wire(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (tuple, list)):
-        return [_to_wire(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_wire(v) for k, v in value.items()}
-    return value
+    tp = type(value)
+    if tp in _PLAIN:
+        return value
+    enc = _ENCODERS.get(tp)
+    if enc is None:
+        enc = _ENCODERS[tp] = _encoder(tp)
+    return enc(value)
+
+
+def _encoder(tp: type) -> Any:
+    if dataclasses.is_dataclass(tp):
+        names = tuple(f.name for f in dataclasses.fields(tp))
+
+        def encode_fields(value: Any) -> Any:
+            out = {}
+            for name in names:
+                v = getattr(value, name)
+                out[name] = v if type(v) in _PLAIN else _to_wire(v)
+            return out
+        return encode_fields
+    if issubclass(tp, enum.Enum):
+        return lambda value: value.value
+    if issubclass(tp, (tuple, list)):
+        return lambda value: [v if type(v) in _PLAIN else _to_wire(v) for v in value]
+    if issubclass(tp, dict):
+        return lambda value: {k: _to_wire(v) for k, v in value.items()}
+    return lambda value: value
 
 
 @functools.cache
@@ -124,63 +150,123 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _from_wire(cls: type, body: Any, where: str) -> Any:
-    if not isinstance(body, dict):
-        raise ProtocolError(f"{where}: expected a map for {cls.__name__}")
-    hints = _hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in body:
-            kwargs[f.name] = _convert(hints[f.name], body[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{where}: missing field {f.name!r}")
-    return cls(**kwargs)
-
-
-_SCALARS: dict[type, tuple[type, ...]] = {int: (int,), float: (float, int), str: (str,), bool: (bool,), bytes: (bytes,)}
+    return _decoder(cls)(body, where)
 
 
 def _convert(tp: Any, value: Any, where: str) -> Any:
+    return _decoder(tp)(value, where)
+
+
+_SCALARS: dict[type, tuple[type, ...]] = {int: (int,), float: (float, int), str: (str,), bool: (bool,), bytes: (bytes,)}
+_Decoder = typing.Callable[[Any, str], Any]
+
+
+@functools.cache
+def _decoder(tp: Any) -> _Decoder:
+    """The checking converter of wire values of type ``tp`` (see the module doc)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, where)
+        return _union_decoder(tp)
     if origin is tuple:
-        (item, _ellipsis) = typing.get_args(tp)
+        return _tuple_decoder(typing.get_args(tp)[0])
+    if origin is dict:
+        return _dict_decoder(*typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_decoder(tp)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _dataclass_decoder(tp)
+    return _scalar_decoder(tp)
+
+
+def _union_decoder(tp: Any) -> _Decoder:
+    args = typing.get_args(tp)
+    inner = _decoder([a for a in args if a is not type(None)][0])
+    if type(None) not in args:
+        return inner
+
+    def optional(value: Any, where: str) -> Any:
+        return None if value is None else inner(value, where)
+    return optional
+
+
+def _tuple_decoder(item_tp: Any) -> _Decoder:
+    item = _decoder(item_tp)
+    # Items that are already what they must be (a tuple of names) pass without a call each.
+    exact = {str: str, bytes: bytes, int: int}.get(item_tp)
+
+    def array(value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ProtocolError(f"{where}: expected an array")
-        return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        key_tp, val_tp = typing.get_args(tp)
+        if exact is not None and all(type(v) is exact for v in value):
+            return tuple(value)
+        return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(value))
+    return array
+
+
+def _dict_decoder(key_tp: Any, val_tp: Any) -> _Decoder:
+    key, val = _decoder(key_tp), _decoder(val_tp)
+
+    def mapping(value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected a map")
-        return {_convert(key_tp, k, f"{where} key"): _convert(val_tp, v, f"{where}[{_show(k)}]")
-                for k, v in value.items()}
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        # Only values of the wire type of the enum's own values: an enum lookup of an unhashable
-        # value (a list) raises TypeError, and True would pass for 1.
-        if not any(type(value) is type(m.value) for m in tp):
+        return {key(k, f"{where} key"): val(v, f"{where}[{_show(k)}]") for k, v in value.items()}
+    return mapping
+
+
+def _enum_decoder(tp: type[enum.Enum]) -> _Decoder:
+    # Only values of the wire type of the enum's own values: an enum lookup of an unhashable value
+    # (a list) raises TypeError, and True would pass for 1.
+    members = {(type(m.value), m.value): m for m in tp}
+    wire_types = {type(m.value) for m in tp}
+
+    def member(value: Any, where: str) -> Any:
+        m = members.get((type(value), value)) if type(value) in wire_types else None
+        if m is None:
             raise ProtocolError(f"{where}: {_show(value)} is not a valid {tp.__name__}")
-        try:
-            return tp(value)
-        except ValueError:
-            raise ProtocolError(f"{where}: {_show(value)} is not a valid {tp.__name__}") from None
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _from_wire(tp, value, where)
+        return m
+    return member
+
+
+def _dataclass_decoder(cls: type) -> _Decoder:
+    fields: list[tuple[str, _Decoder, bool]] = []
+
+    def message(body: Any, where: str) -> Any:
+        if not isinstance(body, dict):
+            raise ProtocolError(f"{where}: expected a map for {cls.__name__}")
+        if not fields:  # built on first use: a message type may contain itself
+            hints = _hints(cls)
+            fields.extend((f.name, _decoder(hints[f.name]), f.default is dataclasses.MISSING
+                           and f.default_factory is dataclasses.MISSING) for f in dataclasses.fields(cls))
+        kwargs = {}
+        for name, dec, required in fields:
+            if name in body:
+                kwargs[name] = dec(body[name], f"{where}.{name}")
+            elif required:
+                raise ProtocolError(f"{where}: missing field {name!r}")
+        return cls(**kwargs)
+    return message
+
+
+def _scalar_decoder(tp: Any) -> _Decoder:
     accepted = _SCALARS.get(tp)
     if accepted is None:
-        raise TypeError(f"codec cannot handle field type {tp!r}")
-    # bool is an int subclass in Python: keep them apart on the wire.
-    if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
-        raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-    # No field means "not a number" or "forever", and a NaN makes every comparison false.
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ProtocolError(f"{where}: expected a finite number, got {value!r}")
-    if tp is float and isinstance(value, int):
-        return float(value)  # a whole number where a float is declared
-    return value
+        def unknown(value: Any, where: str) -> Any:
+            raise TypeError(f"codec cannot handle field type {tp!r}")
+        return unknown
+
+    def scalar(value: Any, where: str) -> Any:
+        if type(value) is tp and tp is not float:
+            return value  # the common case: exactly the declared type (never bool for int)
+        # bool is an int subclass in Python: keep them apart on the wire.
+        if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
+            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        # No field means "not a number" or "forever", and a NaN makes every comparison false.
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError(f"{where}: expected a finite number, got {value!r}")
+        if tp is float and isinstance(value, int):
+            return float(value)  # a whole number where a float is declared
+        return value
+    return scalar
 
 
 def _show(value: Any) -> str:
