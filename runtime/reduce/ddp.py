@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import weakref
 from collections.abc import Iterator
@@ -72,6 +73,8 @@ class DistributedDataParallel(nn.Module):
         self.find_unused_parameters = find_unused_parameters
         self.auto_sync = auto_sync
         self.process_group = process_group or dist.group.WORLD
+        # dist.group.WORLD is None only before init_process_group, ruled out above.
+        assert self.process_group is not None
         self._src = dist.get_global_rank(self.process_group, 0)
         self._params = _unique_params(module)
         if init_sync:
@@ -98,7 +101,7 @@ class DistributedDataParallel(nn.Module):
         bucket_views = self._map_views(self._group.shared_buffer())
         group = self._group
         self._reducer = BucketReducer(
-            [(lambda v=v: group.allreduce_shared(v, ReduceOp.AVG)) for v in bucket_views]
+            [functools.partial(group.allreduce_shared, v, ReduceOp.AVG) for v in bucket_views]
         )
         self._ready = [False] * len(self._params)
         self._pending = [0] * len(self._buckets)
@@ -201,6 +204,8 @@ class DistributedDataParallel(nn.Module):
                 view.copy_(g)
                 p.grad = view
         elif g.is_cuda:
+            # A CUDA gradient belongs to a CUDA parameter, for which _build made the copy stream.
+            assert self._copy_stream is not None
             self._copy_stream.wait_stream(torch.cuda.current_stream(g.device))
             with torch.cuda.stream(self._copy_stream):
                 view.copy_(g, non_blocking=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import platform
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from hfai.reduce import cuda, kernels, rendezvous, topology
 from hfai.reduce import layout as L
 from hfai.reduce.control import Control, WaitPolicy
-from hfai.reduce.dtypes import ReduceOp, rule_for
+from hfai.reduce.dtypes import DTypeRule, ReduceOp, rule_for
 from hfai.reduce.errors import (
     CapacityError,
     GroupAbortedError,
@@ -40,6 +40,7 @@ from hfai.reduce.errors import (
     UnsupportedPlatformError,
     UnsupportedTensorError,
 )
+from hfai.reduce.shm import Segment
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +80,8 @@ class ReduceConfig:
 class _Views:
     """numpy views of the arena, made once per summing dtype."""
 
-    slots: list[np.ndarray] = field(default_factory=list)
-    result: np.ndarray | None = None
+    slots: list[np.ndarray]
+    result: np.ndarray
 
 
 class ReduceGroup:
@@ -91,7 +92,7 @@ class ReduceGroup:
     def __init__(self, topo, segment, lay, control, config, pg, leaders_pg) -> None:
         self.topo: topology.Topology = topo
         self.config: ReduceConfig = config
-        self._seg = segment
+        self._seg: Segment = segment
         self._lay: L.ArenaLayout = lay
         self._ctl: Control = control
         self._pg = pg
@@ -129,7 +130,7 @@ class ReduceGroup:
         _check_store_order(topo.local_size)
         lay = L.ArenaLayout(topo.local_size, L.slot_bytes_for(config.capacity_bytes))
         segment = rendezvous.open_arena(topo, lay, pg)
-        header = np.frombuffer(segment.buffer, dtype=np.int64, count=lay.header_words)
+        header = np.frombuffer(segment.mapping(), dtype=np.int64, count=lay.header_words)
         control = Control(header, lay, topo.local_rank, config.wait_policy())
         try:
             control.publish_identity()
@@ -218,7 +219,7 @@ class ReduceGroup:
 
     # --- rounds ------------------------------------------------------------------------------
 
-    def _allreduce_copy(self, flat: torch.Tensor, rule, op: ReduceOp) -> None:
+    def _allreduce_copy(self, flat: torch.Tensor, rule: DTypeRule, op: ReduceOp) -> None:
         chunk_elems = self._lay.slot_bytes // rule.itemsize
         views = self._views_for(rule.acc_np)
         mine = torch.from_numpy(views.slots[self.topo.local_rank])
@@ -231,7 +232,7 @@ class ReduceGroup:
             self._round(desc, 0, m, rule, op, False)
             flat[s:e].copy_(result[:m])
 
-    def _round(self, desc, start: int, m: int, rule, op: ReduceOp, resident: bool) -> None:
+    def _round(self, desc, start: int, m: int, rule: DTypeRule, op: ReduceOp, resident: bool) -> None:
         ctl, topo = self._ctl, self.topo
         ctl.publish_descriptor(desc)
         ctl.barrier("inputs ready")
@@ -310,7 +311,7 @@ class ReduceGroup:
     def _views_for(self, dt: np.dtype) -> _Views:
         views = self._views.get(dt)
         if views is None:
-            buf, lay = self._seg.buffer, self._lay
+            buf, lay = self._seg.mapping(), self._lay
             count = lay.slot_bytes // dt.itemsize
             views = _Views(
                 slots=[
@@ -345,7 +346,7 @@ def _check_store_order(local_size: int) -> None:
         )
 
 
-def _validate(tensor) -> object:
+def _validate(tensor) -> DTypeRule:
     if not isinstance(tensor, torch.Tensor):
         raise UnsupportedTensorError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:

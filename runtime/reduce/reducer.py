@@ -20,11 +20,11 @@ logger = logging.getLogger(__name__)
 class BucketReducer:
     """Reduce ``len(reducers)`` buckets per step, in index order, on a background thread.
 
-    ``reducers[b]()`` performs the collective of bucket ``b``; ``wait_before[b]`` (optional) is
+    ``reducers[b]()`` performs the collective of bucket ``b`` (its result is ignored); ``wait_before[b]`` (optional) is
     called first, e.g. to wait for a CUDA copy into the bucket.
     """
 
-    def __init__(self, reducers: Sequence[Callable[[], None]], name: str = "hfai-reduce") -> None:
+    def __init__(self, reducers: Sequence[Callable[[], object]], name: str = "hfai-reduce") -> None:
         self._reducers = list(reducers)
         self._cond = threading.Condition()
         self._ready = [False] * len(self._reducers)

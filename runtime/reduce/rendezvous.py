@@ -25,7 +25,7 @@ def open_arena(topo: Topology, lay: L.ArenaLayout, pg) -> Segment:
     if topo.is_leader:
         try:
             segment = Segment.create(lay.total_bytes)
-            header = np.frombuffer(segment.buffer, dtype=np.int64, count=lay.header_words)
+            header = np.frombuffer(segment.mapping(), dtype=np.int64, count=lay.header_words)
             header[[L.G_MAGIC, L.G_VERSION, L.G_NRANKS, L.G_SLOT_BYTES]] = [
                 L.MAGIC, L.VERSION, lay.nranks, lay.slot_bytes,
             ]
@@ -41,7 +41,7 @@ def open_arena(topo: Topology, lay: L.ArenaLayout, pg) -> Segment:
         raise ReduceError(mine[1])
     if segment is None:
         segment = Segment.attach(mine)
-        header = np.frombuffer(segment.buffer, dtype=np.int64, count=L.HEADER_LINES_BEFORE_RANKS * 8)
+        header = np.frombuffer(segment.mapping(), dtype=np.int64, count=L.HEADER_LINES_BEFORE_RANKS * 8)
         if int(header[L.G_MAGIC]) != L.MAGIC or int(header[L.G_SLOT_BYTES]) != lay.slot_bytes:
             raise ReduceError(
                 "shared arena header does not match this rank's configuration; every rank must "

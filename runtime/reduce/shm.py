@@ -12,20 +12,34 @@ Linux only in practice (``/dev/shm``); the segment API itself is POSIX.
 
 from __future__ import annotations
 
-import _posixshmem  # CPython's own shm_open/shm_unlink binding, as used by multiprocessing
 import atexit
+import importlib
 import logging
 import mmap
 import os
 import re
 import secrets
 import threading
+from typing import Protocol, cast
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "hfai-reduce"
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(rf"^{re.escape(PREFIX)}-(\d+)-[0-9a-f]+$")
+
+
+
+class _PosixShmem(Protocol):
+    """The two functions used from ``_posixshmem`` (typeshed has no stub for it)."""
+
+    def shm_open(self, path: str, flags: int, mode: int = 0o777) -> int: ...
+
+    def shm_unlink(self, path: str) -> None: ...
+
+
+# CPython's own shm_open/shm_unlink binding, as used by multiprocessing.shared_memory.
+_posixshmem = cast(_PosixShmem, importlib.import_module("_posixshmem"))
 
 _pending_lock = threading.Lock()
 _pending_unlink: set[str] = set()
@@ -79,6 +93,12 @@ class Segment:
         finally:
             os.close(fd)
         return cls(name, buf, created=False)
+
+    def mapping(self) -> mmap.mmap:
+        """The writable mapping; ``ValueError`` once :meth:`close` ran (as a closed mmap raises)."""
+        if self.buffer is None:
+            raise ValueError(f"shared-memory segment {self.name} is closed")
+        return self.buffer
 
     def unlink(self) -> None:
         """Remove the name (idempotent; any rank may call it). The mapping stays valid."""
