@@ -12,9 +12,11 @@ JWT does not allow, so a forged name gets :class:`Forbidden`, not someone else's
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import getpass
 import os
-from dataclasses import replace
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import nats.errors
@@ -23,8 +25,9 @@ from nats.aio.client import Client
 from hfai import _nats
 from hfai.config import Config, hfai_home
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Forbidden, Unavailable, error_for_code
+from hfai.protocol.errors import Forbidden, InvalidRequest, Unavailable, error_for_code
 from hfai.protocol.types import (
+    ChainState,
     DrainRequest,
     ErrorReply,
     JobList,
@@ -52,6 +55,67 @@ from hfai.protocol.types import (
 
 def current_user() -> str:
     return os.environ.get("HFAI_USER") or getpass.getuser()
+
+
+def cli_config() -> Config:
+    """Config for talking to the cluster, as every ``hfai`` command and :mod:`hfai.client` find it:
+    HFAI_CONFIG / /etc/hfai/hfai.toml, else a running ``hfai local`` cluster, else defaults
+    (``HFAI_NATS_URL`` overrides the URL in every case)."""
+    from hfai.cli.local import LocalCluster
+    from hfai.config import config_file, load_config
+
+    local = LocalCluster.load() if config_file() is None else None
+    return load_config(local.config_path if local is not None else None)
+
+
+#: ``--state`` values besides the ChainState ones: every state that is not final.
+ACTIVE = "active"
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs ``hfai ps`` (and :func:`hfai.client.list_experiments`) show.
+
+    The API's ``list`` filters by "mine or everyone's" and "finished too or not" (server side);
+    other users, states, names and holds are matched here, on the listed records (client side).
+    ``users`` empty: everyone's; ``states`` empty: every active job, or every job with ``finished``.
+    """
+
+    users: tuple[str, ...] = ()
+    states: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    finished: bool = False
+
+    def __post_init__(self):
+        known = {s.value for s in ChainState} | {ACTIVE}
+        for state in self.states:
+            if state not in known:
+                raise InvalidRequest(f"unknown state {state[:40]!r}: use {', '.join(sorted(known))}")
+
+    @classmethod
+    def of(cls, users: Iterable[str] = (), states: Iterable[str] = (), names: Iterable[str] = (),
+           finished: bool = False) -> JobFilter:
+        return cls(users=tuple(users), states=tuple(s.strip().lower() for s in states), names=tuple(names),
+                   finished=finished)
+
+    def _wanted_states(self) -> set[ChainState]:
+        if not self.states:
+            return set(ChainState) if self.finished else {s for s in ChainState if not s.final}
+        out = set()
+        for name in self.states:
+            out |= {s for s in ChainState if not s.final} if name == ACTIVE else {ChainState(name)}
+        return out
+
+    def request(self, me: str) -> ListRequest:
+        """The server-side part: only my jobs when I am the only user asked for; finished jobs
+        only when a state asked for is final."""
+        return ListRequest(all_users=set(self.users) != {me},
+                           include_finished=any(s.final for s in self._wanted_states()))
+
+    def match(self, job: JobRecord) -> bool:
+        """The client-side part (pure)."""
+        return ((not self.users or job.spec.user in self.users) and job.state in self._wanted_states()
+                and (not self.names or any(fnmatch.fnmatchcase(job.spec.name, p) for p in self.names)))
 
 
 def creds_dir(config: Config) -> Path:
@@ -167,10 +231,11 @@ class ApiClient:
     async def submit(self, spec: JobSpec, force: bool = False) -> JobRecord:
         return (await self.call(names.VERB_SUBMIT, SubmitRequest(spec=spec, force=force), JobReply)).job
 
-    async def list(self, all_users: bool = True, include_finished: bool = True) -> tuple[JobRecord, ...]:
+    async def list(self, all_users: bool = True, include_finished: bool = True,
+                   request: ListRequest | None = None) -> tuple[JobRecord, ...]:
         """Every matching job, fetched page by page (each reply is bounded in size)."""
         jobs: list[JobRecord] = []
-        req = ListRequest(all_users=all_users, include_finished=include_finished)
+        req = request or ListRequest(all_users=all_users, include_finished=include_finished)
         while True:
             page = await self.call(names.VERB_LIST, req, JobList)
             jobs.extend(page.jobs)
@@ -206,11 +271,62 @@ class ApiClient:
     async def drain(self, node: str, drain: bool = True, reason: str = "") -> SettingsReply:
         return await self.call(names.VERB_DRAIN, DrainRequest(node=node, drain=drain, reason=reason), SettingsReply)
 
-    async def log_chunk(self, job_id: str, rank: int, offset: int) -> LogChunk:
+    async def jobs(self, only: JobFilter) -> tuple[JobRecord, ...]:
+        """The jobs ``only`` lets through: filtered by the server where the API can, else here."""
+        return tuple(j for j in await self.list(request=only.request(self.user)) if only.match(j))
+
+    async def log_chunk(self, job_id: str, rank: int, offset: int, max_bytes: int = 65536) -> LogChunk:
         """A slice of one rank's log, relayed by the controller (only owners and operators)."""
-        return await self.call(names.VERB_LOGS, LogRequest(job_id=job_id, rank=rank, offset=offset), LogChunk)
+        req = LogRequest(job_id=job_id, rank=rank, offset=offset, max_bytes=max_bytes)
+        return await self.call(names.VERB_LOGS, req, LogChunk)
+
+    async def tail_offset(self, job_id: str, rank: int, lines: int, step: int = 65536) -> int:
+        """Where the last ``lines`` lines of one rank's log begin (its size for 0 lines). Reads
+        backwards from the end ``step`` bytes at a time, so a long log is not fetched whole. A
+        last line without its newline yet counts as a line."""
+        size = (await self.log_chunk(job_id, rank, _END, max_bytes=1)).size
+        if lines <= 0 or size == 0:
+            return size
+        end, tail = size, b""
+        while end > 0:
+            start = max(0, end - step)
+            chunk = await self.log_chunk(job_id, rank, start, max_bytes=end - start)
+            if not chunk.data:
+                break
+            tail = chunk.data[: end - start] + tail
+            end = start
+            at = _line_start(tail, lines)
+            if at is not None:
+                return end + at
+        return 0
+
+    async def read_log(self, job_id: str, rank: int, offset: int = 0) -> AsyncIterator[bytes]:
+        """One rank's log from ``offset`` to its current end, chunk by chunk."""
+        while True:
+            chunk = await self.log_chunk(job_id, rank, offset)
+            if not chunk.data:
+                return
+            yield chunk.data
+            offset = chunk.offset + len(chunk.data)
+            if offset >= chunk.size:
+                return
 
     async def usage(self, since_ts: float, until_ts: float = 0.0) -> tuple[UsageRow, ...]:
         """GPU-hours per UTC day, user, group and priority (everyone's, like the queue)."""
         reply = await self.call(names.VERB_USAGE, UsageRequest(since_ts=since_ts, until_ts=until_ts), UsageReply)
         return reply.rows
+
+
+#: An offset past any log's end: the agent clamps it, so the reply carries just the size.
+_END = 2**62
+
+
+def _line_start(tail: bytes, lines: int) -> int | None:
+    """The index in ``tail`` (the end of a log) where its last ``lines`` lines begin, or None if
+    ``tail`` holds fewer lines than that (read further back). Pure."""
+    pos = len(tail) - 1 if tail.endswith(b"\n") else len(tail)  # the final newline ends the last line
+    for _ in range(lines):
+        pos = tail.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return None
+    return pos + 1

@@ -299,11 +299,11 @@ def submit(command, nodes, name, priority, group, env_vars, env_name, force, aft
 # ------------------------------------------------------------------------------------ queries
 
 def _column_help() -> str:
-    return ", ".join(f"{name} ({col.help})" for name, col in render.JOB_COLUMNS.items())
+    return "; ".join(f"{name}: {col.help}" for name, col in render.JOB_COLUMNS.items())
 
 
 json_option = click.option("--json", "as_json", is_flag=True,
-                           help="Print JSON (documented in docs/cli.md) instead of a table: no truncation, no escaping.")
+                           help="Print JSON (documented in docs/cli.md) instead of a table; nothing cut.")
 
 
 @main.command(epilog="Filters: --mine / -u with only yourself and which states are asked for (finished or not) are "
@@ -331,9 +331,10 @@ async def ps(show_all: bool, mine: bool, users: tuple[str, ...], all_users: bool
     from hfai.cli.client import JobFilter
 
     shown = render.parse_columns(columns) if columns else render.DEFAULT_COLUMNS
-    async with api() as client:
-        who = () if all_users else (*users, *([client.user] if mine else []))
-        only = JobFilter.of(users=who, states=states, names=names, finished=show_all)
+    client = api()  # who I am comes from the credentials file, before connecting
+    who = () if all_users else (*users, *([client.user] if mine else []))
+    only = JobFilter.of(users=who, states=states, names=names, finished=show_all)
+    async with client:
         jobs = [j for j in await client.jobs(only) if not held or render.held_by(j)]
     if as_json:
         now = time.time()
@@ -427,12 +428,13 @@ async def logs(job: str, follow: bool, rank: int, tail: int | None, timestamps: 
 # ---------------------------------------------------------------------------------- operators
 
 @main.group(invoke_without_command=True)
+@json_option
 @click.pass_context
-def quota(ctx):
+def quota(ctx, as_json: bool):
     """Node quotas per (user, priority, group). Alone, as `hfai quota show`: my limits and use.
     Setting them is for operators."""
     if ctx.invoked_subcommand is None:
-        ctx.invoke(quota_show)
+        ctx.invoke(quota_show, as_json=as_json)
 
 
 @quota.command("show")

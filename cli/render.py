@@ -7,10 +7,15 @@ would otherwise repaint the screen of whoever runs ``hfai ps``.
 
 from __future__ import annotations
 
+import json
 import time
 import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from hfai.protocol.types import JobRecord, NodeInfo, NodeState, Priority
+from hfai.protocol.errors import InvalidRequest
+from hfai.protocol.types import ChainState, JobRecord, NodeInfo, NodeState, Priority, QuotaTable
 
 
 def clean(text: object) -> str:
@@ -51,21 +56,85 @@ def table_text(headers: list[str], rows: list[list[str]]) -> str:
 MIN_WHY = 20
 
 
-def jobs_table(jobs: tuple[JobRecord, ...] | list[JobRecord], now: float | None = None,
-               empty: str = "no jobs", width: int | None = None) -> str:
-    """The ``hfai ps`` table. With ``width`` (the terminal's columns) WHY is cut so each line fits
-    (but never below :data:`MIN_WHY` characters); without it (output to a file or a pipe) WHY is
-    whole, so nothing a script greps for is lost."""
+@dataclass(frozen=True)
+class Column:
+    """One column ``hfai ps -o`` may show: its header, what it means, and its cell (pure)."""
+
+    header: str
+    help: str
+    cell: Callable[[JobRecord, float], str]
+
+
+def _stamp(ts: float) -> str:
+    """Local time, one token (no space: a column stays one field for awk): 2024-05-01T13:45:07."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) if ts > 0 else "-"
+
+
+def run_seconds(j: JobRecord, now: float) -> float:
+    """Seconds the job has run over all its runs, the current one up to ``now``. ``run_s`` holds
+    the runs that were interrupted; a run still going, or the one that ended the job, is added."""
+    total = j.run_s
+    if j.started_ts > 0:
+        if j.state.holds_nodes:
+            total += max(0.0, now - j.started_ts)
+        elif j.state.final and j.ended_ts and len(j.history) >= 2 and j.history[-2].state.holds_nodes:
+            total += max(0.0, j.ended_ts - j.started_ts)
+    return total
+
+
+def held_by(j: JobRecord) -> str:
+    """Who put a waiting job on hold ("" if nobody). Records written before protocol 1.2 have no
+    ``hold`` field."""
+    return str(getattr(j, "hold", "") or "")
+
+
+#: The columns of ``hfai ps -o``, in the order ``hfai ps --help`` lists them.
+JOB_COLUMNS: dict[str, Column] = {
+    "id": Column("ID", "job id", lambda j, now: clean(j.id)),
+    "name": Column("NAME", "job name", lambda j, now: clean(j.spec.name)),
+    "user": Column("USER", "submitter", lambda j, now: clean(j.spec.user)),
+    "group": Column("GROUP", "node group", lambda j, now: clean(j.spec.group)),
+    "nodes": Column("NODES", "nodes asked for (elastic: held of MIN-MAX)", lambda j, now: nodes_cell(j)),
+    "priority": Column("PRIORITY", "priority level", lambda j, now: Priority.label(j.spec.priority)),
+    "state": Column("STATE", "chain state", lambda j, now: j.state.value),
+    "held": Column("HELD", "who holds the waiting job (hfai hold), else -", lambda j, now: clean(held_by(j)) or "-"),
+    "suspends": Column("SUSPENDS", "times interrupted", lambda j, now: str(j.suspend_count)),
+    "runs": Column("RUNS", "runs started", lambda j, now: str(j.run_id)),
+    "submitted": Column("SUBMITTED", "submit time (local)", lambda j, now: _stamp(j.submit_ts)),
+    "started": Column("STARTED", "start of the latest run (local)", lambda j, now: _stamp(j.started_ts)),
+    "ended": Column("ENDED", "when it ended (local)", lambda j, now: _stamp(j.ended_ts)),
+    "age": Column("AGE", "since submitted", lambda j, now: age(now - j.submit_ts)),
+    "runtime": Column("RUNTIME", "run time over all runs", lambda j, now: age(run_seconds(j, now))),
+    "where": Column("WHERE", "nodes held now", lambda j, now: clean(",".join(j.nodes)) if j.state.holds_nodes
+                    and j.nodes else "-"),
+    "command": Column("COMMAND", "what it runs", lambda j, now: clean(" ".join(j.spec.entrypoint))),
+    "why": Column("WHY", "the reason for its state", lambda j, now: clean(j.reason)),
+}
+DEFAULT_COLUMNS = ("id", "name", "user", "nodes", "priority", "state", "suspends", "age", "why")
+
+
+def parse_columns(text: str) -> tuple[str, ...]:
+    """Column names from ``-o id,name,state`` (any case); InvalidRequest names the unknown one."""
+    wanted = tuple(c.strip().lower() for c in text.split(",") if c.strip())
+    unknown = [c for c in wanted if c not in JOB_COLUMNS]
+    if unknown or not wanted:
+        what = f"unknown column {unknown[0][:40]!r}" if unknown else "no columns given"
+        raise InvalidRequest(f"{what}: -o takes a comma-separated list of {', '.join(JOB_COLUMNS)}")
+    return wanted
+
+
+def jobs_table(jobs: Sequence[JobRecord], now: float | None = None, empty: str = "no jobs",
+               width: int | None = None, columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
+    """The ``hfai ps`` table. With ``width`` (the terminal's columns) a last WHY column is cut so
+    each line fits (but never below :data:`MIN_WHY` characters); without it (output to a file or a
+    pipe, or ``--wide``) every cell is whole, so nothing a script greps for is lost."""
     if not jobs:
         return empty
     now = time.time() if now is None else now
-    headers = ["ID", "NAME", "USER", "NODES", "PRIORITY", "STATE", "SUSPENDS", "AGE", "WHY"]
-    rows = [
-        [clean(j.id), clean(j.spec.name), clean(j.spec.user), nodes_cell(j), Priority.label(j.spec.priority),
-         j.state.value, str(j.suspend_count), age(now - j.submit_ts), clean(j.reason)]
-        for j in jobs
-    ]
-    if width is not None:
+    cols = [JOB_COLUMNS[c] for c in columns]
+    headers = [c.header for c in cols]
+    rows = [[c.cell(j, now) for c in cols] for j in jobs]
+    if width is not None and columns[-1] == "why":
         used = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(headers[:-1]))
         for r in rows:
             r[-1] = _short(r[-1], max(MIN_WHY, width - used))
@@ -101,14 +170,37 @@ def job_details(j: JobRecord) -> str:
         f"state      {j.state.value}: {clean(j.reason)}",
         f"nodes      {f'{s.min_nodes}-{s.max_nodes} (elastic)' if s.elastic else s.nodes} requested; "
         f"{_where(j)}",
-        f"runs       {j.run_id} (suspended {j.suspend_count} times)   whole-life state {j.whole_life_state}",
+        f"runs       {j.run_id} (suspended {j.suspend_count} times, run time {age(run_seconds(j, time.time()))})   "
+        f"whole-life state {j.whole_life_state}",
         f"command    {clean(' '.join(s.entrypoint))}",
         f"workdir    {clean(s.workdir)}" + (f"   env {clean(s.env_name)}" if s.env_name else ""),
+        *_extras(j),
         "history:",
     ]
     for ev in j.history:
         lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(ev.ts))}  {ev.state.value:<11} {clean(ev.reason)}")
     return "\n".join(lines)
+
+
+def _extras(j: JobRecord) -> list[str]:
+    """Lines for what only some jobs have (protocol 1.2 fields; older records lack them)."""
+    s = j.spec
+    lines = []
+    if held_by(j):
+        lines.append(f"held       by {clean(held_by(j))} (hfai release starts it again)")
+    after = getattr(s, "after", ())
+    if after:
+        lines.append(f"after      {clean(', '.join(after))}")
+    limit = float(getattr(s, "time_limit_s", 0.0))
+    if limit > 0:
+        lines.append(f"time limit {age(limit)} (run {age(run_seconds(j, time.time()))} so far)")
+    retries = int(getattr(s, "retries", 0))
+    if retries:
+        lines.append(f"retries    {int(getattr(j, 'retried', 0))} of {retries} used")
+    if getattr(s, "array_id", ""):
+        lines.append(f"array      {clean(getattr(s, 'array_id', ''))} index {getattr(s, 'array_index', -1)}"
+                     + (f" (at most {getattr(s, 'array_limit', 0)} at once)" if getattr(s, "array_limit", 0) else ""))
+    return lines
 
 
 def quotas_table(table) -> str:
@@ -142,3 +234,148 @@ def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
                      clean(n.record.gpu_source), f"{n.age_s:.1f}s", clean(",".join(n.jobs)) or "-", "; ".join(why)])
     return table_text(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS",
                        "REASON"], rows)
+
+
+# ----------------------------------------------------------------------------------------- JSON
+# ``--json`` output: a documented, stable shape (docs/cli.md) that later versions only extend. It
+# is not cleaned (a program reads it, not a terminal) but json.dumps writes every non-ASCII and
+# control character as a \u escape, so printing it cannot drive a terminal either.
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=True)
+
+
+def _ts(ts: float) -> float | None:
+    return ts if ts > 0 else None
+
+
+def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> dict[str, Any]:
+    """One job as ``hfai ps --json`` lists it (``hfai status --json`` adds ``history``)."""
+    now = time.time() if now is None else now
+    s = j.spec
+    out: dict[str, Any] = {
+        "id": j.id, "name": s.name, "user": s.user, "group": s.group,
+        "state": j.state.value, "reason": j.reason,
+        "priority": s.priority, "priority_name": Priority.label(s.priority),
+        "nodes": s.nodes, "min_nodes": s.min_nodes or s.nodes, "max_nodes": s.max_nodes or s.nodes,
+        "nodes_held": list(j.nodes) if j.state.holds_nodes else [], "last_nodes": list(j.last_nodes or j.nodes),
+        "held_by": held_by(j) or None,
+        "submitted": j.submit_ts, "started": _ts(j.started_ts), "ended": _ts(j.ended_ts),
+        "runtime_s": round(run_seconds(j, now), 3), "runs": j.run_id, "suspend_count": j.suspend_count,
+        "whole_life_state": j.whole_life_state,
+        "command": list(s.entrypoint), "workdir": s.workdir, "env_name": s.env_name,
+        "after": list(getattr(s, "after", ())), "time_limit_s": float(getattr(s, "time_limit_s", 0.0)),
+        "retries": int(getattr(s, "retries", 0)), "retried": int(getattr(j, "retried", 0)),
+        "array_id": str(getattr(s, "array_id", "")) or None, "array_index": _index(getattr(s, "array_index", -1)),
+    }
+    if history:
+        out["history"] = [{"ts": ev.ts, "state": ev.state.value, "reason": ev.reason} for ev in j.history]
+    return out
+
+
+def _index(i: int) -> int | None:
+    return i if i >= 0 else None
+
+
+def node_json(n: NodeInfo) -> dict[str, Any]:
+    """One node as ``hfai nodes --json`` lists it. ``stale``: the node is down and its figures are
+    from its last heartbeat, ``heartbeat_age_s`` ago."""
+    gpus = n.record.gpus
+    return {
+        "name": n.record.name, "group": n.record.group, "state": n.state.value, "reason": n.reason,
+        "address": n.record.address, "heartbeat_age_s": round(n.age_s, 3), "stale": n.state is NodeState.DOWN,
+        "gpu_source": n.record.gpu_source, "gpus": len(gpus),
+        "gpus_busy": sum(1 for g in gpus if g.utilization > 5.0),
+        "utilization": round(sum(g.utilization for g in gpus) / len(gpus), 2) if gpus else 0.0,
+        "memory_used": sum(g.memory_used for g in gpus), "memory_total": sum(g.memory_total for g in gpus),
+        "jobs": list(n.jobs),
+    }
+
+
+def quotas_json(table: QuotaTable) -> list[dict[str, Any]]:
+    """Every quota as ``hfai quota ls --json`` lists it."""
+    return [{"user": q.user, "priority": q.priority, "priority_name": Priority.label(q.priority), "group": q.group,
+             "nodes": q.nodes} for q in sorted(table.entries, key=lambda q: (q.user, -q.priority, q.group))]
+
+
+# --------------------------------------------------------------------------------- my quota
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """One (priority, group) of a user: the quota that applies (None: no limit), the nodes their
+    jobs hold there now, and the nodes their waiting jobs ask for."""
+
+    priority: int
+    group: str
+    limit: int | None
+    used: int
+    waiting: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"priority": self.priority, "priority_name": Priority.label(self.priority), "group": self.group,
+                "limit": self.limit, "used": self.used, "waiting": self.waiting}
+
+
+def quota_use(user: str, table: QuotaTable, jobs: Iterable[JobRecord], groups: Iterable[str]) -> list[QuotaUse]:
+    """``user``'s limits next to their use (pure), per priority and group: every level and group
+    where a quota applies to them (the policy's rule: the most specific of user/any and group/any)
+    or where their jobs hold or want nodes. Groups are those the nodes have and their jobs name."""
+    from hfai.controller.views import quotas_of
+
+    quotas = quotas_of(table)
+    used: dict[tuple[int, str], int] = {}
+    waiting: dict[tuple[int, str], int] = {}
+    for j in jobs:
+        if j.spec.user != user:
+            continue
+        key = (j.spec.priority, j.spec.group)
+        if j.state.holds_nodes:
+            used[key] = used.get(key, 0) + len(j.nodes)
+        elif j.state.waiting:
+            waiting[key] = waiting.get(key, 0) + (j.spec.min_nodes if j.spec.elastic else j.spec.nodes)
+    all_groups = sorted({*groups, *(g for _, g in used), *(g for _, g in waiting)})
+    rows = []
+    for level in sorted(Priority, reverse=True):
+        for group in all_groups:
+            key = (level.value, group)
+            limit = quotas.limit(user, level.value, group)
+            if limit is not None or key in used or key in waiting:
+                rows.append(QuotaUse(level.value, group, limit, used.get(key, 0), waiting.get(key, 0)))
+    return rows
+
+
+def quota_use_table(user: str, rows: Sequence[QuotaUse]) -> str:
+    if not rows:
+        return f"{clean(user)}: no quotas apply and no jobs hold or want nodes (no limits)"
+    body = [[Priority.label(r.priority), clean(r.group), "no limit" if r.limit is None else str(r.limit), str(r.used),
+             str(r.waiting), "-" if r.limit is None else str(max(0, r.limit - r.used))] for r in rows]
+    return f"quotas of {clean(user)} (nodes):\n" + table_text(
+        ["PRIORITY", "GROUP", "LIMIT", "HELD", "WAITING", "ROOM"], body)
+
+
+def states_help() -> str:
+    return ", ".join(s.value for s in ChainState)
+
+
+class LineStamper:
+    """``hfai logs --timestamps``: puts the time each line was received before it. The agents keep
+    a job's output as the bytes it wrote, without times, so the time is the client's, taken when
+    the line's first bytes arrived; a line split across chunks is stamped once."""
+
+    def __init__(self) -> None:
+        self._at_line_start = True
+
+    def feed(self, data: bytes, ts: float) -> bytes:
+        if not data:
+            return data
+        stamp = (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d} ").encode()
+        lines = data.split(b"\n")
+        out = []
+        for i, part in enumerate(lines):
+            last = i == len(lines) - 1
+            if last and not part:
+                break  # data ended with a newline: the next line is not here yet
+            starts = self._at_line_start if i == 0 else True
+            out.append((stamp if starts else b"") + part + (b"" if last else b"\n"))
+        self._at_line_start = data.endswith(b"\n")
+        return b"".join(out)

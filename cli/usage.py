@@ -32,8 +32,10 @@ def _table(rows) -> list[str]:
               help="The last DAYS days (UTC days, today included).")
 @click.option("--user", "only_user", default="", help="Only this user's rows.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV (day,user,group,priority,gpu_hours,runs) instead of a table.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON: a list of {day, user, group, priority, priority_name, gpu_hours, runs} (docs/cli.md).")
 @user_errors()
-async def usage(days: int, only_user: str, as_csv: bool) -> None:
+async def usage(days: int, only_user: str, as_csv: bool, as_json: bool) -> None:
     """GPU-hours per day, user, group and priority (everyone's, like the queue)."""
     from hfai.cli.main import api
     from hfai.controller.usage import DAY_S, csv_lines
@@ -43,5 +45,13 @@ async def usage(days: int, only_user: str, as_csv: bool) -> None:
         rows = await client.usage(since)
     if only_user:
         rows = [r for r in rows if r.user == only_user]
+    if as_json:
+        from hfai.cli import render
+        from hfai.protocol.types import Priority
+
+        click.echo(render.dumps([{"day": r.day, "user": r.user, "group": r.group, "priority": r.priority,
+                                  "priority_name": Priority.label(r.priority), "gpu_hours": r.gpu_hours,
+                                  "runs": r.runs} for r in rows]))
+        return
     for line in csv_lines(rows) if as_csv else _table(rows):
         click.echo(line)

@@ -50,6 +50,12 @@ class Unavailable(HfaiError):
     code = "unavailable"
 
 
+class Timeout(HfaiError, TimeoutError):
+    """Waited as long as the caller allowed (``Experiment.wait(timeout=...)``); nothing failed."""
+
+    code = "timeout"
+
+
 class IllegalTransition(HfaiError):
     """A lifecycle was asked to move along an edge its enum does not allow."""
 
@@ -57,7 +63,7 @@ class IllegalTransition(HfaiError):
 
 
 _BY_CODE = {cls.code: cls for cls in (HfaiError, ProtocolError, InvalidRequest, NotFound, Forbidden, Conflict,
-                                       Unavailable, IllegalTransition)}
+                                       Unavailable, Timeout, IllegalTransition)}
 
 
 def error_for_code(code: str) -> type[HfaiError]:

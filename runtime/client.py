@@ -1,5 +1,28 @@
-"""``hfai.client``: the names existing hfai scripts call (``hfai.client.go_suspend()`` ...)."""
+"""``hfai.client``: the names existing hfai scripts call.
+
+In a job: ``hfai.client.receive_suspend_command()``, ``go_suspend()`` and the whole-life state,
+plain Python as ever. From anywhere with credentials: the submission API of
+:mod:`hfai.experiment` (``create_experiment``, ``submit``, ``get_experiment``,
+``list_experiments``, ``Experiment``, ``Client``), loaded on first use so that a job importing
+this module for the suspend calls does not import nats.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from hfai._job import get_whole_life_state, go_suspend, receive_suspend_command, set_whole_life_state
 
-__all__ = ["get_whole_life_state", "go_suspend", "receive_suspend_command", "set_whole_life_state"]
+_SUBMISSION = frozenset({"Client", "Experiment", "create_experiment", "get_experiment", "list_experiments", "submit"})
+
+__all__ = ["get_whole_life_state", "go_suspend", "receive_suspend_command", "set_whole_life_state",
+           *sorted(_SUBMISSION)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMISSION:
+        value = getattr(importlib.import_module("hfai.experiment"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hfai.client' has no attribute {name!r}")

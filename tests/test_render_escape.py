@@ -17,6 +17,7 @@ from hfai.protocol.types import (
     GpuStat,
     JobEvent,
     JobRecord,
+    JobReply,
     JobSpec,
     NodeInfo,
     NodeRecord,
@@ -91,8 +92,16 @@ class FakeClient:
             raise self.fail
         return value
 
-    async def list(self, all_users=True, include_finished=True):
+    user = EVIL_SPEC.user
+
+    async def call(self, verb, request, expect):  # submit (job arrays go through it)
+        return await self._answer(JobReply(job=EVIL_JOB))
+
+    async def list(self, all_users=True, include_finished=True, request=None):
         return await self._answer((EVIL_JOB,))
+
+    async def jobs(self, only):
+        return tuple(j for j in await self.list() if only.match(j))
 
     async def status(self, job):
         return await self._answer(dataclasses.replace(EVIL_JOB, state=ChainState.QUEUED, nodes=(), last_nodes=()))
@@ -119,12 +128,23 @@ class FakeClient:
     ["ps"], ["ps", "-a"], ["status", "j"], ["stop", "j"], ["nodes"], ["quota", "ls"], ["logs", "j"],
     ["node", "drain", "n" + EVIL], ["node", "undrain", "n" + EVIL],
     ["submit", "--name", "ok", "./run.sh"],
+    ["ps", "-a", "-w", "-o", ",".join(render.JOB_COLUMNS)], ["quota"],
 ])
 def test_cli_output_is_escaped(monkeypatch, args):
     monkeypatch.setattr(cli_main, "api", lambda: FakeClient())
     result = CliRunner().invoke(cli_main.main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert_inert(result.output)
+
+
+@pytest.mark.parametrize("args", [["ps", "--json"], ["status", "j", "--json"], ["nodes", "--json"],
+                                  ["quota", "--json"], ["quota", "ls", "--json"]])
+def test_json_output_is_escaped_too(monkeypatch, args):
+    monkeypatch.setattr(cli_main, "api", lambda: FakeClient())
+    result = CliRunner().invoke(cli_main.main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "\\u001b" in result.output and result.output.isascii()
+    assert_inert(result.output.replace("\\u001b", "\\x1b"))
 
 
 @pytest.mark.parametrize("args", [["status", "j"], ["stop", "j"], ["ps"]])
