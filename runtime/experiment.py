@@ -110,6 +110,7 @@ class Client:
         if not argv:
             raise InvalidRequest("the command is empty")
         count, low, high = parse_nodes(nodes)
+        fields = {k: tuple(v) if isinstance(v, list | set) else v for k, v in fields.items()}  # wire tuples
         try:
             spec = JobSpec(name=name or _job_name(argv), entrypoint=argv,
                            workdir=str(workdir) if workdir is not None else _default_workdir(), nodes=count,
