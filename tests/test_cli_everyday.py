@@ -112,6 +112,20 @@ def test_ps_custom_columns_and_wide(cluster, jobs):
     assert why in hfai(cluster, "ps", "--wide", columns="80")
 
 
+def test_a_held_job_shows_in_ps_and_status(cluster, jobs):
+    waiter = jobs["waiter"]
+    hfai(cluster, "hold", waiter)
+    try:
+        held = _json(cluster, "ps", "--held")
+        assert [(j["id"], j["held_by"]) for j in held] == [(waiter, "tester")]
+        assert "held       by tester" in hfai(cluster, "status", waiter)
+        row = {line.split()[0]: line.split() for line in hfai(cluster, "ps", "-o", "id,held").splitlines()[1:]}
+        assert row[waiter] == [waiter, "tester"] and row[jobs["mine"]] == [jobs["mine"], "-"]
+    finally:
+        hfai(cluster, "release", waiter)
+    assert _json(cluster, "ps", "--held") == []
+
+
 @pytest.mark.parametrize("args, says", [
     (["ps", "--state", "sleeping"], "unknown state 'sleeping'"),
     (["ps", "-o", "id,colour"], "unknown column 'colour'"),
