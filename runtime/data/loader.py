@@ -123,11 +123,13 @@ class DataLoader(torch.utils.data.DataLoader):
 
             kwargs["collate_fn"] = collate
         super().__init__(dataset, batch_sampler=sampler, **kwargs)
+        # batch_sampler as its own type (torch fixes batch_sampler once the loader is built).
+        self._resumable = sampler
 
     def set_epoch(self, epoch: int) -> None:
         """Shuffle the next iteration with the permutation of ``epoch``."""
-        self.batch_sampler.set_epoch(epoch)
+        self._resumable.set_epoch(epoch)
 
     def set_step(self, step: int) -> None:
         """Resume: the next iteration skips its first ``step`` batches without reading them."""
-        self.batch_sampler.set_step(step)
+        self._resumable.set_step(step)
