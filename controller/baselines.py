@@ -34,7 +34,7 @@ def fifo_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], n
         g = index.groups[group]
         free = free_by_group.get(group, [])
         fi = 0
-        for _, job_id in heapq.merge(*(keys for level in g.levels.values() for keys in level.by_size.values())):
+        for _, job_id in heapq.merge(*(keys for level in g.levels.values() for keys in level.lists.values())):
             job = index.get(job_id)
             assert job is not None
             if job.lo > len(free) - fi:

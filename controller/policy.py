@@ -38,7 +38,6 @@ waiting job never scans the running jobs just to learn it cannot preempt any.
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -439,6 +438,8 @@ class _GroupRound:
         self.out: list[Decision] = []
         self.turns: dict[tuple[int, str, int, int], float | None] = {}  # slice_turn's answers this round
         self.wband: dict[str, int] = {}  # service band of the waiting jobs looked at (explaining)
+        self.stuck_users: set[str] = set()  # of the level being walked: see walk()
+        self.failed_size: dict[str, int] = {}
         self.ready: dict[tuple[int, str, int, int], tuple[list[float], list[int]]] = {}  # see ready_times
         self.reasons: dict[tuple, str] = {}  # skip's reasons this round, while nothing changed
 
@@ -518,7 +519,7 @@ class _GroupRound:
             views, prio, wband, reasons, out = level.views, self.prio, self.wband, self.reasons, self.out
             state: tuple[int, int, int] | None = None
             cap = 0
-            for key, job_id in heapq.merge(*level.by_size.values()):
+            for key, job_id in level.keys_in_order():
                 job = views[job_id]
                 prio[job_id] = p
                 band = wband[job_id] = int(key // _BAND_WEIGHT)  # the ordering's key holds the band
@@ -536,7 +537,13 @@ class _GroupRound:
                 else:
                     self.place(job)
             return
-        for found, passed in level.fitting(lambda: self.cap(p)):
+        # A user whose job may not go ahead (rule 8) or failed to gather a size this round cannot
+        # do better with a later job at this level: their lists are passed over whole.
+        self.stuck_users.clear()
+        self.failed_size.clear()
+        stuck, failed = self.stuck_users, self.failed_size
+        for found, passed in level.fitting(lambda: self.cap(p),
+                                           lambda size, user: user not in stuck and size < failed.get(user, size + 1)):
             if passed:
                 self.reserve(p)  # a job ahead was passed over: it is blocked
             if found is None:
@@ -596,6 +603,7 @@ class _GroupRound:
         if not self.may_backfill(job):
             # Whatever it freed (free nodes, victims) would go to that job ahead of it: preempting
             # for it would only churn (victims restarting on nodes this job may not use).
+            self.stuck_users.add(job.user)
             self.wait(job, "waiting behind an earlier job of the same user and priority that waits for nodes",
                       quiet=True)
             return
@@ -615,6 +623,9 @@ class _GroupRound:
                           f"waiting for {need - from_leaving} more node(s), held by jobs it may not preempt",
                           quiet=True)
             self.reserve(self.prio[job.id])
+            # Free and preemptible nodes only shrink this round: the user's later, not smaller,
+            # jobs here (same band or higher: fewer victims) cannot gather theirs either.
+            self.failed_size[job.user] = min(self.failed_size.get(job.user, job.lo), job.lo)
             return
         self.leaving -= from_leaving
         self.pin_free(job)

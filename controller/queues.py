@@ -22,6 +22,7 @@ many rounds decides exactly what one built from scratch does.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -39,11 +40,13 @@ _SUSPENDING, _STOPPING = ChainState.SUSPENDING, ChainState.STOPPING
 
 
 class Level:
-    """Waiting jobs of one group and one effective priority."""
+    """Waiting jobs of one group and one effective priority, in lists per (size, user): a round
+    passes over the jobs that cannot get nodes, and those of a user who may not go ahead, a list
+    at a time rather than a job at a time."""
 
     def __init__(self) -> None:
         self.views: dict[str, JobView] = {}
-        self.by_size: dict[int, list[Key]] = {}  # job.lo -> keys in queue order
+        self.lists: dict[tuple[int, str], list[Key]] = {}  # (job.lo, user) -> keys in queue order
         self.by_user: dict[str, list[Key]] = {}  # user -> keys in queue order
 
     def __len__(self) -> int:
@@ -51,56 +54,62 @@ class Level:
 
     def add(self, key: Key, view: JobView) -> None:
         self.views[view.id] = view
-        bisect.insort(self.by_size.setdefault(view.lo, []), key)
+        bisect.insort(self.lists.setdefault((view.lo, view.user), []), key)
         bisect.insort(self.by_user.setdefault(view.user, []), key)
 
     def remove(self, key: Key, view: JobView) -> None:
         del self.views[view.id]
-        _remove(self.by_size, view.lo, key)
+        _remove(self.lists, (view.lo, view.user), key)
         _remove(self.by_user, view.user, key)
 
-    def in_order(self) -> Iterator[JobView]:
-        """Every job of the level in queue order (a merge of the few per-size lists)."""
-        import heapq
+    def keys_in_order(self) -> Iterator[Key]:
+        """Every job's key, in queue order (a merge of the sorted lists)."""
+        return heapq.merge(*self.lists.values())
 
-        for _, job_id in heapq.merge(*self.by_size.values()):
+    def in_order(self) -> Iterator[JobView]:
+        for _, job_id in self.keys_in_order():
             yield self.views[job_id]
 
-    def fitting(self, cap: Callable[[], int]) -> Iterator[tuple[JobView | None, bool]]:
-        """The jobs in queue order that need at most ``cap()`` nodes (asked again before each
-        one; it may only shrink), each with whether a job needing more was passed over ahead of
-        it; last ``(None, passed)`` for the rest. A merge of the per-size lists: a long line of
-        jobs that cannot get nodes costs O(1) per size, not O(jobs)."""
-        lists = self.by_size
-        sizes = sorted(lists)
-        pos = dict.fromkeys(sizes, 0)
+    def fitting(self, cap: Callable[[], int],
+                allowed: Callable[[int, str], bool] = lambda size, user: True) -> Iterator[tuple[JobView | None, bool]]:
+        """The jobs in queue order that need at most ``cap()`` nodes and whose (size, user)
+        ``allowed`` (both asked again before each job; what they admit may only shrink), each with
+        whether a job left out was passed over ahead of it; last ``(None, passed)`` for the rest."""
+        live = [_Cursor(size, user, keys) for (size, user), keys in sorted(self.lists.items())]
         while True:
             c = cap()
             best: Key | None = None
             ahead: Key | None = None
-            best_size = 0
-            for s in sizes:
-                keys = lists[s]
-                i = pos[s]
-                if i == len(keys):
-                    continue
-                k = keys[i]
-                if s <= c:
+            found: _Cursor | None = None
+            for cur in live:
+                k = cur.keys[cur.i]
+                if cur.size <= c and allowed(cur.size, cur.user):
                     if best is None or k < best:
-                        best, best_size = k, s
+                        best, found = k, cur
                 elif ahead is None or k < ahead:
                     ahead = k
             passed = ahead is not None and (best is None or ahead < best)
-            if best is None:
+            if best is None or found is None:
                 yield None, passed
                 return
-            pos[best_size] += 1
+            found.i += 1
+            if found.i == len(found.keys):
+                live.remove(found)
             yield self.views[best[1]], passed
 
     def user_head(self, user: str) -> Key | None:
         """The key of the user's first job in line at this level."""
         keys = self.by_user.get(user)
         return keys[0] if keys else None
+
+
+class _Cursor:
+    """Where a walk stands in one (size, user) list."""
+
+    __slots__ = ("i", "keys", "size", "user")
+
+    def __init__(self, size: int, user: str, keys: list[Key]):
+        self.size, self.user, self.keys, self.i = size, user, keys, 0
 
 
 def _remove(lists: dict, k, key: Key) -> None:
