@@ -151,6 +151,7 @@ class Planner:
         self._timed: set[str] = set()  # hold nodes and have a time limit
         self._array_active: dict[str, set[str]] = {}  # array id -> members holding nodes
         self.ended: dict[str, ChainState] = {}  # final state of jobs seen to end (dependencies)
+        self._ended_records: dict[str, JobRecord] = {}  # the final records sync saw (skipped next time)
 
     # -- feeding it
 
@@ -208,17 +209,22 @@ class Planner:
     def sync(self, records: Mapping[str, JobRecord]) -> None:
         """Catch up with a whole bucket's records (records are replaced, never mutated, on every
         change, so an identity test finds the changed ones)."""
-        mine = self.records
+        mine, ended = self.records, self._ended_records
         for job_id, r in records.items():
-            if mine.get(job_id) is not r:
-                if r.state.final:
-                    self.ended[job_id] = r.state
-                    if job_id in mine:
-                        self.forget(job_id)
-                else:
-                    self.observe(r)
-        for job_id in [k for k in mine if k not in records]:  # purged or deleted
-            self.forget(job_id)
+            if mine.get(job_id) is r or ended.get(job_id) is r:
+                continue  # unchanged (a bucket keeps finished jobs for weeks: most are these)
+            if r.state.final:
+                ended[job_id] = r
+                self.ended[job_id] = r.state
+                if job_id in mine:
+                    self.forget(job_id)
+            else:
+                self.observe(r)
+        if len(mine) + len(ended) != len(records):
+            for job_id in [k for k in mine if k not in records]:  # purged or deleted
+                self.forget(job_id)
+            for job_id in [k for k in ended if k not in records]:
+                del ended[job_id]
 
     def _index(self, config: PolicyConfig) -> JobIndex:
         order = self._order(config)

@@ -261,3 +261,22 @@ def test_simulated_and_leader_records_go_through_the_same_transitions():
     requeued = next(r for r in seen if r.id == "j0000000" and r.state is ChainState.SUSPENDED)
     assert requeued.run_s == pytest.approx(100.0 + 50.0)  # ran 100 s, then checkpointed 50 s
     assert requeued.spec.group == "default"
+
+
+def test_sync_follows_a_bucket_changes_finals_and_purges():
+    planner = Planner()
+    a, b = rec("a"), rec("b", ChainState.RUNNING, nodes=("n0",))
+    bucket = {"a": a, "b": b}
+    planner.sync(bucket)
+    assert set(planner.records) == {"a", "b"}
+    done = transitions.apply_event(b, _exited(b, "n0", NOW), NOW)
+    bucket["b"] = done
+    planner.sync(bucket)
+    assert set(planner.records) == {"a"} and planner.ended == {"b": ChainState.SUCCEEDED}
+    del bucket["a"]  # purged
+    planner.sync(bucket)
+    assert planner.records == {} and planner.index is None or len(planner.index or ()) == 0
+    # A fresh planner given the same bucket knows the same.
+    fresh = Planner()
+    fresh.sync(bucket)
+    assert fresh.records == planner.records and fresh.ended == planner.ended
