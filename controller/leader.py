@@ -33,7 +33,7 @@ from hfai.controller.store import KVCache, cas_update
 from hfai.controller.views import policy_config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, ProtocolError
-from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, NodeState, RestrictedUsers, RunEvent
+from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, RestrictedUsers, RunEvent
 
 log = logging.getLogger(__name__)
 
@@ -235,14 +235,17 @@ class Leader:
                 await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, time.time())))
 
     def _node_states(self) -> list[PlanNode]:
-        """Alive: heartbeating and no fatal GPU error (else its jobs are requeued); also nodes that
-        jobs hold but no record names any more, once this leader has led for a heartbeat window."""
+        """Alive: heartbeating (else its jobs are requeued at once); faulty: a GPU reports a fatal
+        error (its jobs are interrupted); also nodes that jobs hold but no record names any more,
+        once this leader has led for a heartbeat window."""
         now = time.monotonic()
         drained = self.nodes.drained()
         states = []
         for r in self.nodes.records():
-            alive = self.nodes.state(r.name, now) is NodeState.UP
-            states.append(PlanNode(r.name, r.group, alive, alive and r.name not in drained, r.address))
+            alive = self.nodes.heartbeating(r.name, now)
+            faulty = any(g.fatal for g in r.gpus)
+            states.append(PlanNode(r.name, r.group, alive, alive and not faulty and r.name not in drained,
+                                   r.address, faulty=faulty))
         for name in sorted(unknown_nodes(self.jobs.values.values(), self.nodes.cache.values, now - self._led_since,
                                          self.nodes.timeout_s)):
             states.append(PlanNode(name, alive=False, schedulable=False))

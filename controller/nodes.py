@@ -38,6 +38,11 @@ class NodeTracker:
     def records(self) -> list[NodeRecord]:
         return list(self.cache.values.values())
 
+    def heartbeating(self, name: str, now: float | None = None) -> bool:
+        """Its heartbeat is fresh (whatever its GPUs say)."""
+        return node_state(self.cache.seen.get(name), time.monotonic() if now is None else now,
+                          self.timeout_s) is NodeState.UP
+
     def state(self, name: str, now: float | None = None) -> NodeState:
         record = self.cache.values.get(name)
         fatal = record is not None and any(g.fatal for g in record.gpus)

@@ -9,6 +9,9 @@ transitions.py counts it, groups come from the records, a restricted user is tre
 A round, in order:
 
 1. Nodes that are not alive (no heartbeat, or forgotten) lose their runs: :class:`LoseNode`.
+   A node that is alive but faulty (a fatal GPU error) has its runs interrupted instead
+   (:class:`Interrupt`): its agent still stops them, and the job is requeued once they exited, so
+   the restart elsewhere cannot overlap the old run.
 2. Jobs of restricted users (KV ``hfai_users`` key ``restricted``: storage over its limit, ...)
    are interrupted through the normal protocol if running (:class:`Interrupt`) and kept out of
    the policy while waiting, saying why (:class:`Explain`).
@@ -53,6 +56,9 @@ class PlanNode:
     alive: bool = True
     schedulable: bool = True
     address: str = ""
+    #: Alive, but a GPU reports a fatal error: its runs are interrupted through the protocol (the
+    #: agent stops them) rather than dropped, so a restart elsewhere never overlaps them.
+    faulty: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,12 +249,19 @@ class Planner:
         # the index is put back as it was before returning.
         overlay: dict[str, JobRecord] = {}
         for n in nodes:
-            if n.alive:
+            if n.alive and not n.faulty:
                 continue
             job_id = index.holder.get(n.name)
             if job_id is None:
                 continue
             job = overlay.get(job_id, self.records[job_id])
+            if n.alive:
+                d = Suspend(job_id, f"interrupted: node {n.name} reports a GPU error", for_job="")
+                after = transitions.apply_suspend(job, d, now)
+                if after is not None:
+                    actions.append(Interrupt(job_id, d))
+                    overlay[job_id] = after
+                continue
             after = transitions.apply_node_lost(job, n.name, now)
             if after is not None:
                 actions.append(LoseNode(job_id, n.name))
