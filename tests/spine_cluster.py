@@ -86,7 +86,7 @@ class Cluster:
 
     def submit(self, entrypoint: list[str], name: str, nodes: int = 1, priority: int = 10, user: str = "tester",
                workdir: Path | None = None, **spec) -> JobRecord:
-        s = JobSpec(name=name, entrypoint=tuple(entrypoint), workdir=str(workdir or REPO), nodes=nodes,
+        s = JobSpec(name=name, entrypoint=tuple(entrypoint), workdir=str(workdir or self.local.root), nodes=nodes,
                     priority=priority, **spec)
         return self.run(lambda api: api.submit(s), user=user)
 
