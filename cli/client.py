@@ -110,12 +110,17 @@ class JobFilter:
         """The server-side part: only my jobs when I am the only user asked for; finished jobs
         only when a state asked for is final."""
         return ListRequest(all_users=set(self.users) != {me},
-                           include_finished=any(s.final for s in self._wanted_states()))
+                           include_finished=any(s.final for s in self._wanted_states()),
+                           history=LIST_HISTORY)
 
     def match(self, job: JobRecord) -> bool:
         """The client-side part (pure)."""
         return ((not self.users or job.spec.user in self.users) and job.state in self._wanted_states()
                 and (not self.names or any(fnmatch.fnmatchcase(job.spec.name, p) for p in self.names)))
+
+
+#: History lines per job a list asks for: the run time of a finished job needs the last two.
+LIST_HISTORY = 2
 
 
 def creds_dir(config: Config) -> Path:

@@ -60,6 +60,7 @@ from hfai.protocol.types import (
     UpdateRequest,
     UsageReply,
     UsageRequest,
+    evolve,
 )
 
 log = logging.getLogger(__name__)
@@ -219,6 +220,10 @@ class ApiService:
             and (j.submit_ts, j.id) > after
         ]
         jobs.sort(key=lambda j: (j.submit_ts, j.id))
+        if req.history >= 0:
+            keep = req.history
+            jobs = [j if len(j.history) <= keep else evolve(j, history=j.history[len(j.history) - keep:])
+                    for j in jobs]
         page, more = first_page([_shown_to(caller, j) for j in jobs], self._config.api_reply_bytes)
         return JobList(jobs=page, more=more)
 

@@ -459,6 +459,9 @@ class ListRequest:
     include_finished: bool = True
     after_ts: float = 0.0
     after_id: str = ""
+    # Protocol 1.2: only the last N lines of each job's history (-1: all). A list shows the latest
+    # state; the whole history (up to 50 lines a job) was most of a page's bytes and decode time.
+    history: int = -1
 
 
 @message("job_request")

@@ -107,3 +107,16 @@ def test_a_time_limit_stops_a_job_and_a_retry_requeues_a_failed_run(cluster, tmp
     done = cluster.wait_state(flaky, ChainState.SUCCEEDED, timeout=60)
     assert done.retried == 1 and done.run_id == 2
     assert any("retry 1 of 2" in e.reason for e in done.history)
+
+
+def test_a_list_can_leave_out_all_but_the_last_history_lines(cluster, tmp_path):
+    from hfai.protocol.types import ListRequest
+
+    done = _submit(cluster, tmp_path, "--name", "three-lines", "bash", "-c", "true")
+    cluster.wait_state(done, ChainState.SUCCEEDED)  # queued, running, succeeded
+    full = cluster.run(lambda api: api.list())
+    assert any(len(j.history) > 2 for j in full)
+    short = cluster.run(lambda api: api.list(request=ListRequest(history=2)))
+    assert [j.id for j in short] == [j.id for j in full]
+    for s, f in zip(short, full, strict=True):
+        assert s.history == f.history[-2:] and s.state is f.state

@@ -15,10 +15,11 @@ from nats.aio.client import Client
 
 from hfai import _nats
 from hfai._daemon import Supervisor
+from hfai.cli.client import LIST_HISTORY
 from hfai.config import Config
 from hfai.controller.usage import csv_lines, totals
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable
-from hfai.protocol.types import UsageRow
+from hfai.protocol.types import ListRequest, UsageRow
 from hfai.web import pages, views
 from hfai.web.series import cluster_series, per_gpu, svg_chart
 from hfai.web.sessions import COOKIE, Session, Sessions
@@ -170,7 +171,7 @@ class WebService:
 
     async def api_jobs(self, request: web.Request) -> web.Response:
         q = request.query
-        jobs = await _session(request).api.list()
+        jobs = await _session(request).api.list(request=ListRequest(history=LIST_HISTORY))
         rows = views.job_rows(jobs, user=q.get("user", ""), state=q.get("state", ""), priority=q.get("priority", ""),
                               name=q.get("name", ""), sort=q.get("sort", "submitted"), desc=q.get("desc", "1") == "1")
         return web.json_response({"jobs": rows})
