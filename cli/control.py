@@ -139,3 +139,45 @@ async def update(job: str, priority: str | None, nodes: int | None):
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
     _show(await _call(names.VERB_UPDATE, UpdateRequest(job=job, priority=level, nodes=nodes)), "changed")
+
+
+def _in(seconds: float) -> str:
+    s = max(0.0, seconds)
+    if s < 90:
+        return "now" if s < 1 else f"in ~{s:.0f}s"
+    if s < 5400:
+        return f"in ~{s / 60:.0f} min"
+    if s < 2 * 86400:
+        return f"in ~{s / 3600:.1f} h"
+    return f"in ~{s / 86400:.1f} d"
+
+
+@click.command()
+@click.option("--assume", "assume", metavar="DURATION",
+              help="How long a job without a time limit (-t) runs (default: for ever, so jobs behind it get none).")
+@click.option("--json", "as_json", is_flag=True, help="One object per waiting job: id, name, user, start (or null).")
+@run_async
+async def estimate(assume: str | None, as_json: bool):
+    """When the waiting jobs would start if every job ran exactly its time limit (-t) and nothing
+    new arrived: a forward replay of the live policy (priorities, slices, holds, dependencies)."""
+    from hfai.cli.main import api
+    from hfai.protocol import names
+    from hfai.protocol.types import EstimateReply, EstimateRequest, ListRequest
+
+    default = parse_duration(assume) if assume else 0.0
+    async with api() as client:
+        reply = await client.call(names.VERB_ESTIMATE, EstimateRequest(default_run_s=default), EstimateReply)
+        jobs = await client.list(request=ListRequest(include_finished=False, history=0))
+    waiting = [j for j in jobs if j.state.waiting]
+    if as_json:
+        click.echo(render.dumps([{"id": j.id, "name": j.spec.name, "user": j.spec.user,
+                                  "start": reply.starts.get(j.id)} for j in waiting]))
+        return
+    if not waiting:
+        click.echo("no job is waiting")
+        return
+    rows = [[render.clean(j.id), render.clean(j.spec.name), render.clean(j.spec.user), Priority.label(j.spec.priority),
+             _in(reply.starts[j.id] - reply.now) if j.id in reply.starts else "-"] for j in waiting]
+    click.echo(render.table_text(["ID", "NAME", "USER", "PRIORITY", "STARTS"], rows))
+    if len(reply.starts) < len(waiting):
+        click.echo("-: no estimate (a job ahead runs without a time limit; see --assume)")

@@ -34,6 +34,7 @@ LAZY_GROUPS = {
     "release": ("hfai.cli.control", "release"),
     "requeue": ("hfai.cli.control", "requeue"),
     "update": ("hfai.cli.control", "update"),
+    "estimate": ("hfai.cli.control", "estimate"),
 }
 
 

@@ -36,6 +36,8 @@ from hfai.protocol.types import (
     DrainedNodes,
     DrainRequest,
     ErrorReply,
+    EstimateReply,
+    EstimateRequest,
     HoldRequest,
     JobEvent,
     JobList,
@@ -119,6 +121,7 @@ class ApiService:
             names.VERB_HOLD: (HoldRequest, self.hold),
             names.VERB_REQUEUE: (RequeueRequest, self.requeue),
             names.VERB_UPDATE: (UpdateRequest, self.update),
+            names.VERB_ESTIMATE: (EstimateRequest, self.estimate),
         }
         # Usage accounting (controller/usage_recorder.py), set by the controller service.
         self.usage: Callable[[UsageRequest, int], UsageReply] | None = None
@@ -280,6 +283,23 @@ class ApiService:
         check_quota(spec, quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable)))
         return await self._change(caller, req.job, "change",
                                   lambda j: transitions.apply_update(j, req.priority, req.nodes))
+
+    async def estimate(self, caller: Caller, req: EstimateRequest) -> EstimateReply:
+        """Start estimates of every waiting job (public, like the queue): a forward replay of the
+        plan on this replica's records and nodes, run in a thread (a long queue takes a moment)."""
+        import asyncio
+
+        from hfai.controller.estimate import estimate_starts
+        from hfai.controller.inputs import plan_nodes, plan_settings
+
+        records = list(self._jobs.values.values())
+        # Forgotten nodes count at once here: the estimate must not place work on them.
+        nodes = plan_nodes(self._nodes, records, float("inf"))
+        settings = plan_settings(self._config, self._settings.values if self._settings is not None else {}, False)
+        now = time.time()
+        starts = await asyncio.to_thread(estimate_starts, records, nodes, settings, now,
+                                         default_run_s=req.default_run_s or None)
+        return EstimateReply(starts=starts, now=now)
 
     async def logs(self, caller: Caller, req: LogRequest) -> LogChunk:
         """A slice of one rank's log, relayed from the agent of the node that rank ran on; only the

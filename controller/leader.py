@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -27,13 +26,13 @@ from hfai.config import Config
 from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, same_work
 from hfai.controller.election import LeaseElection
-from hfai.controller.nodes import NodeTracker, unknown_nodes
+from hfai.controller.inputs import plan_nodes, plan_settings
+from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings
 from hfai.controller.store import KVCache, cas_update
-from hfai.controller.views import policy_config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, ProtocolError
-from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, RestrictedUsers, RunEvent
+from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, RunEvent
 
 log = logging.getLogger(__name__)
 
@@ -235,31 +234,10 @@ class Leader:
                 await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, time.time())))
 
     def _node_states(self) -> list[PlanNode]:
-        """Alive: heartbeating (else its jobs are requeued at once); faulty: a GPU reports a fatal
-        error (its jobs are interrupted); also nodes that jobs hold but no record names any more,
-        once this leader has led for a heartbeat window."""
-        now = time.monotonic()
-        drained = self.nodes.drained()
-        states = []
-        for r in self.nodes.records():
-            alive = self.nodes.heartbeating(r.name, now)
-            faulty = any(g.fatal for g in r.gpus)
-            states.append(PlanNode(r.name, r.group, alive, alive and not faulty and r.name not in drained,
-                                   r.address, faulty=faulty))
-        for name in sorted(unknown_nodes(self.jobs.values.values(), self.nodes.cache.values, now - self._led_since,
-                                         self.nodes.timeout_s)):
-            states.append(PlanNode(name, alive=False, schedulable=False))
-        return states
+        return plan_nodes(self.nodes, self.jobs.values.values(), time.monotonic() - self._led_since)
 
     def _settings(self, explain: bool) -> PlanSettings:
-        values = self.settings.values if self.settings is not None else {}
-        restricted = values.get(names.RESTRICTED_KEY)
-        return PlanSettings(
-            policy=replace(policy_config(self.cc, values.get(names.QUOTAS_KEY)), explain_waits=explain),
-            restricted=dict(restricted.users) if isinstance(restricted, RestrictedUsers) else {},
-            master_port_base=self.cc.master_port_base, master_port_span=self.cc.master_port_span,
-            wait_reason_interval_s=self.cc.wait_reason_interval_s,
-        )
+        return plan_settings(self.cc, self.settings.values if self.settings is not None else {}, explain)
 
     def _fenced(self, change):
         """``change``, made a no-op once this loop no longer leads. A decision was taken on this

@@ -34,3 +34,4 @@ def policy_config(cc: ControllerConfig, quotas: QuotaTable | None) -> PolicyConf
 
 def drained(settings: DrainedNodes | None) -> dict[str, str]:
     return dict(settings.nodes) if settings is not None else {}
+

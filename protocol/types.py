@@ -505,6 +505,22 @@ class UpdateRequest:
     nodes: int | None = None
 
 
+@message("estimate_request")
+class EstimateRequest:
+    """When would waiting jobs start, if every job ran its time limit (-t) and nothing new came?
+    ``default_run_s``: what a job without a limit is assumed to run (0: for ever)."""
+
+    KIND: ClassVar[str]
+    default_run_s: float = 0.0
+
+
+@message("estimate_reply")
+class EstimateReply:
+    KIND: ClassVar[str]
+    starts: dict[str, float] = field(default_factory=dict)  # job id -> estimated start (wall clock)
+    now: float = 0.0
+
+
 @message("nodes_request")
 class NodesRequest:
     """One page of nodes ordered by name: those after ``after``."""

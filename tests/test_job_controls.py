@@ -173,3 +173,27 @@ def test_a_job_past_its_time_limit_is_stopped():
     assert isinstance(actions[0], StopRun)
     stopping = actions[0].apply(job, NOW)
     assert stopping.state is ChainState.STOPPING
+
+
+# ------------------------------------------------------------------------------ start estimates
+
+
+def test_start_estimates_replay_the_plan_with_time_limits():
+    from hfai.controller.estimate import estimate_starts
+
+    a = running("a", started=NOW - 600, time_limit_s=3600.0)  # 50 min left
+    b = queued("b", submit=1.0, time_limit_s=1800.0)
+    c = queued("c", submit=2.0)  # no limit: runs for ever
+    d = queued("d", submit=3.0, time_limit_s=60.0)
+    starts = estimate_starts([a, b, c, d], cluster(1), SETTINGS, NOW)
+    assert starts == {"b": NOW + 3000.0, "c": NOW + 3000.0 + 1800.0}  # d waits behind c: no estimate
+    assert estimate_starts([a, b, c, d], cluster(1), SETTINGS, NOW, default_run_s=600.0)["d"] == NOW + 5400.0
+    # The live policy decides: a HIGH job preempts the LOW one and starts once its nodes are released.
+    low = running("low", priority=Priority.LOW.value, time_limit_s=86400.0)
+    high = queued("high", priority=Priority.HIGH.value, user="v")
+    assert estimate_starts([low, high], cluster(1), SETTINGS, NOW, release_s=60.0) == {"high": NOW + 60.0}
+    # A held job gets no estimate; one that depends on another starts after it.
+    held = transitions.apply_hold(queued("h", time_limit_s=60.0), "ana", True)
+    after = queued("after", submit=5.0, after=("b",), time_limit_s=60.0)
+    starts = estimate_starts([a, b, held, after], cluster(2), SETTINGS, NOW)
+    assert "h" not in starts and starts["b"] == NOW and starts["after"] == NOW + 1800.0

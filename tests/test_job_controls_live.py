@@ -120,3 +120,21 @@ def test_a_list_can_leave_out_all_but_the_last_history_lines(cluster, tmp_path):
     assert [j.id for j in short] == [j.id for j in full]
     for s, f in zip(short, full, strict=True):
         assert s.history == f.history[-2:] and s.state is f.state
+
+
+def test_estimate_says_when_waiting_jobs_would_start(cluster, tmp_path):
+    import json
+
+    big = _submit(cluster, tmp_path, "--name", "big", "-n", "2", "-t", "1h", "python", STEPS, "4000", "0.1")
+    cluster.wait_state(big, ChainState.RUNNING)
+    nxt = _submit(cluster, tmp_path, "--name", "next", "-t", "10m", "bash", "-c", "true")
+    out = cluster.cli("estimate", "--json")
+    assert out.returncode == 0, out.stderr
+    starts = {e["id"]: e["start"] for e in json.loads(out.stdout)}
+    started = cluster.job(big).started_ts
+    assert starts[nxt] == pytest.approx(started + 3600.0, abs=5.0)  # when big's hour is up
+    table = cluster.cli("estimate")
+    assert "next" in table.stdout and "in ~" in table.stdout
+    for job_id in (nxt, big):
+        assert cluster.cli("stop", job_id).returncode == 0
+    cluster.wait_state(big, ChainState.STOPPED)
