@@ -82,6 +82,10 @@ class Caller:
         return self.operator or job.spec.user == self.user
 
 
+#: The longest a job without a time limit may be assumed to run in an estimate (a year).
+MAX_ASSUMED_RUN_S = 365 * 86400.0
+
+
 def first_page(items: list, budget_bytes: int) -> tuple[tuple, bool]:
     """The longest prefix of ``items`` whose encodings fit in ``budget_bytes`` (at least one item,
     so a page always makes progress), and whether items are left for another page."""
@@ -292,6 +296,9 @@ class ApiService:
         from hfai.controller.estimate import estimate_starts
         from hfai.controller.inputs import plan_nodes, plan_settings
 
+        if not 0 <= req.default_run_s <= MAX_ASSUMED_RUN_S:
+            raise InvalidRequest(f"the assumed run time must be 0 (none) to {MAX_ASSUMED_RUN_S:g} s, "
+                                 f"not {req.default_run_s}")
         records = list(self._jobs.values.values())
         # Forgotten nodes count at once here: the estimate must not place work on them.
         nodes = plan_nodes(self._nodes, records, float("inf"))

@@ -25,6 +25,9 @@ from hfai.protocol.types import (
     ChainState,
     DrainRequest,
     ErrorReply,
+    EstimateReply,
+    EstimateRequest,
+    HoldRequest,
     JobList,
     JobReply,
     JobRequest,
@@ -37,9 +40,11 @@ from hfai.protocol.types import (
     QuotaEntry,
     QuotaSetRequest,
     QuotasRequest,
+    RequeueRequest,
     SettingsReply,
     StopRequest,
     SubmitRequest,
+    UpdateRequest,
     UsageReply,
     UsageRequest,
 )
@@ -52,7 +57,7 @@ API_REQUESTS = 10_500
 AGENT_REQUESTS = 1_500
 BATCH = 200
 # The codes a refusal may carry; "internal" (a handler raised something unexpected) is a failure.
-EXPECTED_CODES = {"protocol", "invalid", "not_found", "conflict", "forbidden", "unavailable"}
+EXPECTED_CODES = {"protocol", "invalid", "not_found", "conflict", "forbidden", "unavailable", "illegal_transition"}
 
 # Invalid in three independent ways, so that the mutations of one request (at most two that may drop
 # a key; typed ones never produce the group "default") can never make it a job the cluster runs. The
@@ -77,6 +82,10 @@ if getattr(names, "VERB_LOGS", None):  # log requests relayed by the controller,
     VERBS[names.VERB_LOGS] = (LogRequest(job_id="nope", rank=0), LogChunk)
 if getattr(names, "VERB_USAGE", None):  # GPU-hours (controller/usage_recorder.py)
     VERBS[names.VERB_USAGE] = (UsageRequest(since_ts=0.0), UsageReply)
+VERBS[names.VERB_HOLD] = (HoldRequest(job="nope"), JobReply)
+VERBS[names.VERB_REQUEUE] = (RequeueRequest(job="nope"), JobReply)
+VERBS[names.VERB_UPDATE] = (UpdateRequest(job="nope", priority=10), JobReply)
+VERBS[names.VERB_ESTIMATE] = (EstimateRequest(default_run_s=60.0), EstimateReply)
 assert set(VERBS) == set(names.VERBS), "a new API verb: add it to the fuzzer"
 
 HOSTILE = [None, True, False, 0, -1, 1, 2**31, 2**63 - 1, -(2**63), 2**64 - 1, 0.5, math.nan, math.inf, -math.inf,
