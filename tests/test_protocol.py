@@ -37,7 +37,7 @@ def test_golden_bytes_of_a_small_message():
 def test_golden_envelope_fields():
     raw = msgpack.unpackb(encode(ListRequest(all_users=False)))
     assert raw == {"k": "list_request", "v": list(PROTOCOL_VERSION),
-                   "b": {"all_users": False, "include_finished": True, "after_ts": 0.0, "after_id": ""}}
+                   "b": {"all_users": False, "include_finished": True, "after_ts": 0.0, "after_id": "", "history": -1}}
 
 
 def test_round_trip_of_nested_messages():
