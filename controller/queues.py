@@ -74,20 +74,34 @@ class Level:
                 allowed: Callable[[int, str], bool] = lambda size, user: True) -> Iterator[tuple[JobView | None, bool]]:
         """The jobs in queue order that need at most ``cap()`` nodes and whose (size, user)
         ``allowed`` (both asked again before each job; what they admit may only shrink), each with
-        whether a job left out was passed over ahead of it; last ``(None, passed)`` for the rest."""
-        live = [_Cursor(size, user, keys) for (size, user), keys in sorted(self.lists.items())]
+        whether a job left out was passed over ahead of it; last ``(None, passed)`` for the rest.
+
+        A list left out once stays out (the admitted set only shrinks), so it is dropped from the
+        walk and only its head key is kept, for ``passed``: each step looks at the lists still in."""
+        c = cap()
+        live: list[_Cursor] = []
+        ahead: Key | None = None  # the earliest job of the lists left out
+        for (size, user), keys in sorted(self.lists.items()):
+            if size <= c and allowed(size, user):
+                live.append(_Cursor(size, user, keys))
+            elif ahead is None or keys[0] < ahead:
+                ahead = keys[0]
         while True:
             c = cap()
             best: Key | None = None
-            ahead: Key | None = None
             found: _Cursor | None = None
+            out = False
             for cur in live:
                 k = cur.keys[cur.i]
                 if cur.size <= c and allowed(cur.size, cur.user):
                     if best is None or k < best:
                         best, found = k, cur
-                elif ahead is None or k < ahead:
-                    ahead = k
+                else:
+                    out = cur.out = True
+                    if ahead is None or k < ahead:
+                        ahead = k
+            if out:
+                live = [cur for cur in live if not cur.out]
             passed = ahead is not None and (best is None or ahead < best)
             if best is None or found is None:
                 yield None, passed
@@ -106,10 +120,10 @@ class Level:
 class _Cursor:
     """Where a walk stands in one (size, user) list."""
 
-    __slots__ = ("i", "keys", "size", "user")
+    __slots__ = ("i", "keys", "out", "size", "user")
 
     def __init__(self, size: int, user: str, keys: list[Key]):
-        self.size, self.user, self.keys, self.i = size, user, keys, 0
+        self.size, self.user, self.keys, self.i, self.out = size, user, keys, 0, False
 
 
 def _remove(lists: dict, k, key: Key) -> None:
