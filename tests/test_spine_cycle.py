@@ -82,8 +82,11 @@ def test_job_ignoring_the_interrupt_is_killed_after_the_windows_and_requeued(tmp
         c.wait_state(stubborn.id, ChainState.RUNNING)
         c.wait(lambda: "stubborn job" in c.log(stubborn.id), 20, "the stubborn job to print")
         high = c.submit(["python", "-c", "print('urgent work done')"], name="urgent", priority=Priority.HIGH)
-        requeued = c.wait_state(stubborn.id, ChainState.SUSPENDED, timeout=30)
-        suspending, suspended = requeued.history[-2], requeued.history[-1]
+        # Requeued: SUSPENDED may last only a moment (the urgent job's run is over in ~50 ms and the
+        # stubborn one resumes), so look for it in the history rather than wait to catch it.
+        requeued = c.wait(lambda: (j := c.job(stubborn.id)).suspend_count >= 1 and j, 30, "the stubborn job's requeue")
+        at = next(i for i, e in enumerate(requeued.history) if e.state is ChainState.SUSPENDED)
+        suspending, suspended = requeued.history[at - 1], requeued.history[at]
         assert suspending.state is ChainState.SUSPENDING
         # Not acknowledged: it took at least the acknowledgement window plus the kill window.
         assert suspended.ts - suspending.ts >= 1.5 + 1.0 - 0.3
