@@ -20,6 +20,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from hfai import _nats
 from hfai.config import ControllerConfig
 from hfai.controller import transitions
 from hfai.controller.nodes import NodeTracker
@@ -29,7 +30,7 @@ from hfai.controller.transitions import apply_stop
 from hfai.controller.validate import check_array, parse_dependency
 from hfai.controller.views import job_view, quotas_of
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Conflict, Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable, error_for_code
+from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_for_code
 from hfai.protocol.types import (
     AUTO_PRIORITY,
     ChainState,
@@ -132,23 +133,7 @@ class ApiService:
 
     async def handle(self, msg: Msg) -> None:
         """Serve one request message; always replies (if the caller gave a reply subject)."""
-        try:
-            reply = await self._dispatch(msg.subject, msg.data)
-        except HfaiError as e:
-            reply = ErrorReply(code=e.code, message=str(e))
-        except (TimeoutError, nats.errors.Error) as e:
-            # JetStream busy for a moment (a bucket changing leader, a server lost): not a bug.
-            log.warning("JetStream did not answer while serving %s: %s", msg.subject, e or type(e).__name__)
-            busy = Unavailable(f"the cluster's store did not answer ({e or type(e).__name__}); try again")
-            reply = ErrorReply(code=busy.code, message=str(busy))
-        except Exception as e:  # a bug must not take the replica down; tell the caller and log it
-            log.exception("internal error serving %s", msg.subject)
-            reply = ErrorReply(code="internal", message=f"internal controller error: {e}")
-        if msg.reply:
-            try:
-                await msg.respond(encode(reply))
-            except Exception as e:
-                log.debug("could not reply on %s: %s", msg.reply, e)
+        await _nats.answer(msg, self._dispatch, "controller")
 
     async def _dispatch(self, subject: str, data: bytes) -> object:
         user, verb, operator = names.parse_api_subject(subject)

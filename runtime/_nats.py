@@ -338,3 +338,41 @@ async def events_subscription(js: JetStreamContext, config: Config) -> JetStream
             max_ack_pending=10000,
         ),
     )
+
+
+async def answer(msg: Any, dispatch: Callable[[str, bytes], Awaitable[object]], service: str,
+                 local_error: Callable[[OSError], str] | None = None) -> None:
+    """Serve one request message with ``dispatch(subject, data)`` and always reply (when the caller
+    gave a reply subject): typed hfai errors as ``ErrorReply(code, message)``, JetStream busy as
+    ``unavailable``, an ``OSError`` as ``error`` when ``local_error`` words it, and anything else
+    as ``internal`` (logged: a bug must not take the service down). One mapping for every service
+    that answers requests (the controllers' API, the storage service)."""
+    from hfai.protocol import encode
+    from hfai.protocol.errors import HfaiError
+    from hfai.protocol.types import ErrorReply
+
+    reply: object
+    try:
+        reply = await dispatch(msg.subject, msg.data)
+    except HfaiError as e:
+        reply = ErrorReply(code=e.code, message=str(e))
+    except (TimeoutError, nats.errors.Error) as e:
+        # JetStream busy for a moment (a bucket changing leader, a server lost): not a bug.
+        log.warning("JetStream did not answer while serving %s: %s", msg.subject, e or type(e).__name__)
+        busy = Unavailable(f"the cluster's store did not answer ({e or type(e).__name__}); try again")
+        reply = ErrorReply(code=busy.code, message=str(busy))
+    except OSError as e:
+        if local_error is None:
+            log.exception("internal error serving %s", msg.subject)
+            reply = ErrorReply(code="internal", message=f"internal {service} error: {e}")
+        else:
+            log.warning("filesystem error serving %s: %s", msg.subject, e)
+            reply = ErrorReply(code="error", message=local_error(e))
+    except Exception as e:
+        log.exception("internal error serving %s", msg.subject)
+        reply = ErrorReply(code="internal", message=f"internal {service} error: {e}")
+    if msg.reply:
+        try:
+            await msg.respond(encode(reply))
+        except Exception as e:
+            log.debug("could not reply on %s: %s", msg.reply, e)

@@ -26,10 +26,10 @@ from nats.js.kv import KeyValue
 from hfai import _nats
 from hfai._daemon import Supervisor, raise_if_cancelled
 from hfai.config import Config
-from hfai.protocol import decode, encode, names
+from hfai.protocol import decode, names
 from hfai.protocol import storage as s
-from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, Unavailable
-from hfai.protocol.types import ErrorReply, RestrictedUsers
+from hfai.protocol.errors import Forbidden, InvalidRequest
+from hfai.protocol.types import RestrictedUsers
 from hfai.storage import datasets, plan
 from hfai.storage.chunks import chunk_hash
 from hfai.storage.gc import run_gc
@@ -133,25 +133,8 @@ class StorageService:
     # ----------------------------------------------------------------------------- serving
 
     async def handle(self, msg: Msg) -> None:
-        try:
-            reply = await self._dispatch(msg.subject, msg.data)
-        except HfaiError as e:
-            reply = ErrorReply(code=e.code, message=str(e))
-        except (TimeoutError, nats.errors.Error) as e:
-            log.warning("JetStream did not answer while serving %s: %s", msg.subject, e or type(e).__name__)
-            busy = Unavailable(f"the cluster's store did not answer ({e or type(e).__name__}); try again")
-            reply = ErrorReply(code=busy.code, message=str(busy))
-        except OSError as e:
-            log.warning("filesystem error serving %s: %s", msg.subject, e)
-            reply = ErrorReply(code="error", message=f"storage service: {e.strerror or e} ({e.filename or ''})")
-        except Exception as e:
-            log.exception("internal error serving %s", msg.subject)
-            reply = ErrorReply(code="internal", message=f"internal storage service error: {e}")
-        if msg.reply:
-            try:
-                await msg.respond(encode(reply))
-            except Exception as e:
-                log.debug("could not reply on %s: %s", msg.reply, e)
+        await _nats.answer(msg, self._dispatch, "storage service",
+                           lambda e: f"storage service: {e.strerror or e} ({e.filename or ''})")
 
     async def _dispatch(self, subject: str, data: bytes) -> object:
         user, verb, operator = names.parse_storage_subject(subject)
