@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from hfai.controller import transitions
 from hfai.controller.plan import Interrupt, Planner, PlanNode, PlanSettings, StartRun
-from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
+from hfai.protocol.types import ChainState, JobRecord
 
 
 def estimate_starts(records: Iterable[JobRecord], nodes: Sequence[PlanNode], settings: PlanSettings, now: float,
@@ -67,7 +67,7 @@ def estimate_starts(records: Iterable[JobRecord], nodes: Sequence[PlanNode], set
         t = due
         for job_id in [j for j, e in ends.items() if e <= t]:
             del ends[job_id]
-            planner.observe(_ended(planner.records[job_id], t))
+            planner.observe(transitions.ranks_exited(planner.records[job_id], t))
     return starts
 
 
@@ -78,14 +78,3 @@ def _left(job: JobRecord, now: float, default_run_s: float | None) -> float:
         return math.inf if default_run_s is None else default_run_s
     return max(0.0, limit - job.run_s - max(0.0, now - job.started_ts))
 
-
-def _ended(job: JobRecord, t: float) -> JobRecord:
-    """Every rank exits 0 (acknowledging first if it was being interrupted): the same transitions
-    the leader applies to the agents' events."""
-    for node in job.nodes:
-        kinds = [RunEventKind.SUSPEND_ACKED] if job.state is ChainState.SUSPENDING else []
-        for kind in (*kinds, RunEventKind.EXITED):
-            ev = RunEvent(job_id=job.id, run_id=job.run_id, node=node, event=kind, ts=t,
-                          exit_code=0 if kind is RunEventKind.EXITED else None)
-            job = transitions.apply_event(job, ev, t) or job
-    return job

@@ -43,7 +43,7 @@ from hfai.controller.trace import (
     write_trace,
 )
 from hfai.protocol.errors import HfaiError, InvalidRequest
-from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
+from hfai.protocol.types import ChainState, JobRecord, JobSpec
 
 __all__ = [
     "POLICIES", "TRACE_COLUMNS", "PolicyViolation", "Sample", "SimConfig", "SimResult", "Simulator", "TraceError",
@@ -181,25 +181,18 @@ class Simulator:
         if gen != w.gen:
             return False  # superseded by a later start or interrupt
         job = self.planner.records[job_id]
-        if kind == _RELEASE:  # the checkpoint is written: every rank acknowledges, then exits
-            for node in job.nodes:
-                job = self.report(job, node, RunEventKind.SUSPEND_ACKED)
-        else:
+        if kind == _FINISH:
             w.work_left = 0.0
             w.end = self.now
+        # Done, or (_RELEASE) the checkpoint is written: every rank acknowledges if asked, then exits.
         held = job.nodes
-        for node in held:
-            job = self.report(job, node, RunEventKind.EXITED, exit_code=0)
+        job = transitions.ranks_exited(job, self.now)
         self.release(job, held)
         self.planner.observe(job)
         w.state = job.state
         if job.state.waiting:
             self.waiting += 1
         return True
-
-    def report(self, job: JobRecord, node: str, kind: RunEventKind, exit_code: int | None = None) -> JobRecord:
-        ev = RunEvent(job_id=job.id, run_id=job.run_id, node=node, event=kind, ts=self.now, exit_code=exit_code)
-        return transitions.apply_event(job, ev, self.now) or job
 
     def release(self, job: JobRecord, held: tuple[str, ...]) -> None:
         for n in held:

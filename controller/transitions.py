@@ -64,6 +64,19 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
     return _all_exited(job, now)
 
 
+def ranks_exited(job: JobRecord, now: float) -> JobRecord:
+    """The record once every rank of its run exited 0, as the agents report it (a job being
+    interrupted acknowledges first): what the simulator and the start-time estimate play."""
+    for node in job.nodes:
+        kinds = (RunEventKind.SUSPEND_ACKED, RunEventKind.EXITED) if job.state is ChainState.SUSPENDING \
+            else (RunEventKind.EXITED,)
+        for kind in kinds:
+            ev = RunEvent(job_id=job.id, run_id=job.run_id, node=node, event=kind, ts=now,
+                          exit_code=0 if kind is RunEventKind.EXITED else None)
+            job = apply_event(job, ev, now) or job
+    return job
+
+
 def _all_exited(job: JobRecord, now: float) -> JobRecord:
     codes = job.exits
     if job.state is ChainState.SUSPENDING:
