@@ -37,7 +37,11 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
     code = ev.exit_code if ev.exit_code is not None else -1
     exits = {**job.exits, ev.node: code}
     wls = ev.whole_life_state if ev.whole_life_state is not None else job.whole_life_state
-    job = replace(job, exits=exits, whole_life_state=wls)
+    # An exit that says its run acknowledged counts as that ack, as SUSPEND_ACKED does: the agent
+    # publishes a plan's events together, and one lost or late must not turn an acknowledged
+    # interrupt into "finished while being suspended".
+    acked = (*job.acked, ev.node) if ev.acked and ev.node not in job.acked else job.acked
+    job = replace(job, exits=exits, whole_life_state=wls, acked=acked)
     rank = job.nodes.index(ev.node)
     if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
         why = f"rank {rank} on {ev.node} exited with code {code}"

@@ -52,6 +52,23 @@ def test_suspend_cycle_requeues_without_counting_failure():
     assert again.run_id == 2 and "resumed" in again.reason
 
 
+def test_an_exit_that_says_it_acked_counts_as_the_ack():
+    """The agent publishes a plan's events together: an EXITED event saying the run acknowledged
+    requeues the job even when its SUSPEND_ACKED was lost or comes later (it is then ignored)."""
+    j = tr.apply_suspend(running(), Suspend("j1", "preempted", "x", sliced=True), 3.0)
+    for node in ("n0", "n1"):
+        ev = RunEvent(event=RunEventKind.EXITED, node=node, job_id="j1", run_id=1, ts=5.0, exit_code=0, acked=True)
+        j = tr.apply_event(j, ev, 5.0)
+    assert j.state is ChainState.SUSPENDED and "acknowledged" in j.reason
+    late = RunEvent(event=RunEventKind.SUSPEND_ACKED, node="n0", job_id="j1", run_id=1, ts=5.0)
+    assert tr.apply_event(j, late, 6.0) is None
+    # Without the ack the same exits mean the job finished its work before it saw the request.
+    j = tr.apply_suspend(running(), Suspend("j1", "preempted", "x", sliced=True), 3.0)
+    for node in ("n0", "n1"):
+        j = tr.apply_event(j, exited(node, 0), 5.0)
+    assert j.state is ChainState.SUCCEEDED
+
+
 def test_stale_events_are_ignored():
     assert tr.apply_event(running(), exited("n0", 1, run=0), 5.0) is None
     assert tr.apply_event(running(), exited("n9", 1), 5.0) is None
