@@ -22,6 +22,7 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 import msgpack
@@ -45,12 +46,75 @@ M = TypeVar("M")
 
 
 def encode(msg: Any) -> bytes:
-    """Serialise a registered message to bytes."""
+    """Serialise a registered message to bytes (an :class:`Encoded` one is already)."""
+    if type(msg) is Encoded:
+        return msg.data
     kind = getattr(type(msg), "KIND", None)
     if kind is None or t.MESSAGE_TYPES.get(kind) is not type(msg):
         raise TypeError(f"{type(msg).__name__} is not a registered hfai message")
     envelope = {"k": kind, "v": list(PROTOCOL_VERSION), "b": _to_wire(msg)}
     return msgpack.packb(envelope, use_bin_type=True)
+
+
+# ------------------------------------------------------------------------- encoding in parts
+# A reply made of many messages that change one at a time (a page of nodes: each node's heartbeat
+# record is ~1.4 KB and changes every few seconds) is built from parts encoded once: pack() gives
+# a message's bytes as they travel inside another, with fields given as bytes already packed, and
+# encode_packed() wraps such a body in the envelope. The bytes are those encode() writes.
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """A message already encoded (by :func:`encode_packed`), which :func:`encode` hands on as it
+    is: a handler may return it wherever its reply would be encoded."""
+
+    data: bytes
+
+
+def pack(msg: Any, **packed: bytes) -> bytes:
+    """The msgpack bytes of message ``msg`` inside another message (no envelope). The fields named
+    in ``packed`` are taken as given, bytes made by pack() or pack_array(); ``msg``'s own values of
+    them are ignored."""
+    keys = _FIELD_KEYS.get(type(msg)) or _field_keys(type(msg))
+    if packed and not packed.keys() <= keys.keys():
+        raise TypeError(f"{type(msg).__name__} has no field {sorted(packed.keys() - keys.keys())[0]!r}")
+    parts = [_MAP_HEADERS[len(keys)]]
+    for name, key in keys.items():
+        parts.append(key)
+        raw = packed.get(name)
+        parts.append(raw if raw is not None else msgpack.packb(_to_wire(getattr(msg, name)), use_bin_type=True))
+    return b"".join(parts)
+
+
+def pack_array(items: list[bytes]) -> bytes:
+    """The msgpack array of ``items``, each already packed."""
+    return _PACKER.pack_array_header(len(items)) + b"".join(items)
+
+
+def encode_packed(msg: Any, **packed: bytes) -> Encoded:
+    """``encode(msg)`` with some fields already packed (see :func:`pack`)."""
+    kind = getattr(type(msg), "KIND", None)
+    if kind is None or t.MESSAGE_TYPES.get(kind) is not type(msg):
+        raise TypeError(f"{type(msg).__name__} is not a registered hfai message")
+    head = _HEADS.get(kind)
+    if head is None:
+        head = _HEADS[kind] = b"".join([_MAP_HEADERS[3], *(msgpack.packb(x) for x in ("k", kind, "v")),
+                                        msgpack.packb(list(PROTOCOL_VERSION)), msgpack.packb("b")])
+    return Encoded(head + pack(msg, **packed))
+
+
+# Only for headers (each call returns its bytes and resets the packer; it runs under the GIL).
+_PACKER = msgpack.Packer(use_bin_type=True)
+_MAP_HEADERS = [_PACKER.pack_map_header(n) for n in range(64)]
+_FIELD_KEYS: dict[type, dict[str, bytes]] = {}
+_HEADS: dict[str, bytes] = {}
+
+
+def _field_keys(tp: type) -> dict[str, bytes]:
+    if not dataclasses.is_dataclass(tp):
+        raise TypeError(f"{tp.__name__} is not an hfai message")
+    keys = _FIELD_KEYS[tp] = {f.name: msgpack.packb(f.name) for f in dataclasses.fields(tp)}
+    return keys
 
 
 @overload
@@ -228,23 +292,54 @@ def _enum_decoder(tp: type[enum.Enum]) -> _Decoder:
 
 
 def _dataclass_decoder(cls: type) -> _Decoder:
-    fields: list[tuple[str, _Decoder, bool]] = []
+    # (name, decoder, required, exact): a value whose type is ``exact`` is already what the
+    # decoder would return, so it is taken without the call and without spelling its path (most
+    # fields of a heartbeat are plain numbers and strings: ~100 per 8-GPU node).
+    fields: list[tuple[str, _Decoder, Callable[[], Any] | None, type | None]] = []
+    # A frozen dataclass's __init__ sets each field through object.__setattr__ (~2 us for a
+    # GpuStat); a message without __post_init__ is filled in directly instead, as evolve() does.
+    direct = not hasattr(cls, "__post_init__")
 
     def message(body: Any, where: str) -> Any:
         if not isinstance(body, dict):
             raise ProtocolError(f"{where}: expected a map for {cls.__name__}")
         if not fields:  # built on first use: a message type may contain itself
             hints = _hints(cls)
-            fields.extend((f.name, _decoder(hints[f.name]), f.default is dataclasses.MISSING
-                           and f.default_factory is dataclasses.MISSING) for f in dataclasses.fields(cls))
+            fields.extend((f.name, _decoder(hints[f.name]), _default(f), _EXACT.get(hints[f.name]))
+                          for f in dataclasses.fields(cls))
         kwargs = {}
-        for name, dec, required in fields:
+        for name, dec, default, exact in fields:
             if name in body:
-                kwargs[name] = dec(body[name], f"{where}.{name}")
-            elif required:
+                value = body[name]
+                if type(value) is exact and (exact is not float or math.isfinite(typing.cast(float, value))):
+                    kwargs[name] = value
+                else:
+                    kwargs[name] = dec(value, f"{where}.{name}")
+            elif default is None:
                 raise ProtocolError(f"{where}: missing field {name!r}")
-        return cls(**kwargs)
+            else:
+                kwargs[name] = default()
+        if not direct:
+            return cls(**kwargs)
+        out: Any = object.__new__(cls)
+        out.__dict__.update(kwargs)
+        return out
     return message
+
+
+def _default(f: dataclasses.Field) -> Callable[[], Any] | None:
+    """What makes a missing field's value, None for a required field."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+        return lambda: value
+    return None
+
+
+# Declared types whose wire values of exactly that type decode to themselves (a float only when
+# finite, see _scalar_decoder); bool is its own type, so an int never passes for it or it for one.
+_EXACT: dict[Any, type] = {str: str, int: int, float: float, bool: bool, bytes: bytes}
 
 
 def _scalar_decoder(tp: Any) -> _Decoder:
