@@ -23,13 +23,16 @@ from nats.js.kv import KeyValue
 from hfai import _nats
 from hfai.config import ControllerConfig
 from hfai.controller import transitions
+from hfai.controller.node_pages import NodePages
 from hfai.controller.nodes import NodeTracker
+from hfai.controller.paging import paged_reply
 from hfai.controller.policy import resolve_auto
 from hfai.controller.store import KVCache, cas_update, cas_value
 from hfai.controller.transitions import apply_stop
 from hfai.controller.validate import check_array, parse_dependency
 from hfai.controller.views import job_view, quotas_of
 from hfai.protocol import decode, encode, names
+from hfai.protocol.codec import Encoded, pack
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_for_code
 from hfai.protocol.types import (
     AUTO_PRIORITY,
@@ -49,7 +52,6 @@ from hfai.protocol.types import (
     ListRequest,
     LogChunk,
     LogRequest,
-    NodesReply,
     NodesRequest,
     Priority,
     QuotaSetRequest,
@@ -87,17 +89,6 @@ class Caller:
 MAX_ASSUMED_RUN_S = 365 * 86400.0
 
 
-def first_page(items: list, budget_bytes: int) -> tuple[tuple, bool]:
-    """The longest prefix of ``items`` whose encodings fit in ``budget_bytes`` (at least one item,
-    so a page always makes progress), and whether items are left for another page."""
-    used = 0
-    for n, item in enumerate(items):
-        used += len(encode(item))
-        if used > budget_bytes and n > 0:
-            return tuple(items[:n]), True
-    return tuple(items), False
-
-
 class ApiService:
     def __init__(self, jobs_kv: KeyValue, jobs: KVCache[JobRecord], nodes: NodeTracker,
                  on_submit: Callable[[], None] | None = None, settings_kv: KeyValue | None = None,
@@ -106,6 +97,7 @@ class ApiService:
         self._kv = jobs_kv
         self._jobs = jobs
         self._nodes = nodes
+        self._node_pages = NodePages(nodes)
         self._on_submit = on_submit or (lambda: None)
         self._settings_kv = settings_kv
         self._settings = settings
@@ -204,7 +196,8 @@ class ApiService:
 
         return validate_spec(spec, self._nodes.records())
 
-    async def list(self, caller: Caller, req: ListRequest) -> JobList:
+    async def list(self, caller: Caller, req: ListRequest) -> Encoded:
+        """A page of jobs (a ``JobList``, encoded), each encoded once (controller/paging.py)."""
         after = (req.after_ts, req.after_id)
         jobs = [
             j for j in self._jobs.values.values()
@@ -212,12 +205,11 @@ class ApiService:
             and (j.submit_ts, j.id) > after
         ]
         jobs.sort(key=lambda j: (j.submit_ts, j.id))
-        if req.history >= 0:
-            keep = req.history
-            jobs = [j if len(j.history) <= keep else evolve(j, history=j.history[len(j.history) - keep:])
-                    for j in jobs]
-        page, more = first_page([_shown_to(caller, j) for j in jobs], self._config.api_reply_bytes)
-        return JobList(jobs=page, more=more)
+        keep = req.history  # < 0: all of it
+        trimmed = (j if keep < 0 or len(j.history) <= keep else evolve(j, history=j.history[len(j.history) - keep:])
+                   for j in jobs)
+        return paged_reply(JobList, "jobs", (pack(_shown_to(caller, j)) for j in trimmed),
+                           self._config.api_reply_bytes)
 
     async def status(self, caller: Caller, req: JobRequest) -> JobReply:
         return JobReply(job=_shown_to(caller, await self._find(caller.user, req.job)))
@@ -318,10 +310,10 @@ class ApiService:
             raise error_for_code(reply.code)(reply.message)
         return reply
 
-    async def nodes(self, caller: Caller, req: NodesRequest) -> NodesReply:
-        infos = sorted(self._nodes.infos(list(self._jobs.values.values())), key=lambda i: i.record.name)
-        page, more = first_page([i for i in infos if i.record.name > req.after], self._config.api_reply_bytes)
-        return NodesReply(nodes=page, more=more)
+    async def nodes(self, caller: Caller, req: NodesRequest) -> Encoded:
+        """A page of nodes (a ``NodesReply``, encoded): each heartbeat record is encoded once
+        (controller/node_pages.py)."""
+        return self._node_pages.page(req.after, self._jobs.values.values(), self._config.api_reply_bytes)
 
     async def usage_report(self, caller: Caller, req: UsageRequest) -> UsageReply:
         """GPU-hours per day, user, group and priority: public, like the queue."""

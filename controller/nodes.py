@@ -7,7 +7,7 @@ timestamps agents write, so clock skew between hosts cannot make a node look dea
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping
 
 from hfai.controller.store import KVCache
 from hfai.protocol import names
@@ -48,20 +48,29 @@ class NodeTracker:
         fatal = record is not None and any(g.fatal for g in record.gpus)
         return node_state(self.cache.seen.get(name), time.monotonic() if now is None else now, self.timeout_s, fatal)
 
-    def infos(self, jobs: list[JobRecord]) -> list[NodeInfo]:
+    def infos(self, jobs: Iterable[JobRecord]) -> list[NodeInfo]:
+        """Every node as `hfai nodes` shows it, by name."""
         now = time.monotonic()
-        on_node: dict[str, list[str]] = {}
-        for j in jobs:
-            if j.state.holds_nodes:
-                for n in j.nodes:
-                    on_node.setdefault(n, []).append(j.id)
+        on_node = jobs_on_nodes(jobs)
         drained = self.drained()
-        return [
-            NodeInfo(record=r, state=shown_state(self.state(r.name, now), r.name in drained),
-                     age_s=now - self.cache.seen.get(r.name, now),
-                     jobs=tuple(on_node.get(r.name, ())), reason=drained.get(r.name, ""))
-            for r in sorted(self.records(), key=lambda r: r.name)
-        ]
+        return [self.info(r, now, on_node, drained) for r in sorted(self.records(), key=lambda r: r.name)]
+
+    def info(self, r: NodeRecord, now: float, on_node: Mapping[str, list[str]], drained: Mapping[str, str]) -> NodeInfo:
+        """One node as `hfai nodes` shows it, at monotonic time ``now`` (``on_node``: see
+        :func:`jobs_on_nodes`; ``drained``: see :meth:`drained`)."""
+        return NodeInfo(record=r, state=shown_state(self.state(r.name, now), r.name in drained),
+                        age_s=now - self.cache.seen.get(r.name, now),
+                        jobs=tuple(on_node.get(r.name, ())), reason=drained.get(r.name, ""))
+
+
+def jobs_on_nodes(jobs: Iterable[JobRecord]) -> dict[str, list[str]]:
+    """Pure: node -> ids of the jobs holding it."""
+    on_node: dict[str, list[str]] = {}
+    for j in jobs:
+        if j.state.holds_nodes:
+            for n in j.nodes:
+                on_node.setdefault(n, []).append(j.id)
+    return on_node
 
 
 def unknown_nodes(jobs: Iterable[JobRecord], known: Container[str], led_s: float, timeout_s: float) -> set[str]:
