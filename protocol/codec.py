@@ -70,14 +70,26 @@ class Encoded:
 
     data: bytes
 
+    def __repr__(self) -> str:  # not the bytes: a page is half a megabyte
+        return f"Encoded({len(self.data)} bytes)"
+
 
 def pack(msg: Any, **packed: bytes) -> bytes:
     """The msgpack bytes of message ``msg`` inside another message (no envelope). The fields named
     in ``packed`` are taken as given, bytes made by pack() or pack_array(); ``msg``'s own values of
     them are ignored."""
+    if not packed:
+        return msgpack.packb(_to_wire(msg), use_bin_type=True)
     keys = _FIELD_KEYS.get(type(msg)) or _field_keys(type(msg))
-    if packed and not packed.keys() <= keys.keys():
+    if not packed.keys() <= keys.keys():
         raise TypeError(f"{type(msg).__name__} has no field {sorted(packed.keys() - keys.keys())[0]!r}")
+    names = list(keys)
+    if names[:len(packed)] == list(packed):
+        # The packed fields come first (a node's record in its info): the others are packed as
+        # one map, whose header gives way to the whole message's.
+        rest = {name: _to_wire(getattr(msg, name)) for name in names[len(packed):]}
+        tail = msgpack.packb(rest, use_bin_type=True)[len(_MAP_HEADERS[len(rest)]):]
+        return b"".join([_MAP_HEADERS[len(keys)], *(keys[n] + raw for n, raw in packed.items()), tail])
     parts = [_MAP_HEADERS[len(keys)]]
     for name, key in keys.items():
         parts.append(key)

@@ -27,8 +27,7 @@ NODE = NodeRecord(name="n0", group="g", address="a", ts=1.0, seq=1, gpus=(GPU, G
 def test_packing_a_message_whole_or_in_parts_writes_the_bytes_encode_does(msg):
     assert codec.encode_packed(msg).data == encode(msg)
     fields = list(vars(msg))
-    if fields:  # the last field given as bytes already packed
-        name = fields[-1]
+    for name in fields[:1] + fields[-1:]:  # the first field, or the last, given as bytes already packed
         part = msgpack.packb(codec._to_wire(getattr(msg, name)))
         assert codec.encode_packed(msg, **{name: part}).data == encode(msg)
 
