@@ -50,6 +50,9 @@ from hfai.protocol.types import (
 
 log = logging.getLogger(__name__)
 
+# The actions that publish an event (see Agent.reconcile).
+_REPORTS = frozenset({Act.REPORT_STARTED, Act.REPORT_ACK, Act.REPORT_EXIT, Act.REPORT_NEVER_RAN})
+
 # The reason an EXITED event gives for a run its launcher stopped (self-fencing, launcher.py).
 FENCED_MESSAGE = "stopped on its node: the node's agent had no heartbeat accepted for the fence bound"
 
@@ -77,6 +80,7 @@ class Agent:
         self._have_assignment = False
         self._refused_in_snapshot = False
         self._wake = asyncio.Event()
+        self._trash = asyncio.Event()  # set when a run's directories were moved to the trash
         self._supervisor = Supervisor()
         self._nc: Client | None = None
         self._seq = 0
@@ -97,6 +101,7 @@ class Agent:
         spawn(self._watch_assignment(), "assignment-watch")
         spawn(self._reconcile_loop(), "reconcile")
         spawn(self._log_gc_loop(), "log-gc")
+        spawn(self._trash_loop(), "trash")
         adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
         log.info("agent %s up (gpus: %s, address %s)%s", self.node, self.gpus.name, self.address,
                  f"; adopted running runs {adopted}" if adopted else "")
@@ -266,6 +271,18 @@ class Agent:
             log.info("removed the logs of job %s (nothing written for %gs)", job_id, self.ac.log_retention_s)
         return gone
 
+    async def _trash_loop(self) -> None:
+        """Delete the directories of forgotten runs (RunStore.cleanup moved them aside) in a
+        thread, so the event loop goes on starting and reporting runs meanwhile; first what an
+        earlier agent left there."""
+        while True:
+            try:
+                await asyncio.to_thread(self.store.empty_trash)
+            except OSError as e:
+                log.warning("emptying the trash failed: %s", e)
+            await self._trash.wait()
+            self._trash.clear()
+
     async def _reconcile_loop(self) -> None:
         streak = FailureStreak(self.ac.reconcile_failures_max)  # failures on this node's own state
         while True:
@@ -290,9 +307,19 @@ class Agent:
                 pass
 
     async def reconcile(self) -> None:
+        """Carry out the plan: first what changes the node (start, signal, clean up), in plan
+        order, then every report at once. Reports wait for JetStream's acknowledgement; sent one
+        after another, a run that started and exited between two plans (STARTED, EXITED) took
+        two round trips before the leader could hear of its end."""
         local = self.store.snapshot()
+        reports: list[Action] = []
         for action in plan(self._wanted(local), local, time.time(), self.ac.ack_exit_grace_s):
-            await self._do(action, local)
+            if action.act in _REPORTS:
+                reports.append(action)
+            else:
+                await self._do(action, local)
+        if reports:
+            await self._send_reports(reports, local)
 
     def _wanted(self, local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
         """The desired runs; while they are unknown (just started, or only a refused entry in KV),
@@ -325,25 +352,41 @@ class Agent:
         elif a.act is Act.KILL:
             log.warning("killing %s: still alive after the kill window", key)
             self.store.signal(key, signal.SIGKILL)
-        elif a.act is Act.REPORT_STARTED:
-            await self._report(key, ra, RunEventKind.STARTED)
-        elif a.act is Act.REPORT_ACK:
-            await self._report(key, ra, RunEventKind.SUSPEND_ACKED, acked=True)
-            if self.metrics is not None:
-                self.metrics.suspend_acked(key)
-        elif a.act is Act.REPORT_EXIT:
-            run = local.get(key)  # the snapshot the plan was made from: it saw the exit
-            await self._report(key, ra, RunEventKind.EXITED, exit_code=run.exit_code if run else -1,
-                               acked=bool(run and run.acked), platform_stopped=platform_stopped(run),
-                               whole_life_state=self.store.whole_life_state(key),
-                               message=FENCED_MESSAGE if run is not None and run.fenced else "")
-        elif a.act is Act.REPORT_NEVER_RAN:
-            self.store.record_never_ran(ra)
-            self.store.mark_sent(key, RunEventKind.STARTED)
-            await self._report(key, ra, RunEventKind.EXITED, exit_code=-1, platform_stopped=True,
-                               message="stopped before it started on this node")
+        elif a.act in _REPORTS:
+            await self._send_reports([a], local)
         elif a.act is Act.CLEANUP:
             self.store.cleanup(key)
+            self._trash.set()
+
+    async def _send_reports(self, actions: list[Action], local: dict[str, LocalRun]) -> None:
+        """Publish the events of ``actions`` together (JetStream keeps their order: one
+        connection), and mark each sent once acknowledged."""
+        events = [(a, *self._event(a, local)) for a in actions]
+        sent = await asyncio.gather(*(self._publish(a.run, kind, **fields) for a, kind, fields in events))
+        for (a, kind, _), ok in zip(events, sent, strict=True):
+            if ok:
+                self.store.mark_sent(a.key, kind)
+                if kind is RunEventKind.SUSPEND_ACKED and self.metrics is not None:
+                    self.metrics.suspend_acked(a.key)
+
+    def _event(self, a: Action, local: dict[str, LocalRun]) -> tuple[RunEventKind, dict]:
+        """The event a report action sends, and its fields."""
+        key, ra = a.key, a.run
+        if a.act is Act.REPORT_STARTED:
+            return RunEventKind.STARTED, {}
+        if a.act is Act.REPORT_ACK:
+            return RunEventKind.SUSPEND_ACKED, {"acked": True}
+        if a.act is Act.REPORT_EXIT:
+            run = local.get(key)  # the snapshot the plan was made from: it saw the exit
+            return RunEventKind.EXITED, dict(
+                exit_code=run.exit_code if run else -1, acked=bool(run and run.acked),
+                platform_stopped=platform_stopped(run), whole_life_state=self.store.whole_life_state(key),
+                message=FENCED_MESSAGE if run is not None and run.fenced else "")
+        assert a.act is Act.REPORT_NEVER_RAN, a
+        self.store.record_never_ran(ra)
+        self.store.mark_sent(key, RunEventKind.STARTED)
+        return RunEventKind.EXITED, dict(exit_code=-1, platform_stopped=True,
+                                         message="stopped before it started on this node")
 
     def _check_fence(self, fence_s: float) -> None:
         """Warn (once per bound) when the leader's fence bound is too tight for our heartbeats."""
@@ -372,10 +415,6 @@ class Agent:
 
         loop.add_reader(fd, exited)
         self._pidfds.add(fd)
-
-    async def _report(self, key: str, ra: RunAssignment, kind: RunEventKind, **fields) -> None:
-        if await self._publish(ra, kind, **fields):
-            self.store.mark_sent(key, kind)
 
     async def _publish(self, ra: RunAssignment, kind: RunEventKind, **fields) -> bool:
         ev = RunEvent(event=kind, node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=time.time(), **fields)

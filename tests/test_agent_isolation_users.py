@@ -4,6 +4,7 @@ directories. Needs root (to create the users and to switch to them); skipped oth
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
@@ -42,7 +43,7 @@ def own_state():
     with open(os.path.join(os.environ["HFAI_CONTROL_DIR"], "whole_life_state"), "w") as f:
         f.write("5")
 out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()),
-       "home": os.environ.get("HOME"), "user": os.environ.get("USER")}
+       "home": os.environ.get("HOME"), "user": os.environ.get("USER"), "cwd": os.getcwd()}
 if os.environ.get("OTHER_CONTROL"):
     out["list_other_control"] = attempt(lambda: os.listdir(os.environ["OTHER_CONTROL"]))
     out["write_other_suspend"] = attempt(write_suspend)
@@ -115,6 +116,24 @@ def test_jobs_run_as_their_submitters_and_cannot_touch_each_other(users, store):
     assert seen_a["write_own_state"] == "ok" and store.whole_life_state(a.key) == 5
     assert store.snapshot()[a.key].exit_code == 0  # the launcher's record, not the job's
     _assert_modes(store, a, users[USERS[0]])
+
+
+def test_a_job_enters_its_workdir_as_its_user(users, store):
+    """The launcher enters the workdir with the job user's permissions (not root's): a directory
+    of the user's own (0700) is fine, one the user may not enter is refused before anything runs."""
+    user = users[USERS[0]]
+    mine, private = store.root.parent / "mine", store.root.parent / "private"
+    mine.mkdir(mode=0o700)
+    os.chown(mine, user.pw_uid, user.pw_gid)
+    private.mkdir(mode=0o700)  # root's
+    ok = dataclasses.replace(_ra("jobw", USERS[0]), workdir=str(mine))
+    refused = dataclasses.replace(_ra("jobv", USERS[0]), workdir=str(private))
+    for ra in (ok, refused):
+        store.start(ra)
+    _wait_for(lambda: all(store.snapshot()[ra.key].phase is RunPhase.EXITED for ra in (ok, refused)))
+    assert store.snapshot()[ok.key].exit_code == 0 and _probe(store, ok)["cwd"] == str(mine)
+    assert store.snapshot()[refused.key].exit_code == 127
+    assert f"cannot enter workdir {private}" in _log(store, refused) and "PROBE" not in _log(store, refused)
 
 
 def test_a_user_unknown_on_the_node_never_runs(users, store):

@@ -1,0 +1,155 @@
+"""The agent's per-run path, kept short for throughput (issue 11) without giving up what a crash
+must not lose: which state files are fsynced, runs forgotten through the trash, and a plan's
+events published together. Real store, real launchers; NATS replaced by a recorder."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from hfai.agent.plan import RunPhase
+from hfai.agent.service import Agent
+from hfai.config import AgentConfig, Config
+from hfai.protocol import encode
+from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment, RunEventKind
+
+WAIT_S = 60.0  # a bound on waits for `true` to run on two shared cores, not a timing
+
+
+def _agent(tmp_path: Path) -> Agent:
+    cfg = AgentConfig(node="n0", state_dir=str(tmp_path / "state"), env_root=str(tmp_path / "envs"),
+                      gpu_source="sim", run_as="agent")
+    return Agent(Config(agent=cfg))
+
+
+def _ra(tmp_path: Path, job_id: str, desired: DesiredRun = DesiredRun.RUN) -> RunAssignment:
+    return RunAssignment(job_id=job_id, run_id=1, name=job_id, user="u", group="default", priority=10, rank=0,
+                         world_size=1, master_addr="127.0.0.1", master_port=20000, entrypoint=("true",),
+                         workdir=str(tmp_path), desired=desired)
+
+
+def _assign(agent: Agent, *runs: RunAssignment) -> None:
+    agent._on_assignment(SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=1, runs=runs)),
+                                         operation=None))
+
+
+def _wait_exited(agent: Agent, key: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while (run := agent.store.snapshot().get(key)) is None or run.phase is not RunPhase.EXITED:
+        assert time.monotonic() < deadline, f"{key} did not exit"
+        time.sleep(0.01)
+
+
+def test_only_the_files_a_reboot_needs_are_fsynced(tmp_path, monkeypatch):
+    """Starting and reporting a run fsyncs its assignment (read back after a reboot) and the
+    launcher's exit status, and nothing else: the launch spec, the pids and the .sent markers
+    mean nothing after a power loss (statefile.py)."""
+    agent = _agent(tmp_path)
+    agent.store._zygote = None  # exec'd launcher: its fsyncs are its own process's, counted below
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).split(".tmp.")[0])
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+    async def publish(ra, kind, **fields):
+        return True
+
+    agent._publish = publish  # type: ignore[method-assign]
+    ra = _ra(tmp_path, "j1")
+    _assign(agent, ra)
+    asyncio.run(agent.reconcile())  # starts it
+    _wait_exited(agent, ra.key)
+    asyncio.run(agent.reconcile())  # reports STARTED and EXITED
+    run = agent.store.snapshot()[ra.key]
+    assert run.sent == {RunEventKind.STARTED, RunEventKind.EXITED} and run.exit_code == 0
+    # In this process (the launcher fsyncs exit_code in its own): the fence it was told, the assignment.
+    assert synced == ["fence", "assignment"]
+    files = {p.name for p in agent.store.dir(ra.key).iterdir()}
+    assert {"assignment", "launch", "launcher_pid", "child_pid", "exit_code", "started.sent", "exited.sent"} <= files
+    assert not [f for f in files if ".tmp." in f]
+
+
+def test_a_forgotten_run_goes_through_the_trash(tmp_path):
+    """Clean-up moves the run and control directories aside at once (a snapshot no longer sees the
+    run) and the trash is emptied later; the same key forgotten twice does not collide there."""
+    agent = _agent(tmp_path)
+    store = agent.store
+    ra = _ra(tmp_path, "j2", DesiredRun.SUSPEND)
+    for _ in range(2):  # never ran here: recorded, reported, forgotten; then the same again
+        store.record_never_ran(ra)
+        store.mark_sent(ra.key, RunEventKind.EXITED)
+        store.control_root.joinpath(ra.key).mkdir()
+        assert ra.key in store.snapshot()
+        store.cleanup(ra.key)
+        assert ra.key not in store.snapshot() and not store.control_root.joinpath(ra.key).exists()
+    assert len(list(store.trash_dir.iterdir())) == 4  # two run and two control directories
+    assert store.empty_trash() == 4 and not any(store.trash_dir.iterdir())
+
+
+def test_the_trash_task_empties_what_reconcile_forgets(tmp_path):
+    agent = _agent(tmp_path)
+    ra = _ra(tmp_path, "j3")
+    sent: list[RunEventKind] = []
+
+    async def publish(ra, kind, **fields):
+        sent.append(kind)
+        return True
+
+    agent._publish = publish  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        trash = asyncio.create_task(agent._trash_loop())
+        try:
+            _assign(agent, ra)
+            await agent.reconcile()
+            await asyncio.to_thread(_wait_exited, agent, ra.key)
+            await agent.reconcile()  # reports
+            _assign(agent)  # no longer wanted: forgotten
+            await agent.reconcile()
+            deadline = time.monotonic() + WAIT_S
+            while agent.store.trash_dir.exists() and any(agent.store.trash_dir.iterdir()):
+                assert time.monotonic() < deadline, "the trash was never emptied"
+                await asyncio.sleep(0.01)
+        finally:
+            trash.cancel()
+            await asyncio.gather(trash, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert sent == [RunEventKind.STARTED, RunEventKind.EXITED]
+    assert agent.store.trash_dir.is_dir() and not any(agent.store.runs_dir.iterdir())
+
+
+def test_a_plans_events_are_in_flight_together(tmp_path):
+    """A run that started and exited between two plans has STARTED and EXITED published at once
+    (one round trip to JetStream, not two), in that order, each marked sent once acknowledged."""
+    agent = _agent(tmp_path)
+    ra = _ra(tmp_path, "j4")
+    started: list[RunEventKind] = []
+
+    async def scenario() -> None:
+        in_flight = asyncio.Event()
+
+        async def publish(ra, kind, **fields):
+            started.append(kind)
+            if len(started) == 2:
+                in_flight.set()
+            # Acknowledged only once both are out: one after the other would wait here forever.
+            await asyncio.wait_for(in_flight.wait(), WAIT_S)
+            return kind is RunEventKind.EXITED  # STARTED not acknowledged: sent again next time
+
+        agent._publish = publish  # type: ignore[method-assign]
+        _assign(agent, ra)
+        await agent.reconcile()
+        await asyncio.to_thread(_wait_exited, agent, ra.key)
+        await agent.reconcile()
+
+    asyncio.run(scenario())
+    assert started == [RunEventKind.STARTED, RunEventKind.EXITED]
+    assert agent.store.snapshot()[ra.key].sent == {RunEventKind.EXITED}
