@@ -43,7 +43,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from hfai.controller.queues import GroupJobs, JobIndex, Level, Ordering, priority_ordering
+from hfai.controller.queues import GroupJobs, JobIndex, Key, Level, Ordering, priority_ordering
 from hfai.protocol.types import ChainState, Priority
 
 #: Wildcard for the user or group part of a quota key.
@@ -292,6 +292,7 @@ class _Level:
     # earliest started first: only looked at to tell a waiting job when its turn comes.
     unripe: list[JobView] = field(default_factory=list)
     ready: bool = False  # lists sorted and slice_ids filled
+    banded: bool = False  # the service bands of ``sliceable`` worked out (_Pool.banded)
 
 
 class _Pool:
@@ -300,7 +301,7 @@ class _Pool:
 
     def __init__(self, running: Iterable[JobView], now: float, config: PolicyConfig):
         self.prio: dict[str, int] = {}  # effective priority of every running job
-        self.band: dict[str, int] = {}  # service band of every running job
+        self.band: dict[str, int] = {}  # of the sliceable running jobs, per level when first needed
         self.levels: dict[int, _Level] = {}
         cutoff = now - config.slice_s
         levels, prio = self.levels, self.prio
@@ -314,15 +315,26 @@ class _Pool:
             n = len(j.held)
             level.nodes += n
             if j.started_ts <= cutoff:
-                self.band[j.id] = service_band(j, now, config)
                 level.sliceable.append(j)
                 level.slice_nodes += n
             else:
                 level.unripe.append(j)
         self.order = sorted(levels)
+        self.now, self.config = now, config
         self.taken: set[str] = set()
         self.lower_cache: dict[int, int] = {}
         self.slice_cache: dict[tuple[int, str, int], int] = {}
+
+    def banded(self, level: _Level) -> dict[str, int]:
+        """The service bands of the level's sliceable jobs, worked out when first asked for
+        (most rounds look at one or two levels' victims, if any)."""
+        band = self.band
+        if not level.banded:
+            now, config = self.now, self.config
+            for j in level.sliceable:
+                band[j.id] = service_band(j, now, config)
+            level.banded = True
+        return band
 
     def sorted_level(self, p: int) -> _Level:
         level = self.levels[p]
@@ -330,7 +342,7 @@ class _Pool:
             # Most recently started first: preempting it loses the least work.
             level.jobs.sort(key=lambda j: (-j.started_ts, j.id))
             # Among equals: the most attained service yields first, then the longest held.
-            band = self.band
+            band = self.banded(level)
             level.sliceable.sort(key=lambda j: (-band[j.id], j.started_ts, j.id))
             level.slice_ids = {j.id for j in level.sliceable}
             level.unripe.sort(key=lambda j: (j.started_ts, j.id))
@@ -382,8 +394,9 @@ class _Pool:
         key = (prio, user, band)
         found = self.slice_cache.get(key)
         if found is None:
+            bands, taken = self.banded(level), self.taken
             found = sum(len(v.held) for v in level.sliceable
-                        if v.user != user and self.band[v.id] > band and v.id not in self.taken)
+                        if v.user != user and bands[v.id] > band and v.id not in taken)
             self.slice_cache[key] = found
         return found
 
@@ -537,19 +550,45 @@ class _GroupRound:
                 else:
                     self.place(job)
             return
-        # A user whose job may not go ahead (rule 8) or failed to gather a size this round cannot
-        # do better with a later job at this level: their lists are passed over whole.
         self.stuck_users.clear()
         self.failed_size.clear()
-        stuck, failed = self.stuck_users, self.failed_size
-        for found, passed in level.fitting(lambda: self.cap(p),
-                                           lambda size, user: user not in stuck and size < failed.get(user, size + 1)):
+        for found, passed in level.fitting(lambda: self.cap(p), lambda job, key: self.left_out(job, key, p)):
             if passed:
                 self.reserve(p)  # a job ahead was passed over: it is blocked
             if found is None:
                 return
-            self.prio[found.id] = p
             self.place(found)
+
+    def left_out(self, job: JobView, key: Key, p: int) -> int | None:
+        """Quiet walk: None if :meth:`place` could start the job or preempt for it; else from
+        which size on the user's jobs at this level are left out (0: all of them). Every job
+        left out would only have been blocked (the walk reserves for a job passed over), and so
+        would the user's later jobs from that size on: they come later in line, so they are in
+        the same service band or a higher one (fewer victims), behind the same first job of the
+        user, and free nodes, victims and quota room only shrink during a round. A job that
+        :meth:`place` explains otherwise (too big for the group, over quota) goes through."""
+        user, lo = job.user, job.lo
+        if user in self.stuck_users:
+            return 0
+        if lo >= self.failed_size.get(user, lo + 1):
+            return self.failed_size[user]
+        free = self.n_free() + self.leaving
+        pool = self.pool
+        lower = pool.lower_nodes(p)
+        level = pool.levels.get(p)
+        if lo > free + lower + (level.slice_nodes if level is not None else 0):  # > self.cap(p)
+            return lo
+        if lo > self.usable:
+            return None
+        room = self.room(job)
+        if room is not None and room < lo:
+            return None
+        self.prio[job.id] = p
+        if not self.may_backfill(job):
+            return 0  # it waits behind its user's first job in line here, and so do the rest
+        if lo <= free or lo <= free + lower + pool.slice_nodes(p, user, int(key[0] // _BAND_WEIGHT)):
+            return None
+        return lo
 
     def skip_reason(self, job: JobView, p: int) -> str:
         lo = job.lo

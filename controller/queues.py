@@ -71,59 +71,58 @@ class Level:
             yield self.views[job_id]
 
     def fitting(self, cap: Callable[[], int],
-                allowed: Callable[[int, str], bool] = lambda size, user: True) -> Iterator[tuple[JobView | None, bool]]:
-        """The jobs in queue order that need at most ``cap()`` nodes and whose (size, user)
-        ``allowed`` (both asked again before each job; what they admit may only shrink), each with
-        whether a job left out was passed over ahead of it; last ``(None, passed)`` for the rest.
+                drops: Callable[[JobView, Key], int | None] | None = None) -> Iterator[tuple[JobView | None, bool]]:
+        """The jobs in queue order that could get nodes, each with whether a job left out was
+        passed over ahead of it; last ``(None, passed)`` for the rest.
 
-        A list left out once stays out (the admitted set only shrinks), so it is dropped from the
-        walk and only its head key is kept, for ``passed``: each step looks at the lists still in."""
+        Without ``drops``, the jobs that need at most ``cap()`` nodes (asked again when a job's
+        turn comes; it may only shrink). With it, ``drops(job, key)`` decides when the job's turn
+        comes (``cap()`` only filters the lists at the start): None lets the job through, a number
+        ``k`` leaves out the user's jobs of at least ``k`` nodes from then on (``k <= job.lo``; 0:
+        all of the user's jobs) — the caller answers for their being left out at their turn too.
+
+        The lists' heads sit in a heap: each step looks only at the earliest head, and a list
+        left out is dropped for good. Heads come off in queue order, so every list dropped so far
+        was ahead of whatever is found next: O(log lists) a step, whatever the number of users
+        and sizes."""
         c = cap()
-        live: list[_Cursor] = []
-        ahead: Key | None = None  # the earliest job of the lists left out
-        for (size, user), keys in sorted(self.lists.items()):
-            if size <= c and allowed(size, user):
-                live.append(_Cursor(size, user, keys))
+        heap: list[tuple[Key, int, str, list[Key], int]] = []
+        ahead: Key | None = None  # the earliest head of the lists left out from the start
+        for (size, user), keys in self.lists.items():
+            if size <= c:
+                heap.append((keys[0], size, user, keys, 0))
             elif ahead is None or keys[0] < ahead:
                 ahead = keys[0]
-        while True:
-            c = cap()
-            best: Key | None = None
-            found: _Cursor | None = None
-            out = False
-            for cur in live:
-                k = cur.keys[cur.i]
-                if cur.size <= c and allowed(cur.size, cur.user):
-                    if best is None or k < best:
-                        best, found = k, cur
-                else:
-                    out = cur.out = True
-                    if ahead is None or k < ahead:
-                        ahead = k
-            if out:
-                live = [cur for cur in live if not cur.out]
-            passed = ahead is not None and (best is None or ahead < best)
-            if best is None or found is None:
-                yield None, passed
-                return
-            found.i += 1
-            if found.i == len(found.keys):
-                live.remove(found)
-            yield self.views[best[1]], passed
+        heapq.heapify(heap)
+        views = self.views
+        passed = False  # a list was dropped on the way (its head was ahead of all that follow)
+        out_from: dict[str, int] = {}  # user -> their lists of at least this size are left out
+        while heap:
+            key, size, user, keys, i = heap[0]
+            if size >= out_from.get(user, size + 1):
+                left_out = True
+            elif drops is None:
+                left_out = size > cap()
+            else:
+                k = drops(views[key[1]], key)
+                left_out = k is not None
+                if k is not None:
+                    out_from[user] = min(k, out_from.get(user, k))
+            if left_out:
+                heapq.heappop(heap)
+                passed = True
+                continue
+            if i + 1 < len(keys):
+                heapq.heapreplace(heap, (keys[i + 1], size, user, keys, i + 1))
+            else:
+                heapq.heappop(heap)
+            yield views[key[1]], passed or (ahead is not None and ahead < key)
+        yield None, passed or ahead is not None
 
     def user_head(self, user: str) -> Key | None:
         """The key of the user's first job in line at this level."""
         keys = self.by_user.get(user)
         return keys[0] if keys else None
-
-
-class _Cursor:
-    """Where a walk stands in one (size, user) list."""
-
-    __slots__ = ("i", "keys", "out", "size", "user")
-
-    def __init__(self, size: int, user: str, keys: list[Key]):
-        self.size, self.user, self.keys, self.i, self.out = size, user, keys, 0, False
 
 
 def _remove(lists: dict, k, key: Key) -> None:
