@@ -121,3 +121,39 @@ def test_a_time_slice_countdown_is_rewritten_as_it_runs_down():
     assert not tr.wait_reason_due(explained, ten, 100.0, 500.0, 30.0)  # the same figure: nothing to write
     assert not tr.wait_reason_due(explained, nine, 100.0, 110.0, 30.0)  # not more often than the interval
     assert tr.wait_reason_due(explained, nine, 100.0, 160.0, 30.0)
+
+
+def _every_event(job: JobRecord, now: float) -> JobRecord:
+    """What the agents send once every rank exits 0, applied one event at a time."""
+    for node in job.nodes:
+        kinds = ((RunEventKind.SUSPEND_ACKED, RunEventKind.EXITED) if job.state is ChainState.SUSPENDING
+                 else (RunEventKind.EXITED,))
+        for kind in kinds:
+            ev = RunEvent(job_id=job.id, run_id=job.run_id, node=node, event=kind, ts=now,
+                          exit_code=0 if kind is RunEventKind.EXITED else None)
+            job = tr.apply_event(job, ev, now) or job
+    return job
+
+
+def test_ranks_exited_is_every_rank_s_events_applied():
+    nodes = tuple(f"n{i}" for i in range(5))
+    base = tr.apply_start(JobRecord(id="j", spec=JobSpec(name="x", entrypoint=("true",), workdir="/", nodes=5),
+                                    state=ChainState.QUEUED, submit_ts=1.0), Start("j", nodes), 10.0, "n0", 29500)
+    assert base is not None
+    suspending = tr.apply_suspend(base, Suspend("j", "preempted", for_job="k"), 20.0)
+    stopping = base.transition(ChainState.STOPPING, 20.0, "stopped by its user")
+    one = tr.apply_start(JobRecord(id="j", spec=JobSpec(name="x", entrypoint=("true",), workdir="/", nodes=1),
+                                   state=ChainState.QUEUED, submit_ts=1.0), Start("j", ("n0",)), 10.0, "n0", 29500)
+    cases = [base, suspending, stopping, one]
+    # Some ranks already reported (exited, or acknowledged only).
+    cases.append(tr.apply_event(base, RunEvent(job_id="j", run_id=1, node="n2", event=RunEventKind.EXITED, ts=15.0,
+                                               exit_code=0), 15.0))
+    assert suspending is not None
+    cases.append(tr.apply_event(suspending, RunEvent(job_id="j", run_id=1, node="n1",
+                                                     event=RunEventKind.SUSPEND_ACKED, ts=21.0), 21.0))
+    finals = set()
+    for job in cases:
+        assert job is not None
+        assert tr.ranks_exited(job, 30.0) == _every_event(job, 30.0)
+        finals.add(tr.ranks_exited(job, 30.0).state)
+    assert finals == {ChainState.SUCCEEDED, ChainState.SUSPENDED, ChainState.STOPPED}
