@@ -185,6 +185,9 @@ class Leader:
                         f"it names node {ev.node!r} but came on {m.subject}")
             await m.ack()
             return
+        if transitions.changes_nothing(ev):
+            await m.ack()  # STARTED: no record to read (a round trip per run) for a change of nothing
+            return
         rejected: list[str] = []
 
         def change(job: JobRecord) -> JobRecord | None:
@@ -255,7 +258,7 @@ class Leader:
             return change(job)
 
         try:
-            record, rev, changed = await cas_update(self._jobs_kv, job_id, tracked)
+            record, rev, changed = await cas_update(self._jobs_kv, job_id, tracked, cached=self.jobs.cached(job_id))
         except HfaiError as e:
             log.warning("could not update job %s: %s", job_id, e)
             return

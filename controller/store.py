@@ -109,6 +109,11 @@ class KVCache(Generic[T]):
         if self._on_change is not None:
             self._on_change(key)
 
+    def cached(self, key: str) -> tuple[T, int] | None:
+        """The value at ``key`` and its revision as this copy holds them (for :func:`cas_value`)."""
+        value, revision = self.values.get(key), self.revisions.get(key)
+        return None if value is None or revision is None else (value, revision)
+
     def put_local(self, key: str, value: T, revision: int) -> None:
         """Record our own successful write right away, ahead of the watch delivering it."""
         if revision >= self.revisions.get(key, 0):
@@ -126,16 +131,16 @@ class KVCache(Generic[T]):
 
 
 async def cas_update(kv: KeyValue, key: str, change: Callable[[JobRecord], JobRecord | None],
-                     attempts: int = 8) -> tuple[JobRecord, int, bool]:
+                     attempts: int = 8, cached: tuple[JobRecord, int] | None = None) -> tuple[JobRecord, int, bool]:
     """Read-modify-write one job record with compare-and-set, retrying lost races (see
     :func:`cas_value`). Returns (record, revision, changed); NotFound if there is no such job."""
-    return await cas_value(kv, key, JobRecord, change, what="job", attempts=attempts)
+    return await cas_value(kv, key, JobRecord, change, what="job", attempts=attempts, cached=cached)
 
 
 async def cas_value(kv: KeyValue, key: str, kind: type[T], change: Callable[[T], T | None], *, what: str,
                     missing: Callable[[], T] | None = None,
                     lost_race: tuple[type[Exception], ...] = (nats.js.errors.KeyWrongLastSequenceError,),
-                    attempts: int = 8) -> tuple[T, int, bool]:
+                    attempts: int = 8, cached: tuple[T, int] | None = None) -> tuple[T, int, bool]:
     """Read-modify-write the ``kind`` message at ``key`` with compare-and-set, retrying lost races:
     the one implementation, for job records and the operators' settings.
 
@@ -143,8 +148,22 @@ async def cas_value(kv: KeyValue, key: str, kind: type[T], change: Callable[[T],
     the key is then created (revision 0 in the result if nothing was written). ``lost_race``: the
     write errors that mean another writer came first. Returns (value, revision, changed).
     ``change`` must be pure: it may run several times; returning None changes nothing.
+
+    ``cached``: the value and revision a live copy holds (KVCache). The first attempt writes the
+    change of that value without reading the key, and the compare-and-set on its revision makes
+    sure it was still current; the leader saves a round trip on nearly every write. A change that
+    is None on the cached value is confirmed on a fresh read: a copy that lags (a new leader's,
+    say) must not drop an event that the current record would take.
     """
     for _ in range(attempts):
+        if cached is not None:
+            (current, last), cached = cached, None
+            new = change(current)
+            if new is not None and last:
+                try:
+                    return new, await kv.update(key, encode(new), last=last), True
+                except lost_race:
+                    pass  # the copy was behind: read the key
         try:
             entry = await kv.get(key)
             # nats-py types revision Optional; an entry read from the bucket always has one.

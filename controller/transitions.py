@@ -17,13 +17,19 @@ from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
 from hfai.protocol.types import evolve as replace  # fast: records have no __post_init__
 
 
+def changes_nothing(ev: RunEvent) -> bool:
+    """Whether ``ev`` leaves every record as it is, whatever the record (the leader then need not
+    read one): a run's start is news to no record, its end and acks are."""
+    return ev.event is RunEventKind.STARTED
+
+
 def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
     """The record after one agent event, or None if the event is stale or already applied."""
     if ev.job_id != job.id or ev.run_id != job.run_id or job.state.final or not job.state.holds_nodes:
         return None
     if ev.node not in job.nodes:
         return None
-    if ev.event is RunEventKind.STARTED:
+    if changes_nothing(ev):
         return None
     if ev.event is RunEventKind.SUSPEND_ACKED:
         if ev.node in job.acked:
