@@ -28,13 +28,17 @@ def fifo_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], n
                 config: PolicyConfig) -> list[Decision]:
     """Strict FIFO by submit time, no preemption, no backfill: the head of the line blocks."""
     index = indexed(jobs, FIFO_ORDER)
-    free_by_group = free_nodes(index, nodes)
+    free_by_group = index.free_nodes(nodes)
     out: list[Decision] = []
     for group in sorted(index.groups):
         g = index.groups[group]
         free = free_by_group.get(group, [])
         fi = 0
-        for _, job_id in heapq.merge(*(keys for level in g.levels.values() for keys in level.lists.values())):
+        lists = [keys for level in g.levels.values() for keys in level.lists.values()]
+        head = index.get(min(keys[0] for keys in lists)[1]) if lists else None
+        if head is None or head.lo > len(free):
+            continue  # the head of the line does not fit: the common case, without a merge
+        for _, job_id in heapq.merge(*lists):
             job = index.get(job_id)
             assert job is not None
             if job.lo > len(free) - fi:
@@ -60,15 +64,12 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
     def las_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
                    config: PolicyConfig) -> list[Decision]:
         index = indexed(jobs, order)
-        nodes = list(nodes)
-        free_by_group = free_nodes(index, nodes)
-        usable: dict[str, int] = {}
-        for n in nodes:
-            if n.schedulable:
-                usable[n.group] = usable.get(n.group, 0) + 1
+        free_by_group = index.free_nodes(nodes)
+        usable = index.layout(nodes).usable
         out: list[Decision] = []
         for group in sorted(index.groups):
-            out.extend(_las_group(index, group, free_by_group.get(group, []), usable.get(group, 0), now, queue_of))
+            out.extend(_las_group(index, group, free_by_group.get(group, []), len(usable.get(group, ())), now,
+                                  queue_of))
         return out
 
     las_decide.__name__ = "las_decide"
@@ -114,14 +115,3 @@ def _las_group(index: JobIndex, group: str, free: list[str], usable: int, now: f
 las_decide = make_las()
 
 
-def free_nodes(index: JobIndex, nodes: Iterable[NodeView]) -> dict[str, list[str]]:
-    """Schedulable nodes no job holds, per group, sorted by name."""
-    free: dict[str, list[str]] = {}
-    holder = index.holder
-    for n in nodes:
-        names = free.setdefault(n.group, [])
-        if n.schedulable and n.name not in holder:
-            names.append(n.name)
-    for names in free.values():
-        names.sort()
-    return free

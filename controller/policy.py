@@ -261,14 +261,14 @@ def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: f
     ``jobs`` is either the live jobs or a :class:`~hfai.controller.queues.JobIndex` of them kept
     between rounds (what the leader and the simulator pass: a round then costs what it touches)."""
     jobs = indexed(jobs, ordering(config))
-    by_group: dict[str, list[NodeView]] = defaultdict(list)
-    for n in nodes:
-        by_group[n.group].append(n)
+    layout = jobs.layout(nodes)
+    free = jobs.free_nodes(nodes)
     decisions: list[Decision] = []
     for group in sorted(jobs.groups):
         g = jobs.groups[group]
         if g.levels or g.growable:  # something waits, or an elastic job can grow
-            decisions.extend(_GroupRound(g, by_group.get(group, []), jobs, group, now, config).run())
+            decisions.extend(_GroupRound(g, layout.usable.get(group, []), free.get(group, []), jobs, group, now,
+                                         config).run())
     return decisions
 
 
@@ -425,16 +425,13 @@ class _GroupRound:
     """One scheduling round in one node group. Holds the running state of the scan so each step
     is a small method; ``run`` returns the decisions."""
 
-    def __init__(self, jobs: GroupJobs, group_nodes: list[NodeView], index: JobIndex, group: str, now: float,
-                 config: PolicyConfig):
+    def __init__(self, jobs: GroupJobs, usable_names: list[str], free: list[str], index: JobIndex, group: str,
+                 now: float, config: PolicyConfig):
         self.group, self.now, self.config = group, now, config
         self.jobs = jobs
         self.used: dict[tuple[str, int, str], int] = defaultdict(int, index.used)  # plus this round's starts
-        usable_names = [n.name for n in group_nodes if n.schedulable]
         self.usable = len(usable_names)
-        holder = index.holder
-        self.free = [n for n in usable_names if n not in holder]
-        self.free.sort()
+        self.free = free  # sorted by name; shared with the index: read, never changed
         self.fi = 0  # free[:fi] are taken or pinned this round
         self.leaving = 0
         if jobs.leaving:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from hfai.protocol.types import ChainState, Priority
 
 if TYPE_CHECKING:
-    from hfai.controller.policy import JobView
+    from hfai.controller.policy import JobView, NodeView
 
 Key = tuple[float, str]  # queue order: (the ordering's key, job id)
 
@@ -157,6 +157,23 @@ class _Where:
     key: Key = (0.0, "")
 
 
+class NodeLayout:
+    """A node list as a round reads it: the nodes per group, and the names of the schedulable
+    ones per group, sorted (every group with a node has an entry, maybe empty)."""
+
+    def __init__(self, nodes: Iterable[NodeView]):
+        self.nodes = nodes
+        self.by_group: dict[str, list[NodeView]] = {}
+        self.usable: dict[str, list[str]] = {}
+        for n in nodes:
+            self.by_group.setdefault(n.group, []).append(n)
+            names = self.usable.setdefault(n.group, [])
+            if n.schedulable:
+                names.append(n.name)
+        for names in self.usable.values():
+            names.sort()
+
+
 class Ordering:
     """How a policy lines up waiting jobs: ``level(view)`` (higher levels go first) and
     ``key(view)`` (earlier first within a level). Both may depend only on what cannot change
@@ -189,6 +206,9 @@ class JobIndex:
         self._where: dict[str, _Where] = {}
         self.holder: dict[str, str] = {}  # node -> id of the job holding it (running or leaving)
         self.used: dict[tuple[str, int, str], int] = {}  # (user, declared priority, group) -> nodes held
+        self._holders_changed = 0  # bumps whenever ``holder`` changes: the free-node cache's key
+        self._layout: NodeLayout | None = None
+        self._free: tuple[NodeLayout, int, dict[str, list[str]]] | None = None
 
     @classmethod
     def of(cls, views: Iterable[JobView], ordering: Ordering) -> JobIndex:
@@ -213,6 +233,25 @@ class JobIndex:
     def __iter__(self) -> Iterator[JobView]:
         """The live jobs, like the list a simple policy takes."""
         return self.views()
+
+    def layout(self, nodes: Iterable[NodeView]) -> NodeLayout:
+        """The nodes per group; worked out again only for another node list (the simulator, and
+        the planner while the nodes do not change, pass the same list object every round)."""
+        if self._layout is None or self._layout.nodes is not nodes:
+            self._layout = NodeLayout(nodes)
+        return self._layout
+
+    def free_nodes(self, nodes: Iterable[NodeView]) -> dict[str, list[str]]:
+        """Schedulable nodes no job holds, per group, sorted by name. Kept until the node list
+        or a holder changes, and shared: callers read these lists, never change them."""
+        layout = self.layout(nodes)
+        cached = self._free
+        if cached is not None and cached[0] is layout and cached[1] == self._holders_changed:
+            return cached[2]
+        holder = self.holder
+        free = {group: [n for n in names if n not in holder] for group, names in layout.usable.items()}
+        self._free = (layout, self._holders_changed, free)
+        return free
 
     def put(self, view: JobView) -> None:
         """Add the job or replace what the index knew of it; a job in no live state leaves."""
@@ -246,6 +285,7 @@ class JobIndex:
             g.leaving[view.id] = view
         for n in view.held:
             self.holder[n] = view.id
+        self._holders_changed += 1
         ukey = (view.user, view.priority, view.group)
         self.used[ukey] = self.used.get(ukey, 0) + len(view.held)
         self._where[view.id] = _Where(view, view.group, kind)
@@ -271,6 +311,7 @@ class JobIndex:
             for n in v.held:
                 if self.holder.get(n) == job_id:
                     del self.holder[n]
+            self._holders_changed += 1
             ukey = (v.user, v.priority, v.group)
             left = self.used[ukey] - len(v.held)
             if left:
