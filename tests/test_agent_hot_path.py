@@ -5,7 +5,9 @@ events published together. Real store, real launchers; NATS replaced by a record
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -153,3 +155,34 @@ def test_a_plans_events_are_in_flight_together(tmp_path):
     asyncio.run(scenario())
     assert started == [RunEventKind.STARTED, RunEventKind.EXITED]
     assert agent.store.snapshot()[ra.key].sent == {RunEventKind.EXITED}
+
+
+def test_the_zygote_hands_out_a_settled_spare_and_leaves_none_behind(tmp_path):
+    """The launcher answered is a child forked ahead, already leading its own session; the next
+    spare waits likewise; when the agent lets go of the zygote, the waiting spare leaves too."""
+    import psutil
+
+    from hfai.agent import zygote
+
+    z = zygote.Zygote()
+    try:
+        run_dir, log = tmp_path / "run", tmp_path / "log"
+        run_dir.mkdir()
+        log.touch()
+        (run_dir / "launch").write_text(json.dumps({"argv": ["sleep", "30"], "env": {}, "cwd": str(tmp_path),
+                                                    "log": str(log)}))
+        pid = z.spawn(str(run_dir))
+        assert z._proc is not None and os.getsid(pid) == pid
+        deadline = time.monotonic() + WAIT_S
+        while not (spares := [p for p in psutil.Process(z._proc.pid).children() if p.pid != pid]):
+            assert time.monotonic() < deadline, "no spare forked after the answer"
+            time.sleep(0.01)
+        assert len(spares) == 1
+    finally:
+        z.close()
+        deadline = time.monotonic() + WAIT_S
+        while not (run_dir / "child_pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.killpg(int((run_dir / "child_pid").read_text()), signal.SIGKILL)
+    gone, alive = psutil.wait_procs(spares, timeout=WAIT_S)
+    assert not alive
