@@ -275,7 +275,7 @@ def _tuple_decoder(item_tp: Any) -> _Decoder:
             raise ProtocolError(f"{where}: expected an array")
         if exact is not None and all(type(v) is exact for v in value):
             return tuple(value)
-        return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple([item(v, f"{where}[{i}]") for i, v in enumerate(value)])  # a list: no generator frames
     return array
 
 
@@ -311,6 +311,7 @@ def _dataclass_decoder(cls: type) -> _Decoder:
     # A frozen dataclass's __init__ sets each field through object.__setattr__ (~2 us for a
     # GpuStat); a message without __post_init__ is filled in directly instead, as evolve() does.
     direct = not hasattr(cls, "__post_init__")
+    finite: Callable[[Any], bool] = math.isfinite  # a local name (and no typing.cast call per float)
 
     def message(body: Any, where: str) -> Any:
         if not isinstance(body, dict):
@@ -323,7 +324,7 @@ def _dataclass_decoder(cls: type) -> _Decoder:
         for name, dec, default, exact in fields:
             if name in body:
                 value = body[name]
-                if type(value) is exact and (exact is not float or math.isfinite(typing.cast(float, value))):
+                if type(value) is exact and (exact is not float or finite(value)):
                     kwargs[name] = value
                 else:
                     kwargs[name] = dec(value, f"{where}.{name}")
