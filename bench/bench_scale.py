@@ -16,7 +16,8 @@ loop, each with its own node name, state, credentials and NATS connection, simul
      * heartbeat latency, from the agent's stamp (NodeRecord.ts) to (a) a KV watcher in this
        process having the update, (b) the controller having it (derived from the ages `hfai
        nodes` reports, to within half a reply's round trip); and the spread of those ages;
-     * `hfai nodes`: the client's nodes() call (every page), and the whole CLI process;
+     * `hfai nodes`: the client's nodes() call (every page), and the whole CLI process, one run
+       after another and a heartbeat interval apart (every record new to the controller);
      * scheduling: submit -> placed for single jobs (one round: node check, the policy over all
        nodes, the start written), and a burst of one-node jobs submitted at once;
      * the idle CPU of nats-server, the controller and the fleets.
@@ -35,6 +36,7 @@ import dataclasses
 import math
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -246,27 +248,47 @@ async def controller_view(api: ApiClient) -> tuple[list[float], list[float], flo
         req = NodesRequest(after=page.nodes[-1].record.name)
 
 
-async def nodes_calls(api: ApiClient, calls: int, expect: int) -> list[float]:
-    out = []
+@dataclasses.dataclass
+class Runs:
+    """Seconds of each run: wall clock, and CPU (user + system) of the process that ran it: on
+    2 shared cores the wall clock follows the load, the CPU much less."""
+
+    wall: list[float] = dataclasses.field(default_factory=list)
+    cpu: list[float] = dataclasses.field(default_factory=list)
+
+
+async def nodes_calls(api: ApiClient, calls: int, expect: int) -> Runs:
+    out = Runs()
     for _ in range(calls):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         got = await api.nodes()
-        out.append(time.perf_counter() - t)
+        out.wall.append(time.perf_counter() - t)
+        out.cpu.append(time.process_time() - c)
         if len(got) != expect:
             raise RuntimeError(f"hfai nodes showed {len(got)} nodes, not {expect}")
     return out
 
 
-def cli_nodes(fc: FleetCluster, runs: int) -> list[float]:
-    """The whole `hfai nodes` process (interpreter start, the call, the table)."""
+def children_cpu() -> float:
+    """CPU seconds of this process's children that ended (the fleets and servers run on)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cli_nodes(fc: FleetCluster, runs: int, gap_s: float = 0.0) -> Runs:
+    """The whole `hfai nodes` process (interpreter start, the call, the table), each run
+    ``gap_s`` after the last: with a heartbeat interval, every node's record is new to the
+    controller (which keeps each record encoded while it is current)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
     env.update(HFAI_CONFIG=str(fc.cluster.config_path), HFAI_USER=USER, COLUMNS="200")
-    out = []
+    out = Runs()
     for _ in range(runs):
-        t = time.perf_counter()
+        time.sleep(gap_s)
+        t, c = time.perf_counter(), children_cpu()
         subprocess.run([sys.executable, "-m", "hfai.cli.main", "nodes"], env=env, check=True,
                        stdout=subprocess.DEVNULL, timeout=60)
-        out.append(time.perf_counter() - t)
+        out.wall.append(time.perf_counter() - t)
+        out.cpu.append(children_cpu() - c)
     return out
 
 
@@ -317,8 +339,9 @@ class BigRun:
     ages: list[float]
     idle_cpu: dict[str, float]  # share of one core over the watch window
     window_s: float
-    client: list[float]
-    cli: list[float]
+    client: Runs
+    cli: Runs
+    cli_fresh: Runs  # each a heartbeat interval after the last
     placed: list[float]
     burst: tuple[float, float]
 
@@ -345,10 +368,11 @@ def big(root: Path, args) -> BigRun:
 
         seen, ages, err, client, placed = asyncio.run(with_api())
         cli = cli_nodes(fc, args.cli_runs)
+        cli_fresh = cli_nodes(fc, args.fresh_runs, args.hb)
         burst_out = (math.nan, math.nan)
         if args.burst:
             burst_out = asyncio.run(burst(fc.config, args.burst, str(root), args.timeout))
-    return BigRun(fc, watches, watched, seen, err, ages, idle, window, client, cli, placed, burst_out)
+    return BigRun(fc, watches, watched, seen, err, ages, idle, window, client, cli, cli_fresh, placed, burst_out)
 
 
 # -------------------------------------------------------------------------------- printing
@@ -364,6 +388,10 @@ def pct(values: list[float], q: float) -> float:
 def ms_row(label: str, values: list[float], note: str = "") -> str:
     cells = " ".join(f"{pct(values, q) * 1000:9.1f}" for q in (0.5, 0.99, 1.0))
     return f"  {label:<52} {cells} {len(values):7d}  {note}"
+
+
+def cpu_note(runs: Runs) -> str:
+    return f"CPU p50 {pct(runs.cpu, 0.5) * 1000:.0f} ms"
 
 
 def print_throughput(results: list[Throughput]) -> None:
@@ -397,8 +425,10 @@ def print_big(b: BigRun, args) -> None:
                  f"at least; at most {b.seen_err * 1000:.0f} ms more (a page's round trip)"))
     print(ms_row("node age in `hfai nodes`", b.ages, f"interval {args.hb:g} s; "
                  f"{sum(a > args.hb_timeout for a in b.ages)} past the timeout"))
-    print(ms_row("`hfai nodes`: client nodes(), every page", b.client))
-    print(ms_row("`hfai nodes`: the whole CLI process", b.cli))
+    print(ms_row("`hfai nodes`: client nodes(), every page", b.client.wall, cpu_note(b.client)))
+    print(ms_row("`hfai nodes`: the whole CLI process", b.cli.wall, cpu_note(b.cli) + "; one after another"))
+    print(ms_row("`hfai nodes`: the whole CLI process, records all new", b.cli_fresh.wall,
+                 cpu_note(b.cli_fresh) + f"; each {args.hb:g} s (a heartbeat interval) after the last"))
     print(ms_row("submit -> placed, one job at a time (a round)", b.placed))
     placed, ended = b.burst
     print(f"  burst of {args.burst} one-node jobs: all placed {placed * 1000:.0f} ms after the last submit, "
@@ -425,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=10.0, help="seconds of heartbeats watched")
     p.add_argument("--nodes-calls", type=int, default=20)
     p.add_argument("--cli-runs", type=int, default=3)
+    p.add_argument("--fresh-runs", type=int, default=3,
+                   help="`hfai nodes` runs a heartbeat interval apart (every record new to the controller)")
     p.add_argument("--probes", type=int, default=10)
     p.add_argument("--burst", type=int, default=100)
     p.add_argument("--stock-nats", action="store_true",
