@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 from hfai.controller.policy import Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
@@ -49,6 +50,7 @@ def fifo_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], n
 
 
 fifo_decide.ordering = lambda config: FIFO_ORDER  # type: ignore[attr-defined]
+fifo_decide.quiet_until = lambda jobs, now, config: math.inf  # type: ignore[attr-defined]  # no clock
 
 
 def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600.0)) -> Policy:
@@ -72,8 +74,22 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
                                   queue_of))
         return out
 
+    def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
+        """When a running job's attained service reaches the next queue's threshold, the
+        earliest (waiting jobs' service does not change): see policy.quiet_until."""
+        t = math.inf
+        for g in jobs.groups.values():
+            for v in g.running.values():
+                k = queue_of(v, now)
+                if k < len(limits):
+                    at = v.started_ts + limits[k] / v.size - v.run_s
+                    if now < at < t:
+                        t = at
+        return t - 1e-6
+
     las_decide.__name__ = "las_decide"
     las_decide.ordering = lambda config: order  # type: ignore[attr-defined]
+    las_decide.quiet_until = quiet_until  # type: ignore[attr-defined]
     return las_decide
 
 

@@ -346,6 +346,20 @@ class Planner:
             self._fresh.clear()
         return actions
 
+    def quiet_until(self, settings: PlanSettings, now: float) -> float:
+        """The earliest time after ``now`` at which a round on the same records and nodes could
+        plan otherwise than one at ``now`` (a time limit running out, or what the policy's
+        ``quiet_until`` says); ``now`` if the policy cannot tell."""
+        promise = getattr(self.policy, "quiet_until", None)
+        if promise is None:
+            return now
+        t = promise(self._index(settings.policy), now, settings.policy)
+        for job_id in self._timed:
+            job = self.records[job_id]
+            if job.state is ChainState.RUNNING:
+                t = min(t, job.started_ts + job.spec.time_limit_s - job.run_s - 1e-6)
+        return max(t, now)
+
     def _gate(self, job: JobRecord) -> tuple[bool, str] | None:
         """Why a waiting job may not start yet: (False, reason) to wait, (True, reason) to stop it
         for good; None: it may."""

@@ -272,6 +272,43 @@ def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: f
     return decisions
 
 
+#: Rounding margin of :func:`quiet_until`: a threshold crossing worked out by another formula
+#: than the one a round evaluates may land an ulp early.
+_QUIET_MARGIN_S = 1e-6
+
+
+def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
+    """The earliest time after ``now`` at which :func:`decide` could decide otherwise with the
+    jobs as they are: a running job holding its nodes a slice (it may be sliced, or grow), or
+    entering the next service band, an ABOVE_NORMAL job decaying. Every other input of a round
+    is a record or a node. The simulator skips its periodic rounds before it after a round that
+    changed nothing: such rounds would change nothing either."""
+    t = math.inf
+    slice_s, bands = config.slice_s, config.service_bands
+    decays = config.above_normal_s != math.inf
+    for g in jobs.groups.values():
+        for j in g.running.values():
+            if slice_s > 0:
+                at = j.started_ts + slice_s
+                if now < at < t:
+                    t = at
+                band = service_band(j, now, config)
+                if band < len(bands):  # when its node-time reaches the next band
+                    at = j.started_ts + bands[band] * slice_s / j.size - j.run_s
+                    if now < at < t:
+                        t = at
+            if decays and j.priority == _ABOVE_NORMAL:
+                at = j.started_ts + config.above_normal_s - j.run_s
+                if now < at < t:
+                    t = at
+    # Not a term: the end of a user's backfill window (own_backfill_s) only forbids starts, so it
+    # cannot make a round act that would not have.
+    return t - _QUIET_MARGIN_S
+
+
+decide.quiet_until = quiet_until  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------------------- victim pool
 
 

@@ -64,6 +64,9 @@ class SimConfig:
     restart_s: float = 60.0
     tick_s: float = 30.0
     wake_s: float = 300.0
+    # Skip the periodic rounds that cannot act: after a round that changed nothing, until the
+    # plan's quiet_until (same results, fewer rounds; tests/test_sim_replay.py compares).
+    skip_quiet: bool = True
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -134,6 +137,7 @@ class Simulator:
 
     def run(self) -> SimResult:
         last_call = -math.inf
+        quiet = -math.inf  # no round before this time can act unless a record changes
         while self.events or self.waiting:
             changed = False
             due = self.events[0][0] if self.events else math.inf
@@ -141,6 +145,10 @@ class Simulator:
             # or at the next wake-up while jobs wait, whichever is first.
             t_event = self.grid(due)
             t_wake = last_call + self.config.wake_s if self.waiting else math.inf
+            # Wake-ups that would find nothing to do are passed over, on the same grid (the
+            # same additions, so the same floating-point times as rounds held one by one).
+            while t_wake < quiet and t_wake < t_event:
+                t_wake += self.config.wake_s
             t = max(min(t_event, t_wake), self.now)
             while self.events and self.events[0][0] <= t:
                 ev_t, _, kind, i, gen = heapq.heappop(self.events)
@@ -148,8 +156,10 @@ class Simulator:
                 changed |= self.apply_event(kind, i, gen)
             self.advance(t)
             if changed or t >= t_wake:
-                self.round()
+                acted = self.round()
                 last_call = t
+                quiet = (self.planner.quiet_until(self.settings, t) if self.config.skip_quiet and not acted
+                         else -math.inf)
                 if not self.events and self.waiting:
                     # Nothing runs and nothing will arrive: no later call can differ from this one.
                     raise PolicyViolation(f"{self.name}: {self.waiting} job(s) wait on an idle cluster at "
@@ -203,8 +213,10 @@ class Simulator:
 
     # -- the executor
 
-    def round(self) -> None:
+    def round(self) -> bool:
+        """One round of the plan, carried out; whether it started or interrupted anything."""
         self.calls += 1
+        acted = False
         for action in self.planner.plan(self.nodes, self.settings, self.now):
             if isinstance(action, StartRun):
                 self.start(action)
@@ -212,8 +224,10 @@ class Simulator:
                 self.interrupt(action)
             elif not isinstance(action, Explain):
                 raise PolicyViolation(f"{self.name}: unexpected action {action!r}")
+            acted = acted or not isinstance(action, Explain)
         if self.record:
             self.samples.append(Sample(self.now, self.busy, self.waiting))
+        return acted
 
     def record_of(self, job_id: str) -> JobRecord:
         job = self.planner.records.get(job_id)

@@ -302,3 +302,36 @@ def test_sim_cli_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def _replay(trace, n_nodes: int, policy: str, config: SimConfig) -> tuple[list[tuple[float, float, int]], int]:
+    s = Simulator(trace, n_nodes, sim.POLICIES[policy], config, name=policy)
+    s.run()
+    return [(w.first_start, w.end, w.interrupts) for w in s.jobs], s.calls
+
+
+@pytest.mark.parametrize("policy", ["hfai", "las", "fifo"])
+def test_passing_over_quiet_wake_ups_changes_no_outcome(policy):
+    """The simulator skips its periodic rounds until the plan's quiet_until after a round that
+    changed nothing: every job must start, end and be interrupted exactly as with every round
+    held, on traces that exercise slices, service bands, decay and the backfill window."""
+    from dataclasses import replace
+
+    from hfai.controller.policy import PolicyConfig
+
+    skipped = held = 0
+    cases = [
+        (tracegen.generate(400, 12, load=1.3, seed=5), 12, PolicyConfig()),
+        (tracegen.generate(300, 16, load=1.1, seed=8, elastic=0.4), 16,
+         PolicyConfig(slice_s=600.0, above_normal_s=3600.0, own_backfill_s=1800.0)),
+        (tracegen.generate(300, 6, load=0.8, seed=9, max_nodes=4), 6, PolicyConfig(service_bands=(1.0, 3.0))),
+        (tracegen.generate(200, 4, load=1.5, seed=5, max_nodes=4), 4,  # here ABOVE_NORMAL's decay matters
+         PolicyConfig(slice_s=300.0, above_normal_s=1200.0, own_backfill_s=600.0)),
+    ]
+    for trace, n_nodes, policy_config in cases:
+        config = SimConfig(policy=policy_config)
+        fast, fast_calls = _replay(trace, n_nodes, policy, config)
+        slow, slow_calls = _replay(trace, n_nodes, policy, replace(config, skip_quiet=False))
+        assert fast == slow
+        skipped, held = skipped + fast_calls, held + slow_calls
+    assert skipped < held  # and it does pass rounds over
