@@ -175,11 +175,20 @@ class RunStore:
 
     # -------------------------------------------------------------------------------- act
 
-    def start(self, ra: RunAssignment) -> Launched:
-        """Create the run directory and launch the job; raises StartError if it cannot run here."""
+    def start(self, ra: RunAssignment) -> Launched | None:
+        """Create the run directory and launch the job; raises StartError if it cannot run here.
+
+        The assignment is not fsynced here: the launcher fsyncs it with the exit status once the
+        job is over (launcher.py). A crash of the host before that can leave the directory with
+        an assignment missing or empty, which the snapshot cannot read, so the plan asks to start
+        the run again: :meth:`_interrupted` then records it as over instead (returns None)."""
         d = self.dir(ra.key)
-        d.mkdir(mode=0o700)
-        write_atomic(d / "assignment", encode(ra))
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            self._interrupted(ra, d)
+            return None
+        write_volatile(d / "assignment", encode(ra))
         try:
             spec = self._prepare(ra, d)
         except (StartError, OSError) as e:
@@ -190,6 +199,16 @@ class RunStore:
             raise StartError(f"cannot prepare the run on node {self.node}: {e}") from None
         write_volatile(d / LAUNCH_FILE, json.dumps(spec).encode())  # read by this boot's launcher only
         return self._launch(ra, d)
+
+    def _interrupted(self, ra: RunAssignment, d: Path) -> None:
+        """This node had run ``ra`` (its directory is the record: no run starts twice), but a crash
+        left the directory unreadable. Whatever ran died with the host: record the run as an
+        exec'd launcher that died does read (killed, unless its exit status reached the disk), so
+        that the next snapshot reports its end. (Before, the agent retried the start forever.)"""
+        log.warning("run %s was cut short by a crash of this node; reporting it ended", ra.key)
+        if _read_int(d / "exit_code") is None:
+            write_atomic(d / "exit_code", f"{-signal.SIGKILL}\n".encode())
+        write_atomic(d / "assignment", encode(ra))
 
     def _prepare(self, ra: RunAssignment, d: Path) -> dict:
         """Everything the launcher needs (see launcher.py); StartError if the run may not start."""

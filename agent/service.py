@@ -334,6 +334,9 @@ class Agent:
             self._check_fence(ra.fence_s)
             try:
                 launched = self.store.start(ra)
+                if launched is None:  # it was here before a crash, and is over: report that
+                    self._wake.set()
+                    return
                 self._wake_on_exit(launched.pid)
                 log.info("started %s (job %s rank %d)", key, ra.name, ra.rank)
             except StartError as e:

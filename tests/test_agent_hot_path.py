@@ -45,10 +45,10 @@ def _wait_exited(agent: Agent, key: str) -> None:
         time.sleep(0.01)
 
 
-def test_only_the_files_a_reboot_needs_are_fsynced(tmp_path, monkeypatch):
-    """Starting and reporting a run fsyncs its assignment (read back after a reboot) and the
-    launcher's exit status, and nothing else: the launch spec, the pids and the .sent markers
-    mean nothing after a power loss (statefile.py)."""
+def test_the_agent_fsyncs_nothing_on_a_runs_path(tmp_path, monkeypatch):
+    """Starting and reporting a run fsyncs nothing in the agent (its fence aside, on a change):
+    the launch spec, the pids and the .sent markers mean nothing after a power loss, and the
+    assignment and exit status reach the disk from the launcher's side (statefile.py)."""
     agent = _agent(tmp_path)
     agent.store._zygote = None  # exec'd launcher: its fsyncs are its own process's, counted below
     synced: list[str] = []
@@ -71,8 +71,7 @@ def test_only_the_files_a_reboot_needs_are_fsynced(tmp_path, monkeypatch):
     asyncio.run(agent.reconcile())  # reports STARTED and EXITED
     run = agent.store.snapshot()[ra.key]
     assert run.sent == {RunEventKind.STARTED, RunEventKind.EXITED} and run.exit_code == 0
-    # In this process (the launcher fsyncs exit_code in its own): the fence it was told, the assignment.
-    assert synced == ["fence", "assignment"]
+    assert synced == ["fence"]  # the newest fence it was told: durable, never goes back
     files = {p.name for p in agent.store.dir(ra.key).iterdir()}
     assert {"assignment", "launch", "launcher_pid", "child_pid", "exit_code", "started.sent", "exited.sent"} <= files
     assert not [f for f in files if ".tmp." in f]
@@ -186,3 +185,50 @@ def test_the_zygote_hands_out_a_settled_spare_and_leaves_none_behind(tmp_path):
         os.killpg(int((run_dir / "child_pid").read_text()), signal.SIGKILL)
     gone, alive = psutil.wait_procs(spares, timeout=WAIT_S)
     assert not alive
+
+
+def test_the_launcher_fsyncs_the_status_and_assignment_after_it_exits(tmp_path, monkeypatch):
+    """The fsyncs happen in a child of the launcher, so its exit (which wakes the agent) does not
+    wait for the disk; they do happen."""
+    from hfai.agent import launcher
+
+    record = tmp_path / "synced"
+    files = [str(tmp_path / "exit_code"), str(tmp_path / "assignment")]
+    for f in files:
+        Path(f).write_text("0\n")
+
+    def fsync(fd: int) -> None:  # runs in the forked child: tell the test through a file
+        with open(record, "a") as out:
+            out.write(os.readlink(f"/proc/self/fd/{fd}") + "\n")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    launcher._persist_after_exit(files)
+    deadline = time.monotonic() + WAIT_S
+    while not (record.exists() and len(record.read_text().splitlines()) == 2):
+        assert time.monotonic() < deadline, "the launcher's child did not fsync"
+        time.sleep(0.01)
+    assert record.read_text().splitlines() == files
+
+
+def test_a_run_a_crash_left_unreadable_is_reported_ended_not_started_again(tmp_path):
+    """A crash of the host before the launcher fsynced the assignment can leave it empty: the
+    snapshot skips the directory, the plan asks for a start, and the store records the run as
+    killed instead (it did run: its directory is the record) for the next plan to report."""
+    agent = _agent(tmp_path)
+    sent: list[tuple[RunEventKind, dict]] = []
+
+    async def publish(ra, kind, **fields):
+        sent.append((kind, fields))
+        return True
+
+    agent._publish = publish  # type: ignore[method-assign]
+    ra = _ra(tmp_path, "j5")
+    d = agent.store.runs_dir / ra.key
+    d.mkdir()
+    (d / "assignment").write_bytes(b"")  # what a crash can leave of a file not yet on disk
+    assert ra.key not in agent.store.snapshot()
+    _assign(agent, ra)
+    asyncio.run(agent.reconcile())  # the plan says start; the store says it is over
+    assert not (d / "launcher_pid").exists() and agent._wake.is_set()
+    asyncio.run(agent.reconcile())
+    assert [(k, f.get("exit_code")) for k, f in sent] == [(RunEventKind.STARTED, None), (RunEventKind.EXITED, -9)]
