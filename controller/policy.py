@@ -611,7 +611,7 @@ class _GroupRound:
         lower = pool.lower_nodes(p)
         level = pool.levels.get(p)
         if lo > free + lower + (level.slice_nodes if level is not None else 0):  # > self.cap(p)
-            return lo
+            return self.blocked_from(job, p)
         if lo > self.usable:
             return None
         room = self.room(job)
@@ -622,7 +622,17 @@ class _GroupRound:
             return 0  # it waits behind its user's first job in line here, and so do the rest
         if lo <= free or lo <= free + lower + pool.slice_nodes(p, user, int(key[0] // _BAND_WEIGHT)):
             return None
-        return lo
+        return self.blocked_from(job, p)
+
+    def blocked_from(self, job: JobView, p: int) -> int:
+        """The job is blocked for want of nodes: reserve for it now (as :meth:`place` would), and
+        say from which size on its user's jobs here are left out: all of them if it is the
+        user's first in line and has waited ``own_backfill_s`` (none behind it may backfill)."""
+        self.reserve(p)
+        head = self.jobs.levels[p].user_head(job.user)
+        if head is not None and head[1] == job.id and self.now - job.waited_since >= self.config.own_backfill_s:
+            return 0
+        return job.lo
 
     def skip_reason(self, job: JobView, p: int) -> str:
         lo = job.lo
