@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import dataclasses
 import itertools
+import os
 import statistics
 import sys
 import tempfile
@@ -119,11 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rates = {}
     for launcher in args.launchers.split(","):
+        load_before = os.getloadavg()[0]
         took, jobs, before, after = measure(args, launcher)
         rate = rates[launcher] = args.jobs / took
         jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
         assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
-        print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes, launchers by {launcher}: {took:.1f} s")
+        # The host's other work takes cores from the cluster under test: say how busy it was.
+        print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes, launchers by {launcher}: {took:.1f} s "
+              f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)")
         print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
               f"{rate / SLURM_JOBS_PER_S:.2f}x)")
         print(f"  KV writes per job   {jobs_w:8.2f} job records + {assign_w:.2f} assignments")
