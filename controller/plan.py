@@ -151,7 +151,7 @@ class Planner:
         self.index: JobIndex | None = None
         self.explained: dict[str, float] = {}  # job id -> when its reason was last written
         self._fresh: set[str] = set()  # jobs that began waiting since the last explaining round
-        self._nodes_seen: tuple[Sequence[PlanNode], list[NodeView], dict[str, str]] | None = None
+        self._nodes_seen: tuple[Sequence[PlanNode], list[NodeView], dict[str, str], list[PlanNode]] | None = None
         # Only these jobs need looking at for gates and limits each round (O(them), not O(jobs)).
         self._gated: set[str] = set()  # held, depending on others, or in a limited array
         self._timed: set[str] = set()  # hold nodes and have a time limit
@@ -248,9 +248,8 @@ class Planner:
         # Records as they will be after the node losses and restrictions, for the policy's eyes;
         # the index is put back as it was before returning.
         overlay: dict[str, JobRecord] = {}
-        for n in nodes:
-            if n.alive and not n.faulty:
-                continue
+        views, address, troubled = self._node_views(nodes)
+        for n in troubled:
             job_id = index.holder.get(n.name)
             if job_id is None:
                 continue
@@ -320,7 +319,6 @@ class Planner:
             index.put(job_view(after))
         for job_id in hidden:
             index.discard(job_id)
-        views, address = self._node_views(nodes)
         try:
             decisions = self.policy(index, views, now, settings.policy)
         finally:
@@ -383,15 +381,16 @@ class Planner:
         self.explained[job.id] = now
         actions.append(Explain(job.id, reason))
 
-    def _node_views(self, nodes: Sequence[PlanNode]) -> tuple[list[NodeView], dict[str, str]]:
-        """The policy's node views and the nodes' addresses (the simulator passes the same list
-        every round: built once)."""
+    def _node_views(self, nodes: Sequence[PlanNode]) -> tuple[list[NodeView], dict[str, str], list[PlanNode]]:
+        """The policy's node views, the nodes' addresses and the nodes that are down or faulty
+        (the simulator passes the same list every round: worked out once)."""
         if self._nodes_seen is not None and self._nodes_seen[0] is nodes:
-            return self._nodes_seen[1], self._nodes_seen[2]
+            return self._nodes_seen[1:]
         views = [NodeView(n.name, n.group, n.schedulable and n.alive) for n in nodes]
         address = {n.name: n.address for n in nodes}
-        self._nodes_seen = (nodes, views, address)
-        return views, address
+        troubled = [n for n in nodes if not n.alive or n.faulty]
+        self._nodes_seen = (nodes, views, address, troubled)
+        return views, address, troubled
 
     def _ports_in_use(self, index: JobIndex) -> dict[str, set[int]]:
         """Master ports of the runs that hold nodes, per address (O(nodes), not O(jobs))."""
