@@ -8,8 +8,9 @@ in a process group of its own (pid written to ``RUN_DIR/child_pid``) that the ag
 Who runs as whom: the launcher runs as the agent (usually root) with the agent's own environment,
 and reads what to run from ``RUN_DIR/launch`` (JSON: argv, env, cwd, log, and uid/gid/groups when
 it must switch). The run directory is the agent's alone (0700), so the job can neither change what
-is launched nor forge ``child_pid`` or ``exit_code``. Only the job process becomes the submitter,
-and enters its workdir as that user: the job's environment (LD_PRELOAD, PYTHONPATH, ...) never
+is launched nor forge ``child_pid`` or ``exit_code``. Only the job process becomes the submitter;
+its workdir is entered with that user's permissions (the launcher borrows the user's effective ids
+for the chdir alone, see :func:`_spawn`): the job's environment (LD_PRELOAD, PYTHONPATH, ...) never
 reaches a process that keeps root.
 
 Self-fencing: while the job runs the launcher also watches the agent's liveness stamp (the file
