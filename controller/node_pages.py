@@ -20,7 +20,7 @@ from hfai.protocol.types import JobRecord, NodeRecord, NodesReply
 class NodePages:
     def __init__(self, tracker: NodeTracker):
         self._tracker = tracker
-        # node -> (its record, that record packed). The record object itself is the key: the
+        # KV key -> (its record, that record packed). The record object itself is the key: the
         # heartbeat cache makes a new one for every revision it takes, and holding it keeps its
         # identity from being reused.
         self._packed: dict[str, tuple[NodeRecord, bytes]] = {}
@@ -35,16 +35,18 @@ class NodePages:
         now = time.monotonic()
         on_node = jobs_on_nodes(jobs)
         drained = t.drained()
-        names = sorted(records)
-        items = (pack(t.info(records[n], now, on_node, drained), record=self._record(n, records[n]))
-                 for n in names[bisect.bisect_right(names, after):])
+        # By the name in the record, as the client asks for the page after a record's name (an
+        # agent writes its record at its own name's key, but a key is not the record's word).
+        entries = sorted(records.items(), key=lambda kv: kv[1].name)
+        start = bisect.bisect_right([r.name for _, r in entries], after)
+        items = (pack(t.info(r, now, on_node, drained), record=self._record(key, r)) for key, r in entries[start:])
         return paged_reply(NodesReply, "nodes", items, budget_bytes)
 
-    def _record(self, name: str, record: NodeRecord) -> bytes:
-        kept = self._packed.get(name)
+    def _record(self, key: str, record: NodeRecord) -> bytes:
+        kept = self._packed.get(key)
         if kept is not None and kept[0] is record:
             return kept[1]
         data = pack(record)
-        self._packed[name] = (record, data)
+        self._packed[key] = (record, data)
         self.records_packed += 1
         return data

@@ -164,6 +164,16 @@ def test_forgotten_nodes_leave_the_kept_encodings():
     assert set(c.api._node_pages._packed) == {"n02", "n03", "n04"}
 
 
+def test_pages_follow_the_names_in_the_records_whatever_their_keys():
+    # The client asks for the page after the last record's name: ordered by key, a record named
+    # before its key would bring the same page back for ever.
+    one = len(encode(NodeInfo(record=record(0), state=NodeState.UP, age_s=1.0)))
+    c = Cluster(12, reply_bytes=3 * one)
+    c.cache.values["n11"] = record(0, seq=9)  # the key of n11 holds a record that says n00
+    names = [i.record.name for i in c.walk()]
+    assert names == sorted(names) and len(names) == 12 and len(c.pages) < 12
+
+
 def test_job_list_pages_are_the_reply_encode_writes():
     c = Cluster(1, reply_bytes=10**6)
     jobs = {f"j{i}": JobRecord(id=f"j{i}", spec=SPEC, state=ChainState.QUEUED, submit_ts=float(i)) for i in range(5)}
