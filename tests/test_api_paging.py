@@ -11,7 +11,7 @@ import pytest
 
 from hfai.config import ControllerConfig
 from hfai.controller.api import ApiService, Caller
-from hfai.controller.nodes import NodeTracker
+from hfai.controller.nodes import NodeTracker, jobs_on_nodes
 from hfai.controller.paging import fill_page, paged_reply
 from hfai.protocol import codec, decode, encode
 from hfai.protocol.types import (
@@ -153,6 +153,12 @@ def test_a_page_builds_the_infos_of_its_own_nodes_only(monkeypatch):
     # Each node once, plus, per page, the first one that did not fit (not every node per page).
     assert len(looked_at) == 20 + len(c.pages) - 1
     assert len(set(looked_at)) == 20
+
+
+def test_a_node_shows_the_jobs_of_every_state_that_holds_nodes_and_no_other():
+    held = {s: jobs_on_nodes([JobRecord(id="j", spec=SPEC, state=s, submit_ts=1.0, nodes=("n0",))]) for s in ChainState}
+    assert {s for s, on in held.items() if on == {"n0": ["j"]}} == {s for s in ChainState if s.holds_nodes}
+    assert all(on in ({}, {"n0": ["j"]}) for on in held.values())
 
 
 def test_forgotten_nodes_leave_the_kept_encodings():
