@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from hfai.controller.policy import Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
-from hfai.controller.queues import JobIndex, Ordering
+from hfai.controller.queues import GroupJobs, JobIndex, Ordering
 
 Policy = Callable[[Iterable[JobView] | JobIndex, Iterable[NodeView], float, PolicyConfig], list[Decision]]
 
@@ -62,6 +62,23 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
 
     # A waiting job's attained service does not change while it waits: its queue is its level.
     order = Ordering(("las", tuple(limits)), lambda v: -queue_of(v, 0.0), lambda v: v.submit_ts)
+    # The running jobs' queues as of the last round, each with when it next changes: a running
+    # job moves to the next queue only when its service crosses a threshold (kept per view, so a
+    # changed record is worked out again; a small margin keeps clear of rounding at the crossing).
+    known: dict[str, tuple[JobView, int, float]] = {}
+
+    def running_queues(g: GroupJobs, now: float) -> dict[int, list[JobView]]:
+        queues: dict[int, list[JobView]] = {}
+        for v in g.running.values():
+            seen = known.get(v.id)
+            if seen is not None and seen[0] is v and now < seen[2]:
+                k = seen[1]
+            else:
+                k = queue_of(v, now)
+                until = v.started_ts + limits[k] / v.size - v.run_s - 1e-6 if k < len(limits) else math.inf
+                known[v.id] = (v, k, until)
+            queues.setdefault(k, []).append(v)
+        return queues
 
     def las_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
                    config: PolicyConfig) -> list[Decision]:
@@ -70,8 +87,12 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
         usable = index.layout(nodes).usable
         out: list[Decision] = []
         for group in sorted(index.groups):
-            out.extend(_las_group(index, group, free_by_group.get(group, []), len(usable.get(group, ())), now,
-                                  queue_of))
+            g = index.groups[group]
+            out.extend(_las_group(g, running_queues(g, now), free_by_group.get(group, []),
+                                  len(usable.get(group, ())), now))
+        if len(known) > 4 * len(index) + 64:  # forget jobs that stopped running
+            for job_id in [k for k in known if k not in index]:
+                del known[job_id]
         return out
 
     def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
@@ -93,22 +114,24 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
     return las_decide
 
 
-def _las_group(index: JobIndex, group: str, free: list[str], usable: int, now: float,
-               queue_of: Callable[[JobView, float], int]) -> list[Decision]:
-    g = index.groups[group]
+def _las_group(g: GroupJobs, running: dict[int, list[JobView]], free: list[str], usable: int,
+               now: float) -> list[Decision]:
     # Nodes of jobs being suspended count as capacity: they are free once the checkpoint is done.
     cap = [usable]  # a cell: the merge of waiting jobs reads the current value
     fi = 0
-    running: dict[int, list[JobView]] = {}
-    for j in g.running.values():
-        running.setdefault(queue_of(j, now), []).append(j)
     out: list[Decision] = []
     for q in sorted(set(running) | {-level for level in g.levels}):
-        here = sorted(running.get(q, []), key=lambda j: (j.submit_ts, j.id))
-        ri = 0
+        here = running.get(q, [])
         level = g.levels.get(-q)
         waiting = level.fitting(lambda: cap[0]) if level is not None else iter(())
         w, _ = next(waiting, (None, False))
+        if w is None:
+            total = sum(r.size for r in here)
+            if total <= cap[0]:  # nothing of this queue waits and all of it still fits: it stays
+                cap[0] -= total
+                continue
+        here.sort(key=lambda j: (j.submit_ts, j.id))
+        ri = 0
         while w is not None or ri < len(here):
             r = here[ri] if ri < len(here) else None
             if r is not None and (w is None or (r.submit_ts, r.id) < (w.submit_ts, w.id)):
