@@ -59,6 +59,7 @@ class Leader:
         self._led_since = time.monotonic()  # when this loop began leading
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
         self.planner = Planner()  # this term's scheduling state (controller/plan.py)
+        self._changed: set[str] | None = None  # job keys changed since the planner last caught up
         self._explain_at = 0.0  # monotonic time of the next round that explains every wait
         self.last_beat = time.monotonic()
 
@@ -99,6 +100,8 @@ class Leader:
                 except TimeoutError:
                     pass
         finally:
+            if self._changed is not None:
+                self.jobs.untrack(self._changed)
             # Bounded: StuckTasksError if the consumer will not stop; the controller then exits.
             await cancel_and_wait([events], self.cc.cancel_timeout_s)
         log.info("no longer leading (fence %d)", self.fence)
@@ -217,7 +220,7 @@ class Leader:
     async def _plan_round(self) -> None:
         """Run the pure plan (controller/plan.py) on the records and nodes as this replica sees
         them and write its changes, each with compare-and-set."""
-        self.planner.sync(self.jobs.values)
+        self._catch_up()
         nodes = self._node_states()
         lost = {n.name for n in nodes if not n.alive}
         for name in sorted(lost - self._lost_nodes):
@@ -236,8 +239,20 @@ class Leader:
             else:
                 await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, time.time())))
 
+    def _catch_up(self) -> None:
+        """Bring the planner up to the records: all of them the first time in a term, then only
+        the keys that changed (a bucket keeps finished jobs for weeks: O(changes) a round)."""
+        if self._changed is None:
+            self._changed = self.jobs.track()
+            self.planner.sync(self.jobs.values)
+            return
+        keys = list(self._changed)
+        self._changed.clear()
+        self.planner.sync_keys(self.jobs.values, keys)
+
     def _node_states(self) -> list[PlanNode]:
-        return plan_nodes(self.nodes, self.jobs.values.values(), time.monotonic() - self._led_since)
+        # Only live jobs hold nodes: the planner's records are those.
+        return plan_nodes(self.nodes, self.planner.records.values(), time.monotonic() - self._led_since)
 
     def _settings(self, explain: bool) -> PlanSettings:
         return plan_settings(self.cc, self.settings.values if self.settings is not None else {}, explain)
@@ -280,8 +295,9 @@ class Leader:
                 log.debug("skipping assignment %s: %s", key, e)
 
     async def _publish_assignments(self) -> None:
+        self._catch_up()  # this round's own writes; finished jobs are assigned nothing
         wanted = desired_assignments(
-            list(self.jobs.values.values()), list(self.nodes.cache.values), self.fence,
+            list(self.planner.records.values()), list(self.nodes.cache.values), self.fence,
             self.cc.ack_window_s, self.cc.kill_window_s, fence_bound(self.cc.heartbeat_timeout_s),
         )
         for node, assignment in wanted.items():

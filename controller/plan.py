@@ -232,6 +232,25 @@ class Planner:
             for job_id in [k for k in ended if k not in records]:
                 del ended[job_id]
 
+    def sync_keys(self, records: Mapping[str, JobRecord], keys: Iterable[str]) -> None:
+        """Catch up with the records at ``keys`` only (changed, new, or gone from ``records``):
+        what :meth:`sync` does for them, in O(keys)."""
+        mine, ended = self.records, self._ended_records
+        for job_id in keys:
+            r = records.get(job_id)
+            if r is None:  # purged or deleted
+                self.forget(job_id)
+                ended.pop(job_id, None)
+            elif mine.get(job_id) is r or ended.get(job_id) is r:
+                continue
+            elif r.state.final:
+                ended[job_id] = r
+                self.ended[job_id] = r.state
+                if job_id in mine:
+                    self.forget(job_id)
+            else:
+                self.observe(r)
+
     def _index(self, config: PolicyConfig) -> JobIndex:
         order = self._order(config)
         if self.index is None or self.index.signature != order.signature:

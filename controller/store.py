@@ -45,6 +45,23 @@ class KVCache(Generic[T]):
         self._delivered: set[str] | None = None
         self._newest = 0
         self.ready = asyncio.Event()
+        self._trackers: list[set[str]] = []  # see track()
+
+    def track(self) -> set[str]:
+        """A set that every key changed from now on (written, deleted, or put locally) is added
+        to, until :meth:`untrack`: a reader that drains it catches up in O(changes), not O(keys)."""
+        changed: set[str] = set()
+        self._trackers.append(changed)
+        return changed
+
+    def untrack(self, changed: set[str]) -> None:
+        self._trackers = [t for t in self._trackers if t is not changed]
+
+    def _changed(self, key: str) -> None:
+        for t in self._trackers:
+            t.add(key)
+        if self._on_change is not None:
+            self._on_change(key)
 
     @property
     def task(self) -> asyncio.Task:
@@ -88,8 +105,7 @@ class KVCache(Generic[T]):
         for key in [k for k in self.values if k not in keys and self.revisions.get(k, 0) <= newest]:
             self.values.pop(key, None)
             self.revisions.pop(key, None)
-            if self._on_change is not None:
-                self._on_change(key)
+            self._changed(key)
 
     def _apply(self, entry) -> None:
         key = entry.key
@@ -106,8 +122,7 @@ class KVCache(Generic[T]):
                 return
             self.revisions[key] = entry.revision
         self.seen[key] = time.monotonic()
-        if self._on_change is not None:
-            self._on_change(key)
+        self._changed(key)
 
     def cached(self, key: str) -> tuple[T, int] | None:
         """The value at ``key`` and its revision as this copy holds them (for :func:`cas_value`)."""
@@ -119,6 +134,8 @@ class KVCache(Generic[T]):
         if revision >= self.revisions.get(key, 0):
             self.values[key] = value
             self.revisions[key] = revision
+            for t in self._trackers:
+                t.add(key)
 
     async def stop(self) -> None:
         if self._task is not None:  # first, so that the watch ending is not taken for a failure

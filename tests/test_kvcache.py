@@ -28,6 +28,7 @@ def test_cache_rewatches_after_its_watch_ends(tmp_path):
         cache = KVCache(kv, StopRequest, on_change=changed.append)
         await cache.start()
         assert set(cache.values) == {"a", "b"}
+        tracked = cache.track()  # what the leader drains each round
 
         await cache._watcher.stop()  # the watch ends, as when its server or stream leader is lost
         await js.purge_stream("KV_t", subject="$KV.t.b")  # "b" vanishes with no delete marker
@@ -46,6 +47,13 @@ def test_cache_rewatches_after_its_watch_ends(tmp_path):
                 break
             await asyncio.sleep(0.1)
         assert "d" in cache.values
+        assert tracked == {"a", "b", "c", "d"}  # changed, dropped, new: every key once
+        tracked.clear()
+        cache.put_local("e", StopRequest(job="e"), 10**9)  # our own write, ahead of the watch
+        assert tracked == {"e"}
+        cache.untrack(tracked)
+        cache.put_local("f", StopRequest(job="f"), 10**9)
+        assert tracked == {"e"}
         await cache.stop()
         await nc.close()
 

@@ -283,3 +283,43 @@ def test_sync_follows_a_bucket_changes_finals_and_purges():
     fresh = Planner()
     fresh.sync(bucket)
     assert fresh.records == planner.records and fresh.ended == planner.ended
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories())
+def test_catching_up_on_changed_keys_is_a_full_sync(history):
+    """The leader feeds its planner only the keys that changed since the last round
+    (Planner.sync_keys); a planner synced on the whole bucket every round must agree."""
+    n_nodes, seed, rounds = history
+    rng = random.Random(seed)
+    nodes = cluster(n_nodes)
+    full, keyed = Planner(), Planner()
+    records: dict[str, JobRecord] = {}
+    now = 1000.0
+    for k in range(rounds):
+        changed: set[str] = set()
+        for _ in range(rng.randrange(4)):
+            job_id = f"j{k}-{rng.randrange(10**6)}"
+            records[job_id] = rec(job_id, user=rng.choice("abc"), n=rng.randint(1, n_nodes), submit=now)
+            changed.add(job_id)
+        for job_id, r in list(records.items()):
+            roll = rng.random()
+            if r.state.holds_nodes and roll < 0.4:
+                for node in r.nodes:
+                    r = transitions.apply_event(r, _exited(r, node, now), now) or r
+                records[job_id] = r
+                changed.add(job_id)
+            elif r.state.final and roll < 0.3:
+                del records[job_id]  # purged after its retention
+                changed.add(job_id)
+        full.sync(records)
+        keyed.sync_keys(records, changed)
+        assert keyed.records == full.records and keyed.ended == full.ended
+        settings_ = PlanSettings(policy=PolicyConfig(explain_waits=False))
+        actions = full.plan(nodes, settings_, now)
+        assert keyed.plan(nodes, settings_, now) == actions
+        records = apply_all(records, actions, now)
+        changed = {a.job_id for a in actions}
+        full.sync(records)
+        keyed.sync_keys(records, changed)
+        now += 50.0
