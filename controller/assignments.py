@@ -6,6 +6,8 @@ derives the same assignments from the same records, so nothing is lost or starte
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from hfai.protocol.types import ChainState, DesiredRun, JobRecord, NodeAssignment, RunAssignment
 
 _DESIRED = {
@@ -66,7 +68,7 @@ def same_work(a: NodeAssignment | None, b: NodeAssignment) -> bool:
     return a is not None and a.runs == b.runs
 
 
-def pick_master_port(job_id: str, run_id: int, in_use: set[int], base: int, span: int) -> int:
+def pick_master_port(job_id: str, run_id: int, in_use: Container[int], base: int, span: int) -> int:
     """A port for MASTER_PORT, stable per run and distinct from ports of other live runs."""
     import zlib
 

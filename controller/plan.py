@@ -157,6 +157,7 @@ class Planner:
         self._timed: set[str] = set()  # hold nodes and have a time limit
         self._array_active: dict[str, set[str]] = {}  # array id -> members holding nodes
         self.ended: dict[str, ChainState] = {}  # final state of jobs seen to end (dependencies)
+        self._ports: dict[str, dict[int, int]] = {}  # address -> master port -> runs holding nodes with it
         self._ended_records: dict[str, JobRecord] = {}  # the final records sync saw (skipped next time)
 
     # -- feeding it
@@ -169,6 +170,8 @@ class Planner:
             return
         self._track(record)
         before = self._views.get(record.id)
+        self._count_port(self.records.get(record.id), -1)
+        self._count_port(record, +1)
         self.records[record.id] = record
         view = self._views[record.id] = job_view(record)
         if record.state.waiting and (before is None or not before.state.waiting):
@@ -206,6 +209,7 @@ class Planner:
         self._gated.discard(job_id)
         self._timed.discard(job_id)
         self._fresh.discard(job_id)
+        self._count_port(r, -1)
         self.records.pop(job_id, None)
         self._views.pop(job_id, None)
         self.explained.pop(job_id, None)
@@ -343,16 +347,14 @@ class Planner:
         finally:
             for job_id in (*overlay, *hidden):
                 index.put(self._views[job_id])
-        ports: dict[str, set[int]] | None = None
+        picked: dict[str, set[int]] = {}  # master ports given this round, per address
         for d in decisions:
             if isinstance(d, Start):
                 addr = address.get(d.nodes[0], "")
-                if ports is None:
-                    ports = self._ports_in_use(index)
-                used = ports.setdefault(addr, set())
+                used = picked.setdefault(addr, set())
                 record = self.records[d.job_id]
-                port = pick_master_port(d.job_id, record.run_id + 1, used, settings.master_port_base,
-                                        settings.master_port_span)
+                port = pick_master_port(d.job_id, record.run_id + 1, _InUse(self._ports.get(addr, {}), used),
+                                        settings.master_port_base, settings.master_port_span)
                 used.add(port)
                 actions.append(StartRun(d.job_id, d.nodes, addr, port, d.reason))
             elif isinstance(d, Suspend):
@@ -411,14 +413,28 @@ class Planner:
         self._nodes_seen = (nodes, views, address, troubled)
         return views, address, troubled
 
-    def _ports_in_use(self, index: JobIndex) -> dict[str, set[int]]:
-        """Master ports of the runs that hold nodes, per address (O(nodes), not O(jobs))."""
-        ports: dict[str, set[int]] = {}
-        for job_id in set(index.holder.values()):
-            job = self.records.get(job_id)
-            if job is not None and job.master_port:
-                ports.setdefault(job.master_addr, set()).add(job.master_port)
-        return ports
+    def _count_port(self, r: JobRecord | None, delta: int) -> None:
+        """Keep the master ports of the runs that hold nodes, per address, as records change."""
+        if r is None or not r.master_port or not r.state.holds_nodes:
+            return
+        ports = self._ports.setdefault(r.master_addr, {})
+        n = ports.get(r.master_port, 0) + delta
+        if n > 0:
+            ports[r.master_port] = n
+        else:
+            ports.pop(r.master_port, None)
+
+
+class _InUse:
+    """The master ports in use at one address: those of runs holding nodes, and this round's."""
+
+    __slots__ = ("held", "picked")
+
+    def __init__(self, held: Mapping[int, int], picked: set[int]):
+        self.held, self.picked = held, picked
+
+    def __contains__(self, port: object) -> bool:
+        return port in self.held or port in self.picked
 
 
 def _hms(seconds: float) -> str:
