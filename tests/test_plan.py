@@ -323,3 +323,34 @@ def test_catching_up_on_changed_keys_is_a_full_sync(history):
         full.sync(records)
         keyed.sync_keys(records, changed)
         now += 50.0
+
+
+def test_master_ports_stay_distinct_per_address_across_rounds():
+    """Runs whose first node shares an address never get the same MASTER_PORT, also when
+    started in different rounds; a run that ended frees its port. (a, c and e would all pick
+    the same port first: their run ids hash alike.)"""
+    nodes = [PlanNode(f"n{i}", address="10.0.0.9") for i in range(2)]
+    two_ports = PlanSettings(policy=PolicyConfig(explain_waits=False), master_port_base=29500, master_port_span=2)
+    planner = Planner()
+    records = {"a": rec("a")}
+    planner.observe(records["a"])
+
+    def round_(now: float) -> list[StartRun]:
+        nonlocal records
+        actions = planner.plan(nodes, two_ports, now)
+        records = apply_all(records, actions, now)
+        for a in actions:
+            planner.observe(records[a.job_id])
+        return [a for a in actions if isinstance(a, StartRun)]
+
+    assert [a.job_id for a in round_(NOW)] == ["a"]
+    records["c"] = rec("c", submit=1.0)
+    planner.observe(records["c"])
+    assert [a.job_id for a in round_(NOW + 1)] == ["c"]
+    assert {records["a"].master_port, records["c"].master_port} == {29500, 29501}
+    free_after_a = records["a"].master_port
+    records["a"] = transitions.ranks_exited(records["a"], NOW + 2)  # a ends
+    planner.observe(records["a"])
+    records["e"] = rec("e", submit=2.0)
+    planner.observe(records["e"])
+    assert [(a.job_id, a.master_port) for a in round_(NOW + 3)] == [("e", free_after_a)]
