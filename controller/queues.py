@@ -85,6 +85,9 @@ class Level:
         left out is dropped for good. Heads come off in queue order, so every list dropped so far
         was ahead of whatever is found next: O(log lists) a step, whatever the number of users
         and sizes."""
+        if drops is None:
+            yield from self._fitting_by_size(cap)
+            return
         c = cap()
         heap: list[tuple[Key, int, str, list[Key], int]] = []
         ahead: Key | None = None  # the earliest head of the lists left out from the start
@@ -101,8 +104,6 @@ class Level:
             key, size, user, keys, i = heap[0]
             if size >= out_from.get(user, size + 1):
                 left_out = True
-            elif drops is None:
-                left_out = size > cap()
             else:
                 k = drops(views[key[1]], key)
                 left_out = k is not None
@@ -118,6 +119,44 @@ class Level:
                 heapq.heappop(heap)
             yield views[key[1]], passed or (ahead is not None and ahead < key)
         yield None, passed or ahead is not None
+
+    def _fitting_by_size(self, cap: Callable[[], int]) -> Iterator[tuple[JobView | None, bool]]:
+        """:meth:`fitting` without ``drops``: the lists' heads in one heap per size, so when the
+        cap falls below a size all of its lists leave at once (the cap only shrinks: each would
+        be left out at its turn), and a step is a minimum over the few sizes still in."""
+        c = cap()
+        by_size: dict[int, list[tuple[Key, str, list[Key], int]]] = {}
+        ahead: Key | None = None  # the earliest head of the lists left out
+        for (size, user), keys in self.lists.items():
+            if size <= c:
+                by_size.setdefault(size, []).append((keys[0], user, keys, 0))
+            elif ahead is None or keys[0] < ahead:
+                ahead = keys[0]
+        for heap in by_size.values():
+            heapq.heapify(heap)
+        sizes = sorted(by_size)
+        views = self.views
+        while True:
+            c = cap()
+            while sizes and sizes[-1] > c:
+                top = by_size.pop(sizes.pop())[0][0]
+                if ahead is None or top < ahead:
+                    ahead = top
+            if not sizes:
+                break
+            size = min(sizes, key=lambda n: by_size[n][0][0])
+            heap = by_size[size]
+            key, user, keys, i = heap[0]
+            if i + 1 < len(keys):
+                heapq.heapreplace(heap, (keys[i + 1], user, keys, i + 1))
+            else:
+                heapq.heappop(heap)
+                if not heap:
+                    del by_size[size]
+                    sizes.remove(size)
+            # A list left out was passed over if its head is ahead of this job.
+            yield views[key[1]], ahead is not None and ahead < key
+        yield None, ahead is not None
 
     def user_head(self, user: str) -> Key | None:
         """The key of the user's first job in line at this level."""
