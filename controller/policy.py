@@ -123,26 +123,21 @@ class JobView:
     max_nodes: int = 0
     run_s: float = 0.0
     queued_ts: float = 0.0
+    # Worked out once per view (a round reads them millions of times in a replay):
+    lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
+    hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use
+    size: int = field(init=False, repr=False, compare=False)  # nodes it holds now, else asks for
+
+    def __post_init__(self) -> None:
+        lo = self.min_nodes or self.nodes
+        object.__setattr__(self, "lo", lo)
+        object.__setattr__(self, "hi", max(self.max_nodes or self.nodes, lo))
+        object.__setattr__(self, "size", len(self.held) or self.nodes)
 
     @property
     def waited_since(self) -> float:
         """When it last entered the queue (submit or requeue)."""
         return self.queued_ts or self.submit_ts
-
-    @property
-    def lo(self) -> int:
-        """Fewest nodes the job can run on."""
-        return self.min_nodes or self.nodes
-
-    @property
-    def hi(self) -> int:
-        """Most nodes the job can use."""
-        return max(self.max_nodes or self.nodes, self.lo)
-
-    @property
-    def size(self) -> int:
-        """Nodes it holds now, else the nodes it asks for."""
-        return len(self.held) or self.nodes
 
 
 @dataclass(frozen=True)
