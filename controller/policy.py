@@ -480,6 +480,7 @@ class _GroupRound:
         self.out: list[Decision] = []
         self.turns: dict[tuple[int, str, int, int], float | None] = {}  # slice_turn's answers this round
         self.wband: dict[str, int] = {}  # service band of the waiting jobs looked at (explaining)
+        self.p = 0  # the level being walked (quiet walk)
         self.stuck_users: set[str] = set()  # of the level being walked: see walk()
         self.failed_size: dict[str, int] = {}
         self.ready: dict[tuple[int, str, int, int], tuple[list[float], list[int]]] = {}  # see ready_times
@@ -581,27 +582,29 @@ class _GroupRound:
             return
         self.stuck_users.clear()
         self.failed_size.clear()
-        for found, passed in level.fitting(lambda: self.cap(p), lambda job, key: self.left_out(job, key, p)):
+        self.p = p
+        for found, passed in level.fitting(lambda: self.cap(p), self.left_out):
             if passed:
                 self.reserve(p)  # a job ahead was passed over: it is blocked
             if found is None:
                 return
             self.place(found)
 
-    def left_out(self, job: JobView, key: Key, p: int) -> int | None:
+    def left_out(self, job: JobView, key: Key) -> int | None:
         """Quiet walk: None if :meth:`place` could start the job or preempt for it; else from
         which size on the user's jobs at this level are left out (0: all of them). Every job
         left out would only have been blocked (the walk reserves for a job passed over), and so
         would the user's later jobs from that size on: they come later in line, so they are in
         the same service band or a higher one (fewer victims), behind the same first job of the
         user, and free nodes, victims and quota room only shrink during a round. A job that
-        :meth:`place` explains otherwise (too big for the group, over quota) goes through."""
-        user, lo = job.user, job.lo
+        :meth:`place` explains otherwise (too big for the group, over quota) goes through.
+        The level walked is ``self.p``."""
+        p, user, lo = self.p, job.user, job.lo
         if user in self.stuck_users:
             return 0
         if lo >= self.failed_size.get(user, lo + 1):
             return self.failed_size[user]
-        free = self.n_free() + self.leaving
+        free = len(self.free) - self.fi + self.leaving
         pool = self.pool
         lower = pool.lower_nodes(p)
         level = pool.levels.get(p)
