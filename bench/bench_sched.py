@@ -166,7 +166,9 @@ def main() -> None:
     ap.add_argument("--replay-load", type=float, default=1.2, help="offered load of the full replay")
     ap.add_argument("--table-jobs", type=int, default=8_000, help="jobs in the policy table's trace")
     ap.add_argument("--table-nodes", type=int, default=250, help="cluster of the policy table")
-    ap.add_argument("--load", type=float, default=1.2, help="offered load of the policy table's trace")
+    ap.add_argument("--load", default="1.2,0.9",
+                    help="offered loads of the policy table's traces, comma-separated (1.2: overloaded, the queue "
+                         "grows for the whole trace; 0.9: busy but stable)")
     ap.add_argument("--reps", type=int, default=15, help="repetitions of the one-decision timing")
     ap.add_argument("--skip-replay", action="store_true", help="leave out the full replay (minutes)")
     ap.add_argument("--only-replay", action="store_true", help="the full replay alone")
@@ -175,7 +177,8 @@ def main() -> None:
     args = ap.parse_args()
     if not args.only_replay:
         bench_decision(args.reps)
-        bench_table(args.table_jobs, args.table_nodes, args.load)
+        for load in (float(x) for x in args.load.split(",")):
+            bench_table(args.table_jobs, args.table_nodes, load)
     if not args.skip_replay:
         bench_replay(args.jobs, args.replay_nodes, args.replay_load, args.workers)
 
