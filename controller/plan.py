@@ -221,15 +221,7 @@ class Planner:
         change, so an identity test finds the changed ones)."""
         mine, ended = self.records, self._ended_records
         for job_id, r in records.items():
-            if mine.get(job_id) is r or ended.get(job_id) is r:
-                continue  # unchanged (a bucket keeps finished jobs for weeks: most are these)
-            if r.state.final:
-                ended[job_id] = r
-                self.ended[job_id] = r.state
-                if job_id in mine:
-                    self.forget(job_id)
-            else:
-                self.observe(r)
+            self._take(job_id, r)
         if len(mine) + len(ended) != len(records):
             for job_id in [k for k in mine if k not in records]:  # purged or deleted
                 self.forget(job_id)
@@ -239,21 +231,25 @@ class Planner:
     def sync_keys(self, records: Mapping[str, JobRecord], keys: Iterable[str]) -> None:
         """Catch up with the records at ``keys`` only (changed, new, or gone from ``records``):
         what :meth:`sync` does for them, in O(keys)."""
-        mine, ended = self.records, self._ended_records
         for job_id in keys:
             r = records.get(job_id)
             if r is None:  # purged or deleted
                 self.forget(job_id)
-                ended.pop(job_id, None)
-            elif mine.get(job_id) is r or ended.get(job_id) is r:
-                continue
-            elif r.state.final:
-                ended[job_id] = r
-                self.ended[job_id] = r.state
-                if job_id in mine:
-                    self.forget(job_id)
+                self._ended_records.pop(job_id, None)
             else:
-                self.observe(r)
+                self._take(job_id, r)
+
+    def _take(self, job_id: str, r: JobRecord) -> None:
+        """One record of the bucket, as sync finds it."""
+        if self.records.get(job_id) is r or self._ended_records.get(job_id) is r:
+            return  # unchanged (a bucket keeps finished jobs for weeks: most are these)
+        if r.state.final:
+            self._ended_records[job_id] = r
+            self.ended[job_id] = r.state
+            if job_id in self.records:
+                self.forget(job_id)
+        else:
+            self.observe(r)
 
     def _index(self, config: PolicyConfig) -> JobIndex:
         order = self._order(config)
