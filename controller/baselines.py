@@ -67,17 +67,19 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
     # changed record is worked out again; a small margin keeps clear of rounding at the crossing).
     known: dict[str, tuple[JobView, int, float]] = {}
 
+    def queue_now(v: JobView, now: float) -> tuple[JobView, int, float]:
+        """(view, its queue now, until when at least)."""
+        seen = known.get(v.id)
+        if seen is None or seen[0] is not v or now >= seen[2]:
+            k = queue_of(v, now)
+            until = v.started_ts + limits[k] / v.size - v.run_s - 1e-6 if k < len(limits) else math.inf
+            seen = known[v.id] = (v, k, until)
+        return seen
+
     def running_queues(g: GroupJobs, now: float) -> dict[int, list[JobView]]:
         queues: dict[int, list[JobView]] = {}
         for v in g.running.values():
-            seen = known.get(v.id)
-            if seen is not None and seen[0] is v and now < seen[2]:
-                k = seen[1]
-            else:
-                k = queue_of(v, now)
-                until = v.started_ts + limits[k] / v.size - v.run_s - 1e-6 if k < len(limits) else math.inf
-                known[v.id] = (v, k, until)
-            queues.setdefault(k, []).append(v)
+            queues.setdefault(queue_now(v, now)[1], []).append(v)
         return queues
 
     def las_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
@@ -98,15 +100,8 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
     def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
         """When a running job's attained service reaches the next queue's threshold, the
         earliest (waiting jobs' service does not change): see policy.quiet_until."""
-        t = math.inf
-        for g in jobs.groups.values():
-            for v in g.running.values():
-                k = queue_of(v, now)
-                if k < len(limits):
-                    at = v.started_ts + limits[k] / v.size - v.run_s
-                    if now < at < t:
-                        t = at
-        return t - 1e-6
+        return min((queue_now(v, now)[2] for g in jobs.groups.values() for v in g.running.values()),
+                   default=math.inf)
 
     las_decide.__name__ = "las_decide"
     las_decide.ordering = lambda config: order  # type: ignore[attr-defined]
