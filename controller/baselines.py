@@ -36,7 +36,7 @@ def fifo_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], n
         free = free_by_group.get(group, [])
         fi = 0
         lists = [keys for level in g.levels.values() for keys in level.lists.values()]
-        head = index.get(min(keys[0] for keys in lists)[1]) if lists else None
+        head = index.get(min(lists)[0][1]) if lists else None  # lists compare by their heads first
         if head is None or head.lo > len(free):
             continue  # the head of the line does not fit: the common case, without a merge
         for _, job_id in heapq.merge(*lists):
