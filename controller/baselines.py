@@ -76,10 +76,19 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
             seen = known[v.id] = (v, k, until)
         return seen
 
-    def running_queues(g: GroupJobs, now: float) -> dict[int, list[JobView]]:
+    def running_queues(index: JobIndex, group: str, now: float) -> dict[int, list[JobView]]:
+        """The group's running jobs by queue; kept on the index until a job holding nodes
+        changes or the first of them crosses a threshold."""
+        memo = index.memo.get(("las", group))
+        if memo is not None and memo[0] == index.holders_changed and memo[1] <= now < memo[2]:
+            return memo[3]
         queues: dict[int, list[JobView]] = {}
-        for v in g.running.values():
-            queues.setdefault(queue_now(v, now)[1], []).append(v)
+        soonest = math.inf
+        for v in index.groups[group].running.values():
+            _, k, until = queue_now(v, now)
+            queues.setdefault(k, []).append(v)
+            soonest = min(soonest, until)
+        index.memo[("las", group)] = (index.holders_changed, now, soonest, queues)
         return queues
 
     def las_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
@@ -89,8 +98,7 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
         usable = index.layout(nodes).usable
         out: list[Decision] = []
         for group in sorted(index.groups):
-            g = index.groups[group]
-            out.extend(_las_group(g, running_queues(g, now), free_by_group.get(group, []),
+            out.extend(_las_group(index.groups[group], running_queues(index, group, now), free_by_group.get(group, []),
                                   len(usable.get(group, ())), now))
         if len(known) > 4 * len(index) + 64:  # forget jobs that stopped running
             for job_id in [k for k in known if k not in index]:

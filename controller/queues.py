@@ -246,6 +246,9 @@ class JobIndex:
         self.holder: dict[str, str] = {}  # node -> id of the job holding it (running or leaving)
         self.used: dict[tuple[str, int, str], int] = {}  # (user, declared priority, group) -> nodes held
         self._holders_changed = 0  # bumps whenever ``holder`` changes: the free-node cache's key
+        # A policy's own memos of what depends only on the jobs holding nodes and the clock (keyed
+        # by holders_changed, which also bumps when such a job's view changes).
+        self.memo: dict[object, tuple] = {}
         self._layout: NodeLayout | None = None
         self._free: tuple[NodeLayout, int, dict[str, list[str]]] | None = None
 
@@ -272,6 +275,11 @@ class JobIndex:
     def __iter__(self) -> Iterator[JobView]:
         """The live jobs, like the list a simple policy takes."""
         return self.views()
+
+    @property
+    def holders_changed(self) -> int:
+        """A count that changes whenever a job holding nodes comes, goes or changes."""
+        return self._holders_changed
 
     def layout(self, nodes: Iterable[NodeView]) -> NodeLayout:
         """The nodes per group; worked out again only for another node list (the simulator, and

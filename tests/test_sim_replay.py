@@ -61,6 +61,18 @@ def test_las_prefers_the_job_with_less_attained_service():
     assert jobs[100.0].end < 200.0
 
 
+def test_las_demotes_a_running_job_when_its_service_crosses_a_threshold():
+    """Nothing else changes: the running job's own service moves it to the next queue at 500
+    node-seconds, and the job waiting in the first queue then takes its node."""
+    las = sim.make_las([500.0])
+    trace = [TraceJob(0.0, 1000.0, 1, user="a"), TraceJob(100.0, 10.0, 1, user="b")]
+    s = Simulator(trace, 1, las, EXACT, name="las")
+    s.run()
+    jobs = by_submit(s.jobs)
+    assert jobs[0.0].interrupts == 1
+    assert 500.0 <= jobs[100.0].first_start < 600.0
+
+
 def test_hfai_time_slices_between_users():
     config = SimConfig(checkpoint_s=0.0, restart_s=0.0, tick_s=1.0, wake_s=5.0, policy=PolicyConfig(slice_s=100.0))
     s = Simulator([TraceJob(0.0, 1000.0, 1, user="a"), TraceJob(10.0, 50.0, 1, user="b")], 1, decide, config, "hfai")
