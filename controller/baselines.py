@@ -17,7 +17,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from hfai.controller.policy import Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
+from hfai.controller.policy import QUIET_MARGIN_S, Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
 from hfai.controller.queues import GroupJobs, JobIndex, Ordering
 
 Policy = Callable[[Iterable[JobView] | JobIndex, Iterable[NodeView], float, PolicyConfig], list[Decision]]
@@ -72,7 +72,7 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
         seen = known.get(v.id)
         if seen is None or seen[0] is not v or now >= seen[2]:
             k = queue_of(v, now)
-            until = v.started_ts + limits[k] / v.size - v.run_s - 1e-6 if k < len(limits) else math.inf
+            until = v.started_ts + limits[k] / v.size - v.run_s - QUIET_MARGIN_S if k < len(limits) else math.inf
             seen = known[v.id] = (v, k, until)
         return seen
 

@@ -38,7 +38,17 @@ from dataclasses import dataclass, field
 
 from hfai.controller import transitions
 from hfai.controller.assignments import pick_master_port
-from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Suspend, Wait, decide, ordering
+from hfai.controller.policy import (
+    QUIET_MARGIN_S,
+    JobView,
+    NodeView,
+    PolicyConfig,
+    Start,
+    Suspend,
+    Wait,
+    decide,
+    ordering,
+)
 from hfai.controller.queues import JobIndex, Ordering
 from hfai.controller.views import job_view
 from hfai.protocol.types import ChainState, JobRecord
@@ -372,7 +382,7 @@ class Planner:
         for job_id in self._timed:
             job = self.records[job_id]
             if job.state is ChainState.RUNNING:
-                t = min(t, job.started_ts + job.spec.time_limit_s - job.run_s - 1e-6)
+                t = min(t, job.started_ts + job.spec.time_limit_s - job.run_s - QUIET_MARGIN_S)
         return max(t, now)
 
     def _gate(self, job: JobRecord) -> tuple[bool, str] | None:

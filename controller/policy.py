@@ -267,9 +267,9 @@ def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: f
     return decisions
 
 
-#: Rounding margin of :func:`quiet_until`: a threshold crossing worked out by another formula
-#: than the one a round evaluates may land an ulp early.
-_QUIET_MARGIN_S = 1e-6
+#: Rounding margin of :func:`quiet_until` (and the LAS baseline's): a threshold crossing worked
+#: out by another formula than the one a round evaluates may land an ulp early.
+QUIET_MARGIN_S = 1e-6
 
 
 def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
@@ -298,7 +298,7 @@ def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
                     t = at
     # Not a term: the end of a user's backfill window (own_backfill_s) only forbids starts, so it
     # cannot make a round act that would not have.
-    return t - _QUIET_MARGIN_S
+    return t - QUIET_MARGIN_S
 
 
 decide.quiet_until = quiet_until  # type: ignore[attr-defined]
@@ -588,6 +588,7 @@ class _GroupRound:
                 self.reserve(p)  # a job ahead was passed over: it is blocked
             if found is None:
                 return
+            self.prio[found.id] = p  # place() reads it (left_out sets it only on some paths)
             self.place(found)
 
     def left_out(self, job: JobView, key: Key) -> int | None:

@@ -197,15 +197,13 @@ class _Where:
 
 
 class NodeLayout:
-    """A node list as a round reads it: the nodes per group, and the names of the schedulable
-    ones per group, sorted (every group with a node has an entry, maybe empty)."""
+    """A node list as a round reads it: the names of the schedulable nodes per group, sorted
+    (every group with a node has an entry, maybe empty)."""
 
     def __init__(self, nodes: Iterable[NodeView]):
         self.nodes = nodes
-        self.by_group: dict[str, list[NodeView]] = {}
         self.usable: dict[str, list[str]] = {}
         for n in nodes:
-            self.by_group.setdefault(n.group, []).append(n)
             names = self.usable.setdefault(n.group, [])
             if n.schedulable:
                 names.append(n.name)
@@ -282,7 +280,7 @@ class JobIndex:
         return self._holders_changed
 
     def layout(self, nodes: Iterable[NodeView]) -> NodeLayout:
-        """The nodes per group; worked out again only for another node list (the simulator, and
+        """The usable nodes per group; worked out again only for another node list (the simulator, and
         the planner while the nodes do not change, pass the same list object every round)."""
         if self._layout is None or self._layout.nodes is not nodes:
             self._layout = NodeLayout(nodes)

@@ -51,12 +51,16 @@ def test_fifo_never_preempts_and_the_head_blocks():
     assert jobs[2.0].first_start >= 200.0  # no backfill past the head
 
 
-def test_las_prefers_the_job_with_less_attained_service():
-    las = sim.make_las([50.0])
+def _long_then_short_under_las(threshold_node_s: float) -> dict:
+    """A 1,000 s job, then at 100 s a 10 s one, on one node, under LAS with one threshold."""
     trace = [TraceJob(0.0, 1000.0, 1, user="a"), TraceJob(100.0, 10.0, 1, user="b")]
-    s = Simulator(trace, 1, las, EXACT, name="las")
+    s = Simulator(trace, 1, sim.make_las([threshold_node_s]), EXACT, name="las")
     s.run()
-    jobs = by_submit(s.jobs)
+    return by_submit(s.jobs)
+
+
+def test_las_prefers_the_job_with_less_attained_service():
+    jobs = _long_then_short_under_las(50.0)
     assert jobs[0.0].interrupts == 1
     assert jobs[100.0].end < 200.0
 
@@ -64,11 +68,7 @@ def test_las_prefers_the_job_with_less_attained_service():
 def test_las_demotes_a_running_job_when_its_service_crosses_a_threshold():
     """Nothing else changes: the running job's own service moves it to the next queue at 500
     node-seconds, and the job waiting in the first queue then takes its node."""
-    las = sim.make_las([500.0])
-    trace = [TraceJob(0.0, 1000.0, 1, user="a"), TraceJob(100.0, 10.0, 1, user="b")]
-    s = Simulator(trace, 1, las, EXACT, name="las")
-    s.run()
-    jobs = by_submit(s.jobs)
+    jobs = _long_then_short_under_las(500.0)
     assert jobs[0.0].interrupts == 1
     assert 500.0 <= jobs[100.0].first_start < 600.0
 
