@@ -89,7 +89,10 @@ def test_down_interrupts_up_resumes_and_forgets_the_nodes_it_lacks(home, tmp_pat
     big = job_id(ok(hfai(home, "submit", "-n", "3", "--name", "big", "python", STEPS, "6000", "0.1", cwd=tmp_path)))
     wait_for(lambda: "starts at step 0" in (home / "local/agents/node-0/logs" / big / "rank0.log").read_text()
              if (home / "local/agents/node-0/logs" / big / "rank0.log").exists() else False, 60, "big to start")
-    later = job_id(ok(hfai(home, "submit", "--name", "later", "bash", "-c", "echo later ran", cwd=tmp_path)))
+    # It lasts a few seconds: `local up` counts the jobs it resumed after the controller is back,
+    # and with forked launchers a job of nothing but `echo` may already be over by then.
+    later = job_id(ok(hfai(home, "submit", "--name", "later", "bash", "-c", "sleep 3; echo later ran",
+                           cwd=tmp_path)))
     wait_for(lambda: job(home, later).reason not in ("", "queued"), 20, "the second job to wait")
 
     down = ok(hfai(home, "local", "down"))
