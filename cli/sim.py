@@ -14,7 +14,9 @@ import click
 
 from hfai.cli.errors import user_errors
 
-POLICY_NAMES = ("hfai", "fifo", "las")
+POLICY_NAMES = ("hfai", "fifo", "las", "las-prio")
+#: Replayed when no --policy is given (las-prio is LAS honouring priorities: ask for it).
+DEFAULT_POLICIES = ("hfai", "fifo", "las")
 
 
 def _sim_errors() -> tuple[type[BaseException], ...]:
@@ -70,7 +72,7 @@ COLUMNS = (
               help="Seconds a suspended job takes to checkpoint and release its nodes.")
 @click.option("--restart-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a resumed job takes to restore before it makes progress.")
-@click.option("--tick-s", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
+@click.option("--tick-s", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
               help="Scheduling period of the simulated controller.")
 @click.option("--above-normal-s", type=click.FloatRange(min=0), default=None,
               help="Run time after which ABOVE_NORMAL counts as NORMAL (hfai; default: never).")
@@ -91,7 +93,8 @@ def run(trace: str, n_nodes: int, policies: tuple[str, ...], slice_s: float, che
     jobs = simulator.read_trace(trace)
     policy = PolicyConfig(slice_s=slice_s, above_normal_s=math.inf if above_normal_s is None else above_normal_s)
     config = simulator.SimConfig(checkpoint_s=checkpoint_s, restart_s=restart_s, tick_s=tick_s, policy=policy)
-    results = [simulator.simulate(jobs, n_nodes, name, config, record=bool(plot)) for name in policies or POLICY_NAMES]
+    results = [simulator.simulate(jobs, n_nodes, name, config, record=bool(plot))
+               for name in policies or DEFAULT_POLICIES]
     click.echo(f"{len(jobs)} jobs on {n_nodes} nodes; checkpoint {checkpoint_s:g}s, restart {restart_s:g}s, "
                f"slice {slice_s:g}s")
     click.echo(simulator.format_table(results))

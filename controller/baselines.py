@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from hfai.controller.policy import QUIET_MARGIN_S, Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
 from hfai.controller.queues import GroupJobs, JobIndex, Ordering
 
+#: Above every priority a job can have (ranks LAS classes by priority first).
+_TOP = 100
+
 Policy = Callable[[Iterable[JobView] | JobIndex, Iterable[NodeView], float, PolicyConfig], list[Decision]]
 
 FIFO_ORDER = Ordering(("fifo",), lambda v: 0, lambda v: v.submit_ts)
@@ -53,15 +56,25 @@ fifo_decide.ordering = lambda config: FIFO_ORDER  # type: ignore[attr-defined]
 fifo_decide.quiet_until = lambda jobs, now, config: math.inf  # type: ignore[attr-defined]  # no clock
 
 
-def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600.0)) -> Policy:
+def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600.0), *,
+             by_priority: bool = False) -> Policy:
+    """A LAS policy with these queue thresholds (node-seconds of attained service). With
+    ``by_priority`` it honours priorities as hfai must: a higher priority always goes first and
+    may preempt a lower one; LAS orders the jobs within one priority."""
     limits = sorted(thresholds_node_s)
+    per_priority = len(limits) + 1
 
     def queue_of(v: JobView, now: float) -> int:
         ran = v.run_s + (now - v.started_ts if v.state.holds_nodes else 0.0)
         return bisect.bisect_right(limits, ran * v.size)
 
-    # A waiting job's attained service does not change while it waits: its queue is its level.
-    order = Ordering(("las", tuple(limits)), lambda v: -queue_of(v, 0.0), lambda v: v.submit_ts)
+    def rank(v: JobView, q: int) -> int:
+        """The job's place in the order of classes (lower first): its queue, after its priority."""
+        return (_TOP - v.priority) * per_priority + q if by_priority else q
+
+    # A waiting job's attained service does not change while it waits: its class is its level.
+    order = Ordering(("las", tuple(limits), by_priority), lambda v: -rank(v, queue_of(v, 0.0)),
+                     lambda v: v.submit_ts)
     # The running jobs' queues as of the last round, each with when it next changes: a running
     # job moves to the next queue only when its service crosses a threshold (kept per view, so a
     # changed record is worked out again; a small margin keeps clear of rounding at the crossing).
@@ -77,7 +90,7 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
         return seen
 
     def running_queues(index: JobIndex, group: str, now: float) -> dict[int, list[JobView]]:
-        """The group's running jobs by queue; kept on the index until a job holding nodes
+        """The group's running jobs by class; kept on the index until a job holding nodes
         changes or the first of them crosses a threshold."""
         memo = index.memo.get(("las", group))
         if memo is not None and memo[0] == index.holders_changed and memo[1] <= now < memo[2]:
@@ -86,7 +99,7 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
         soonest = math.inf
         for v in index.groups[group].running.values():
             _, k, until = queue_now(v, now)
-            queues.setdefault(k, []).append(v)
+            queues.setdefault(rank(v, k), []).append(v)
             soonest = min(soonest, until)
         index.memo[("las", group)] = (index.holders_changed, now, soonest, queues)
         return queues
@@ -111,7 +124,7 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
         return min((queue_now(v, now)[2] for g in jobs.groups.values() for v in g.running.values()),
                    default=math.inf)
 
-    las_decide.__name__ = "las_decide"
+    las_decide.__name__ = "las_prio_decide" if by_priority else "las_decide"
     las_decide.ordering = lambda config: order  # type: ignore[attr-defined]
     las_decide.quiet_until = quiet_until  # type: ignore[attr-defined]
     return las_decide
@@ -142,18 +155,19 @@ def _las_group(g: GroupJobs, running: dict[int, list[JobView]], free: list[str],
                 if r.size <= cap[0]:
                     cap[0] -= r.size
                 else:
-                    out.append(Suspend(r.id, f"las: queue {q} yields to jobs with less attained service", for_job=""))
+                    out.append(Suspend(r.id, f"las: class {q} yields to jobs with less attained service", for_job=""))
                 continue
             assert w is not None
             if w.lo <= cap[0]:  # the cap may have shrunk since the merge offered it
                 cap[0] -= w.lo
                 if w.lo <= len(free) - fi:
-                    out.append(Start(w.id, tuple(free[fi:fi + w.lo]), f"las: queue {q}"))
+                    out.append(Start(w.id, tuple(free[fi:fi + w.lo]), f"las: class {q}"))
                     fi += w.lo
             w, _ = next(waiting, (None, False))
     return out
 
 
 las_decide = make_las()
+las_prio_decide = make_las(by_priority=True)
 
 

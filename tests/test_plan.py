@@ -216,29 +216,36 @@ class _Watched(Simulator):
                                    f"{free} free and {lower} lower-priority nodes")
 
 
+@pytest.mark.parametrize("name", ["hfai", "las-prio"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10_000), st.integers(2, 8))
-def test_a_waiting_higher_priority_job_never_waits_while_a_lower_one_runs_on_its_nodes(seed, n_nodes):
+def test_a_waiting_higher_priority_job_never_waits_while_a_lower_one_runs_on_its_nodes(name, seed, n_nodes):
+    """hfai's policy, and the LAS baseline bound by priorities that the benchmark measures it against."""
     rng = random.Random(seed)
     trace = sorted((TraceJob(rng.uniform(0, 3000), rng.uniform(30, 2000), rng.randint(1, n_nodes),
                              rng.choice((LOW, NORMAL, HIGH, Priority.VERY_HIGH.value)), rng.choice("abc"))
                     for _ in range(rng.randint(1, 25))), key=lambda j: j.submit_s)
-    from hfai.controller.policy import decide
+    from hfai.controller.sim import POLICIES
 
-    sim = _Watched(trace, n_nodes, decide, SimConfig(checkpoint_s=20.0, restart_s=10.0, tick_s=5.0, wake_s=30.0,
-                                                      policy=PolicyConfig(slice_s=300.0)), "hfai")
+    sim = _Watched(trace, n_nodes, POLICIES[name], SimConfig(checkpoint_s=20.0, restart_s=10.0, tick_s=5.0,
+                                                             wake_s=30.0, policy=PolicyConfig(slice_s=300.0)), name)
     sim.violations = []
     result = sim.run()
     assert result.jobs == len(trace)
     assert sim.violations == []
 
 
-def test_the_watch_would_see_a_policy_that_ignores_priorities():
-    """The property above can fail: FIFO lets a LOW job hold the node a HIGH one waits for."""
-    from hfai.controller.baselines import fifo_decide
+@pytest.mark.parametrize("name, trace", [
+    # FIFO lets a LOW job hold the node a HIGH one waits for.
+    ("fifo", [TraceJob(0.0, 1000.0, 1, LOW, "a"), TraceJob(10.0, 10.0, 1, HIGH, "b")]),
+    # LAS without priorities takes the node from a HIGH job that ran an hour for a LOW one that has not.
+    ("las", [TraceJob(0.0, 8000.0, 1, HIGH, "a"), TraceJob(4000.0, 1000.0, 1, LOW, "b")]),
+])
+def test_the_watch_would_see_a_policy_that_ignores_priorities(name, trace):
+    """The property above can fail."""
+    from hfai.controller.sim import POLICIES
 
-    trace = [TraceJob(0.0, 1000.0, 1, LOW, "a"), TraceJob(10.0, 10.0, 1, HIGH, "b")]
-    sim = _Watched(trace, 1, fifo_decide, SimConfig(tick_s=5.0, wake_s=30.0), "fifo")
+    sim = _Watched(trace, 1, POLICIES[name], SimConfig(tick_s=5.0, wake_s=30.0), name)
     sim.violations = []
     sim.run()
     assert sim.violations

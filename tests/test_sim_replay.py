@@ -149,6 +149,20 @@ def test_baselines_have_the_policy_signature():
     assert any(isinstance(d, Suspend) for d in sim.las_decide(running + jobs, [NodeView("n0")], 0.0, PolicyConfig()))
 
 
+def test_las_prio_puts_priority_before_attained_service():
+    """las-prio: a waiting HIGH job that ran for hours takes the node of a LOW one that has not
+    (blind LAS keeps the LOW one); within one priority, less service first, as in LAS."""
+    low = JobView("low", "u", LOW, 1, 0.0, ChainState.RUNNING, held=("n0",), started_ts=0.0)
+    high = JobView("high", "v", HIGH, 1, 0.0, ChainState.SUSPENDED, run_s=1e6)
+    out = sim.las_prio_decide([low, high], [NodeView("n0")], 10.0, PolicyConfig())
+    assert [(type(d), d.job_id) for d in out] == [(Suspend, "low")]
+    assert sim.las_decide([low, high], [NodeView("n0")], 10.0, PolicyConfig()) == []
+    served = JobView("served", "u", HIGH, 1, 0.0, ChainState.SUSPENDED, run_s=1e6)
+    fresh = JobView("fresh", "v", HIGH, 1, 5.0, ChainState.QUEUED)
+    out = sim.las_prio_decide([served, fresh], [NodeView("n0")], 10.0, PolicyConfig())
+    assert [(type(d), d.job_id) for d in out] == [(Start, "fresh")]
+
+
 # ------------------------------------------------------------------------------- traces
 
 
