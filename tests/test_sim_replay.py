@@ -247,8 +247,9 @@ def test_cli_gen_then_replay(tmp_path, cli):
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[1].split()[0] == "policy" and [ln.split()[0] for ln in lines[2:4]] == ["hfai", "fifo"]
-    r = runner.invoke(cli, ["sim", "run", str(out), "--nodes", "32", "--policy", "las"])
-    assert r.exit_code == 0 and r.output.splitlines()[2].startswith("las")
+    r = runner.invoke(cli, ["sim", "run", str(out), "--nodes", "32", "--policy", "las", "--policy", "las-prio"])
+    assert r.exit_code == 0, r.output
+    assert [ln.split()[0] for ln in r.output.splitlines()[2:4]] == ["las", "las-prio"]
 
 
 def test_cli_gen_reports_the_load_asked_for(tmp_path, cli):
