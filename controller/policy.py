@@ -38,6 +38,7 @@ waiting job never scans the running jobs just to learn it cannot preempt any.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -325,6 +326,10 @@ class _Level:
     unripe: list[JobView] = field(default_factory=list)
     ready: bool = False  # lists sorted and slice_ids filled
     banded: bool = False  # the service bands of ``sliceable`` worked out (_Pool.banded)
+    # Nodes of the untaken sliceable jobs per service band, and per user and band (once banded):
+    # "how much could a job of user U in band b take" is a sum over the few bands above b.
+    band_nodes: list[int] = field(default_factory=list)
+    user_band_nodes: dict[str, list[int]] = field(default_factory=dict)
 
 
 class _Pool:
@@ -355,16 +360,24 @@ class _Pool:
         self.now, self.config = now, config
         self.taken: set[str] = set()
         self.lower_cache: dict[int, int] = {}
-        self.slice_cache: dict[tuple[int, str, int], int] = {}
 
     def banded(self, level: _Level) -> dict[str, int]:
         """The service bands of the level's sliceable jobs, worked out when first asked for
         (most rounds look at one or two levels' victims, if any)."""
         band = self.band
         if not level.banded:
-            now, config = self.now, self.config
+            now, config, taken = self.now, self.config, self.taken
+            n_bands = len(config.service_bands) + 1
+            level.band_nodes = totals = [0] * n_bands
+            per_user = level.user_band_nodes
             for j in level.sliceable:
-                band[j.id] = service_band(j, now, config)
+                b = band[j.id] = service_band(j, now, config)
+                if j.id not in taken:
+                    totals[b] += len(j.held)
+                    user = per_user.get(j.user)
+                    if user is None:
+                        user = per_user[j.user] = [0] * n_bands
+                    user[b] += len(j.held)
             level.banded = True
         return band
 
@@ -383,19 +396,17 @@ class _Pool:
 
     def take(self, job: JobView) -> None:
         """Mark ``job`` as a victim (whole or shrunk): it cannot be chosen again this round."""
+        p = self.prio[job.id]
+        level = self.sorted_level(p)  # its band totals are counted before the job is taken
         self.taken.add(job.id)
         self.lower_cache.clear()
-        p = self.prio[job.id]
-        level = self.sorted_level(p)
         n = len(job.held)
         level.nodes -= n
         if job.id in level.slice_ids:
             level.slice_nodes -= n
-            # Keep the slice totals asked for so far (a handful) instead of summing them again.
             band = self.band[job.id]
-            for key in self.slice_cache:
-                if key[0] == p and key[1] != job.user and band > key[2]:
-                    self.slice_cache[key] -= n
+            level.band_nodes[band] -= n
+            level.user_band_nodes[job.user][band] -= n
 
     def lower_nodes(self, prio: int) -> int:
         found = self.lower_cache.get(prio)
@@ -423,14 +434,10 @@ class _Pool:
         level = self.levels.get(prio)
         if level is None or not level.slice_nodes:
             return 0
-        key = (prio, user, band)
-        found = self.slice_cache.get(key)
-        if found is None:
-            bands, taken = self.banded(level), self.taken
-            found = sum(len(v.held) for v in level.sliceable
-                        if v.user != user and bands[v.id] > band and v.id not in taken)
-            self.slice_cache[key] = found
-        return found
+        self.banded(level)
+        above = sum(level.band_nodes[band + 1:])
+        own = level.user_band_nodes.get(user)
+        return above - sum(own[band + 1:]) if own is not None else above
 
     def could_take_any(self, prio: int) -> bool:
         """Whether a job at ``prio`` could preempt anything at all (cheap early-out)."""
@@ -786,7 +793,7 @@ class _GroupRound:
             why = (f"time slice: yields to job {job.id} of equal priority and less service so far after "
                    f"{(self.now - v.job.started_ts) / 60:.1f} min")
         else:
-            why = f"preempted by job {job.id} (priority {Priority.label(jp)} > {Priority.label(vp)})"
+            why = f"preempted by job {job.id} (priority {_label(jp)} > {_label(vp)})"
         if v.shrink:
             size = len(v.job.held) - v.gives
             return Resize(v.job.id, f"{why}: shrinks to {size} node(s)", for_job=job.id, sliced=v.sliced, size=size)
@@ -858,6 +865,12 @@ class _GroupRound:
             size = len(job.held) + extra
             self.out.append(Resize(job.id, f"grows from {len(job.held)} to {size} nodes into idle nodes",
                                    for_job="", size=size))
+
+
+@functools.cache
+def _label(priority: int) -> str:
+    """Priority.label, kept: a round that preempts a thousand jobs names two levels for each."""
+    return Priority.label(priority)
 
 
 def _drop_unneeded(chosen: list[_Victim], need: int) -> list[_Victim]:
