@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from dataclasses import dataclass
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -39,6 +41,23 @@ log = logging.getLogger(__name__)
 EVENT_BATCH = 256
 
 
+@dataclass
+class ExplainClock:
+    """When a round also works out why every waiting job waits (O(queue)): every ``every_s``,
+    and sooner when a job began waiting without a reason, but not within ``new_every_s`` of the
+    last such round (a steady stream of submissions would make every round explain)."""
+
+    every_s: float
+    new_every_s: float
+    last: float = -math.inf
+
+    def due(self, now: float, unexplained: bool) -> bool:
+        if now >= self.last + self.every_s or (unexplained and now >= self.last + self.new_every_s):
+            self.last = now
+            return True
+        return False
+
+
 class Leader:
     def __init__(self, config: Config, js: JetStreamContext, jobs_kv: KeyValue, assign_kv: KeyValue,
                  jobs: KVCache[JobRecord], nodes: NodeTracker, election: LeaseElection, wake: asyncio.Event,
@@ -60,7 +79,7 @@ class Leader:
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
         self.planner = Planner()  # this term's scheduling state (controller/plan.py)
         self._changed: set[str] | None = None  # job keys changed since the planner last caught up
-        self._explain_at = 0.0  # monotonic time of the next round that explains every wait
+        self._explain = ExplainClock(self.cc.explain_interval_s, self.cc.explain_new_interval_s)
         self.last_beat = time.monotonic()
 
     def beat(self) -> None:
@@ -226,10 +245,7 @@ class Leader:
         for name in sorted(lost - self._lost_nodes):
             log.warning("node %s is down", name)
         self._lost_nodes = lost
-        now_mono = time.monotonic()
-        explain = now_mono >= self._explain_at or self.planner.unexplained()
-        if explain:
-            self._explain_at = now_mono + self.cc.explain_interval_s
+        explain = self._explain.due(time.monotonic(), self.planner.unexplained())
         for action in self.planner.plan(nodes, self._settings(explain), time.time()):
             if not self.election.is_leader:
                 return
