@@ -172,9 +172,8 @@ class Level:
                     ahead = top
             if not sizes:
                 break
-            size = min(sizes, key=lambda n: by_size[n][0][0])
-            heap = by_size[size]
-            key, _, user, keys, i = heap[0]
+            heap = min(by_size.values())  # lists compare by their first entries: the earliest head's
+            key, size, user, keys, i = heap[0]
             if i + 1 < len(keys):
                 heapq.heapreplace(heap, (keys[i + 1], size, user, keys, i + 1))
             else:
