@@ -25,7 +25,7 @@ import bisect
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hfai.protocol.types import ChainState, Priority
 
@@ -132,22 +132,20 @@ class Level:
         out_from: dict[str, int] = {}  # user -> their lists of at least this size are left out
         while heap:
             key, size, user, keys, i = heap[0]
-            if size >= out_from.get(user, size + 1):
-                left_out = True
-            else:
+            out = out_from.get(user)
+            if out is None or size < out:
                 k = drops(views[key[1]], key)
-                left_out = k is not None
-                if k is not None:
-                    out_from[user] = min(k, out_from.get(user, k))
-            if left_out:
-                heapq.heappop(heap)
-                passed = True
-                continue
-            if i + 1 < len(keys):
-                heapq.heapreplace(heap, (keys[i + 1], size, user, keys, i + 1))
-            else:
-                heapq.heappop(heap)
-            yield views[key[1]], passed or (ahead is not None and ahead < key)
+                if k is None:  # it goes through
+                    if i + 1 < len(keys):
+                        heapq.heapreplace(heap, (keys[i + 1], size, user, keys, i + 1))
+                    else:
+                        heapq.heappop(heap)
+                    yield views[key[1]], passed or (ahead is not None and ahead < key)
+                    continue
+                if out is None or k < out:
+                    out_from[user] = k
+            heapq.heappop(heap)  # left out
+            passed = True
         yield None, passed or ahead is not None
 
     def _fitting_by_size(self, cap: Callable[[], int]) -> Iterator[tuple[JobView | None, bool]]:
@@ -214,8 +212,7 @@ class GroupJobs:
         return sum(len(level) for level in self.levels.values())
 
 
-@dataclass(frozen=True)
-class _Where:
+class _Where(NamedTuple):  # one per put: a tuple is built several times faster than a frozen dataclass
     view: JobView
     group: str
     kind: str  # "waiting", "running", "leaving"
