@@ -25,7 +25,7 @@ import bisect
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hfai.protocol.types import ChainState, Priority
 
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from hfai.controller.policy import JobView, NodeView
 
 Key = tuple[float, str]  # queue order: (the ordering's key, job id)
+#: A list's place in a walk: (its key there, size, user, the list, index of that key); the keys
+#: are unique, so these order by the key alone.
+_Head = tuple[Key, int, str, list[Key], int]
 
 _ABOVE_NORMAL, _NORMAL = Priority.ABOVE_NORMAL.value, Priority.NORMAL.value
 _QUEUED, _SUSPENDED, _RUNNING = ChainState.QUEUED, ChainState.SUSPENDED, ChainState.RUNNING
@@ -48,19 +51,46 @@ class Level:
         self.views: dict[str, JobView] = {}
         self.lists: dict[tuple[int, str], list[Key]] = {}  # (job.lo, user) -> keys in queue order
         self.by_user: dict[str, list[Key]] = {}  # user -> keys in queue order
+        # The lists' heads per size, each sorted (so already a heap): a walk starts from these
+        # instead of going over every list (a list's head changes far less often than rounds run).
+        self.heads: dict[int, list[_Head]] = {}
 
     def __len__(self) -> int:
         return len(self.views)
 
     def add(self, key: Key, view: JobView) -> None:
         self.views[view.id] = view
-        bisect.insort(self.lists.setdefault((view.lo, view.user), []), key)
-        bisect.insort(self.by_user.setdefault(view.user, []), key)
+        size, user = view.lo, view.user
+        keys = self.lists.get((size, user))
+        if keys is None:
+            keys = self.lists[size, user] = [key]
+            bisect.insort(self.heads.setdefault(size, []), (key, size, user, keys, 0))
+        else:
+            head = keys[0]
+            bisect.insort(keys, key)
+            if key < head:
+                self._new_head(head, size, user, keys)
+        bisect.insort(self.by_user.setdefault(user, []), key)
 
     def remove(self, key: Key, view: JobView) -> None:
         del self.views[view.id]
-        _remove(self.lists, (view.lo, view.user), key)
-        _remove(self.by_user, view.user, key)
+        size, user = view.lo, view.user
+        keys = self.lists[size, user]
+        head = keys[0]
+        _remove(self.lists, (size, user), key)
+        if key == head:
+            self._new_head(head, size, user, keys)
+        _remove(self.by_user, user, key)
+
+    def _new_head(self, old: Key, size: int, user: str, keys: list[Key]) -> None:
+        """The list of (``size``, ``user``) had head ``old``: its entry in ``heads`` follows its
+        new head (or leaves with the list, if it is empty now)."""
+        heads = self.heads[size]
+        del heads[bisect.bisect_left(heads, (old,))]  # (old,) sorts just before (old, size, ...)
+        if keys:
+            bisect.insort(heads, (keys[0], size, user, keys, 0))
+        elif not heads:
+            del self.heads[size]
 
     def keys_in_order(self) -> Iterator[Key]:
         """Every job's key, in queue order (a merge of the sorted lists)."""
@@ -89,35 +119,33 @@ class Level:
             yield from self._fitting_by_size(cap)
             return
         c = cap()
-        heap: list[tuple[Key, int, str, list[Key], int]] = []
+        heap: list[_Head] = []
         ahead: Key | None = None  # the earliest head of the lists left out from the start
-        for (size, user), keys in self.lists.items():
+        for size, heads in self.heads.items():
             if size <= c:
-                heap.append((keys[0], size, user, keys, 0))
-            elif ahead is None or keys[0] < ahead:
-                ahead = keys[0]
+                heap += heads
+            elif ahead is None or heads[0][0] < ahead:
+                ahead = heads[0][0]
         heapq.heapify(heap)
         views = self.views
         passed = False  # a list was dropped on the way (its head was ahead of all that follow)
         out_from: dict[str, int] = {}  # user -> their lists of at least this size are left out
         while heap:
             key, size, user, keys, i = heap[0]
-            if size >= out_from.get(user, size + 1):
-                left_out = True
-            else:
+            out = out_from.get(user)
+            if out is None or size < out:
                 k = drops(views[key[1]], key)
-                left_out = k is not None
-                if k is not None:
-                    out_from[user] = min(k, out_from.get(user, k))
-            if left_out:
-                heapq.heappop(heap)
-                passed = True
-                continue
-            if i + 1 < len(keys):
-                heapq.heapreplace(heap, (keys[i + 1], size, user, keys, i + 1))
-            else:
-                heapq.heappop(heap)
-            yield views[key[1]], passed or (ahead is not None and ahead < key)
+                if k is None:  # it goes through
+                    if i + 1 < len(keys):
+                        heapq.heapreplace(heap, (keys[i + 1], size, user, keys, i + 1))
+                    else:
+                        heapq.heappop(heap)
+                    yield views[key[1]], passed or (ahead is not None and ahead < key)
+                    continue
+                if out is None or k < out:
+                    out_from[user] = k
+            heapq.heappop(heap)  # left out
+            passed = True
         yield None, passed or ahead is not None
 
     def _fitting_by_size(self, cap: Callable[[], int]) -> Iterator[tuple[JobView | None, bool]]:
@@ -125,15 +153,13 @@ class Level:
         cap falls below a size all of its lists leave at once (the cap only shrinks: each would
         be left out at its turn), and a step is a minimum over the few sizes still in."""
         c = cap()
-        by_size: dict[int, list[tuple[Key, str, list[Key], int]]] = {}
+        by_size: dict[int, list[_Head]] = {}  # copies: the walk pops them
         ahead: Key | None = None  # the earliest head of the lists left out
-        for (size, user), keys in self.lists.items():
+        for size, heads in self.heads.items():
             if size <= c:
-                by_size.setdefault(size, []).append((keys[0], user, keys, 0))
-            elif ahead is None or keys[0] < ahead:
-                ahead = keys[0]
-        for heap in by_size.values():
-            heapq.heapify(heap)
+                by_size[size] = heads.copy()  # sorted: a heap already
+            elif ahead is None or heads[0][0] < ahead:
+                ahead = heads[0][0]
         sizes = sorted(by_size)
         views = self.views
         while True:
@@ -144,11 +170,10 @@ class Level:
                     ahead = top
             if not sizes:
                 break
-            size = min(sizes, key=lambda n: by_size[n][0][0])
-            heap = by_size[size]
-            key, user, keys, i = heap[0]
+            heap = min(by_size.values())  # lists compare by their first entries: the earliest head's
+            key, size, user, keys, i = heap[0]
             if i + 1 < len(keys):
-                heapq.heapreplace(heap, (keys[i + 1], user, keys, i + 1))
+                heapq.heapreplace(heap, (keys[i + 1], size, user, keys, i + 1))
             else:
                 heapq.heappop(heap)
                 if not heap:
@@ -187,8 +212,7 @@ class GroupJobs:
         return sum(len(level) for level in self.levels.values())
 
 
-@dataclass(frozen=True)
-class _Where:
+class _Where(NamedTuple):  # one per put: a tuple is built several times faster than a frozen dataclass
     view: JobView
     group: str
     kind: str  # "waiting", "running", "leaving"

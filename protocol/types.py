@@ -87,19 +87,15 @@ class ChainState(enum.Enum):
     FAILED = "failed"
     STOPPED = "stopped"
 
-    @property
-    def final(self) -> bool:
-        return self in _FINAL
-
-    @property
-    def waiting(self) -> bool:
-        """Waiting for nodes: the scheduler may start it."""
-        return self in (ChainState.QUEUED, ChainState.SUSPENDED)
-
-    @property
-    def holds_nodes(self) -> bool:
-        """Processes may be alive on the job's nodes, so the nodes are not free."""
-        return self in (ChainState.RUNNING, ChainState.SUSPENDING, ChainState.STOPPING)
+    # What a state means: plain attributes of each member (set below the class), not properties:
+    # the scheduler and the simulator read them millions of times in a replay, and a property
+    # call costs several times an attribute read. Annotated without a value, they are no members.
+    #: SUCCEEDED, FAILED or STOPPED: the job is over.
+    final: bool
+    #: Waiting for nodes (QUEUED, SUSPENDED): the scheduler may start it.
+    waiting: bool
+    #: RUNNING, SUSPENDING or STOPPING: processes may be alive on the job's nodes, so the nodes are not free.
+    holds_nodes: bool
 
     def check(self, new: ChainState) -> ChainState:
         """Return ``new`` if the edge self -> new is legal, else raise IllegalTransition."""
@@ -123,6 +119,11 @@ _EDGES: dict[ChainState, frozenset[ChainState]] = {
     ChainState.FAILED: frozenset(),
     ChainState.STOPPED: frozenset(),
 }
+for _state in ChainState:
+    _state.final = _state in _FINAL
+    _state.waiting = _state in (ChainState.QUEUED, ChainState.SUSPENDED)
+    _state.holds_nodes = _state in (ChainState.RUNNING, ChainState.SUSPENDING, ChainState.STOPPING)
+del _state
 
 
 class DesiredRun(enum.Enum):

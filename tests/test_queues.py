@@ -43,3 +43,34 @@ def test_walk_by_cap_takes_what_fits_in_queue_order(seed, budget):
         if job is not None:
             left[0] -= job.lo  # the cap shrinks as jobs are taken, as the LAS baseline's does
     assert got == _reference(jobs, budget)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10_000))
+def test_heads_follow_the_lists_through_adds_and_removes(seed):
+    """Level.heads (each list's head, per size, sorted) stays what the lists say, whatever order
+    jobs come and go in; the walk reads the heads, never the lists, to start."""
+    rng = random.Random(seed)
+    level = Level()
+    live: dict[str, JobView] = {}
+    for i in range(rng.randrange(60)):
+        if live and rng.random() < 0.4:
+            j = live.pop(rng.choice(sorted(live)))
+            level.remove((j.submit_ts, j.id), j)
+        else:
+            j = JobView(f"j{i}", rng.choice("abc"), 20, rng.choice((1, 2, 4)), float(rng.randrange(20)),
+                        ChainState.QUEUED)
+            live[j.id] = j
+            level.add((j.submit_ts, j.id), j)
+        expected: dict[int, list] = {}
+        for (size, user), keys in level.lists.items():
+            expected.setdefault(size, []).append((keys[0], size, user, keys, 0))
+        assert {size: sorted(heads) for size, heads in expected.items()} == level.heads
+    budget = rng.randrange(12)
+    left = [budget]
+    got = []
+    for job, passed in level.fitting(lambda: left[0]):
+        got.append((job.id if job is not None else None, passed))
+        if job is not None:
+            left[0] -= job.lo
+    assert got == _reference(list(live.values()), budget)
