@@ -95,9 +95,9 @@ def ranks_exited(job: JobRecord, now: float) -> JobRecord:
     # The last rank's events, as apply_event takes them: its ack (if asked), then its exit.
     if suspending and last not in acked:
         acked = (*acked, last)
-    if last in exits:  # its exit was reported already: no news
-        return replace(job, exits=exits, acked=acked)
-    job = replace(job, exits={**exits, last: 0}, acked=acked)
+    if last not in exits:  # else its exit was reported already: the others' end the run
+        exits = {**exits, last: 0}
+    job = replace(job, exits=exits, acked=acked)
     return job if len(job.exits) < len(job.nodes) else _all_exited(job, now)
 
 

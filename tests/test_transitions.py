@@ -148,6 +148,9 @@ def test_ranks_exited_is_every_rank_s_events_applied():
     # Some ranks already reported (exited, or acknowledged only).
     cases.append(tr.apply_event(base, RunEvent(job_id="j", run_id=1, node="n2", event=RunEventKind.EXITED, ts=15.0,
                                                exit_code=0), 15.0))
+    # The last rank exited first: the others' exits end the run.
+    cases.append(tr.apply_event(base, RunEvent(job_id="j", run_id=1, node="n4", event=RunEventKind.EXITED, ts=15.0,
+                                               exit_code=0), 15.0))
     assert suspending is not None
     cases.append(tr.apply_event(suspending, RunEvent(job_id="j", run_id=1, node="n1",
                                                      event=RunEventKind.SUSPEND_ACKED, ts=21.0), 21.0))
