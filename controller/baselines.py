@@ -7,7 +7,10 @@ touches, not the length of the queue):
 * ``las``: discretized least-attained-service in the style of Tiresias: queue k holds jobs whose
   attained service (node-seconds run) is below ``thresholds_node_s[k]``; lower queues first, FIFO
   within a queue; every round the jobs that fit in that order (skipping those that do not) should
-  run, and running jobs outside that set are suspended.
+  run, and running jobs outside that set are suspended. It ignores priorities.
+* ``las-prio``: the same LAS with priorities first (a class per (priority, queue)): the peer that
+  keeps the rule hfai must keep, so that a comparison with it shows the policy, not the price of
+  honouring priorities.
 """
 
 from __future__ import annotations
