@@ -78,18 +78,18 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
     # A waiting job's attained service does not change while it waits: its class is its level.
     order = Ordering(("las", tuple(limits), by_priority), lambda v: -rank(v, queue_of(v, 0.0)),
                      lambda v: v.submit_ts)
-    # The running jobs' queues as of the last round, each with when it next changes: a running
+    # The running jobs' classes as of the last round, each with when it next changes: a running
     # job moves to the next queue only when its service crosses a threshold (kept per view, so a
     # changed record is worked out again; a small margin keeps clear of rounding at the crossing).
     known: dict[str, tuple[JobView, int, float]] = {}
 
-    def queue_now(v: JobView, now: float) -> tuple[JobView, int, float]:
-        """(view, its queue now, until when at least)."""
+    def class_now(v: JobView, now: float) -> tuple[JobView, int, float]:
+        """(view, its class now, until when at least)."""
         seen = known.get(v.id)
         if seen is None or seen[0] is not v or now >= seen[2]:
             k = queue_of(v, now)
             until = v.started_ts + limits[k] / v.size - v.run_s - QUIET_MARGIN_S if k < len(limits) else math.inf
-            seen = known[v.id] = (v, k, until)
+            seen = known[v.id] = (v, rank(v, k), until)
         return seen
 
     def running_queues(index: JobIndex, group: str, now: float) -> dict[int, list[JobView]]:
@@ -101,9 +101,16 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
         queues: dict[int, list[JobView]] = {}
         soonest = math.inf
         for v in index.groups[group].running.values():
-            _, k, until = queue_now(v, now)
-            queues.setdefault(rank(v, k), []).append(v)
-            soonest = min(soonest, until)
+            seen = known.get(v.id)  # class_now's check, inline: this loop runs every few rounds
+            if seen is None or seen[0] is not v or now >= seen[2]:
+                seen = class_now(v, now)
+            here = queues.get(seen[1])
+            if here is None:
+                queues[seen[1]] = [v]
+            else:
+                here.append(v)
+            if seen[2] < soonest:
+                soonest = seen[2]
         index.memo[("las", group)] = (index.holders_changed, now, soonest, queues)
         return queues
 
@@ -124,7 +131,7 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
     def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
         """When a running job's attained service reaches the next queue's threshold, the
         earliest (waiting jobs' service does not change): see policy.quiet_until."""
-        return min((queue_now(v, now)[2] for g in jobs.groups.values() for v in g.running.values()),
+        return min((class_now(v, now)[2] for g in jobs.groups.values() for v in g.running.values()),
                    default=math.inf)
 
     las_decide.__name__ = "las_prio_decide" if by_priority else "las_decide"
