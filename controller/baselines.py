@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 from hfai.controller.policy import QUIET_MARGIN_S, Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
 from hfai.controller.queues import GroupJobs, JobIndex, Ordering
+from hfai.protocol.types import Priority
 
 #: Above every priority a job can have (ranks LAS classes by priority first).
-_TOP = 100
+_TOP = max(Priority) + 1
 
 Policy = Callable[[Iterable[JobView] | JobIndex, Iterable[NodeView], float, PolicyConfig], list[Decision]]
 

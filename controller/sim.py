@@ -11,10 +11,10 @@ nodes or a quota exceeded raise :class:`PolicyViolation`). Policies: ``hfai`` (t
 (controller/baselines.py).
 
 Time model: the plan runs at most once per ``tick_s`` of virtual time (like the leader's
-scheduling period, 1 s) and only when something happened since its last run, or every ``wake_s`` while
-jobs wait (time slices, priority decay and LAS demotions depend on the clock alone). An interrupt
-costs ``checkpoint_s`` (the job holds its nodes but makes no progress) and ``restart_s`` at its
-next start (holding nodes, no progress). Work is ``duration_s * nodes`` node-seconds (for an
+scheduling period, 1 s) and only when something happened since its last run, or every ``wake_s``
+while jobs wait (time slices, priority decay and LAS demotions depend on the clock alone). An
+interrupt costs ``checkpoint_s`` (the job holds its nodes but makes no progress) and ``restart_s``
+at its next start (holding nodes, no progress). Work is ``duration_s * nodes`` node-seconds (for an
 elastic job ``duration_s`` is its run time at ``max_nodes``) and runs at one node-second per node
 per second, so an elastic job at half size takes twice as long.
 
