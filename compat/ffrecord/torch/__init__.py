@@ -1,0 +1,1 @@
+"""``ffrecord.torch``: the torch Dataset and DataLoader of HFAiLab's ffrecord, served by :mod:`hfai.data`."""

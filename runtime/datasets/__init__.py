@@ -1,0 +1,1 @@
+"""``hfai.datasets``: the cluster's prepared datasets as ffrecord files (ImageNet, CLUE, LTSF, ...)."""
