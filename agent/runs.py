@@ -55,7 +55,7 @@ from hfai.protocol.errors import InvalidRequest, ProtocolError
 from hfai.protocol.names import is_token
 from hfai.protocol.types import FENCE_KILL_FACTOR, RunAssignment, RunEventKind
 
-__all__ = ["LAUNCH_EXEC", "LAUNCH_FORK", "Launched", "RunStore", "StartError", "job_environment"]
+__all__ = ["LAUNCH_EXEC", "LAUNCH_FORK", "Launched", "RunStore", "StartError", "job_environment", "settle_exit"]
 
 # How launchers start ([agent] launcher): forked from a pre-imported zygote (zygote.py), or each a
 # fresh interpreter (50-100 ms of CPU per run).
@@ -133,13 +133,13 @@ class RunStore:
 
     def _load(self, d: Path) -> LocalRun:
         ra = decode((d / "assignment").read_bytes(), RunAssignment)
-        exit_code = _read_int(d / "exit_code")
-        phase = RunPhase.EXITED
-        if exit_code is None:
-            if self._launcher_alive(d):
-                phase = RunPhase.ALIVE
-            else:
-                exit_code = -signal.SIGKILL  # the launcher died without recording the job's status
+        exit_file = d / "exit_code"
+        first = _read_int(exit_file)
+        alive = first is None and self._launcher_alive(d)
+        # Read again once the launcher is seen gone: it may have written the status and exited
+        # between the first read and the liveness test (see settle_exit).
+        second = _read_int(exit_file) if first is None and not alive else None
+        phase, exit_code = settle_exit(first, alive, second)
         control = self.control_dir(d.name)
         ack_ts = safefs.lstat_mtime(control, ACK_FILE)
         return LocalRun(
@@ -378,6 +378,25 @@ class RunStore:
             shutil.rmtree(entry.path, ignore_errors=True)
             gone += 1
         return gone
+
+
+def settle_exit(first: int | None, launcher_alive: bool, second: int | None) -> tuple[RunPhase, int | None]:
+    """Pure: a run's phase and exit status from three observations made in this order: the exit
+    status file (``first``), whether the launcher lives (only asked when ``first`` is None), and
+    the exit status file again (``second``, only read when the launcher was seen gone).
+
+    The launcher writes the status and then exits, so a status read after the launcher was seen
+    gone is the final word: only when that read finds nothing either did the launcher die
+    without recording the job's status (killed), which reads as SIGKILL. Deciding "killed" from
+    the first read alone recorded jobs that exited 0 as "exited with code -9" whenever the
+    launcher wrote its status between the two looks (issue 26 §2)."""
+    if first is not None:
+        return RunPhase.EXITED, first
+    if launcher_alive:
+        return RunPhase.ALIVE, None
+    if second is not None:
+        return RunPhase.EXITED, second
+    return RunPhase.EXITED, -signal.SIGKILL
 
 
 class Launched:
