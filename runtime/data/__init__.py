@@ -5,8 +5,10 @@
 reads; ``pack_folder``/``PackedFolder`` aggregate a tree of small files into one record file.
 The byte layout is documented in :mod:`hfai.data.layout` and ``docs/data.md``.
 
-This package imports no torch. ``Dataset`` and ``DataLoader`` (the torch integration, in
-:mod:`hfai.data.dataset` and :mod:`hfai.data.loader`) are loaded on first access.
+This package imports no torch. ``Dataset``, ``BatchedDataset`` and ``DataLoader`` (the torch
+integration, in :mod:`hfai.data.dataset`, :mod:`hfai.data.batched` and :mod:`hfai.data.loader`)
+are loaded on first access. Batched datasets (``__getitem__`` takes a list of indices, the
+ffrecord and ``hfai.datasets`` style) subclass ``BatchedDataset`` and load with ``DataLoader``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from hfai.data.reader import FileReader
 from hfai.data.writer import FileWriter, MultiFileWriter
 
 _TORCH_ATTRS = {
+    "BatchedDataset": "hfai.data.batched",
     "Dataset": "hfai.data.dataset",
     "DataLoader": "hfai.data.loader",
     "ResumableBatchSampler": "hfai.data.loader",
+    "SkippingBatchSampler": "hfai.data.loader",
 }
 
 __all__ = [

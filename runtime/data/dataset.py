@@ -88,11 +88,20 @@ class Dataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int | Sequence[int]) -> Any:
+        """One sample; a list of indices gives the list of their samples (``ds[[i]]``)."""
+        if isinstance(index, (list, tuple, np.ndarray)):
+            return self._read_batch(index)
         as_indices([index], self.n)  # the reader alone would also hand out a packed folder's index
         return self.process([index], [self.reader.read_one(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        if type(self).__getitem__ is not Dataset.__getitem__:
+            # A subclass's own __getitem__ decides what a sample is: honour it, one index at a time.
+            return [self[i] for i in indices]
+        return self._read_batch(indices)
+
+    def _read_batch(self, indices: Sequence[int]) -> list[Any]:
         as_indices(indices, self.n)
         return self.process(indices, self.reader.read(indices))
 

@@ -1,18 +1,22 @@
 """A DataLoader that can resume mid-epoch: ``set_epoch(e)`` and ``set_step(k)``.
 
-Batches are drawn by :class:`ResumableBatchSampler` in the main process, so after an interrupt
-at batch k of epoch e, ``loader.set_epoch(e); loader.set_step(k)`` makes the next iteration
-yield exactly the batches the interrupted one had left, without reading the first k.
+Batches are drawn in the main process, by :class:`ResumableBatchSampler` or by the user's
+sampler wrapped in :class:`SkippingBatchSampler`, so after an interrupt at batch k of epoch e,
+``loader.set_epoch(e)`` (or ``sampler.set_epoch(e)``) then ``loader.set_step(k)`` makes the next
+iteration yield exactly the batches the interrupted one had left, without reading the first k.
 
 Importing this module imports torch; ``hfai.data.DataLoader`` loads it lazily.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
 import torch.utils.data
+
+from hfai.data.batched import is_batched
 
 
 class ResumableBatchSampler(torch.utils.data.Sampler):
@@ -93,43 +97,155 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         return self.num_batches() - self._skip
 
 
-class DataLoader(torch.utils.data.DataLoader):
-    """``torch.utils.data.DataLoader`` driven by a :class:`ResumableBatchSampler`.
+class SkippingBatchSampler(torch.utils.data.Sampler):
+    """Wraps any batch sampler so that an iteration can skip its first ``step`` batches.
 
-    ``DataLoader(dataset, batch_size, shuffle=True, seed=0, drop_last=False, num_replicas=1,
-    rank=0, **kwargs)``; the remaining keyword arguments (``num_workers``, ``pin_memory``,
-    ``collate_fn``, ``multiprocessing_context``, ...) go to torch's DataLoader unchanged. The
-    default ``collate_fn`` is :func:`hfai.data.dataset.collate`.
+    The skipped batches are still drawn from the wrapped sampler (so a shuffling sampler's
+    random stream advances exactly as in an uninterrupted run and the remaining batches are
+    the same), but no sample of them is read: only index lists are dropped.
+
+    ``once=True``: a step set by :meth:`set_step` applies to the next iteration only (hfai.data's
+    contract). ``once=False``: it applies to every iteration until set again (the original
+    ffrecord loader's contract). ``len()`` counts the batches the next iteration yields.
+    """
+
+    def __init__(self, batches, *, once: bool):
+        self.batches = batches
+        self.once = once
+        self.step = 0
+
+    @property
+    def sampler(self):
+        """The wrapped batch sampler's sample sampler (as on torch's ``BatchSampler``)."""
+        return getattr(self.batches, "sampler", None)
+
+    def set_step(self, step: int) -> None:
+        """Skip the first ``step`` batches (see the class docstring for how long it lasts)."""
+        if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
+            raise TypeError(f"step must be an int, not {type(step).__name__}")
+        total = len(self.batches)
+        if not 0 <= step <= total:
+            raise ValueError(f"step must be in [0, {total}] (the batches in an epoch), got {step}")
+        self.step = int(step)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # A generator: the step is read (and, once=True, consumed) at the first draw, not at
+        # iter(), which torch's multi-process iterator calls twice (see ResumableBatchSampler).
+        skip = self.step
+        if self.once:
+            self.step = 0
+        yield from itertools.islice(iter(self.batches), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.batches) - self.step
+
+
+def check_batched(dataset, batch_size) -> None:
+    """Refuse per-sample loading (``batch_size=None``) of a batched dataset: it takes lists."""
+    if batch_size is None and is_batched(dataset):
+        raise ValueError(
+            f"{type(dataset).__name__} is a batched dataset (its __getitem__ takes a list of indices): "
+            "give the loader a batch_size (or a batch_sampler)"
+        )
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A ``torch.utils.data.DataLoader`` that can resume mid-epoch with :meth:`set_step`.
+
+    ``DataLoader(dataset, batch_size=1, shuffle=None, sampler=None, *, seed=0, drop_last=False,
+    num_replicas=1, rank=0, generator=None, **kwargs)``; the remaining keyword arguments
+    (``num_workers``, ``pin_memory``, ``collate_fn``, ``batch_sampler``,
+    ``multiprocessing_context``, ...) go to torch's DataLoader unchanged. The default
+    ``collate_fn`` is :func:`hfai.data.dataset.collate` (torch's ``default_collate`` for
+    anything but raw uint8 samples).
+
+    Where the batches come from:
+
+    * ``sampler=`` (any torch ``Sampler``, e.g. ``DistributedSampler``), ``batch_sampler=`` or
+      ``generator=``: torch's own sampling, exactly as ``torch.utils.data.DataLoader`` with the
+      same arguments draws it (``shuffle`` defaults to False with a sampler, True otherwise).
+      The user's ``sampler.set_epoch(e)`` takes effect; ``loader.set_epoch(e)`` forwards to it.
+      ``seed``, ``num_replicas`` and ``rank`` do not apply (``ValueError``).
+    * otherwise: a :class:`ResumableBatchSampler` (``shuffle`` default True), reproducible from
+      ``(seed, epoch)`` and sharded by ``num_replicas``/``rank``.
+
+    ``dataset`` may be a batched dataset (:class:`hfai.data.BatchedDataset`, e.g.
+    ``ffrecord.torch.Dataset`` or ``hfai.datasets``): each batch is then one call of its
+    ``__getitem__(indices)``.
+
+    :meth:`set_step` ``(k)``: the next iteration skips its first ``k`` batches without reading
+    them, and later iterations start at 0 again.
     """
 
     def __init__(
         self,
         dataset,
-        batch_size: int = 1,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler=None,
         *,
-        shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
         num_replicas: int = 1,
         rank: int = 0,
+        generator: torch.Generator | None = None,
         **kwargs,
     ):
-        sampler = ResumableBatchSampler(
-            len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-            num_replicas=num_replicas, rank=rank,
-        )
-        if "collate_fn" not in kwargs:
+        check_batched(dataset, batch_size if kwargs.get("batch_sampler") is None else 1)
+        if "collate_fn" not in kwargs or kwargs["collate_fn"] is None:
             from hfai.data.dataset import collate
 
             kwargs["collate_fn"] = collate
-        super().__init__(dataset, batch_sampler=sampler, **kwargs)
-        # batch_sampler as its own type (torch fixes batch_sampler once the loader is built).
-        self._resumable = sampler
+        if sampler is None and generator is None and kwargs.get("batch_sampler") is None:
+            if batch_size is None:
+                raise ValueError("batch_size=None needs a sampler; hfai.data.DataLoader draws batches")
+            self._resumable: ResumableBatchSampler | None = ResumableBatchSampler(
+                len(dataset), batch_size, shuffle=True if shuffle is None else shuffle, seed=seed,
+                drop_last=drop_last, num_replicas=num_replicas, rank=rank,
+            )
+            super().__init__(dataset, batch_sampler=self._resumable, **kwargs)
+            self._skipping: SkippingBatchSampler | None = None
+            return
+        if (seed, num_replicas, rank) != (0, 1, 0):
+            raise ValueError(
+                "seed, num_replicas and rank apply only to hfai.data's own sampling; with a sampler, "
+                "batch_sampler or generator, shard and seed through them (e.g. DistributedSampler)"
+            )
+        self._resumable = None
+        if shuffle is None:  # hfai.data shuffles by default; a sampler or batch_sampler decides the order itself
+            shuffle = sampler is None and kwargs.get("batch_sampler") is None
+        # torch checks the combination (shuffle with a sampler, batch_sampler with batch_size, ...).
+        super().__init__(
+            dataset, batch_size, shuffle=shuffle, sampler=sampler, drop_last=drop_last, generator=generator, **kwargs
+        )
+        self._skipping = _wrap(self, once=True)
 
     def set_epoch(self, epoch: int) -> None:
-        """Shuffle the next iteration with the permutation of ``epoch``."""
-        self._resumable.set_epoch(epoch)
+        """Shuffle the next iteration as epoch ``epoch``: hfai.data's own sampling, or the
+        sampler's ``set_epoch`` (``TypeError`` if the sampler has none)."""
+        if self._resumable is not None:
+            self._resumable.set_epoch(epoch)
+            return
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if set_epoch is None:
+            raise TypeError(f"this loader's sampler ({type(self.sampler).__name__}) has no set_epoch()")
+        set_epoch(epoch)
 
     def set_step(self, step: int) -> None:
         """Resume: the next iteration skips its first ``step`` batches without reading them."""
-        self._resumable.set_step(step)
+        if self._resumable is not None:
+            self._resumable.set_step(step)
+        else:
+            assert self._skipping is not None  # set in __init__ whenever _resumable is not
+            self._skipping.set_step(step)
+
+
+def _wrap(loader: torch.utils.data.DataLoader, *, once: bool) -> SkippingBatchSampler:
+    """Replace ``loader``'s batch sampler (built by torch) with a skipping wrapper of it."""
+    if loader.batch_sampler is None:
+        raise ValueError("a resumable loader needs batches: give it a batch_size")
+    wrapper = SkippingBatchSampler(loader.batch_sampler, once=once)
+    # torch refuses to set batch_sampler after __init__ (its __setattr__ guard); everything
+    # else (loader.sampler, loader.batch_size, generator use) stays as torch built it.
+    object.__setattr__(loader, "batch_sampler", wrapper)
+    return wrapper

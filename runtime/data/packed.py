@@ -60,6 +60,7 @@ def scan_tree(root: str) -> tuple[Tree, list[str]]:
 def pack_folder(
     src_dir: str | os.PathLike,
     out: str | os.PathLike,
+    verbose: bool = False,
     *,
     index: bool = True,
     progress: Callable[[int], None] | None = None,
@@ -69,15 +70,34 @@ def pack_folder(
 
     With ``index=True`` (default) the result is a packed folder, readable by path with
     :class:`PackedFolder` (and by the original ffrecord); with ``index=False`` it holds only the
-    files' bytes, so ``FileReader(out).n`` is the file count. ``progress(1)`` is called per file.
+    files' bytes, so ``FileReader(out).n`` is the file count. ``progress(1)`` is called per file;
+    ``verbose=True`` (the original's argument) prints ``index/count path`` per file.
     ``out`` appears only once complete (see :class:`~hfai.data.FileWriter`).
     """
     src = os.fspath(src_dir)
     if not os.path.isdir(src):
         raise NotADirectoryError(f"{src}: not a directory")
     tree, files = scan_tree(src)
+    if verbose:
+        progress = _printing(files, progress)
     write_packed(out, tree, files, index=index, progress=progress, fsync=fsync)
     return len(files)
+
+
+def _printing(files: list[str], then: Callable[[int], None] | None) -> Callable[[int], None]:
+    """A progress callback printing each packed file's number and path, then calling ``then``."""
+    done = 0
+    width = len(str(len(files)))
+
+    def report(k: int) -> None:
+        nonlocal done
+        for path in files[done : done + k]:
+            print(f"{done:0{width}d}/{len(files)} {path}", flush=True)
+            done += 1
+        if then is not None:
+            then(k)
+
+    return report
 
 
 def write_packed(
@@ -185,13 +205,30 @@ class PackedFolder:
     def is_dir(self, name: str | os.PathLike) -> bool:
         return self.exists(name) and isinstance(self._lookup(name), dict)
 
-    def list(
-        self, name: str | os.PathLike = "", *, files: bool = True, dirs: bool = True, recursive: bool = False
-    ) -> list[str]:
-        """Entry names under directory ``name`` (``""``: the root), in sample order.
+    @property
+    def structure(self) -> Tree:
+        """The path index (the original's name for :attr:`tree`)."""
+        return self.tree
 
-        With ``recursive=True`` the names are paths relative to ``name``.
+    def list(
+        self,
+        name: str | os.PathLike | None = None,
+        list_file: bool = True,
+        list_dir: bool = True,
+        recursive: bool = False,
+        *,
+        files: bool | None = None,
+        dirs: bool | None = None,
+    ) -> list[str]:
+        """Entry names under directory ``name`` (``None`` or ``""``: the root), in sample order.
+
+        ``list_file``/``list_dir`` (the original's names; ``files``/``dirs`` are the same)
+        choose files and directories. With ``recursive=True`` the names are paths relative to
+        ``name`` (strings, ``/``-separated).
         """
+        files = list_file if files is None else files
+        dirs = list_dir if dirs is None else dirs
+        name = "" if name is None else name
         node = self._lookup(name)
         if not isinstance(node, dict):
             raise NotADirectoryError(f"{name}: a file in packed folder {self.path}")

@@ -319,6 +319,11 @@ class FileReader:
     def closed(self) -> bool:
         return self._files is None
 
+    @property
+    def fnames(self) -> list[str]:
+        """The files read, in global order (the original ffrecord's name for :attr:`paths`)."""
+        return list(self.paths)
+
     def __len__(self) -> int:
         return self.n
 
