@@ -197,6 +197,7 @@ class MultiFileWriter:
 
     The parts are built in a temporary directory next to ``path``, which is renamed onto ``path``
     at a successful :meth:`close`; ``path`` must not exist then (an empty directory is replaced).
+    Missing parent directories of ``path`` are created.
     Global sample order is part order, so :class:`~hfai.data.FileReader` on ``path`` reads the
     samples back in the order written.
     """
@@ -211,6 +212,8 @@ class MultiFileWriter:
         if os.path.exists(self.path) and not (os.path.isdir(self.path) and not os.listdir(self.path)):
             raise WriterError(f"{self.path} already exists; MultiFileWriter creates a new directory")
         self._tmp_dir = _temp_name(self.path)
+        # Missing parents are created, as the original's dump() does for its directory.
+        os.makedirs(os.path.dirname(self._tmp_dir), exist_ok=True)
         # Not tempfile.mkdtemp: its 0700 mode would stick to the published dataset.
         os.mkdir(self._tmp_dir, 0o777)
         self._part = 0
