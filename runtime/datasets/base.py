@@ -1,0 +1,106 @@
+"""The data directory and :class:`BaseDataset`, the base of every ``hfai.datasets`` dataset.
+
+The data directory is, in order: the path given to :func:`set_data_dir`, ``$HFAI_DATASETS_DIR``
+(what ``hfai dataset`` mounts into jobs, see docs/storage.md), or the original cluster's
+``/public_dataset/1/ffdataset``. Each dataset lives in a subdirectory of it (``ImageNet/``,
+``CLUE/``, ``LTSF/``) in the layouts described in docs/data.md ("hfai.datasets").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch.utils.data
+
+from hfai.datasets.errors import DatasetNotFoundError
+
+if TYPE_CHECKING:
+    from hfai.datasets.loader import Loader
+
+ENV_VAR = "HFAI_DATASETS_DIR"
+DEFAULT_DATA_DIR = "/public_dataset/1/ffdataset"
+
+_data_dir: Path | None = None
+
+
+def set_data_dir(path: str | os.PathLike) -> None:
+    """Read datasets from ``path`` from now on in this process (overrides ``$HFAI_DATASETS_DIR``)."""
+    global _data_dir
+    _data_dir = Path(path)
+
+
+def get_data_dir() -> Path:
+    """The directory the datasets are read from (see the module docstring for the order)."""
+    if _data_dir is not None:
+        return _data_dir
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_DATA_DIR)
+
+
+class BaseDataset(torch.utils.data.Dataset):
+    """A batched map-style dataset: ``__getitem__`` takes a *list* of indices, returns a list.
+
+    Subclasses implement ``__len__`` and ``__getitem__(self, indices)``, which returns one item
+    per index, in order (the convention of the original ``hfai.datasets`` and of
+    ``ffrecord.torch.Dataset``: a whole batch is read at once). ``loader()`` gives a resumable
+    DataLoader over it; torch's own ``DataLoader`` with a ``batch_sampler`` also works, through
+    ``__getitems__``.
+    """
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, indices: Sequence[int]) -> list[Any]:  # type: ignore[override]
+        """The items at ``indices`` (a list), in order; a single int gives one item, not a list."""
+        if isinstance(indices, int | np.integer):
+            return self.items([int(indices)])[0]
+        return self.items(indices)
+
+    def items(self, indices: Sequence[int]) -> list[Any]:
+        """The items at ``indices``: what the datasets of this package implement (a subclass of
+        the original API may override ``__getitem__`` instead)."""
+        raise NotImplementedError
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return self[list(indices)]
+
+    def loader(self, batch_size: int, *args: Any, **kwargs: Any) -> Loader:
+        """A :class:`hfai.datasets.loader.Loader` over this dataset (arguments as torch's DataLoader).
+
+        ``sampler=`` (e.g. a ``DistributedSampler``) is followed, including its ``set_epoch``;
+        ``loader.set_step(k)`` makes the next iteration skip its first ``k`` batches unread.
+        """
+        from hfai.datasets.loader import Loader
+
+        return Loader(self, batch_size, *args, **kwargs)
+
+
+_REGISTRY: dict[str, type] = {}
+T = TypeVar("T", bound=type)
+
+
+def register_dataset(cls: T) -> T:
+    """Class decorator of the original API: records a dataset class by name (no other effect)."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+def split_dir(root: Path, name: str, split: str, splits: Sequence[str], how: str) -> Path:
+    """``root/<split>.ffr`` after checking ``split``; raises DatasetNotFoundError if absent."""
+    if split not in splits:
+        raise ValueError(f"{name}: split must be one of {', '.join(map(repr, splits))}, got {split!r}")
+    path = root / f"{split}.ffr"
+    if not path.exists():
+        raise DatasetNotFoundError(f"{name} ({split})", path, how)
+    return path
+
+
+def apply(transform: Callable[..., Any] | None, *args: Any) -> Any:
+    """``transform(*args)``, or ``args`` unchanged (one value alone) without a transform."""
+    if transform is not None:
+        return transform(*args)
+    return args[0] if len(args) == 1 else args
+
