@@ -1,4 +1,4 @@
-"""``hfai data``: pack, inspect, verify and print ffrecord datasets.
+"""``hfai data``: pack, inspect, verify, print and convert ffrecord datasets.
 
 Kept light to import: numpy and ``hfai.data`` are imported inside the commands, never torch.
 User mistakes (missing or corrupt files, bad indices) end in a one-line error and exit status 1.
@@ -127,6 +127,85 @@ def cat(file: str, index: str) -> None:
         with FileReader(file) as reader:
             data = reader.read_one(i)
     click.echo(data.tobytes(), nl=False)  # bytes go to the binary stdout, unchanged
+
+
+CONVERT_KINDS = ("imagenet", "clue", "clue-corpus", "ltsf")
+
+
+class _Bar:
+    """A :class:`hfai.datasets.convert_common.Progress` drawn with click's progress bar on stderr."""
+
+    def __init__(self) -> None:
+        self._bar = None
+
+    def start(self, label: str, total: int) -> None:
+        self.finish()
+        self._bar = click.progressbar(length=total, label=label, file=sys.stderr)
+        self._bar.__enter__()
+
+    def advance(self, n: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+@data_group.command("convert")
+@click.argument("kind", type=click.Choice(CONVERT_KINDS))
+@click.argument("src", type=click.Path(exists=True))
+@click.argument("dst", type=click.Path(file_okay=False))
+@click.option("--nfiles", type=click.IntRange(min=1), help="Parts per split (imagenet: 150 train, 10 val; else 1).")
+@click.option("--encoded", is_flag=True, help="imagenet: keep the files' encoded bytes (smaller; this platform only).")
+@click.option("--miniset", is_flag=True, help="imagenet: write DST/mini/ImageNet (what miniset=True reads).")
+@click.option("--task", help="clue: the task name (default: SRC's folder name without _public).")
+@click.option("--vocab", type=click.Path(exists=True, dir_okay=False), help="clue: vocabulary file, a token a line.")
+@click.option("--vocab-size", type=click.IntRange(min=6), default=8021, show_default=True,
+              help="clue: size of a vocabulary built from the text (when there is none).")
+@click.option("--max-length", type=click.IntRange(min=3), default=128, show_default=True,
+              help="clue: tokens per sequence, [CLS] and [SEP] included.")
+@_user_errors
+def convert(kind: str, src: str, dst: str, nfiles: int | None, encoded: bool, miniset: bool, task: str | None,
+            vocab: str | None, vocab_size: int, max_length: int) -> None:
+    """Convert public dataset files at SRC into the hfai.datasets layout under the data directory DST.
+
+    \b
+    imagenet     SRC/{train,val}/<class>/<images> (torchvision ImageFolder) -> DST/ImageNet/
+    clue         a CLUE task folder (train.json, dev.json, test.json, labels.json) -> DST/CLUE/<task>/
+    clue-corpus  a .txt file or folder of them, a passage a line -> DST/CLUE/corpus.ffr
+    ltsf         an Autoformer CSV (date,<columns>...) or folder of them -> DST/LTSF/<name>.ffr
+
+    Jobs read DST through HFAI_DATASETS_DIR (hfai dataset add) or hfai.datasets.set_data_dir(DST).
+    A split appears only when complete; an existing one is refused.
+    """
+    bar = _Bar()
+    try:
+        written = _convert(kind, src, dst, bar, nfiles=nfiles, encoded=encoded, miniset=miniset, task=task,
+                           vocab=vocab, vocab_size=vocab_size, max_length=max_length)
+    finally:
+        bar.finish()
+    for path in written:
+        click.echo(f"wrote {path}")
+
+
+def _convert(kind: str, src: str, dst: str, bar: _Bar, *, nfiles, encoded, miniset, task, vocab, vocab_size,
+             max_length) -> list:
+    if kind == "imagenet":
+        from hfai.datasets.convert_imagenet import convert_imagenet
+
+        return convert_imagenet(src, dst, nfiles=nfiles, encoded=encoded, miniset=miniset, progress=bar)
+    if kind in ("clue", "clue-corpus"):
+        from hfai.datasets.convert_clue import convert_clue_corpus, convert_clue_task
+
+        options = dict(vocab=vocab, vocab_size=vocab_size, max_length=max_length, nfiles=nfiles or 1, progress=bar)
+        if kind == "clue":
+            return convert_clue_task(src, dst, task=task, **options)
+        return convert_clue_corpus(src, dst, **options)
+    from hfai.datasets.convert_ltsf import convert_ltsf
+
+    return convert_ltsf(src, dst, progress=bar)
 
 
 data = data_group  # the attribute hfai.cli.main's lazy loader looks up

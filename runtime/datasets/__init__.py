@@ -4,41 +4,48 @@ Every dataset is batched (``__getitem__`` takes a list of indices and returns a 
 and has ``.loader(batch_size, sampler=..., num_workers=..., ...)``, a torch DataLoader with
 ``set_step`` for resuming mid-epoch. Datasets are read from :func:`get_data_dir` (set with
 :func:`set_data_dir` or ``$HFAI_DATASETS_DIR``) and made with ``hfai data convert KIND SRC DST``.
-The layouts are described in docs/data.md ("hfai.datasets"). Importing this package imports torch.
+The layouts are described in docs/data.md ("hfai.datasets").
+
+The names below load on first use: the datasets import torch, while the converters
+(``hfai.datasets.convert_*``, used by the torch-free ``hfai data convert``) must not.
 """
 
 from __future__ import annotations
 
-from hfai.datasets.base import BaseDataset, get_data_dir, register_dataset, set_data_dir
-from hfai.datasets.clue import CLUEForCLS, CLUEForMLM
-from hfai.datasets.errors import (
-    ConvertError,
-    DatasetError,
-    DatasetNotFoundError,
-    MissingPackageError,
-    UnsupportedDatasetError,
-)
-from hfai.datasets.imagenet import ImageNet
-from hfai.datasets.ltsf import LTSF
-from hfai.datasets.unsupported import ERA5, OGB, CocoCaption, GoogleConceptualCaption, NuScenes
+import importlib
+from typing import Any
 
-__all__ = [
-    "LTSF",
-    "OGB",
-    "ERA5",
-    "BaseDataset",
-    "CLUEForCLS",
-    "CLUEForMLM",
-    "CocoCaption",
-    "ConvertError",
-    "DatasetError",
-    "DatasetNotFoundError",
-    "GoogleConceptualCaption",
-    "ImageNet",
-    "MissingPackageError",
-    "NuScenes",
-    "UnsupportedDatasetError",
-    "get_data_dir",
-    "register_dataset",
-    "set_data_dir",
-]
+_WHERE = {
+    "BaseDataset": "base",
+    "get_data_dir": "base",
+    "set_data_dir": "base",
+    "register_dataset": "base",
+    "ImageNet": "imagenet",
+    "CLUEForCLS": "clue",
+    "CLUEForMLM": "clue",
+    "LTSF": "ltsf",
+    "OGB": "unsupported",
+    "NuScenes": "unsupported",
+    "CocoCaption": "unsupported",
+    "GoogleConceptualCaption": "unsupported",
+    "ERA5": "unsupported",
+    "ConvertError": "errors",
+    "DatasetError": "errors",
+    "DatasetNotFoundError": "errors",
+    "MissingPackageError": "errors",
+    "UnsupportedDatasetError": "errors",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"hfai.datasets.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hfai.datasets' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import torch.utils.data
 
+from hfai.data.batched import BatchedDataset
 from hfai.datasets.errors import DatasetNotFoundError
 
 if TYPE_CHECKING:
-    from hfai.datasets.loader import Loader
+    from hfai.data.loader import DataLoader
 
 ENV_VAR = "HFAI_DATASETS_DIR"
 DEFAULT_DATA_DIR = "/public_dataset/1/ffdataset"
@@ -40,14 +40,14 @@ def get_data_dir() -> Path:
     return Path(os.environ.get(ENV_VAR) or DEFAULT_DATA_DIR)
 
 
-class BaseDataset(torch.utils.data.Dataset):
+class BaseDataset(BatchedDataset):
     """A batched map-style dataset: ``__getitem__`` takes a *list* of indices, returns a list.
 
-    Subclasses implement ``__len__`` and ``__getitem__(self, indices)``, which returns one item
-    per index, in order (the convention of the original ``hfai.datasets`` and of
-    ``ffrecord.torch.Dataset``: a whole batch is read at once). ``loader()`` gives a resumable
-    DataLoader over it; torch's own ``DataLoader`` with a ``batch_sampler`` also works, through
-    ``__getitems__``.
+    The convention of the original ``hfai.datasets`` and of ``ffrecord.torch.Dataset``: a whole
+    batch is read at once. The datasets of this package implement :meth:`items`; a user's
+    subclass may instead override ``__getitem__(self, indices)`` (and call
+    ``super().__getitem__(indices)``), as scripts written for the original do. Either way the
+    loader calls ``__getitem__`` once per batch, with a list of ints.
     """
 
     def __len__(self) -> int:
@@ -60,22 +60,23 @@ class BaseDataset(torch.utils.data.Dataset):
         return self.items(indices)
 
     def items(self, indices: Sequence[int]) -> list[Any]:
-        """The items at ``indices``: what the datasets of this package implement (a subclass of
-        the original API may override ``__getitem__`` instead)."""
-        raise NotImplementedError
+        """The items at ``indices``, one per index, in order."""
+        raise NotImplementedError(f"{type(self).__name__} must define items(indices) or __getitem__(indices)")
 
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        return self[list(indices)]
+    def loader(self, batch_size: int, *args: Any, **kwargs: Any) -> DataLoader:
+        """A resumable :class:`hfai.data.DataLoader` over this dataset.
 
-    def loader(self, batch_size: int, *args: Any, **kwargs: Any) -> Loader:
-        """A :class:`hfai.datasets.loader.Loader` over this dataset (arguments as torch's DataLoader).
-
-        ``sampler=`` (e.g. a ``DistributedSampler``) is followed, including its ``set_epoch``;
-        ``loader.set_step(k)`` makes the next iteration skip its first ``k`` batches unread.
+        Arguments as torch's DataLoader (``sampler=``, ``shuffle=``, ``num_workers=``,
+        ``pin_memory=``, ``drop_last=``, ...), and as there the order is sequential unless a
+        sampler or ``shuffle=True`` says otherwise. A sampler (e.g. ``DistributedSampler``) is
+        followed, including the ``set_epoch`` the caller makes on it; ``loader.set_step(k)``
+        makes the next iteration skip its first ``k`` batches without reading them.
         """
-        from hfai.datasets.loader import Loader
+        from hfai.data.loader import DataLoader
 
-        return Loader(self, batch_size, *args, **kwargs)
+        if not args and "shuffle" not in kwargs:
+            kwargs["shuffle"] = False  # torch's and the original loader's default, not hfai.data's
+        return DataLoader(self, batch_size, *args, **kwargs)
 
 
 _REGISTRY: dict[str, type] = {}
