@@ -9,20 +9,21 @@ import subprocess
 import sys
 import warnings
 
+import ffrecord
 import numpy as np
 import pytest
-
-import ffrecord
 from ffrecord import FileReader, FileWriter, PackedFolder, checkFsAlign, pack_folder
 from ffrecord.utils import dump
-from hfai.data import MultiFileWriter, WriterError
+
+from hfai.data import WriterError
 
 
 def test_ffrecord_is_the_projects_reader_and_imports_no_torch():
     code = (
         "import sys, ffrecord, ffrecord.utils, ffrecord.fileio, ffrecord.package, hfai.data\n"
         "print(ffrecord.PROVIDER, ffrecord.FileReader is hfai.data.FileReader,\n"
-        "      ffrecord.fileio.FileWriter is hfai.data.FileWriter, ffrecord.package.PackedFolder is hfai.data.PackedFolder,\n"
+        "      ffrecord.fileio.FileWriter is hfai.data.FileWriter,\n"
+        "      ffrecord.package.PackedFolder is hfai.data.PackedFolder,\n"
         "      callable(ffrecord.utils.dump), 'torch' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -87,14 +88,6 @@ def test_dump_refuses_a_directory_with_files(tmp_path):
     (tmp_path / "stale.ffr").write_bytes(b"")
     with pytest.raises(WriterError, match="not an empty directory"):
         dump([b"a", b"b"], tmp_path, nfiles=2)
-
-
-def test_multi_file_writer_creates_missing_parents(tmp_path):
-    out = tmp_path / "a" / "b" / "ds"
-    with MultiFileWriter(out, 3, 2) as w:
-        for s in (b"1", b"2", b"3"):
-            w.write_one(s)
-    assert [x.tobytes() for x in FileReader(out).read([0, 1, 2])] == [b"1", b"2", b"3"]
 
 
 def test_check_fs_align_is_false_off_3fs(tmp_path):

@@ -10,9 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import hfai.data  # noqa: E402
 from ffrecord import FileReader, FileWriter  # noqa: E402
 from ffrecord.torch import ConcatDataset, DataLoader, Dataset, ReaderRegistry, Subset  # noqa: E402
+
+import hfai.data  # noqa: E402
 
 N = 24
 
@@ -147,35 +148,3 @@ def test_loaders_follow_a_distributed_sampler_and_its_epochs(ffr, make):
         batches, calls = run(rank, 5, 2)
         assert batches == whole[2:] and calls == whole[2:]  # the skipped batches were never read
     assert run(0, 5, 0)[0] != run(0, 6, 0)[0]
-
-
-def test_hfai_data_loader_set_step_applies_once_and_set_epoch_reaches_the_sampler():
-    sampler = torch.utils.data.DistributedSampler(range(12), num_replicas=1, rank=0, shuffle=True, seed=0)
-    loader = hfai.data.DataLoader(Own(12), 3, sampler=sampler)
-    loader.set_epoch(4)
-    assert sampler.epoch == 4
-    loader.set_step(3)
-    assert len(loader) == 1 and len(firsts(loader)) == 1
-    assert len(loader) == 4 and len(firsts(loader)) == 4
-    with pytest.raises(ValueError, match="shard and seed"):
-        hfai.data.DataLoader(Own(12), 3, sampler=sampler, num_replicas=2)
-    with pytest.raises(TypeError, match="no set_epoch"):
-        hfai.data.DataLoader(Own(12), 3, sampler=torch.utils.data.SequentialSampler(range(12))).set_epoch(1)
-
-
-def test_hfai_data_loader_with_a_generator_draws_as_torch(ffr):
-    ref = torch.utils.data.DataLoader(list(range(N)), batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(1))
-    loader = hfai.data.DataLoader(Own(N), 6, generator=torch.Generator().manual_seed(1))
-    assert firsts(loader) == [b.tolist() for b in ref]
-
-
-def test_hfai_data_dataset_subclass_getitem_is_honoured(ffr):
-    class Decoded(hfai.data.Dataset):
-        def __getitem__(self, index):
-            return pickle.loads(super().__getitem__(index))
-
-    ds = Decoded(ffr)
-    first = next(iter(torch.utils.data.DataLoader(ds, batch_size=3)))
-    assert [t.tolist() for t in first] == [[0, 1, 2], [0, 10, 20]]
-    plain = hfai.data.Dataset(ffr)
-    assert [pickle.loads(s) for s in plain[[4, 4]]] == [(4, 40), (4, 40)]

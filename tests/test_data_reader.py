@@ -251,3 +251,11 @@ def test_fixed_size_record_corruption_is_caught_on_the_row_path(tmp_path):
         with pytest.raises(ChecksumError) as info:
             r.read([2, 7, 9])
         assert info.value.index == 7
+
+
+def test_multi_file_writer_creates_missing_parents(tmp_path):
+    out = tmp_path / "a" / "b" / "ds"
+    with MultiFileWriter(out, 3, 2) as w:
+        for s in (b"1", b"2", b"3"):
+            w.write_one(s)
+    assert [x.tobytes() for x in FileReader(out).read([0, 1, 2])] == [b"1", b"2", b"3"]

@@ -145,3 +145,87 @@ def test_importing_hfai_data_and_its_cli_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
     cli_only = "import sys, hfai.cli.data; assert 'numpy' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", cli_only], check=True)
+
+
+class Squares(torch.utils.data.Dataset):
+    """A plain per-index torch dataset that records what it reads."""
+
+    def __init__(self, n):
+        self.n = n
+        self.read = []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.read.append(i)
+        return i
+
+
+def test_loader_follows_a_distributed_sampler_and_skips_without_reading():
+    sampler = torch.utils.data.DistributedSampler(range(30), num_replicas=2, rank=1, shuffle=True, seed=4)
+    sampler.set_epoch(2)
+    order = list(sampler)
+    ds = Squares(30)
+    loader = DataLoader(ds, 4, sampler=sampler)
+    loader.set_epoch(2)  # forwarded to the sampler
+    loader.set_step(2)
+    assert len(loader) == 2
+    assert [b.tolist() for b in loader] == [order[8:12], order[12:15]]
+    assert ds.read == order[8:]  # the first two batches were never read
+    assert len(loader) == 4  # the skip applied once
+    sampler.set_epoch(3)
+    assert sum((b.tolist() for b in loader), []) == list(sampler) != order
+
+
+def test_loader_with_a_generator_or_batch_sampler_draws_as_torch():
+    ref = torch.utils.data.DataLoader(range(20), batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(9))
+    loader = DataLoader(Squares(20), 6, generator=torch.Generator().manual_seed(9))
+    assert [b.tolist() for b in loader] == [b.tolist() for b in ref]
+    batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(7)), 3, drop_last=False)
+    loader = DataLoader(Squares(7), batch_sampler=batches)
+    loader.set_step(1)
+    assert [b.tolist() for b in loader] == [[3, 4, 5], [6]]
+
+
+def test_loader_refuses_what_does_not_apply_to_a_sampler():
+    sampler = torch.utils.data.SequentialSampler(range(5))
+    with pytest.raises(ValueError, match="shard and seed"):
+        DataLoader(Squares(5), 2, sampler=sampler, num_replicas=2)
+    with pytest.raises(ValueError, match="mutually exclusive"):  # torch's own check
+        DataLoader(Squares(5), 2, sampler=sampler, shuffle=True)
+    with pytest.raises(TypeError, match="no set_epoch"):
+        DataLoader(Squares(5), 2, sampler=sampler).set_epoch(1)
+    with pytest.raises(ValueError, match=r"\[0, 3\]"):
+        DataLoader(Squares(5), 2, sampler=sampler).set_step(4)
+
+
+def test_batched_dataset_gets_lists_from_every_loader():
+    from hfai.data import BatchedDataset
+
+    class Tens(BatchedDataset):
+        def __init__(self):  # no super().__init__()
+            self.calls = []
+
+        def __len__(self):
+            return 7
+
+        def __getitem__(self, indices):
+            self.calls.append(indices)
+            return [10 * i for i in indices]
+
+    for make in (DataLoader, torch.utils.data.DataLoader):
+        ds = Tens()
+        assert [b.tolist() for b in make(ds, 3, shuffle=False)] == [[0, 10, 20], [30, 40, 50], [60]]
+        assert ds.calls == [[0, 1, 2], [3, 4, 5], [6]]
+    with pytest.raises(ValueError, match="batched dataset"):
+        DataLoader(Tens(), None, sampler=torch.utils.data.SequentialSampler(range(7)))
+
+
+def test_a_subclass_getitem_is_honoured_and_lists_read_batches(ffr):
+    class Decoded(Dataset):
+        def __getitem__(self, index):
+            return int(super().__getitem__(index)[0]) + 100
+
+    assert next(iter(DataLoader(Decoded(ffr), 3, shuffle=False))).tolist() == [100, 101, 102]
+    assert [int(s[0]) for s in Dataset(ffr)[[4, 4, 1]]] == [4, 4, 1]

@@ -90,7 +90,7 @@ class Dataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int | Sequence[int]) -> Any:
         """One sample; a list of indices gives the list of their samples (``ds[[i]]``)."""
-        if isinstance(index, (list, tuple, np.ndarray)):
+        if not isinstance(index, (int, np.integer)):
             return self._read_batch(index)
         as_indices([index], self.n)  # the reader alone would also hand out a packed folder's index
         return self.process([index], [self.reader.read_one(index)])[0]

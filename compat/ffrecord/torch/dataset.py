@@ -142,7 +142,7 @@ class ConcatDataset(Dataset):
             groups[d][0].append(position)
             groups[d][1].append(local)
         samples: list[Any] = [None] * len(indices)
-        for d, (positions, local) in sorted(groups.items()):
-            for position, sample in zip(positions, self.datasets[d][local], strict=True):
+        for d, (positions, locals_) in sorted(groups.items()):
+            for position, sample in zip(positions, self.datasets[d][locals_], strict=True):
                 samples[position] = sample
         return samples
