@@ -18,6 +18,7 @@ from hfai._job import (
     set_whole_life_state,
 )
 from hfai._version import __version__
+from hfai.watchdog import set_watchdog_time
 
 _LAZY_SUBMODULES = frozenset(
     {
@@ -42,6 +43,7 @@ __all__ = [
     "get_whole_life_state",
     "go_suspend",
     "receive_suspend_command",
+    "set_watchdog_time",
     "set_whole_life_state",
     *sorted(_LAZY_SUBMODULES),
 ]

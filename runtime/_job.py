@@ -107,29 +107,54 @@ def _simulated_suspend_due() -> bool:
         return False
 
 
-def receive_suspend_command(sync: bool = False) -> bool:
+def receive_suspend_command(timeout: float = 500, raise_exception: bool = False, *, sync: bool = False) -> bool:
     """True once the platform asked this job to suspend. Cheap enough to call every step.
 
-    With ``sync=True`` in a torch.distributed job, every rank gets the same answer at the same
-    call (an all-reduce of the flag; see :func:`hfai.distributed.receive_suspend_command`).
+    ``timeout`` and ``raise_exception`` are the original client's: it reported the receipt to its
+    server with a request of that timeout, raising on failure only if asked. Here the flag is a
+    local file and nothing is sent, so they are checked and have no effect.
+
+    ``sync=True`` (keyword only) in a torch.distributed job gives every rank the same answer at
+    the same call: an all-reduce of the flag, a collective every rank must make at the same step
+    (see :func:`hfai.distributed.receive_suspend_command`). Scripts that test the flag on rank 0
+    only must not pass it.
     """
+    _check_request_args("receive_suspend_command", timeout, raise_exception)
     if sync:
         from hfai.distributed import receive_suspend_command as synced
 
         return synced()
+    return _local_flag()
+
+
+def _local_flag() -> bool:
     cdir = control_dir()
     if cdir is None:
         return _simulated_suspend_due()
     return os.path.exists(os.path.join(cdir, SUSPEND_FILE))
 
 
-def go_suspend(exit: bool = True) -> None:
+def _check_request_args(fn: str, timeout: object, raise_exception: object) -> None:
+    """The original's request arguments: refuse what could not have meant them, such as
+    ``receive_suspend_command(True)`` written for ``sync=True``."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise TypeError(f"{fn}(timeout=...) takes a number of seconds >= 0, got {timeout!r}"
+                        + (" (for the all-rank flag write sync=True)" if isinstance(timeout, bool) else ""))
+    if not isinstance(raise_exception, bool):
+        raise TypeError(f"{fn}(raise_exception=...) takes True or False, got {raise_exception!r}")
+
+
+def go_suspend(timeout: float = 500, raise_exception: bool = False, *, exit: bool = True) -> None:
     """Acknowledge a suspend: the checkpoint is saved, the platform may stop this job now.
+
+    ``timeout`` and ``raise_exception`` are the original client's request arguments, checked and
+    without effect here (the acknowledgement is a local file; see :func:`receive_suspend_command`).
 
     By default the calling process then exits with status 0, as the platform would stop it
     anyway; pass ``exit=False`` to return and let the platform stop it. Off the platform this is
     a no-op, except under ``HFAI_SIMULATE_SUSPEND_S`` where it exits like on the platform.
     """
+    _check_request_args("go_suspend", timeout, raise_exception)
     cdir = control_dir()
     if cdir is None:
         if _simulated_suspend_due():

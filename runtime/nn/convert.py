@@ -18,15 +18,25 @@ _SWAPS: dict[type, type] = {
 }
 
 
-def to_hfai(model: torch.nn.Module, inplace: bool = True, verbose: bool = False) -> torch.nn.Module:
+def to_hfai(model: torch.nn.Module, contiguous_param: bool = False, verbose: bool = False, *,
+            inplace: bool = True) -> torch.nn.Module:
     """Return ``model`` with every ``torch.nn.LayerNorm``, ``MultiheadAttention`` and ``LSTM``
     (exact types, at any depth, ``model`` itself included) switched to hfai's version.
+
+    The arguments are the original's, in its order. ``contiguous_param=True`` asked the original
+    to lay all parameters out in one flat buffer (faster fused optimizer steps); here it is
+    accepted and changes nothing (parameters keep their own storage, so optimizers and
+    ``state_dict`` are unaffected either way). ``inplace`` is keyword only: it was the second
+    positional argument here before, which the original gives to ``contiguous_param``.
 
     The hfai modules are subclasses that add no state, so the switch changes only each module's
     class: parameters, buffers, devices, dtypes, hooks, training mode and ``state_dict`` keys stay
     as they were, and optimizers built earlier keep working. With ``inplace=False`` a deep copy is
     converted and ``model`` is left untouched. ``verbose=True`` prints one line per module switched.
     """
+    for arg, value in (("contiguous_param", contiguous_param), ("inplace", inplace)):
+        if not isinstance(value, bool):
+            raise TypeError(f"to_hfai({arg}=...) takes True or False, got {value!r}")
     if not inplace:
         model = copy.deepcopy(model)
     for name, module in model.named_modules():
