@@ -25,6 +25,7 @@ _LAZY_SUBMODULES = frozenset(
         "nn",
         "reduce",
         "data",
+        "datasets",
         "client",
         "checkpoint",
         "distributed",
