@@ -64,8 +64,11 @@ def _run(job: JobRecord, rank: int, desired: DesiredRun, ack_window_s: float, ki
 
 
 def same_work(a: NodeAssignment | None, b: NodeAssignment) -> bool:
-    """True if ``a`` already tells the agent exactly what ``b`` does (fence aside)."""
-    return a is not None and a.runs == b.runs
+    """True if ``a`` (what the bucket holds) is ``b``: the same runs under the same fence. A value
+    of an older fence is always written again, so a new leader's first round stamps its term
+    on every node (issue 26: an old leader's value left in place could be replaced by that old
+    leader's late write, which the node then accepted)."""
+    return a is not None and a.fence == b.fence and a.runs == b.runs
 
 
 def pick_master_port(job_id: str, run_id: int, in_use: Container[int], base: int, span: int) -> int:

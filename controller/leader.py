@@ -4,6 +4,13 @@ write per-node assignments — a thin executor around pure functions.
 Every write is a compare-and-set on a job record, and assignments are derived from the records
 alone (see assignments.py), so a new leader continues exactly where the old one stopped.
 
+No stale writer wins (issue 26; docs/architecture.md, "Fencing"): every assignment write is a
+compare-and-set on the revision this term read or wrote, onto a value whose fence is at most this
+term's; every decision is a compare-and-set on a record whose ``term`` is at most this term's,
+and stamps it with this term. Before its first decision a new leader stamps its term on every
+node's assignment and every live record, so from then on the server refuses any write of an
+older term, however long that leader was paused and wherever.
+
 The loop reports progress (:meth:`Leader.beat`) at every tick and every record written; the lease
 is renewed only while it does, and the controller's watchdog ends a loop that stopped (see
 election.py and service.py). Every loop here also tests for a cancellation that an await inside
@@ -19,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import nats.errors
+import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
@@ -28,17 +36,20 @@ from hfai.config import Config
 from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, same_work
 from hfai.controller.election import LeaseElection
+from hfai.controller.faults import ASSIGNMENT_PUT, freeze_point
 from hfai.controller.inputs import plan_nodes, plan_settings
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings
 from hfai.controller.store import KVCache, cas_update
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import HfaiError, ProtocolError
-from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, RunEvent
+from hfai.protocol.errors import HfaiError, NotFound, ProtocolError
+from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, RunEvent, evolve
 
 log = logging.getLogger(__name__)
 
 EVENT_BATCH = 256
+STAMP_BATCH = 64  # records stamped at once at a takeover
+ASSIGN_ATTEMPTS = 4  # compare-and-set attempts of one assignment write
 
 
 @dataclass
@@ -73,7 +84,9 @@ class Leader:
         self.wake = wake
         self.settings = settings
         self.fence = election.token or 0
-        self._assigned: dict[str, NodeAssignment] = {}
+        # node -> (the assignment the bucket holds as this term last saw it, its revision; 0: none)
+        self._assigned: dict[str, tuple[NodeAssignment | None, int]] = {}
+        self._superseded = False  # a later term's write was seen: this loop leads no more
         self._lost_nodes: set[str] = set()
         self._led_since = time.monotonic()  # when this loop began leading
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
@@ -92,19 +105,20 @@ class Leader:
     def leading(self) -> bool:
         """Still the leader of the term this loop began in (a lease lost and won again since is a
         new term, with a new fence: it gets a new loop)."""
-        return self.election.is_leader and self.election.token == self.fence
+        return not self._superseded and self.election.is_leader and self.election.token == self.fence
 
     async def run(self) -> None:
         """Lead until the lease is lost or the task is cancelled."""
         log.info("leading with fence %d", self.fence)
-        await self._load_assignments()
-        # Give every node a full heartbeat window after a takeover before calling it dead.
-        now = self._led_since = time.monotonic()
-        for name in self.nodes.cache.values:
-            self.nodes.cache.seen[name] = max(self.nodes.cache.seen.get(name, now), now)
-        psub = await events_subscription(self._js, self.config)
-        events = asyncio.create_task(self._consume_events(psub), name="leader-events")
+        events: asyncio.Task | None = None
         try:
+            await self._take_over()
+            # Give every node a full heartbeat window after a takeover before calling it dead.
+            now = self._led_since = time.monotonic()
+            for name in self.nodes.cache.values:
+                self.nodes.cache.seen[name] = max(self.nodes.cache.seen.get(name, now), now)
+            psub = await events_subscription(self._js, self.config)
+            events = asyncio.create_task(self._consume_events(psub), name="leader-events")
             while self.leading():
                 raise_if_cancelled()
                 if events.done():  # never silently lead without consuming events
@@ -122,8 +136,63 @@ class Leader:
             if self._changed is not None:
                 self.jobs.untrack(self._changed)
             # Bounded: StuckTasksError if the consumer will not stop; the controller then exits.
-            await cancel_and_wait([events], self.cc.cancel_timeout_s)
+            if events is not None:
+                await cancel_and_wait([events], self.cc.cancel_timeout_s)
         log.info("no longer leading (fence %d)", self.fence)
+
+    async def _take_over(self) -> None:
+        """Stamp this term on everything an older leader could still write, before any decision:
+        every live job record (once this replica's copy holds every write made before the term
+        began) and every node's assignment. From then on the server refuses the older term's
+        writes (see the module docstring); a stamp that cannot be written fails the loop, which
+        the service starts again."""
+        await self._load_assignments()
+        await self._reach_bucket_end()
+        await self._stamp_records()
+        self._catch_up()
+        await self._publish_assignments()
+        if self.leading():
+            log.info("fence %d stamped on the live jobs and %d nodes' assignments", self.fence, len(self._assigned))
+
+    async def _reach_bucket_end(self) -> None:
+        """Wait until the jobs copy has applied every write the bucket held when this term began
+        (a record submitted a moment ago may still be on its way; an older leader may have seen it)."""
+        last = (await self._jobs_kv.status()).stream_info.state.last_seq or 0
+        deadline = time.monotonic() + max(1.0, self.cc.lease_ttl_s)
+        while self.jobs.high < last:
+            if time.monotonic() >= deadline:
+                # Only a message gone from the stream (never delivered) keeps it short for so long.
+                log.warning("the jobs copy reached revision %d of %d; stamping what it holds", self.jobs.high, last)
+                return
+            self.beat()
+            await asyncio.sleep(0.01)
+
+    async def _stamp_records(self) -> None:
+        fence = self.fence
+
+        def stamp(job: JobRecord) -> JobRecord | None:
+            return None if job.state.final or job.term >= fence else evolve(job, term=fence)
+
+        live = [k for k, j in self.jobs.values.items() if not j.state.final and j.term < fence]
+        for i in range(0, len(live), STAMP_BATCH):
+            if not self.leading():
+                return  # the loop ends at once (run checks leading())
+            self.beat()
+            written = await asyncio.gather(*(cas_update(self._jobs_kv, k, stamp, cached=self.jobs.cached(k))
+                                             for k in live[i:i + STAMP_BATCH]), return_exceptions=True)
+            for key, result in zip(live[i:i + STAMP_BATCH], written, strict=True):
+                if isinstance(result, NotFound):
+                    continue  # forgotten meanwhile (a finished record's purge)
+                if isinstance(result, BaseException):
+                    raise result
+                record, rev, changed = result
+                if changed:
+                    self.jobs.put_local(key, record, rev)
+                elif record.term > fence:
+                    log.warning("job %s was decided on by a later term (%d > %d): this term leads no more",
+                                key, record.term, fence)
+                    self._superseded = True
+                    return
 
     async def tick(self) -> None:
         await self._plan_round()
@@ -274,12 +343,24 @@ class Leader:
         return plan_settings(self.cc, self.settings.values if self.settings is not None else {}, explain)
 
     def _fenced(self, change):
-        """``change``, made a no-op once this loop no longer leads. A decision was taken on this
-        leader's view of the cluster; a leader frozen (SIGSTOP, a long GC pause) between deciding
-        and writing must not apply it after a successor decided otherwise. The test runs after
-        the record was read, right before the compare-and-set is sent: the narrowest window an
-        unfenced KV write allows."""
-        return lambda job: change(job) if self.leading() else None
+        """``change`` as a decision of this term: a no-op on a record a later term has written
+        (its ``term`` is higher: then this loop leads no more) or once this loop no longer leads;
+        otherwise the new record carries this term. The term test is what makes a late write
+        impossible, whatever the timing: a record a later term stamped is refused here when read
+        again, and the compare-and-set refuses the copy from before the stamp (see _take_over).
+        The lease test spares a thawed leader work it would only see refused."""
+        fence = self.fence
+
+        def fenced(job: JobRecord) -> JobRecord | None:
+            if job.term > fence:
+                self._superseded = True
+                return None
+            if not self.leading():
+                return None
+            new = change(job)
+            return new if new is None or new.term == fence else evolve(new, term=fence)
+
+        return fenced
 
     async def _update(self, job_id: str, change) -> None:
         before: list[ChainState] = []  # the state of the record the write was based on
@@ -305,23 +386,62 @@ class Leader:
 
     async def _load_assignments(self) -> None:
         for key in await _keys(self._assign_kv):
-            try:
-                self._assigned[key] = decode((await self._assign_kv.get(key)).value, NodeAssignment)
-            except Exception as e:
-                log.debug("skipping assignment %s: %s", key, e)
+            self._assigned[key] = await self._read_assignment(key)
+
+    async def _read_assignment(self, node: str) -> tuple[NodeAssignment | None, int]:
+        """What the bucket holds for ``node`` and its revision (0: no such key)."""
+        try:
+            entry = await self._assign_kv.get(node)
+        except nats.js.errors.KeyDeletedError as e:
+            return None, (e.entry.revision or 0) if e.entry is not None else 0
+        except nats.js.errors.KeyNotFoundError:
+            return None, 0
+        try:
+            return decode(entry.value, NodeAssignment), entry.revision or 0
+        except ProtocolError as e:
+            log.warning("node %s's assignment is unreadable (%s); it will be replaced", node, e)
+            return None, entry.revision or 0
 
     async def _publish_assignments(self) -> None:
         self._catch_up()  # this round's own writes; finished jobs are assigned nothing
+        # Keys of nodes this replica does not know (yet) are written too: nothing of an older
+        # term may stay there unstamped.
+        nodes = list(self.nodes.cache.values) + [n for n in self._assigned if n not in self.nodes.cache.values]
         wanted = desired_assignments(
-            list(self.planner.records.values()), list(self.nodes.cache.values), self.fence,
+            list(self.planner.records.values()), nodes, self.fence,
             self.cc.ack_window_s, self.cc.kill_window_s, fence_bound(self.cc.heartbeat_timeout_s),
         )
         for node, assignment in wanted.items():
-            if same_work(self._assigned.get(node), assignment) or not self.election.is_leader:
+            if same_work(self._assigned.get(node, (None, 0))[0], assignment):
                 continue
+            if not self.leading():
+                return
             self.beat()
-            await self._assign_kv.put(node, encode(assignment))
-            self._assigned[node] = assignment
+            await self._write_assignment(node, assignment)
+
+    async def _write_assignment(self, node: str, assignment: NodeAssignment) -> None:
+        """Compare-and-set ``node``'s assignment on the revision this term last saw, which holds a
+        value of this term or an older one. A refused write means someone wrote since: an older
+        term (a leader thawed mid-write), whose value ours replaces, or a later one, after which
+        this loop writes nothing more."""
+        data = encode(assignment)
+        rev = self._assigned.get(node, (None, 0))[1]
+        for _ in range(ASSIGN_ATTEMPTS):
+            freeze_point(ASSIGNMENT_PUT, node)
+            try:
+                self._assigned[node] = (assignment, await self._assign_kv.update(node, data, last=rev))
+                return
+            except nats.js.errors.KeyWrongLastSequenceError:
+                held, rev = await self._read_assignment(node)
+            if held is not None and held.fence > self.fence:
+                log.warning("node %s's assignment was written by a later leader (fence %d > %d): "
+                            "this term writes no more", node, held.fence, self.fence)
+                self._superseded = True
+                return
+            self._assigned[node] = (held, rev)
+            log.warning("node %s's assignment was written by fence %s since this term read it; replacing it",
+                        node, held.fence if held is not None else "none")
+        log.warning("node %s's assignment keeps changing; trying again next round", node)
 
 
 def _subject_node(subject: str) -> str:

@@ -45,6 +45,9 @@ class KVCache(Generic[T]):
         self._delivered: set[str] | None = None
         self._newest = 0
         self.ready = asyncio.Event()
+        # The highest revision this copy has applied (from the watch or our own writes): the
+        # watch delivers in stream order, so every write up to it is reflected here.
+        self.high = 0
         self._trackers: list[set[str]] = []  # see track()
 
     def track(self) -> set[str]:
@@ -109,6 +112,7 @@ class KVCache(Generic[T]):
 
     def _apply(self, entry) -> None:
         key = entry.key
+        self.high = max(self.high, entry.revision or 0)
         if entry.operation in (KV_DEL, KV_PURGE) or entry.value is None:
             self.values.pop(key, None)
             self.revisions.pop(key, None)

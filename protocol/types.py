@@ -269,6 +269,9 @@ class JobRecord:
     # Protocol 1.2: who put a waiting job on hold ("" = not held); failed runs requeued so far.
     hold: str = ""
     retried: int = 0
+    # The fencing token (lease term) of the leader that last decided on this record; a leader
+    # takes no decision on a record a later term has written (controller/leader.py, issue 26).
+    term: int = 0
 
     HISTORY_LIMIT: ClassVar[int] = 50
 
