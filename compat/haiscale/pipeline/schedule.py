@@ -37,7 +37,7 @@ def _module_device(module: nn.Module) -> torch.device:
 def split_microbatches(tensors: Sequence[torch.Tensor], chunks: int, what: str) -> list[tuple[torch.Tensor, ...]]:
     """Cut every tensor along dim 0 into ``chunks`` equal parts; micro-batch i gets part i of each."""
     for t in tensors:
-        if t.dim() == 0 or t.shape[0] % chunks != 0:
+        if t.dim() == 0 or t.shape[0] == 0 or t.shape[0] % chunks != 0:
             size = "a 0-d tensor" if t.dim() == 0 else f"dim 0 of size {t.shape[0]}"
             raise MicroBatchError(
                 f"{what}: {size} cannot be cut into chunks={chunks} equal micro-batches; "
@@ -112,12 +112,13 @@ class _Pipeline(nn.Module):
             raise PipelineError("forward_backward needs criterion=...: the loss computed on the last stage")
         if not torch.is_grad_enabled():
             raise PipelineError("forward_backward cannot run under torch.no_grad(); call the model instead")
+        label_list = tuple(labels) if isinstance(labels, (tuple, list)) else (labels,)
+        # Checked wherever given (every rank, in SPMD use), so a bad label fails on all ranks
+        # before any of them enters the schedule.
+        label_mbs = split_microbatches(_probe.as_tensor_tuple(label_list, "labels"), self.chunks, "labels")
         built, args = self._prepare(inputs, has_backward=True)
         self._criterion = criterion
-        if self.is_last_stage:
-            label_list = tuple(labels) if isinstance(labels, (tuple, list)) else (labels,)
-            if label_list:
-                self._labels = split_microbatches(_probe.as_tensor_tuple(label_list, "labels"), self.chunks, "labels")
+        self._labels = label_mbs if label_list else []
         losses: list[torch.Tensor] = []
         try:
             out = built.schedule.step(
@@ -144,13 +145,18 @@ class _Pipeline(nn.Module):
                 m.new_step()
         mbs: list[tuple[torch.Tensor, ...]] = []
         tensors: tuple[torch.Tensor, ...] = ()
-        sig = None
+        sig: object = None
         if self.is_first_stage:
-            tensors = _probe.as_tensor_tuple(inputs, "pipeline inputs")
-            mbs = split_microbatches(tensors, self.chunks, "inputs")
-            sig = tuple(_probe.TensorSig.of(t) for t in mbs[0])
+            try:
+                tensors = _probe.as_tensor_tuple(inputs, "pipeline inputs")
+                mbs = split_microbatches(tensors, self.chunks, "inputs")
+                sig = tuple(_probe.TensorSig.of(t) for t in mbs[0])
+            except PipelineError as e:
+                sig = e  # every stage raises it, rather than the others waiting for a step
         box = [sig]
         dist.broadcast_object_list(box, src=self._ranks[0], group=self.group, device=self._device)
+        if isinstance(box[0], PipelineError):
+            raise box[0]
         key = (has_backward, box[0])
         built = self._built.get(key)
         if built is None:
