@@ -7,6 +7,7 @@ User mistakes (missing or corrupt files, bad indices) end in a one-line error an
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -136,7 +137,7 @@ class _Bar:
     """A :class:`hfai.datasets.convert_common.Progress` drawn with click's progress bar on stderr."""
 
     def __init__(self) -> None:
-        self._bar = None
+        self._bar: Any = None  # a click ProgressBar while a phase runs
 
     def start(self, label: str, total: int) -> None:
         self.finish()

@@ -53,7 +53,7 @@ class BaseDataset(BatchedDataset):
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def __getitem__(self, indices: Sequence[int]) -> list[Any]:  # type: ignore[override]
+    def __getitem__(self, indices: Sequence[int]) -> list[Any]:
         """The items at ``indices`` (a list), in order; a single int gives one item, not a list."""
         if isinstance(indices, int | np.integer):
             return self.items([int(indices)])[0]
@@ -70,12 +70,18 @@ class BaseDataset(BatchedDataset):
         ``pin_memory=``, ``drop_last=``, ...), and as there the order is sequential unless a
         sampler or ``shuffle=True`` says otherwise. A sampler (e.g. ``DistributedSampler``) is
         followed, including the ``set_epoch`` the caller makes on it; ``loader.set_step(k)``
-        makes the next iteration skip its first ``k`` batches without reading them.
+        makes the next iteration skip its first ``k`` batches without reading them. Worker
+        processes are forked unless ``multiprocessing_context=`` says otherwise.
         """
         from hfai.data.loader import DataLoader
 
         if not args and "shuffle" not in kwargs:
             kwargs["shuffle"] = False  # torch's and the original loader's default, not hfai.data's
+        if kwargs.get("num_workers") and kwargs.get("multiprocessing_context") is None:
+            # Workers are forked, as by the original (ffrecord's loader): under
+            # hfai.multiprocessing.spawn the default would be spawn, where every worker
+            # imports torch and the script again (seconds each) and pickles the dataset.
+            kwargs["multiprocessing_context"] = "fork"
         return DataLoader(self, batch_size, *args, **kwargs)
 
 

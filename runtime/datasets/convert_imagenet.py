@@ -28,7 +28,7 @@ def scan_image_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not classes:
         raise ConvertError(f"{root}: no class folders in it (expected {root}/<class>/<image files>)")
-    images = []
+    images: list[tuple[Path, int]] = []
     for k, name in enumerate(classes):
         files = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
         images.extend((p, k) for p in files)
