@@ -11,6 +11,11 @@ Two forms share ``save`` and ``load``:
   checkpoint is written in parallel, and ``fname`` becomes a directory of parts. Every rank must
   hold the same state (data parallel), and all must write to one file system. ``load`` reads the
   parts with ``nthreads`` threads and returns ``{"model": ..., "optimizer": ..., **others}``.
+  Parameters and optimizer state must be equal on every rank (checked by a hash of every
+  tensor: a save whose ranks differ is refused); a module's buffers (BatchNorm's running
+  statistics, which ranks may hold differently) are all taken from rank 0, never mixed.
+* ``init(model, optimizer, scheduler=None, amp_scaler=None, ckpt_path=...)`` and the
+  ``model.try_save(epoch, step, others)`` it attaches: automatic resume (:mod:`hfai.auto_resume`).
 
 Every write is atomic: a job killed in the middle of a save leaves the previous checkpoint
 readable. A single file is written to a temporary name, fsynced and renamed. A directory commits
@@ -32,7 +37,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from hfai.auto_resume import CheckpointLoadError, init
 from hfai.protocol.errors import HfaiError
+
+__all__ = ["CheckpointLoadError", "atomic_path", "init", "latest", "load", "load_file", "load_sharded", "save",
+           "save_file", "save_sharded"]
 
 _STEP = re.compile(r"(\d+)")
 
@@ -171,14 +180,15 @@ def save_sharded(fname: str | os.PathLike, model: Any, optimizer: Any = None,
     clash = [k for k in others if k in _RESERVED or not isinstance(k, str)]
     if clash:
         raise HfaiError(f"others may not use the keys {clash!r}: load returns them beside 'model' and 'optimizer'")
-    entries = _entries(models, optims)
+    entries = _entries(models, optims, _buffer_keys(model))
     token = secrets.token_hex(6)
     if world > 1:
         # Every rank must make the same plan from the same state, or the parts would not add up.
-        plans = _gather((_digest(entries), token), group, world)
-        if any(d != plans[0][0] for d, _ in plans):
+        plans = _gather((_digest(entries), token, _fingerprints(models, optims, entries)), group, world)
+        if any(d != plans[0][0] for d, _, _ in plans):
             raise HfaiError("hfai.checkpoint.save: the ranks hold different model or optimizer state (it "
                             "saves a data-parallel job, whose ranks hold the same); use save(obj, path) on one rank")
+        _check_same_values(entries, [f for _, _, f in plans])
         token = plans[0][1]
     mine = _share(entries, world)[rank]
     name = _part_name(token, rank, world)
@@ -291,29 +301,110 @@ def _optim_state(sd: Mapping) -> Mapping:
     return state if isinstance(state, Mapping) else {}
 
 
-def _entries(models: list[Mapping], optims: list[Mapping]) -> list[tuple[str, int, Any, int]]:
-    """What the ranks share out: (section, index, key, bytes) of every model entry and every
-    parameter's optimizer state, in state-dict order."""
-    out = [("model", i, k, _nbytes(v)) for i, sd in enumerate(models) for k, v in sd.items()]
-    out += [("optimizer", i, k, _nbytes(v)) for i, sd in enumerate(optims) for k, v in _optim_state(sd).items()]
+def _buffer_keys(model: Any) -> list[frozenset[str] | None]:
+    """Per model: the state-dict keys that are not parameters (BatchNorm's running statistics and
+    the like), or None for a plain state dict, whose parameters cannot be told apart."""
+    out: list[frozenset[str] | None] = []
+    for m in model if isinstance(model, (list, tuple)) else [model]:
+        named = getattr(m, "named_parameters", None)
+        if not callable(named) or not callable(getattr(m, "state_dict", None)):
+            out.append(None)
+            continue
+        params = {name for name, _ in named(remove_duplicate=False)}
+        out.append(frozenset(k for k in m.state_dict(keep_vars=True) if k not in params))
     return out
 
 
-def _digest(entries: list[tuple[str, int, Any, int]]) -> str:
+#: An entry: (section, index, key, bytes, from rank 0 only). Rank 0's only: a module's buffers,
+#: which data-parallel ranks may legitimately hold differently (BatchNorm statistics of their own
+#: batches): the checkpoint takes one rank's, whole, never a mix.
+Entry = tuple[str, int, Any, int, bool]
+
+
+def _entries(models: list[Mapping], optims: list[Mapping], buffers: list[frozenset[str] | None]) -> list[Entry]:
+    """What the ranks share out: every model entry and every parameter's optimizer state, in
+    state-dict order."""
+    out: list[Entry] = []
+    for i, sd in enumerate(models):
+        bufs = buffers[i] if i < len(buffers) else None
+        out += [("model", i, k, _nbytes(v), bufs is not None and k in bufs) for k, v in sd.items()]
+    out += [("optimizer", i, k, _nbytes(v), False) for i, sd in enumerate(optims) for k, v in _optim_state(sd).items()]
+    return out
+
+
+def _value(models: list[Mapping], optims: list[Mapping], entry: Entry) -> Any:
+    section, i, key = entry[:3]
+    return models[i][key] if section == "model" else _optim_state(optims[i])[key]
+
+
+def _fingerprints(models: list[Mapping], optims: list[Mapping], entries: list[Entry]) -> list[str | None]:
+    """A hash of the value of every entry all ranks must hold alike (None for rank 0's only)."""
+    return [None if e[4] else _fingerprint(_value(models, optims, e)) for e in entries]
+
+
+def _fingerprint(value: Any) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        h.update(f"{t.dtype} {tuple(t.shape)};".encode())
+        if t.numel() == 0:
+            return
+        try:
+            flat = t.cpu().contiguous().reshape(-1)
+            h.update(flat.view(torch.uint8).numpy().data)  # no copy of the bytes
+        except (RuntimeError, TypeError):  # sparse, quantized, ...: slower, but still the values
+            h.update(repr(t.cpu().to_dense().tolist() if t.is_sparse else t.tolist()).encode())
+    elif isinstance(value, Mapping):
+        for k in sorted(value, key=repr):
+            h.update(f"{k!r}:".encode())
+            _feed(h, value[k])
+    else:
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def _check_same_values(entries: list[Entry], per_rank: list[list[str | None]]) -> None:
+    """Refuse a save whose ranks hold different parameters or optimizer state: its parts would
+    mix ranks, and the checkpoint would hold a state no rank had."""
+    differ = [j for j in range(len(entries)) if len({f[j] for f in per_rank}) > 1]
+    if not differ:
+        return
+    names = ", ".join(f"{entries[j][0]}[{entries[j][1]}][{entries[j][2]!r}]" for j in differ[:5])
+    names += " ..." if len(differ) > 5 else ""
+    ranks = sorted({r for r, f in enumerate(per_rank) for j in differ if f[j] != per_rank[0][j]})
+    raise HfaiError(f"hfai.checkpoint.save: ranks {ranks} hold other values than rank 0 for {len(differ)} "
+                    f"parameter or optimizer entries ({names}); a data-parallel job's ranks hold the same (are "
+                    f"the gradients all-reduced? is the model wrapped in DistributedDataParallel?). To save one "
+                    f"rank's state, call save(obj, path) on that rank only")
+
+
+def _digest(entries: list[Entry]) -> str:
     import hashlib
 
     return hashlib.sha256(repr(entries).encode()).hexdigest()
 
 
-def _share(entries: list[tuple[str, int, Any, int]], world: int) -> list[set[tuple[str, int, Any]]]:
-    """Entries per rank, about equal bytes each (largest first, to the least loaded rank; ties to
-    the lower rank). Pure and deterministic: every rank computes the same shares."""
+def _share(entries: list[Entry], world: int) -> list[set[tuple[str, int, Any]]]:
+    """Entries per rank: rank 0's only ones to rank 0, the rest for about equal bytes each
+    (largest first, to the least loaded rank; ties to the lower rank). Pure and deterministic:
+    every rank computes the same shares."""
     shares: list[set[tuple[str, int, Any]]] = [set() for _ in range(world)]
-    load = [(0, r) for r in range(world)]
-    order = sorted(range(len(entries)), key=lambda i: (-entries[i][3], i))
+    pinned = [e for e in entries if e[4]]
+    shares[0].update(e[:3] for e in pinned)
+    load = [(sum(e[3] for e in pinned) if r == 0 else 0, r) for r in range(world)]
+    heapq.heapify(load)
+    order = sorted((i for i, e in enumerate(entries) if not e[4]), key=lambda i: (-entries[i][3], i))
     for i in order:
         size, r = heapq.heappop(load)
-        section, index, key, nbytes = entries[i]
+        section, index, key, nbytes, _ = entries[i]
         shares[r].add((section, index, key))
         heapq.heappush(load, (size + nbytes, r))
     return shares
