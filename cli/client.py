@@ -122,6 +122,32 @@ class JobFilter:
 #: History lines per job a list asks for: the run time of a finished job needs the last two.
 LIST_HISTORY = 2
 
+#: Verbs whose request may be sent more than once (a hung replica must not fail the call): reads,
+#: and changes that set a value, so that a second copy finds it set and changes nothing (stop: a
+#: stopping or final job is left as it is; hold/release, update, quota_set, drain: the same
+#: value again). Not submit (each copy would create a job: the request has no idempotency key)
+#: nor requeue (a second copy would interrupt the job's next run, or fail on the first's result).
+REPEATABLE_VERBS = frozenset({
+    names.VERB_LIST, names.VERB_STATUS, names.VERB_NODES, names.VERB_SETTINGS, names.VERB_LOGS, names.VERB_USAGE,
+    names.VERB_ESTIMATE, names.VERB_STOP, names.VERB_HOLD, names.VERB_UPDATE, names.VERB_QUOTA_SET, names.VERB_DRAIN,
+})
+
+
+def try_plan(deadline_s: float, try_s: float, max_copies: int) -> tuple[tuple[float, int], ...]:
+    """When to send copies of a repeatable request: (seconds after the first, how many) pairs. One
+    at 0, then at every ``try_s`` without an answer as many again as were sent so far (1, 1, 2,
+    4, ...), up to ``max_copies`` in all and only while before ``deadline_s``. NATS hands each copy to
+    a random member of the replicas' queue group, so with one of two replicas hung the chance that
+    every copy reached it halves with each copy sent: 1/16 after 2 s, 1/65,536 after 4 s. Pure."""
+    if try_s <= 0 or max_copies <= 1:
+        return ((0.0, 1),)
+    plan, sent, k = [(0.0, 1)], 1, 1
+    while sent < max_copies and k * try_s < deadline_s:
+        n = min(sent, max_copies - sent)
+        plan.append((k * try_s, n))
+        sent, k = sent + n, k + 1
+    return tuple(plan)
+
 
 def creds_dir(config: Config) -> Path:
     """Where users' credentials files are: ``[nats] creds_dir``, by default ``$HFAI_HOME/creds``."""
@@ -191,7 +217,8 @@ class ApiClient:
 
     async def call(self, verb: str, request, expect: type):
         # An operator sends everything on the operator subject: its verbs, and others' jobs.
-        return await self._request(names.api_subject(self.user, verb, operator=self.operator), encode(request), expect)
+        return await self._request(names.api_subject(self.user, verb, operator=self.operator), encode(request), expect,
+                                   repeatable=verb in REPEATABLE_VERBS)
 
     @property
     def _conn(self) -> Client:
@@ -199,22 +226,22 @@ class ApiClient:
             raise RuntimeError("ApiClient is used as `async with ApiClient(...) as api:`")
         return self._nc
 
-    async def _request(self, subject: str, payload: bytes, expect: type):
-        refused = asyncio.get_running_loop().create_future()
+    async def _request(self, subject: str, payload: bytes, expect: type, repeatable: bool = False):
+        """One request, answered by whichever copy answers first. A ``repeatable`` one is sent
+        again on :func:`try_plan`'s schedule (see REPEATABLE_VERBS); every copy waits until the same
+        deadline, so a slow but live replica's answer still counts."""
+        nats_config = self.config.nats
+        deadline_s = nats_config.request_timeout_s
+        plan = try_plan(deadline_s, nats_config.request_try_s, nats_config.request_copies) if repeatable else \
+            ((0.0, 1),)
+        loop = asyncio.get_running_loop()
+        refused = loop.create_future()
         self._refused.setdefault(subject, set()).add(refused)
-        ask = asyncio.ensure_future(self._conn.request(subject, payload, timeout=self.config.nats.request_timeout_s))
+        asks: set[asyncio.Future] = set()
         try:
-            await asyncio.wait({ask, refused}, return_when=asyncio.FIRST_COMPLETED)
-            if refused.done() and not ask.done():
-                raise Forbidden(f"the cluster does not let {self.user} send {subject}"
-                                + ("" if self.operator else " (only operators may, or it is another user's)"))
-            msg = ask.result()
-        except nats.errors.NoRespondersError:
-            raise Unavailable("no controller is serving the API; is `hfai-controller` running?") from None
-        except (TimeoutError, nats.errors.TimeoutError):
-            raise Unavailable(f"no answer within {self.config.nats.request_timeout_s:g}s on {subject}") from None
+            msg = await self._first_answer(subject, payload, plan, loop.time() + deadline_s, asks, refused)
         finally:
-            if not ask.done():
+            for ask in asks:
                 ask.cancel()
             waiting = self._refused.get(subject, set())
             waiting.discard(refused)
@@ -225,6 +252,36 @@ class ApiClient:
         if isinstance(reply, ErrorReply):
             raise error_for_code(reply.code)(reply.message)
         return reply
+
+    async def _first_answer(self, subject: str, payload: bytes, plan: tuple[tuple[float, int], ...], deadline: float,
+                            asks: set[asyncio.Future], refused: asyncio.Future):
+        """Send the copies ``plan`` says when it says (seconds after now); the first reply."""
+        loop = asyncio.get_running_loop()
+        start, todo, sent = loop.time(), list(plan), 0
+        while True:
+            now = loop.time()
+            while todo and start + todo[0][0] <= now:
+                for _ in range(todo.pop(0)[1]):
+                    left = max(0.0, deadline - now)
+                    asks.add(asyncio.ensure_future(self._conn.request(subject, payload, timeout=left)))
+                    sent += 1
+            waiting = {a for a in asks if not a.done()}
+            if not waiting and not todo:
+                raise Unavailable(f"no answer within {self.config.nats.request_timeout_s:g}s on {subject}"
+                                  + (f" (asked {sent} times)" if sent > 1 else ""))
+            until = start + todo[0][0] if todo else deadline
+            done, _ = await asyncio.wait(waiting | {refused}, timeout=max(0.0, until - now),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if refused.done():
+                raise Forbidden(f"the cluster does not let {self.user} send {subject}"
+                                + ("" if self.operator else " (only operators may, or it is another user's)"))
+            for ask in done:
+                try:
+                    return ask.result()
+                except nats.errors.NoRespondersError:
+                    raise Unavailable("no controller is serving the API; is `hfai-controller` running?") from None
+                except (TimeoutError, nats.errors.TimeoutError):
+                    pass  # this copy's time is up; the others may still answer
 
     async def raw_request(self, subject: str, payload: bytes) -> bytes:
         """Send arbitrary bytes (tests use it to feed garbage to the API)."""

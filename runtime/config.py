@@ -32,6 +32,13 @@ class NatsConfig:
     url: str = "nats://127.0.0.1:4222"
     connect_timeout_s: float = 2.0
     request_timeout_s: float = 5.0
+    # A request that is safe to repeat (reads and idempotent changes, see hfai.cli.client) is sent
+    # again, alongside the copies still waiting, when none answered within this long: the API
+    # replicas share a queue group, so a hung replica would otherwise fail its share of the calls
+    # for as long as it hangs. Every try ends at request_timeout_s. 0: one try.
+    request_try_s: float = 1.0
+    # At most this many copies of one such request; each retry doubles the copies sent so far.
+    request_copies: int = 16
     # A daemon retries creating buckets/streams this often while JetStream is not ready.
     setup_retry_s: float = 1.0
     # Replicas of KV buckets and streams: 1 on a single server, 3 on a production cluster.
@@ -151,6 +158,10 @@ class WebConfig:
     port: int = 8470
     # A signed-in browser session is forgotten after this long without a request.
     session_idle_s: float = 8 * 3600.0
+    # How often idle sessions are closed (their NATS connection and credentials file).
+    session_sweep_s: float = 60.0
+    # Signed-in sessions one user may hold at once; signing in once more ends their oldest.
+    sessions_per_user: int = 16
     # How far back node telemetry is kept in the NATS stream HFAI_TELEMETRY (and shown).
     telemetry_max_age_s: float = 3600.0
     # The pages poll their JSON this often.
