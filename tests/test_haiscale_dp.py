@@ -83,6 +83,7 @@ def _both(rank, world):
     return out
 
 
+@pytest.mark.slow  # two spawned ranks importing torch: 10-15 s on a loaded 2-core machine
 @pytest.mark.timeout(120)
 def test_ddp_and_fsdp_match_full_batch_training():
     for worst in assert_all_ok(run_ranks(_both, 2, deadline_s=100)):

@@ -242,6 +242,7 @@ def _schedules(rank, world):
     return results
 
 
+@pytest.mark.slow  # two spawned ranks importing torch: 10-15 s on a loaded 2-core machine
 @pytest.mark.timeout(120)
 def test_two_stage_schedules_match_the_whole_model():
     for worst in assert_all_ok(run_ranks(_schedules, 2, deadline_s=100)):
