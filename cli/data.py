@@ -27,7 +27,7 @@ _user_errors = user_errors(_data_errors)
 
 @click.group("data")
 def data_group() -> None:
-    """Pack, inspect and verify ffrecord datasets (.ffr files and directories of them)."""
+    """Pack, inspect, verify and convert ffrecord datasets (.ffr files and directories of them)."""
 
 
 @data_group.command("pack")
