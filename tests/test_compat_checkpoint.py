@@ -1,6 +1,6 @@
-"""Checkpoints as the hfai-models scripts use them, on two gloo ranks: save(fname, model, ...) takes
-buffers from one rank and refuses ranks whose parameters differ; hfai.checkpoint.init +
-model.try_save resume a job that a real suspend flag interrupted."""
+"""Checkpoints as the hfai-models scripts use them, on two gloo ranks: save(fname, model, ...) of a
+model under the hfreduce DDP takes buffers from one rank and refuses ranks whose parameters differ;
+hfai.checkpoint.init + model.try_save resume a job that a real suspend flag interrupted."""
 
 from __future__ import annotations
 
@@ -44,16 +44,21 @@ def _teardown() -> None:
 # ------------------------------------------------------------------- buffers from one rank
 
 def _buffers_rank(rank: int, store: str, out: str, results: str) -> None:
+    import hfai.nn.parallel
+    import hfai.reduce
+
     _init_group(rank, store)
-    model = _model()  # the same parameters on both ranks
+    # The hfreduce DDP: the same parameters on both ranks (broadcast from rank 0) ...
+    model = hfai.nn.parallel.DistributedDataParallel(_model(seed=rank),
+                                                     reduce_config=hfai.reduce.ReduceConfig(timeout_s=20))
     model.train()
     torch.manual_seed(100 + rank)  # ... but each rank's own batches: BatchNorm statistics differ
-    model(torch.randn(16, 8) * (rank + 1))
+    model(torch.randn(16, 8) * (rank + 1)).sum().backward()
     torch.save({k: v for k, v in model.state_dict().items()}, os.path.join(results, f"state{rank}.pt"))
     ckpt.save(out, model, None, others={"epoch": 1})
     # Different parameters: refused on every rank, nothing written over the checkpoint.
     with torch.no_grad():
-        model[0].weight[0, 0] += rank
+        model.module[0].weight[0, 0] += rank
     try:
         ckpt.save(out, model, None, others={"epoch": 2})
         refused = "saved"
@@ -61,6 +66,7 @@ def _buffers_rank(rank: int, store: str, out: str, results: str) -> None:
         refused = str(e)
     with open(os.path.join(results, f"rank{rank}"), "w") as f:
         json.dump(refused, f)
+    model.close()
     _teardown()
 
 
@@ -80,7 +86,7 @@ def test_buffers_come_from_one_rank_and_differing_parameters_are_refused(tmp_pat
     assert got["epoch"] == 1 and all(torch.equal(got["model"][k], v) for k, v in states[0].items())
     for r in (0, 1):
         refused = json.loads((tmp_path / f"rank{r}").read_text())
-        assert "ranks [1] hold other values than rank 0" in refused and "'0.weight'" in refused, refused
+        assert "ranks [1] hold other values than rank 0" in refused and "'module.0.weight'" in refused, refused
     assert ckpt.load(out)["epoch"] == 1  # the refused save left the checkpoint as it was
 
 
