@@ -83,6 +83,19 @@ def test_spawn_accepts_bind_numa_and_keeps_a_single_node_hosts_affinity(tmp_path
             assert set(got.split(",")) < set(mine.split(","))
 
 
+@pytest.mark.slow
+def test_spawn_binds_each_rank_as_planned(tmp_path, monkeypatch):
+    # This host has one NUMA node; a two-node plan exercises what a worker does with its share.
+    pytest.importorskip("torch")
+    import hfai.multiprocessing
+
+    first = min(os.sched_getaffinity(0))
+    monkeypatch.setattr(numa, "plan_for_this_host", lambda n: [frozenset({first}), None][:n])
+    hfai.multiprocessing.spawn(_report_affinity, args=(str(tmp_path),), nprocs=2)
+    assert (tmp_path / "rank0").read_text() == str(first)
+    assert (tmp_path / "rank1").read_text() == ",".join(map(str, sorted(os.sched_getaffinity(0))))
+
+
 # --------------------------------------------------------------------------- except hook
 
 _HOOKED = """
