@@ -130,7 +130,7 @@ def cat(file: str, index: str) -> None:
     click.echo(data.tobytes(), nl=False)  # bytes go to the binary stdout, unchanged
 
 
-CONVERT_KINDS = ("imagenet", "clue", "clue-corpus", "ltsf")
+CONVERT_KINDS = ("imagenet", "clue", "clue-corpus", "ltsf", "coco", "gcc")
 
 
 class _Bar:
@@ -161,6 +161,8 @@ class _Bar:
 @click.option("--nfiles", type=click.IntRange(min=1), help="Parts per split (imagenet: 150 train, 10 val; else 1).")
 @click.option("--encoded", is_flag=True, help="imagenet: keep the files' encoded bytes (smaller; this platform only).")
 @click.option("--miniset", is_flag=True, help="imagenet: write DST/mini/ImageNet (what miniset=True reads).")
+@click.option("--split", type=click.Choice(("train", "val")), default="train", show_default=True,
+              help="gcc: the split the index is.")
 @click.option("--task", help="clue: the task name (default: SRC's folder name without _public).")
 @click.option("--vocab", type=click.Path(exists=True, dir_okay=False), help="clue: vocabulary file, a token a line.")
 @click.option("--vocab-size", type=click.IntRange(min=6), default=8021, show_default=True,
@@ -168,8 +170,8 @@ class _Bar:
 @click.option("--max-length", type=click.IntRange(min=3), default=128, show_default=True,
               help="clue: tokens per sequence, [CLS] and [SEP] included.")
 @_user_errors
-def convert(kind: str, src: str, dst: str, nfiles: int | None, encoded: bool, miniset: bool, task: str | None,
-            vocab: str | None, vocab_size: int, max_length: int) -> None:
+def convert(kind: str, src: str, dst: str, nfiles: int | None, encoded: bool, miniset: bool, split: str,
+            task: str | None, vocab: str | None, vocab_size: int, max_length: int) -> None:
     """Convert public dataset files at SRC into the hfai.datasets layout under the data directory DST.
 
     \b
@@ -177,22 +179,24 @@ def convert(kind: str, src: str, dst: str, nfiles: int | None, encoded: bool, mi
     clue         a CLUE task folder (train.json, dev.json, test.json, labels.json) -> DST/CLUE/<task>/
     clue-corpus  a .txt file or folder of them, a passage a line -> DST/CLUE/corpus.ffr
     ltsf         an Autoformer CSV (date,<columns>...) or folder of them -> DST/LTSF/<name>.ffr
+    coco         SRC/{train2017,val2017}/ and SRC/annotations/ -> DST/COCO/
+    gcc          a TSV index (title, filepath) of Conceptual Captions -> DST/GoogleConceptualCaption/
 
     Jobs read DST through HFAI_DATASETS_DIR (hfai dataset add) or hfai.datasets.set_data_dir(DST).
     A split appears only when complete; an existing one is refused.
     """
     bar = _Bar()
     try:
-        written = _convert(kind, src, dst, bar, nfiles=nfiles, encoded=encoded, miniset=miniset, task=task,
-                           vocab=vocab, vocab_size=vocab_size, max_length=max_length)
+        written = _convert(kind, src, dst, bar, nfiles=nfiles, encoded=encoded, miniset=miniset, split=split,
+                           task=task, vocab=vocab, vocab_size=vocab_size, max_length=max_length)
     finally:
         bar.finish()
     for path in written:
         click.echo(f"wrote {path}")
 
 
-def _convert(kind: str, src: str, dst: str, bar: _Bar, *, nfiles, encoded, miniset, task, vocab, vocab_size,
-             max_length) -> list:
+def _convert(kind: str, src: str, dst: str, bar: _Bar, *, nfiles, encoded, miniset, split, task, vocab,
+             vocab_size, max_length) -> list:
     if kind == "imagenet":
         from hfai.datasets.convert_imagenet import convert_imagenet
 
@@ -204,6 +208,12 @@ def _convert(kind: str, src: str, dst: str, bar: _Bar, *, nfiles, encoded, minis
         if kind == "clue":
             return convert_clue_task(src, dst, task=task, **options)
         return convert_clue_corpus(src, dst, **options)
+    if kind in ("coco", "gcc"):
+        from hfai.datasets.convert_captions import convert_coco, convert_gcc
+
+        if kind == "coco":
+            return convert_coco(src, dst, nfiles=nfiles, progress=bar)
+        return convert_gcc(src, dst, split=split, nfiles=nfiles or 1, progress=bar)
     from hfai.datasets.convert_ltsf import convert_ltsf
 
     return convert_ltsf(src, dst, progress=bar)

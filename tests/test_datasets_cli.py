@@ -92,3 +92,11 @@ def test_convert_imports_no_torch(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "False"
     assert (tmp_path / "out" / "LTSF" / "s.ffr").is_file()
+
+
+@pytest.mark.parametrize(("name", "needs"), [("OGB", "torch_geometric"), ("NuScenes", "nuscenes-devkit"),
+                                             ("ERA5", "no ERA5 converter")])
+def test_refused_datasets_import_and_say_what_is_missing(name, needs):
+    cls = getattr(datasets, name)  # `from hfai.datasets import OGB` works
+    with pytest.raises(datasets.UnsupportedDatasetError, match=needs):
+        cls("ogbn-proteins")

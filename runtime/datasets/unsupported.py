@@ -16,22 +16,6 @@ def _refuse(name: str, why: str) -> NoReturn:
     raise UnsupportedDatasetError(f"hfai.datasets.{name} is not provided on this platform: {why}")
 
 
-class GoogleConceptualCaption:
-    """Refused: no image-caption converter yet (HFAiLab's googlecc layout needs its CSV index)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        _refuse("GoogleConceptualCaption", "no converter for Conceptual Captions exists yet; read your own "
-                "ffrecord files with hfai.data.FileReader or subclass hfai.datasets.base.BaseDataset")
-
-
-class CocoCaption:
-    """Refused: no COCO captions converter yet."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        _refuse("CocoCaption", "no COCO captions converter exists yet; read your own ffrecord files with "
-                "hfai.data.FileReader or subclass hfai.datasets.base.BaseDataset")
-
-
 class OGB:
     """Refused: the OGB graphs need the packages ``ogb`` and ``torch_geometric``."""
 
