@@ -21,10 +21,20 @@ restart the job elsewhere; an orphan left running would write the same checkpoin
 So the launcher records ``RUN_DIR/fenced`` (the platform stopped the job: an interruption, not a
 failure), SIGTERMs the job's group and SIGKILLs it once the stamp is ``fence_kill_s`` old, which the
 leader chose to fall inside its heartbeat timeout. ``fence_s`` 0 (or absent): no fencing.
+
+Nothing outlives its run (issue 26 §6): whichever way the job ends (it exits, the agent stops
+it, the launcher fences it), the launcher then SIGKILLs what is left of the job's process group
+and every other process the job started, before it records the exit status: a child that
+ignored SIGTERM, and one that left the group (``setsid``, a double fork), which the kernel
+re-parents to the launcher because it is a child subreaper (``PR_SET_CHILD_SUBREAPER``). So once
+the agent reads the status, no process of the run is alive. A process that escapes both (one the
+kernel re-parents elsewhere: a subreaper of the job's own) is out of reach; a cgroup per run would
+catch it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import json
 import math
@@ -94,6 +104,7 @@ def main(argv: list[str]) -> int:
         spec = json.load(f)
     fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     with open(fd, "ab", buffering=0) as log:
+        _become_subreaper()
         try:
             child = _spawn(spec, log)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
@@ -111,6 +122,9 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         code = _supervise(child, spec, run_dir, log)
+        left = end_leftovers(child.pid)
+        if left:
+            log.write(f"=== hfai: killed {left} process(es) the job left running ===\n".encode())
         log.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
     exit_file = os.path.join(run_dir, "exit_code")
     write_volatile(exit_file, f"{code}\n")
@@ -185,11 +199,75 @@ def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, log) -> int:
     finally:
         if pidfd is not None:
             os.close(pidfd)
-    if termed:
-        # The group leader is gone; anything left of the group would be an orphan of a run the
-        # platform stopped, still writing where the restarted run writes.
-        _killpg(child.pid, signal.SIGKILL)
     return code
+
+
+PR_SET_CHILD_SUBREAPER = 36
+LEFTOVER_ROUNDS = 50  # kill-and-reap rounds (each a generation of orphans), 0.1 s apart at most
+
+
+def _become_subreaper() -> None:
+    """Make the processes the job orphans (a double fork, setsid) children of this launcher, so
+    that end_leftovers finds them. Linux >= 3.4; elsewhere the group kill alone remains."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _children() -> list[int]:
+    """This process's children (single-threaded: the main thread's list is all of them)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: scan the process table
+        return _children_by_scan(pid)
+
+
+def _children_by_scan(parent: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
+                out.append(int(name))
+    return out
+
+
+def end_leftovers(pgid: int) -> int:
+    """After the job (leader of group ``pgid``, already reaped) ended: SIGKILL its group and every
+    process it left behind, and reap them. Returns how many processes were killed. Called before
+    the exit status is written, while the launcher has started nothing else."""
+    _killpg(pgid, signal.SIGKILL)
+    killed: set[int] = set()
+    for _ in range(LEFTOVER_ROUNDS):
+        kids = _children()
+        if not kids:
+            break
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        _killpg(pgid, signal.SIGKILL)  # members that had not been re-parented yet
+        deadline = time.monotonic() + 0.1
+        for pid in kids:  # a killed process's own children come to us once it is gone
+            while time.monotonic() < deadline:
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if done:
+                    break
+                time.sleep(0.002)
+    return len(killed)
 
 
 def _pidfd(pid: int) -> int | None:
