@@ -90,4 +90,4 @@ def test_group_is_exposed_as_data_for_the_main_cli():
     from hfai.cli import data as module
 
     assert isinstance(module.data, click.Group) and module.data.name == "data"
-    assert sorted(module.data.commands) == ["cat", "info", "pack", "verify"]
+    assert sorted(module.data.commands) == ["cat", "convert", "info", "pack", "verify"]
