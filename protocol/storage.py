@@ -16,6 +16,9 @@ from hfai.protocol.types import message
 VERB_WS_MISSING = "ws_missing"
 VERB_WS_PUT = "ws_put"
 VERB_WS_COMMIT = "ws_commit"
+# Is the service still committing this workspace? A pushing client asks every second while it
+# waits for its commit, so a service that died mid-commit is noticed in seconds.
+VERB_WS_COMMIT_STATUS = "ws_commit_status"
 VERB_WS_MANIFEST = "ws_manifest"
 VERB_WS_FETCH = "ws_fetch"
 VERB_WS_LIST = "ws_list"
@@ -89,6 +92,33 @@ class CommitRequest:
     KIND: ClassVar[str]
     workspace: str
     manifest: Manifest
+
+
+@message("ws_commit_status")
+class CommitStatus:
+    """Whether the service is committing (or about to commit) ``workspace`` for the caller now."""
+
+    KIND: ClassVar[str]
+    workspace: str
+    committing: bool = False
+
+
+@message("ws_commit_journal")
+class CommitJournal:
+    """The service's own record of a commit in progress, kept in its state directory (never on the
+    wire) so a service killed midway finishes or undoes the commit when it starts again
+    (:mod:`hfai.storage.commit`). ``old_ino``/``new_ino``: inode numbers of the workspace's
+    directory before the commit (0: there was none) and of the tree assembled for it; which of
+    them is at the workspace's path says how far the commit got. ``phase``: a
+    :class:`hfai.storage.commit.Phase` value."""
+
+    KIND: ClassVar[str]
+    workspace: str
+    manifest: Manifest
+    delete: tuple[str, ...] = ()
+    old_ino: int = 0
+    new_ino: int = 0
+    phase: str = "built"
 
 
 @message("ws_request")

@@ -20,7 +20,7 @@ from hfai._atomic import write_atomic
 from hfai.cli.client import ApiClient
 from hfai.protocol import encode, names
 from hfai.protocol import storage as s
-from hfai.protocol.errors import InvalidRequest, NotFound, Unavailable
+from hfai.protocol.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
 from hfai.storage.chunks import build_manifest, chunk_hash, quick_index, read_chunk
 
@@ -28,6 +28,8 @@ MARKER_DIR = ".hfai"
 MARKER = "workspace.json"
 QUICK = "pushed.json"  # size, mtime and chunks of each file at the last push
 IN_FLIGHT = 4
+#: How often a client waiting for its commit asks whether the service is still at it.
+COMMIT_PING_S = 1.0
 
 Progress = Callable[[int], object]
 
@@ -44,20 +46,22 @@ class PushResult:
 class StorageClient(ApiClient):
     async def scall(self, verb: str, request, expect: type, timeout_s: float | None = None):
         """One request to the storage service (``timeout_s``: other than ``[nats] request_timeout_s``)."""
+        import copy
         from dataclasses import replace
 
         subject = names.storage_subject(self.user, verb, operator=self.operator)
-        saved = self.config
+        # A twin sharing the connection carries the other timeout, so requests made meanwhile
+        # (a commit's liveness pings) keep the usual one.
+        caller = self
+        if timeout_s is not None:
+            caller = copy.copy(self)
+            caller.config = replace(self.config, nats=replace(self.config.nats, request_timeout_s=timeout_s))
         try:
-            if timeout_s is not None:
-                self.config = replace(saved, nats=replace(saved.nats, request_timeout_s=timeout_s))
-            return await self._request(subject, encode(request), expect)
+            return await caller._request(subject, encode(request), expect)
         except Unavailable as e:
             if "no controller" in str(e):
                 raise Unavailable("no storage service answers; is `hfai-storage` running?") from None
             raise
-        finally:
-            self.config = saved
 
 
 # ---------------------------------------------------------------------------- the marker
@@ -105,9 +109,11 @@ def remote_workdir(cwd: Path) -> str | None:
 
 async def push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
                on_hash: Progress | None = None, on_send: Progress | None = None,
-               on_plan: Callable[[int, int], object] | None = None, bwlimit: int = 0) -> PushResult:
+               on_plan: Callable[[int, int], object] | None = None, bwlimit: int = 0,
+               ping_s: float = COMMIT_PING_S) -> PushResult:
     """Push the workspace at ``root``. ``on_plan(chunks, bytes to send)`` is told what will move;
-    ``on_hash``/``on_send`` of each chunk's bytes; ``bwlimit`` (bytes/s, 0: none) paces the sends."""
+    ``on_hash``/``on_send`` of each chunk's bytes; ``bwlimit`` (bytes/s, 0: none) paces the sends.
+    Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
     marker = read_marker(root)
     name = plan.check_workspace_name(marker["name"])
     known = _read_quick(root, chunk_bytes)
@@ -118,6 +124,25 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         for i, h in enumerate(f.chunks):
             where.setdefault(h, (f, i))
     hashes = list(where)
+    lacking, sent = await _send_missing(client, root, name, hashes, where, chunk_bytes, request_bytes, on_plan,
+                                        on_send, bwlimit)
+    try:
+        info = await commit(client, name, manifest, commit_timeout_s, ping_s)
+    except Conflict:
+        # Files on the cluster changed since their push (a job rewrote one, or an old service was
+        # killed mid-commit): the service forgot them, so asking again lists their chunks.
+        more, more_sent = await _send_missing(client, root, name, hashes, where, chunk_bytes, request_bytes,
+                                              on_plan, on_send, bwlimit)
+        lacking, sent = lacking + more, sent + more_sent
+        info = await commit(client, name, manifest, commit_timeout_s, ping_s)
+    write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
+    write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes,
+                                                         "files": quick_index(root, manifest, stamps)}))
+    return PushResult(info, len(manifest.files), len(hashes), len(lacking), sent)
+
+
+async def _send_missing(client, root, name, hashes, where, chunk_bytes, request_bytes, on_plan, on_send,
+                        bwlimit) -> tuple[list[str], int]:
     lacking: list[str] = []
     for i in range(0, len(hashes), 4096):
         ask = s.MissingRequest(workspace=name, hashes=tuple(hashes[i:i + 4096]))
@@ -127,12 +152,52 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     if on_plan is not None:
         on_plan(len(lacking), sum(sizes.values()))
     sent = await _send(client, root, name, lacking, where, sizes, chunk_bytes, request_bytes, on_send, bwlimit)
-    info = await client.scall(s.VERB_WS_COMMIT, s.CommitRequest(workspace=name, manifest=manifest),
-                              s.WorkspaceInfo, timeout_s=commit_timeout_s)
-    write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
-    write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes,
-                                                         "files": quick_index(root, manifest, stamps)}))
-    return PushResult(info, len(manifest.files), len(hashes), len(lacking), sent)
+    return lacking, sent
+
+
+async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout_s: float,
+                 ping_s: float = COMMIT_PING_S) -> s.WorkspaceInfo:
+    """Commit ``manifest`` and wait for it, asking every ``ping_s`` whether the service is still
+    committing: a service that died (no responders), hangs (no answer within ``[nats]
+    request_timeout_s``) or restarted (no longer committing it) ends the wait with Unavailable
+    within seconds, not ``timeout_s``."""
+    ask = asyncio.ensure_future(client.scall(s.VERB_WS_COMMIT, s.CommitRequest(workspace=name, manifest=manifest),
+                                             s.WorkspaceInfo, timeout_s=timeout_s))
+    forgotten = 0
+    try:
+        while True:
+            done, _ = await asyncio.wait({ask}, timeout=ping_s)
+            if done:
+                return ask.result()
+            why = await _commit_alive(client, name)
+            forgotten = forgotten + 1 if why.startswith(_RESTARTED) else 0
+            if ask.done():
+                return ask.result()
+            # One "not committing" can be the reply still on its way; two in a row are not.
+            if why and (not why.startswith(_RESTARTED) or forgotten >= 2):
+                raise Unavailable(f"the storage service {why}. A commit is all "
+                                  "or nothing: jobs see the workspace as before this push or as pushed, never a "
+                                  "mix, and the service finishes or undoes it when it starts. Push again once "
+                                  "`hfai-storage` runs (the chunks already sent are not sent again).")
+    finally:
+        if not ask.done():
+            ask.cancel()
+        await asyncio.gather(ask, return_exceptions=True)
+
+
+_RESTARTED = "restarted"
+
+
+async def _commit_alive(client: StorageClient, name: str) -> str:
+    """Empty if the service is committing ``name`` for us, else what happened to it."""
+    try:
+        status = await client.scall(s.VERB_WS_COMMIT_STATUS, s.WorkspaceRequest(workspace=name), s.CommitStatus)
+    except Unavailable as e:
+        how = "it is not running" if "no storage service" in str(e) else "it is hung or cut off from NATS"
+        return f"stopped answering while committing workspace {name} ({how})"
+    except InvalidRequest:  # a service older than this client: it cannot tell, so keep waiting
+        return ""
+    return "" if status.committing else f"{_RESTARTED} while committing workspace {name}"
 
 
 def _read_quick(root: Path, chunk_bytes: int) -> dict:

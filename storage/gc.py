@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from hfai.protocol import names
@@ -66,7 +66,9 @@ def run_gc(workspaces: Workspaces, gc_root: str | os.PathLike, now: float, age_s
     moved, deleted = [], []
     stamp = str(int(now))
     for user in workspaces.users():
-        for ws in sorted(p for p in (workspaces.root / user).iterdir() if p.is_dir() and not p.is_symlink()):
+        # Names starting with '.' are no workspaces (a commit's tree being assembled, for one).
+        for ws in sorted(p for p in (workspaces.root / user).iterdir()
+                         if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")):
             rels = plan.gc_moves(entries(ws), now, age_s)
             for rel in rels:
                 dest = gc / user / stamp / ws.name / rel
@@ -75,7 +77,7 @@ def run_gc(workspaces: Workspaces, gc_root: str | os.PathLike, now: float, age_s
                 shutil.move(str(ws / rel), str(dest))
                 moved.append(f"{user}/{ws.name}/{rel}")
             if rels:
-                _forget(workspaces, user, ws.name, rels)
+                workspaces.forget(user, ws.name, rels)
         user_gc = gc / user
         if user_gc.is_dir() and names.is_token(user):
             for old in plan.gc_expired((p.name for p in user_gc.iterdir() if p.is_dir()), now, keep_s):
@@ -84,17 +86,3 @@ def run_gc(workspaces: Workspaces, gc_root: str | os.PathLike, now: float, age_s
     if moved or deleted:
         log.info("gc: moved %d path(s), deleted %d old gc entr(ies)", len(moved), len(deleted))
     return GcResult(tuple(moved), tuple(deleted))
-
-
-def _forget(workspaces: Workspaces, user: str, name: str, rels: list[str]) -> None:
-    """Drop moved files from the workspace's manifest, so a later push sends them again."""
-    try:
-        m = workspaces.manifest(user, name)
-    except Exception:
-        return
-    if m is None:
-        return
-    gone = tuple(rels)
-    kept = tuple(f for f in m.files if not any(f.path == r or f.path.startswith(r + "/") for r in gone))
-    if len(kept) != len(m.files):
-        workspaces.save_manifest(user, name, replace(m, files=kept))

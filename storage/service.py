@@ -55,11 +55,14 @@ class StorageService:
         self._staging: Staging | None = None
         # One commit at a time per workspace; different workspaces go on concurrently.
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Commits asked for and not yet answered, per workspace (what ws_commit_status reports).
+        self._committing: dict[tuple[str, str], int] = {}
         self._closed = False
         self._handlers: dict[str, tuple[type, Callable[[str, bool, Any], Awaitable[object]]]] = {
             s.VERB_WS_MISSING: (s.MissingRequest, self.ws_missing),
             s.VERB_WS_PUT: (s.PutRequest, self.ws_put),
             s.VERB_WS_COMMIT: (s.CommitRequest, self.ws_commit),
+            s.VERB_WS_COMMIT_STATUS: (s.WorkspaceRequest, self.ws_commit_status),
             s.VERB_WS_MANIFEST: (s.WorkspaceRequest, self.ws_manifest),
             s.VERB_WS_FETCH: (s.FetchRequest, self.ws_fetch),
             s.VERB_WS_LIST: (s.ListWorkspaces, self.ws_list),
@@ -76,10 +79,18 @@ class StorageService:
         buckets = await _nats.ensure_shared_state(js, self.config)
         self._users_kv = buckets.users
         self._staging = await Staging.open(js, self.config.nats.replicas, self.sc.staging_ttl_s)
+        await self._recover()
         self._sub = await nc.subscribe(names.STORAGE_WILDCARD, queue=names.STORAGE_QUEUE, cb=self.handle)
         self._supervisor.spawn(self._every(self.sc.scan_interval_s, self.scan), "usage-scan")
         self._supervisor.spawn(self._every(self.sc.gc_interval_s, self.gc), "gc")
         log.info("storage service: workspaces in %s, limit %s", self.sc.workspace_root, plan.human(self.sc.limit_bytes))
+
+    async def _recover(self) -> None:
+        """Finish or undo the commits a killed service left, before answering anyone."""
+        for user, name, done in await asyncio.to_thread(self.workspaces.recover):
+            m = self.workspaces.manifest(user, name)
+            if done == "finished" and m is not None:
+                await self.staging.release(user, {h for f in m.files for h in f.chunks})
 
     async def failed(self) -> str:
         return await self._supervisor.failed()
@@ -179,14 +190,25 @@ class StorageService:
         if m.chunk_bytes != self.sc.chunk_bytes:
             raise InvalidRequest(f"chunks of {m.chunk_bytes} bytes; this cluster uses {self.sc.chunk_bytes}")
         plan.check_manifest(m, self.sc.chunk_bytes)
-        async with self._lock(user, req.workspace):
-            held = set(self.workspaces.held(user, req.workspace)) | self.staging.held(user)
-            lacking = plan.missing((h for f in m.files for h in f.chunks), held)
-            if lacking:
-                raise InvalidRequest(f"{len(lacking)} chunk(s) of this push never arrived; push again")
-            await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h))
-            await self.staging.release(user, {h for f in m.files for h in f.chunks})
+        key = (user, req.workspace)
+        self._committing[key] = self._committing.get(key, 0) + 1
+        try:
+            async with self._lock(user, req.workspace):
+                held = set(self.workspaces.held(user, req.workspace)) | self.staging.held(user)
+                lacking = plan.missing((h for f in m.files for h in f.chunks), held)
+                if lacking:
+                    raise InvalidRequest(f"{len(lacking)} chunk(s) of this push never arrived; push again")
+                await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h))
+                await self.staging.release(user, {h for f in m.files for h in f.chunks})
+        finally:
+            self._committing[key] -= 1
+            if not self._committing[key]:
+                del self._committing[key]
         return self.workspaces.info(user, req.workspace)
+
+    async def ws_commit_status(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.CommitStatus:
+        plan.check_workspace_name(req.workspace)
+        return s.CommitStatus(workspace=req.workspace, committing=(user, req.workspace) in self._committing)
 
     async def ws_manifest(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.Manifest:
         self.workspaces.info(user, req.workspace)  # NotFound if none

@@ -2,25 +2,32 @@
 in the service's state directory. The thin I/O side of :mod:`hfai.storage.plan`.
 
 Written as root (in production) and handed to the user: the user's directory is theirs, mode
-0700, so no other user (nor their jobs) can read it. Every file is written to a temporary name in
-its directory and renamed, so a job never sees half a file.
+0700, so no other user (nor their jobs) can read it. A commit is all or nothing as jobs see it
+(:mod:`hfai.storage.commit`); a commit the service was killed in is finished or undone by
+:meth:`Workspaces.recover` when it starts again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import pwd
 import shutil
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from hfai._atomic import write_atomic
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Conflict, NotFound, ProtocolError
-from hfai.protocol.storage import FileEntry, Manifest, WorkspaceInfo
+from hfai.protocol.errors import NotFound, ProtocolError
+from hfai.protocol.storage import CommitJournal, Manifest, WorkspaceInfo
+from hfai.storage import commit as commit_mod
 from hfai.storage import plan
-from hfai.storage.chunks import chunk_hash
+from hfai.storage.files import account, chown, remove_tree
+
+log = logging.getLogger(__name__)
 
 ReadChunk = Callable[[str], Awaitable[bytes]]
 
@@ -80,68 +87,61 @@ class Workspaces:
     # -------------------------------------------------------------------------------- commit
 
     async def commit(self, user: str, name: str, new: Manifest, staged: ReadChunk) -> plan.CommitPlan:
-        """Make the workspace on disk what ``new`` says; chunks come from the files already there
-        when they have them, else from ``staged`` (the object store)."""
-        old = self.manifest(user, name)
-        present = self.present(user, name, old)
-        todo = plan.commit_plan(old, new, present)
-        base = self.path(user, name)
-        owner = self._user_dir(user)
-        base.mkdir(exist_ok=True)
-        _chown(base, owner)
-        held = plan.held_chunks(old, present)
-        # Every new file is assembled first (reading held chunks from the old files), then all are
-        # renamed into place: a chunk held in a file that is itself rewritten is still the old one.
-        done: list[tuple[Path, Path]] = []
-        try:
-            for f in todo.write:
-                done.append(await self._write(base, f, new.chunk_bytes, held, old.chunk_bytes if old else 0,
-                                              staged, owner))
-        except BaseException:
-            for tmp, _ in done:
-                tmp.unlink(missing_ok=True)
-            raise
-        for tmp, target in done:
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        for f in todo.chmod:
-            os.chmod(base / f.path, f.mode)
-        for rel in todo.delete:
-            try:
-                os.unlink(base / rel)
-            except (FileNotFoundError, IsADirectoryError):
-                pass
-        _prune_empty_dirs(base)
-        self.save_manifest(user, name, new)
-        return todo
+        """Make the workspace on disk what ``new`` says, all or nothing as seen by jobs
+        (:mod:`hfai.storage.commit`); chunks come from the files already there when they have
+        them, else from ``staged`` (the object store). The file work runs in a thread, so the
+        service keeps answering (a pushing client asks whether its commit is still going)."""
+        loop = asyncio.get_running_loop()
 
-    async def _write(self, base: Path, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
-                     old_chunk_bytes: int, staged: ReadChunk, owner: pwd.struct_passwd | None) -> tuple[Path, Path]:
-        """Assemble ``f`` in a temporary file beside its target; returns (temporary, target)."""
-        target = base / f.path
-        _make_parents(base, target.parent, owner)
-        tmp = target.with_name(f".{target.name}.hfai-tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            with open(fd, "wb") as out:
-                for h in f.chunks:
-                    if h in held and old_chunk_bytes == chunk_bytes:
-                        path, offset = held[h]
-                        with open(base / path, "rb") as src:
-                            src.seek(offset)
-                            data = src.read(chunk_bytes)
-                        if chunk_hash(data) != h:
-                            raise Conflict(f"{path} changed on the cluster since it was pushed; push again")
-                    else:
-                        data = await staged(h)
-                    out.write(data)
-            os.chmod(tmp, f.mode & 0o777)
-            _chown(tmp, owner)
-            return tmp, target
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        def read(h: str) -> bytes:
+            return asyncio.run_coroutine_threadsafe(staged(h), loop).result()
+
+        return await asyncio.to_thread(commit_mod.commit, self, user, name, new, read)
+
+    def _journal_path(self, user: str, name: str) -> Path:
+        return self._manifest_path(user, name).with_suffix(".journal")
+
+    def save_journal(self, user: str, journal: CommitJournal) -> None:
+        p = self._journal_path(user, journal.workspace)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(p, encode(journal), mode=0o600)
+
+    def drop_journal(self, user: str, name: str) -> None:
+        self._journal_path(user, name).unlink(missing_ok=True)
+
+    def forget(self, user: str, name: str, paths: Iterable[str]) -> None:
+        """Drop ``paths`` (and what lies below them) from the workspace's manifest: the cluster no
+        longer vouches for their content, so a later push sends them again."""
+        m = self.manifest(user, name)
+        gone = tuple(paths)
+        if m is None or not gone:
+            return
+        kept = tuple(f for f in m.files if not any(f.path == r or f.path.startswith(r + "/") for r in gone))
+        if len(kept) != len(m.files):
+            self.save_manifest(user, name, replace(m, files=kept))
+
+    def recover(self) -> list[tuple[str, str, str]]:
+        """At start, before serving: finish or undo every commit a killed service left, and remove
+        its temporary files and trees; returns (user, workspace, "finished"/"undone") of each."""
+        done = []
+        for jpath in sorted(self.manifests.glob("*/*.journal")):
+            user, name = jpath.parent.name, jpath.stem
+            try:
+                journal = decode(jpath.read_bytes(), CommitJournal)
+            except (OSError, ProtocolError):
+                journal = None
+            if journal is None or journal.workspace != name:
+                log.warning("%s: unreadable commit journal; the workspace keeps what is on disk", jpath)
+                jpath.unlink(missing_ok=True)
+                continue
+            done.append((user, name, commit_mod.recover(self, user, journal)))
+            commit_mod.clean_temporaries(self.path(user, name))
+        for leftover in self.manifests.glob("*/*.tmp.*"):  # write_atomic's, of a kill mid-write
+            leftover.unlink(missing_ok=True)
+        for user in self.users():
+            for side in (self.root / user).glob(commit_mod.NEXT_PREFIX + "*"):
+                remove_tree(side)
+        return done
 
     # ------------------------------------------------------------------------- list, usage
 
@@ -165,7 +165,9 @@ class Workspaces:
     def remove(self, user: str, name: str) -> WorkspaceInfo:
         info = self.info(user, name)
         shutil.rmtree(self.path(user, name), ignore_errors=True)
+        shutil.rmtree(commit_mod.next_path(self.path(user, name)), ignore_errors=True)
         self._manifest_path(user, name).unlink(missing_ok=True)
+        self.drop_journal(user, name)
         return info
 
     def users(self) -> list[str]:
@@ -176,13 +178,13 @@ class Workspaces:
         """Bytes of the regular files under the user's directory (links not followed)."""
         return tree_bytes(self.root / names.check_token("user name", user))
 
-    def _user_dir(self, user: str) -> pwd.struct_passwd | None:
+    def user_dir(self, user: str) -> pwd.struct_passwd | None:
         """Make ``<root>/<user>`` (0700, the user's when the service runs as root and the node
         knows the account); returns the account to hand files to (None: keep the service's)."""
         d = self.root / user
         d.mkdir(mode=0o700, exist_ok=True)
-        owner = _account(user)
-        _chown(d, owner)
+        owner = account(user)
+        chown(d, owner)
         os.chmod(d, 0o700)
         return owner
 
@@ -198,41 +200,3 @@ def tree_bytes(path: Path) -> int:
             if stat.S_ISREG(st.st_mode):
                 total += st.st_size
     return total
-
-
-def _account(user: str) -> pwd.struct_passwd | None:
-    if os.geteuid() != 0:
-        return None
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        return None
-    return pw if pw.pw_uid != 0 else None
-
-
-def _chown(path: Path, owner: pwd.struct_passwd | None) -> None:
-    if owner is not None:
-        os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
-
-
-def _make_parents(base: Path, parent: Path, owner: pwd.struct_passwd | None) -> None:
-    """Create the directories between ``base`` and ``parent``; a non-directory in the way (a file
-    the new manifest replaces by a directory) is removed."""
-    rel = parent.relative_to(base)
-    cur = base
-    for part in rel.parts:
-        cur = cur / part
-        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
-            cur.unlink()
-        if not cur.exists():
-            cur.mkdir()
-            _chown(cur, owner)
-
-
-def _prune_empty_dirs(base: Path) -> None:
-    for dirpath, dirs, files in os.walk(base, topdown=False):
-        if dirpath != str(base) and not dirs and not files:
-            try:
-                os.rmdir(dirpath)
-            except OSError:
-                pass

@@ -1,0 +1,326 @@
+"""Committing a pushed manifest into a workspace, all or nothing as seen by jobs, and finishing or
+undoing a commit a killed service left (docs/storage.md, "What a commit looks like to jobs").
+
+A commit of ``<user>/<name>`` (the directory jobs run in; call it D):
+
+1. **build**: assemble the whole new tree N at ``<user>/.hfai-next-<name>``: new and changed
+   files are written, every other file (unchanged ones, and files jobs wrote that no manifest
+   lists) is a hard link to D's. D is untouched.
+2. journal :attr:`Phase.BUILT` (the new manifest, the inodes of D and N) in the state directory;
+   **swap** D and N in one ``renameat2(RENAME_EXCHANGE)``: the path now resolves to N, exactly
+   the pushed tree. A first commit (no D) is one ``rename`` of N into place, and done.
+3. journal :attr:`Phase.APPLYING`; **apply** the same change to D (now at the side name) file
+   by file (hard links of N's files renamed over D's, removed files unlinked), so jobs already
+   running in D, whose working directory is D itself, keep it and whatever they write into it.
+4. journal :attr:`Phase.APPLIED`; **swap back**: the path resolves to D again, now the pushed tree
+   too; remove N, record the manifest, drop the journal.
+
+A reader resolving the path sees D before step 2, N between 2 and 4, D after: the old tree or the
+new one, never a mix. Killed anywhere, :func:`recover` (run at start) decides from the journal and
+which inode is at the path: before the swap it removes N (the old tree stays, exactly); after it,
+it redoes the apply step (every step is idempotent) and finishes. Where the filesystem cannot
+exchange (:mod:`hfai.storage.swap`), steps 2 and 4 are skipped and readers see the apply step's
+file-by-file renames, as before this module existed; the journal still makes a killed commit
+finish at start.
+
+``HFAI_STORAGE_FAULT=<point>`` (tests only) stops the service process (SIGSTOP) at that point of
+every commit: ``built``, ``swapped``, ``applied``, so a test can look at the tree and kill it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import pwd
+import shutil
+import signal
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hfai.protocol.errors import Conflict
+from hfai.protocol.storage import CommitJournal, FileEntry, Manifest
+from hfai.storage import plan, swap
+from hfai.storage.chunks import chunk_hash
+from hfai.storage.files import chown, ino, make_parents, prune_empty_dirs, remove_tree
+
+if TYPE_CHECKING:
+    from hfai.storage.workspace import Workspaces
+
+log = logging.getLogger(__name__)
+
+#: The assembled tree's name beside the workspace (workspace names never start with '.').
+NEXT_PREFIX = ".hfai-next-"
+#: Temporary names inside a workspace while a file is renamed into place (also the suffix older
+#: versions used, so their leftovers are cleaned too).
+TMP_SUFFIX = ".hfai-tmp"
+FAULT_ENV = "HFAI_STORAGE_FAULT"
+
+ReadStaged = Callable[[str], bytes]  # a staged chunk by hash; KeyError if none is staged
+
+
+class Phase(enum.Enum):
+    """How far a journaled commit got. BUILT -> APPLYING -> APPLIED, then the journal is removed.
+    BUILT: N is complete, D untouched (swapped or not: the inode at the path tells). APPLYING: D
+    is being changed file by file. APPLIED: D holds the new tree."""
+
+    BUILT = "built"
+    APPLYING = "applying"
+    APPLIED = "applied"
+
+
+def next_path(base: Path) -> Path:
+    return base.with_name(NEXT_PREFIX + base.name)
+
+
+def _fault(point: str) -> None:
+    if os.environ.get(FAULT_ENV) == point:
+        log.warning("%s=%s: stopping this process here", FAULT_ENV, point)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+# ---------------------------------------------------------------------------------- commit
+
+def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged) -> plan.CommitPlan:
+    """Make the workspace what ``new`` says (blocking; see the module docstring for the steps).
+    Raises Conflict, changing nothing, when a file on the cluster no longer holds the chunks its
+    manifest says and no staged copy exists; those files are forgotten, so the next push sends
+    them again."""
+    base = ws.path(user, name)
+    owner = ws.user_dir(user)
+    old = ws.manifest(user, name) if base.is_dir() else None
+    present = ws.present(user, name, old)
+    todo = plan.commit_plan(old, new, present)
+    held = plan.held_chunks(old, present) if old is not None and old.chunk_bytes == new.chunk_bytes else {}
+    nxt = next_path(base)
+    remove_tree(nxt)
+    try:
+        stray = _build(base, nxt, new, todo, held, read, owner)
+    except _Changed as e:
+        remove_tree(nxt)
+        ws.forget(user, name, e.paths)
+        raise
+    except BaseException:
+        remove_tree(nxt)
+        raise
+    journal = CommitJournal(workspace=name, manifest=new, delete=todo.delete + stray, old_ino=ino(base),
+                            new_ino=ino(nxt), phase=Phase.BUILT.value)
+    ws.save_journal(user, journal)
+    _fault("built")
+    if journal.old_ino == 0:
+        os.rename(nxt, base)
+    else:
+        _swap_in(ws, user, base, journal, owner)
+    _finish(ws, user, journal)
+    return todo
+
+
+def _swap_in(ws: Workspaces, user: str, base: Path, journal: CommitJournal, owner: pwd.struct_passwd | None) -> None:
+    nxt = next_path(base)
+    swapped = swap.exchange(base, nxt)
+    if not swapped:
+        log.warning("%s: this filesystem cannot swap directories; replacing files in place", base)
+    _fault("swapped")
+    _apply_and_return(ws, user, base, journal, owner, swapped)
+
+
+def _apply_and_return(ws: Workspaces, user: str, base: Path, journal: CommitJournal, owner: pwd.struct_passwd | None,
+                      swapped: bool) -> None:
+    """Steps 3 and 4: bring D up to date (D is at the side name when ``swapped``), swap back."""
+    nxt = next_path(base)
+    d, n = (nxt, base) if swapped else (base, nxt)
+    ws.save_journal(user, _with_phase(journal, Phase.APPLYING))
+    _apply(d, n, journal.manifest, journal.delete, owner)
+    ws.save_journal(user, _with_phase(journal, Phase.APPLIED))
+    _fault("applied")
+    if swapped and not swap.exchange(base, nxt):
+        raise OSError(f"could not swap {base} back with {nxt}")
+
+
+def _finish(ws: Workspaces, user: str, journal: CommitJournal) -> None:
+    remove_tree(next_path(ws.path(user, journal.workspace)))
+    ws.save_manifest(user, journal.workspace, journal.manifest)
+    ws.drop_journal(user, journal.workspace)
+
+
+def _with_phase(j: CommitJournal, phase: Phase) -> CommitJournal:
+    return CommitJournal(workspace=j.workspace, manifest=j.manifest, delete=j.delete, old_ino=j.old_ino,
+                         new_ino=j.new_ino, phase=phase.value)
+
+
+# ----------------------------------------------------------------------------------- build
+
+def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: dict[str, tuple[str, int]],
+           read: ReadStaged, owner: pwd.struct_passwd | None) -> tuple[str, ...]:
+    """Assemble N; returns the temporary files of an earlier, killed commit found in D (the apply
+    step removes them)."""
+    nxt.mkdir(mode=0o700)
+    if base.is_dir():
+        os.chmod(nxt, stat.S_IMODE(os.stat(base).st_mode))
+    chown(nxt, owner)
+    rewrite = {f.path for f in todo.write}
+    copy = {f.path for f in todo.chmod}
+    changed: set[str] = set()  # D's files found not to hold what their manifest says
+    complete = True
+    for f in new.files:
+        target = nxt / f.path
+        make_parents(nxt, target.parent, owner)
+        if f.path in rewrite:
+            complete &= _assemble(base, target, f, new.chunk_bytes, held, read, owner, changed)
+        elif f.path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
+            shutil.copyfile(base / f.path, target, follow_symlinks=False)
+            os.chmod(target, f.mode & 0o777)
+            chown(target, owner)
+        else:
+            os.link(base / f.path, target, follow_symlinks=False)
+    if not complete:
+        raise _Changed(sorted(changed))
+    return _link_others(base, nxt, new, set(todo.delete), owner)
+
+
+class _Changed(Conflict):
+    def __init__(self, paths: list[str]):
+        self.paths = tuple(paths)
+        if not paths:  # a chunk vanished from staging meanwhile (another push of the same content?)
+            super().__init__("some chunks of this push are no longer on the cluster; push again")
+            return
+        super().__init__(f"{len(paths)} file(s) changed on the cluster since they were pushed ({paths[0]}"
+                         f"{', …' if len(paths) > 1 else ''}); the next push sends their content again: push again")
+
+
+def _assemble(base: Path, target: Path, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
+              read: ReadStaged, owner: pwd.struct_passwd | None, changed: set[str]) -> bool:
+    """Write ``f`` at ``target`` from chunks held in D's files (checked) or staged. False when a
+    chunk is in neither (a file of D changed since its push, added to ``changed``, and nothing
+    staged has that chunk)."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "wb") as out:
+        for h in f.chunks:
+            data = _held(base, held, h, chunk_bytes, changed)
+            if data is None:
+                try:
+                    data = read(h)
+                except KeyError:
+                    return False
+            out.write(data)
+    os.chmod(target, f.mode & 0o777)
+    chown(target, owner)
+    return True
+
+
+def _held(base: Path, held: dict[str, tuple[str, int]], h: str, chunk_bytes: int, changed: set[str]) \
+        -> bytes | None:
+    if h not in held:
+        return None
+    path, offset = held[h]
+    try:
+        with open(base / path, "rb") as src:
+            src.seek(offset)
+            data = src.read(chunk_bytes)
+    except OSError:
+        data = b""
+    if chunk_hash(data) == h:
+        return data
+    changed.add(path)
+    return None
+
+
+def _link_others(base: Path, nxt: Path, new: Manifest, delete: set[str], owner: pwd.struct_passwd | None) \
+        -> tuple[str, ...]:
+    """Hard-link into N what D holds besides the manifests' files: what jobs wrote there stays in
+    the workspace across pushes. Entries the new manifest needs the place of lose (as an in-place
+    commit would remove them)."""
+    if not base.is_dir():
+        return ()
+    files = {f.path for f in new.files}
+    dirs = {"/".join(p.split("/")[:i]) for p in files for i in range(1, p.count("/") + 1)}
+    stray: list[str] = []
+    for dirpath, subdirs, names in os.walk(base):
+        rel_dir = os.path.relpath(dirpath, base)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        if rel_dir in files:  # a directory where the new manifest has a file
+            subdirs[:] = []
+            continue
+        for entry in names + [d for d in subdirs if os.path.islink(os.path.join(dirpath, d))]:
+            rel = f"{rel_dir}/{entry}" if rel_dir else entry
+            if entry.endswith(TMP_SUFFIX):
+                stray.append(rel)
+            elif rel not in files and rel not in delete and rel not in dirs and not _parents(rel) & files:
+                make_parents(nxt, (nxt / rel).parent, owner)
+                os.link(os.path.join(dirpath, entry), nxt / rel, follow_symlinks=False)
+    return tuple(stray)
+
+
+def _parents(rel: str) -> set[str]:
+    parts = rel.split("/")
+    return {"/".join(parts[:i]) for i in range(1, len(parts))}
+
+
+# ----------------------------------------------------------------------------------- apply
+
+def _apply(d: Path, n: Path, new: Manifest, delete: tuple[str, ...], owner: pwd.struct_passwd | None) -> None:
+    """Make D's manifest files N's (same inodes), remove ``delete`` from D. Idempotent."""
+    for f in new.files:
+        src, dst = n / f.path, d / f.path
+        make_parents(d, dst.parent, owner)
+        if ino(dst) == ino(src) != 0:
+            continue
+        if dst.is_dir() and not dst.is_symlink():
+            shutil.rmtree(dst)
+        tmp = dst.with_name(f".{dst.name}{TMP_SUFFIX}")
+        tmp.unlink(missing_ok=True)
+        os.link(src, tmp, follow_symlinks=False)
+        os.replace(tmp, dst)
+    for rel in delete:
+        try:
+            os.unlink(d / rel)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            pass
+    prune_empty_dirs(d)
+
+
+# --------------------------------------------------------------------------------- recover
+
+def recover(ws: Workspaces, user: str, journal: CommitJournal) -> str:
+    """Finish or undo the commit ``journal`` records (the service was killed during it); returns
+    what was done ("finished" or "undone")."""
+    base = ws.path(user, journal.workspace)
+    nxt = next_path(base)
+    at_path = ino(base)
+    owner = ws.user_dir(user)
+    phase = Phase(journal.phase)
+    if at_path == 0 or at_path not in (journal.old_ino, journal.new_ino):
+        done = "undone"  # the workspace is gone or replaced: nothing of this commit applies
+    elif journal.old_ino == 0 or (at_path == journal.old_ino and phase is Phase.APPLIED):
+        done = "finished"
+    elif at_path == journal.new_ino:  # swapped: D waits at the side name
+        _apply_and_return(ws, user, base, journal, owner, swapped=True)
+        done = "finished"
+    elif phase is Phase.APPLYING:  # the in-place fallback, killed while applying
+        _apply(base, nxt, journal.manifest, journal.delete, owner)
+        done = "finished"
+    else:  # BUILT and never swapped: D is the old tree, exactly
+        done = "undone"
+    if done == "finished":
+        _finish(ws, user, journal)
+    else:
+        remove_tree(nxt)
+        ws.drop_journal(user, journal.workspace)
+    log.warning("%s/%s: a commit the service was killed in is %s", user, journal.workspace, done)
+    return done
+
+
+def clean_temporaries(base: Path) -> int:
+    """Remove temporary files of killed commits inside a workspace; returns how many."""
+    n = 0
+    for dirpath, _dirs, names in os.walk(base):
+        for entry in names:
+            if entry.endswith(TMP_SUFFIX):
+                try:
+                    os.unlink(os.path.join(dirpath, entry))
+                    n += 1
+                except FileNotFoundError:
+                    pass
+    return n

@@ -1,0 +1,63 @@
+"""Small filesystem steps shared by workspace commits and GC: ownership, parents, pruning."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+from pathlib import Path
+
+
+def account(user: str) -> pwd.struct_passwd | None:
+    """The Unix account to hand ``user``'s files to: only when the service runs as root and the
+    node knows a non-root account of that name (None: keep the service's own)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    return pw if pw.pw_uid != 0 else None
+
+
+def chown(path: Path, owner: pwd.struct_passwd | None) -> None:
+    if owner is not None:
+        os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+
+
+def make_parents(base: Path, parent: Path, owner: pwd.struct_passwd | None) -> None:
+    """Create the directories between ``base`` and ``parent``; a non-directory in the way (a file
+    the new manifest replaces by a directory) is removed."""
+    cur = base
+    for part in parent.relative_to(base).parts:
+        cur = cur / part
+        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
+            cur.unlink()
+        if not cur.exists():
+            cur.mkdir()
+            chown(cur, owner)
+
+
+def prune_empty_dirs(base: Path) -> None:
+    for dirpath, dirs, files in os.walk(base, topdown=False):
+        if dirpath != str(base) and not dirs and not files:
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` whatever it is (a directory tree, a file, a link); absent is fine."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def ino(path: Path) -> int:
+    """The inode number of ``path`` itself (0: nothing there)."""
+    try:
+        return os.lstat(path).st_ino
+    except FileNotFoundError:
+        return 0
