@@ -221,6 +221,10 @@ class Agent:
         problem = assignment_problem(a, self.node)
         if problem:
             return self._refuse(f"refusing assignment with fence {a.fence}: {problem}")
+        # An equal fence is the same leader's next write. That a stale leader cannot write one
+        # (it could: a node cut off NATS keeps the old term's fence) is the server's guarantee,
+        # not this check's: a leader writes each assignment by compare-and-set on a value of its
+        # term or older, and stamps every node at a takeover (controller/leader.py, issue 26).
         if a.fence < self._fence:
             return self._refuse(f"ignoring assignment with stale fence {a.fence} (newest seen {self._fence})")
         if a.fence > self._fence:

@@ -24,8 +24,9 @@ from test_fault_leader import _kv_job
 from test_fault_suite import overlapping, runs_by_job
 
 from hfai.auth.roles import Role
+from hfai.controller.assignments import same_work
 from hfai.controller.faults import ASSIGNMENT_PUT, FREEZE_ENV, arm
-from hfai.protocol.types import ChainState, NodeState
+from hfai.protocol.types import ChainState, NodeAssignment, NodeState
 
 RUNLOG = str(JOBS / "runlog.py")
 TTL_S = 2.0
@@ -225,3 +226,13 @@ def _closed(sock: socket.socket) -> bool:
         return sock.recv(4) == b""
     except ConnectionResetError:
         return True
+
+
+def test_an_older_fence_is_never_the_same_work():
+    """A new leader's first round rewrites every node held under an older fence (its stamp), even
+    when the work is unchanged: an old value left in place is what the old leader's late write
+    could replace unseen."""
+    old, new = NodeAssignment(node="n0", fence=7), NodeAssignment(node="n0", fence=9)
+    assert not same_work(old, new)
+    assert same_work(NodeAssignment(node="n0", fence=9), new)
+    assert not same_work(None, new)
