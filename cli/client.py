@@ -210,6 +210,12 @@ class ApiClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up (False before ``__aenter__``, after ``close`` or once the
+        server dropped it, e.g. for revoked credentials: this client never reconnects)."""
+        return self._nc is not None and self._nc.is_connected
+
     async def close(self) -> None:
         if self._nc is not None:
             await self._nc.close()

@@ -79,28 +79,31 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
     servers = [u.strip() for u in config.nats.url.split(",") if u.strip()]  # a cluster: a list
     creds = creds if creds is not None else config.nats.creds
     identity = _identity(creds) if creds else {}
-    attempt = asyncio.ensure_future(
-        nats.connect(
-            servers,
-            name=name,
-            connect_timeout=config.nats.connect_timeout_s,
-            allow_reconnect=reconnect,
-            max_reconnect_attempts=-1 if reconnect else 0,
-            reconnect_time_wait=0.5,
-            error_cb=log_error,
-            reconnected_cb=_on_reconnected,
-            **identity,
-            **tls_options(config),
-        )
+    # Our own Client rather than nats.connect(): a refused first connection (allow_reconnect off)
+    # leaves its socket open, in CLOSE-WAIT until garbage collection, unless it is closed here.
+    nc = Client()
+    options: dict[str, Any] = dict(  # Client.connect's annotations say int where floats work
+        name=name,
+        connect_timeout=config.nats.connect_timeout_s,
+        allow_reconnect=reconnect,
+        max_reconnect_attempts=-1 if reconnect else 0,
+        reconnect_time_wait=0.5,
+        error_cb=log_error,
+        reconnected_cb=_on_reconnected,
+        **identity,
+        **tls_options(config),
     )
+    attempt = asyncio.ensure_future(nc.connect(servers, **options))
     try:
         if not reconnect:
             limit = config.nats.connect_timeout_s * max(1, len(servers)) + 1.0
-            return await asyncio.wait_for(attempt, timeout=limit)
+            await asyncio.wait_for(attempt, timeout=limit)
+            return nc
         while True:
             done, _ = await asyncio.wait({attempt}, timeout=WAIT_LOG_INTERVAL_S)
             if done:
-                return attempt.result()
+                await attempt
+                return nc
             log.warning("still waiting for NATS at %s", config.nats.url)
     except (TimeoutError, OSError, nats.errors.NoServersError, nats.errors.Error) as e:
         if "authorization violation" in str(e).lower():
@@ -116,6 +119,8 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
     finally:
         if not attempt.done():
             attempt.cancel()  # our own task: never left behind, on timeout or cancellation
+        if not nc.is_connected:
+            await nc.close()
 
 
 @dataclass

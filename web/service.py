@@ -53,6 +53,7 @@ class WebService:
     async def start(self) -> None:
         self._nc = nc = await _nats.connect(self.config, name="hfai-web")
         self._supervisor.spawn(self.telemetry.follow(nc), "telemetry")
+        self._supervisor.spawn(self.sessions.sweep_forever(), "session-sweep")
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.web.host, max(0, self.config.web.port))
@@ -110,7 +111,7 @@ class WebService:
     async def _auth(self, request: web.Request, handler):
         if request.path in ("/login", "/healthz"):
             return await handler(request)
-        session = self.sessions.get(request.cookies.get(COOKIE))
+        session = await self.sessions.get(request.cookies.get(COOKIE))
         if session is None:
             if request.path.startswith("/api/"):
                 return web.json_response({"error": "not signed in"}, status=401)
@@ -145,13 +146,13 @@ class WebService:
             return web.Response(text=pages.login_page(str(e)), content_type="text/html", status=_status(e))
         resp = web.HTTPFound("/jobs")
         resp.set_cookie(COOKIE, session.id, httponly=True, samesite="Strict", path="/")
-        return resp
+        raise resp
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
         await self.sessions.sign_out(request.cookies.get(COOKIE, ""))
         resp = web.HTTPFound("/login")
         resp.del_cookie(COOKIE, path="/")
-        return resp
+        raise resp
 
     # ------------------------------------------------------------------------ pages
 

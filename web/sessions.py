@@ -42,10 +42,23 @@ class Session:
 
 
 class Sessions:
+    """The signed-in sessions. Each ends (its NATS connection closed, its credentials file removed)
+    when its user signs out, after ``[web] session_idle_s`` without a request (checked on each
+    request and every ``session_sweep_s`` by :meth:`sweep_forever`), when its connection is gone
+    (e.g. the credentials were revoked), or when its user signs in more than ``sessions_per_user``
+    times (the session unused longest goes)."""
+
     def __init__(self, config: Config):
         self._config = config
         self._dir = Path(tempfile.mkdtemp(prefix="hfai-web-"))  # 0700
         self._by_id: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def of(self, user: str) -> list[Session]:
+        """``user``'s sessions, the one unused longest first."""
+        return sorted((s for s in self._by_id.values() if s.user == user), key=lambda s: s.last_used)
 
     async def sign_in(self, creds_text: str) -> Session:
         """A session acting with these credentials; InvalidRequest/Forbidden if they are not hfai
@@ -65,44 +78,79 @@ class Sessions:
         path.touch(mode=0o600)
         path.write_text(creds_text)
         config = dataclasses.replace(self._config, nats=dataclasses.replace(self._config.nats, creds=str(path)))
-        api = ApiClient(config)
         try:
-            await api.__aenter__()
-        except HfaiError:
+            api = await _connect(config)
+        except BaseException:
             path.unlink(missing_ok=True)
             raise
-        except Exception as e:  # e.g. a seed that is not an nkey
-            path.unlink(missing_ok=True)
-            why = f"those credentials cannot be used ({type(e).__name__}); paste the whole .creds file"
-            raise InvalidRequest(why) from None
         session = Session(id=sid, api=api, last_used=time.monotonic())
         self._by_id[sid] = session
         log.info("%s signed in", api.user)
+        await self._close_all(self._beyond_limit(api.user))
         return session
 
-    def get(self, sid: str | None) -> Session | None:
+    async def get(self, sid: str | None) -> Session | None:
+        """The live session ``sid`` (marked used now), or None; an idle or dead one is ended first."""
         session = self._by_id.get(sid or "")
         if session is None:
             return None
-        if time.monotonic() - session.last_used > self._config.web.session_idle_s:
-            asyncio.ensure_future(self.sign_out(session.id))
+        if self._ended(session, time.monotonic()):
+            await self.sign_out(session.id)
             return None
         session.last_used = time.monotonic()
         return session
 
     async def sign_out(self, sid: str) -> None:
+        """End session ``sid`` (nothing if there is none); returns once it is closed."""
         session = self._by_id.pop(sid, None)
         if session is not None:
-            await session.api.close()
-            (self._dir / f"{sid}.creds").unlink(missing_ok=True)
+            await self._close(session)
 
-    async def expire(self) -> None:
+    async def expire(self) -> int:
+        """End every idle or dead session; how many were ended."""
         now = time.monotonic()
-        for sid in [s.id for s in self._by_id.values() if now - s.last_used > self._config.web.session_idle_s]:
-            await self.sign_out(sid)
+        gone = [self._by_id.pop(s.id) for s in list(self._by_id.values()) if self._ended(s, now)]
+        await self._close_all(gone)
+        return len(gone)
+
+    async def sweep_forever(self) -> None:
+        """:meth:`expire` every ``[web] session_sweep_s``, until cancelled (hfai-web owns the task)."""
+        while True:
+            await asyncio.sleep(self._config.web.session_sweep_s)
+            ended = await self.expire()
+            if ended:
+                log.info("%d idle sessions ended, %d left", ended, len(self._by_id))
 
     async def close(self) -> None:
         """Close every session and forget every credential; safe to call twice."""
-        for sid in list(self._by_id):
-            await self.sign_out(sid)
+        await self._close_all([self._by_id.pop(sid) for sid in list(self._by_id)])
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _ended(self, session: Session, now: float) -> bool:
+        return now - session.last_used > self._config.web.session_idle_s or not session.api.connected
+
+    def _beyond_limit(self, user: str) -> list[Session]:
+        """Taken out of the table: ``user``'s sessions beyond ``sessions_per_user``, unused longest first."""
+        extra = self.of(user)[: max(0, len(self.of(user)) - max(1, self._config.web.sessions_per_user))]
+        return [self._by_id.pop(s.id) for s in extra]
+
+    async def _close_all(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            await self._close(session)
+
+    async def _close(self, session: Session) -> None:
+        try:
+            await session.api.close()
+        finally:
+            (self._dir / f"{session.id}.creds").unlink(missing_ok=True)
+
+
+async def _connect(config: Config) -> ApiClient:
+    """A client connected with ``config``'s credentials, or a typed error (nothing left open)."""
+    try:
+        return await ApiClient(config).__aenter__()
+    except HfaiError:
+        raise
+    except Exception as e:  # e.g. a seed that is not an nkey
+        why = f"those credentials cannot be used ({type(e).__name__}); paste the whole .creds file"
+        raise InvalidRequest(why) from None
