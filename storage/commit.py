@@ -89,6 +89,9 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
     manifest says and no staged copy exists; those files are forgotten, so the next push sends
     them again."""
     base = ws.path(user, name)
+    left = ws.journal(user, name)
+    if left is not None:  # recovery at start failed for it: never build over a half-done commit
+        recover(ws, user, left)
     owner = ws.user_dir(user)
     old = ws.manifest(user, name) if base.is_dir() else None
     present = ws.present(user, name, old)
@@ -96,6 +99,9 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
     held = plan.held_chunks(old, present) if old is not None and old.chunk_bytes == new.chunk_bytes else {}
     nxt = next_path(base)
     remove_tree(nxt)
+    if old is not None and not (todo.write or todo.chmod or todo.delete):
+        ws.save_manifest(user, name, new)  # nothing on disk changes (an unchanged push)
+        return todo
     try:
         stray = _build(base, nxt, new, todo, held, read, owner)
     except _Changed as e:

@@ -15,9 +15,10 @@ import os
 import pwd
 import shutil
 import stat
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from hfai._atomic import write_atomic
 from hfai.protocol import decode, encode, names
@@ -29,7 +30,7 @@ from hfai.storage.files import account, chown, remove_tree
 
 log = logging.getLogger(__name__)
 
-ReadChunk = Callable[[str], Awaitable[bytes]]
+ReadChunk = Callable[[str], Coroutine[Any, Any, bytes]]
 
 
 class Workspaces:
@@ -106,6 +107,22 @@ class Workspaces:
         p.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(p, encode(journal), mode=0o600)
 
+    def journal(self, user: str, name: str) -> CommitJournal | None:
+        """The record of a commit of this workspace a killed service left, if any (an unreadable
+        one is dropped: the workspace then keeps what is on disk)."""
+        p = self._journal_path(user, name)
+        try:
+            journal = decode(p.read_bytes(), CommitJournal)
+        except FileNotFoundError:
+            return None
+        except (OSError, ProtocolError):
+            journal = None
+        if journal is None or journal.workspace != name:
+            log.warning("%s: unreadable commit journal; the workspace keeps what is on disk", p)
+            p.unlink(missing_ok=True)
+            return None
+        return journal
+
     def drop_journal(self, user: str, name: str) -> None:
         self._journal_path(user, name).unlink(missing_ok=True)
 
@@ -126,16 +143,14 @@ class Workspaces:
         done = []
         for jpath in sorted(self.manifests.glob("*/*.journal")):
             user, name = jpath.parent.name, jpath.stem
-            try:
-                journal = decode(jpath.read_bytes(), CommitJournal)
-            except (OSError, ProtocolError):
-                journal = None
-            if journal is None or journal.workspace != name:
-                log.warning("%s: unreadable commit journal; the workspace keeps what is on disk", jpath)
-                jpath.unlink(missing_ok=True)
+            journal = self.journal(user, name)
+            if journal is None:
                 continue
-            done.append((user, name, commit_mod.recover(self, user, journal)))
-            commit_mod.clean_temporaries(self.path(user, name))
+            try:
+                done.append((user, name, commit_mod.recover(self, user, journal)))
+                commit_mod.clean_temporaries(self.path(user, name))
+            except OSError:  # serve the others; this workspace's next commit tries again
+                log.exception("%s/%s: could not finish or undo its last commit", user, name)
         for leftover in self.manifests.glob("*/*.tmp.*"):  # write_atomic's, of a kill mid-write
             leftover.unlink(missing_ok=True)
         for user in self.users():

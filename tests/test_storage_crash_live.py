@@ -150,3 +150,21 @@ def test_a_real_kill_mid_commit_leaves_v1_or_v2_and_a_retry_succeeds(cluster, tm
     r = cluster.cli("workspace", "push", cwd=ws)
     assert r.returncode == 0, r.stderr
     assert _view(remote) == v2
+
+
+def test_a_file_a_job_rewrote_does_not_block_a_push(cluster, tmp_path):
+    """A job rewrote a pushed file in place (same size); the next push moves content between files,
+    so the commit wants that file's old chunks: one `hfai workspace push` notices, sends them, and
+    succeeds (it used to fail with "changed on the cluster … push again" at every try)."""
+    rnd = random.Random(3)
+    ws = tmp_path / "edited"
+    blobs = [rnd.randbytes(SIZE) for _ in range(20)]
+    _tree(ws, blobs)
+    assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
+    assert cluster.cli("workspace", "push", cwd=ws).returncode == 0
+    remote = cluster.local.root / "workspaces" / "tester" / "edited"
+    (remote / "d1" / "f00001").write_bytes(bytes(SIZE))  # the job's edit
+    v2 = _tree(ws, blobs[1:] + blobs[:1])
+    r = cluster.cli("workspace", "push", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert _view(remote) == v2 and not _leftovers(cluster)
