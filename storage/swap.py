@@ -12,17 +12,25 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Callable
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
-try:
-    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    _renameat2.restype = ctypes.c_int
-except (AttributeError, OSError):  # not Linux, or a libc without it
-    _renameat2 = None
+
+
+def _load() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # not Linux, or a libc without it
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2 = _load()
 
 
 def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
