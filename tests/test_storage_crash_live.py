@@ -75,7 +75,7 @@ def _stopped(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def _expect_clear_death(proc: subprocess.Popen, killed_at: float) -> float:
+def _expect_clear_death(proc: subprocess.Popen, killed_at: float, how: str = "it is not running") -> float:
     """The push CLI ends on its own with the dead-service message; returns how long it took after
     the kill (a bound, not a timing assertion: the old client waited out commit_timeout_s, 600 s)."""
     try:
@@ -87,8 +87,9 @@ def _expect_clear_death(proc: subprocess.Popen, killed_at: float) -> float:
     took = time.monotonic() - killed_at
     assert proc.returncode == 1, err
     assert "storage service stopped answering while committing" in err and "Traceback" not in err, err
+    assert f"({how})" in err, err
     assert "Push again" in err
-    print(f"push CLI gave up {took:.2f}s after the service was killed")
+    print(f"push CLI gave up {took:.2f}s after the service was {'killed' if 'not' in how else 'stopped'}")
     return took
 
 
@@ -168,3 +169,32 @@ def test_a_file_a_job_rewrote_does_not_block_a_push(cluster, tmp_path):
     r = cluster.cli("workspace", "push", cwd=ws)
     assert r.returncode == 0, r.stderr
     assert _view(remote) == v2 and not _leftovers(cluster)
+
+
+def test_a_hung_service_is_reported_and_its_unswapped_commit_undone(cluster, tmp_path, monkeypatch):
+    """The service stops (SIGSTOP) with the new tree built but not swapped in: the CLI says it is
+    hung within [nats] request_timeout_s and a second; killed and restarted, the workspace is v1
+    exactly and the retried push makes it v2."""
+    rnd = random.Random(4)
+    ws = tmp_path / "hung"
+    v1 = _tree(ws, [rnd.randbytes(SIZE) for _ in range(50)])
+    assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
+    assert cluster.cli("workspace", "push", cwd=ws).returncode == 0
+    remote = cluster.local.root / "workspaces" / "tester" / "hung"
+    v2 = _tree(ws, [rnd.randbytes(SIZE) for _ in range(50)])
+    _restart_storage(cluster, monkeypatch, "built")
+    proc = _push_in_background(cluster, ws)
+    try:
+        pid = cluster.local.pids["storage"]
+        cluster.wait(lambda: _stopped(pid), 60, "the service to stop mid-commit", poll=0.02)
+        _expect_clear_death(proc, time.monotonic(), how="it is hung or cut off from NATS")
+        assert _view(remote) == v1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _restart_storage(cluster, monkeypatch, None)
+    assert _view(remote) == v1 and not _leftovers(cluster)
+    r = cluster.cli("workspace", "push", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert _view(remote) == v2
