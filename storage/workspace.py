@@ -30,6 +30,9 @@ from hfai.storage.files import account, chown, remove_tree
 
 log = logging.getLogger(__name__)
 
+#: How long a commit's thread waits for one chunk from the object store.
+STAGED_READ_TIMEOUT_S = 60.0
+
 ReadChunk = Callable[[str], Coroutine[Any, Any, bytes]]
 
 
@@ -95,7 +98,9 @@ class Workspaces:
         loop = asyncio.get_running_loop()
 
         def read(h: str) -> bytes:
-            return asyncio.run_coroutine_threadsafe(staged(h), loop).result()
+            # Bounded: a loop that stopped meanwhile (the service closing) would never answer, and
+            # the thread, which the interpreter joins at exit, would hang the shutdown.
+            return asyncio.run_coroutine_threadsafe(staged(h), loop).result(timeout=STAGED_READ_TIMEOUT_S)
 
         return await asyncio.to_thread(commit_mod.commit, self, user, name, new, read)
 
@@ -141,6 +146,7 @@ class Workspaces:
         """At start, before serving: finish or undo every commit a killed service left, and remove
         its temporary files and trees; returns (user, workspace, "finished"/"undone") of each."""
         done = []
+        pending: set[Path] = set()  # their side trees may be the old directory: keep them
         for jpath in sorted(self.manifests.glob("*/*.journal")):
             user, name = jpath.parent.name, jpath.stem
             journal = self.journal(user, name)
@@ -151,11 +157,13 @@ class Workspaces:
                 commit_mod.clean_temporaries(self.path(user, name))
             except OSError:  # serve the others; this workspace's next commit tries again
                 log.exception("%s/%s: could not finish or undo its last commit", user, name)
+                pending.add(self.path(user, name))
         for leftover in self.manifests.glob("*/*.tmp.*"):  # write_atomic's, of a kill mid-write
             leftover.unlink(missing_ok=True)
         for user in self.users():
             for side in (self.root / user).glob(commit_mod.NEXT_PREFIX + "*"):
-                remove_tree(side)
+                if side.with_name(side.name[len(commit_mod.NEXT_PREFIX):]) not in pending:
+                    remove_tree(side)
         return done
 
     # ------------------------------------------------------------------------- list, usage
