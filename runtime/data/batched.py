@@ -44,12 +44,50 @@ class BatchedDataset(torch.utils.data.Dataset):
         # torch's map-style fetcher calls __getitems__ with a batch when a dataset has it: route
         # it to the subclass's __getitem__ (looked up on the type, so any override wins).
         samples = type(self).__getitem__(self, [int(i) for i in indices])
-        if len(samples) != len(indices):
-            raise ValueError(
-                f"{type(self).__name__}.__getitem__ returned {len(samples)} samples for {len(indices)} indices; "
-                "a batched dataset returns one sample per index, in order"
-            )
-        return list(samples)
+        if isinstance(samples, (list, tuple)) and len(samples) == len(indices):
+            return list(samples)
+        # Not one sample per index (yolov5 returns (imgs, labels, shapes)): only a collate_fn
+        # the user gave knows what it is, as in the original loader, which hands the return
+        # value to collate_fn unchanged. BatchCollate unwraps it for such a function.
+        count = len(samples) if hasattr(samples, "__len__") else "no list of"
+        return UncountedBatch(  # type: ignore[return-value]
+            samples,
+            f"{type(self).__name__}.__getitem__ returned {count} samples for {len(indices)} indices; "
+            "the default collate needs one sample per index, in order (or give the DataLoader a "
+            "collate_fn that takes what __getitem__ returns)",
+        )
+
+
+class UncountedBatch:
+    """A batched dataset's ``__getitem__(indices)`` result that is not one sample per index
+    (``value``); :class:`BatchCollate` hands it to a user's ``collate_fn`` and refuses it for the
+    default collate with ``message``."""
+
+    __slots__ = ("message", "value")
+
+    def __init__(self, value: Any, message: str):
+        self.value = value
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"UncountedBatch({self.message})"
+
+
+class BatchCollate:
+    """The loaders' collate function over batched datasets: ``fn(batch)``, where a user's
+    ``fn`` (``user_given``) receives an :class:`UncountedBatch`'s value as it is and the
+    default one refuses it (``ValueError``). Picklable, for spawned workers."""
+
+    def __init__(self, fn: Any, user_given: bool):
+        self.fn = fn
+        self.user_given = user_given
+
+    def __call__(self, batch: Any) -> Any:
+        if isinstance(batch, UncountedBatch):
+            if not self.user_given:
+                raise ValueError(batch.message)
+            batch = batch.value
+        return self.fn(batch)
 
 
 def is_batched(dataset: object) -> bool:

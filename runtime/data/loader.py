@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch.utils.data
 
-from hfai.data.batched import is_batched
+from hfai.data.batched import BatchCollate, is_batched
 
 
 class ResumableBatchSampler(torch.utils.data.Sampler):
@@ -149,6 +149,16 @@ def check_batched(dataset, batch_size) -> None:
         )
 
 
+def batch_collate(dataset, collate_fn, default):
+    """The collate function of a loader over ``dataset``: ``collate_fn``, else ``default``. Over a
+    batched dataset it is a :class:`~hfai.data.batched.BatchCollate`: a ``collate_fn`` the user
+    gave receives ``__getitem__(indices)``'s return value as it is (as in the original ffrecord
+    loader), the default needs one sample per index."""
+    if not is_batched(dataset):
+        return default if collate_fn is None else collate_fn
+    return BatchCollate(default if collate_fn is None else collate_fn, user_given=collate_fn is not None)
+
+
 class DataLoader(torch.utils.data.DataLoader):
     """A ``torch.utils.data.DataLoader`` that can resume mid-epoch with :meth:`set_step`.
 
@@ -192,10 +202,9 @@ class DataLoader(torch.utils.data.DataLoader):
         **kwargs,
     ):
         check_batched(dataset, batch_size if kwargs.get("batch_sampler") is None else 1)
-        if "collate_fn" not in kwargs or kwargs["collate_fn"] is None:
-            from hfai.data.dataset import collate
+        from hfai.data.dataset import collate
 
-            kwargs["collate_fn"] = collate
+        kwargs["collate_fn"] = batch_collate(dataset, kwargs.get("collate_fn"), collate)
         if sampler is None and generator is None and kwargs.get("batch_sampler") is None:
             if batch_size is None:
                 raise ValueError("batch_size=None needs a sampler; hfai.data.DataLoader draws batches")

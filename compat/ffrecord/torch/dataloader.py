@@ -13,7 +13,8 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from hfai.data.loader import SkippingBatchSampler, _wrap, check_batched
+from hfai.data.batched import is_batched
+from hfai.data.loader import SkippingBatchSampler, _wrap, batch_collate, check_batched
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -55,6 +56,10 @@ class DataLoader(torch.utils.data.DataLoader):
         **kwargs,
     ):
         check_batched(dataset, batch_size if batch_sampler is None else 1)
+        # torch's own default (default_collate), as the original's; over a batched dataset a
+        # collate_fn given here receives what __getitem__(indices) returns, as it is.
+        default = torch.utils.data.default_collate if is_batched(dataset) else None
+        collate_fn = batch_collate(dataset, collate_fn, default)
         if num_workers > 0 and multiprocessing_context is None:
             multiprocessing_context = "fork"
         super().__init__(
