@@ -296,6 +296,9 @@ class RunStore:
         env.update(job_environment(ra, self.node, control))
         if self.datasets_dir:
             env["HFAI_DATASETS_DIR"] = self.datasets_dir
+        # hf_env.set_env(NAME) in the job looks for environments here (jobs run as their submitter
+        # do not get the agent's HFAI_CONFIG, so they could not read [agent] env_root themselves).
+        env["HFAI_ENV_ROOT"] = str(self.env_root)
         argv = list(ra.entrypoint)
         if argv and argv[0] in ("python", "python3"):
             argv[0] = python

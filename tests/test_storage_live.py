@@ -234,3 +234,17 @@ def test_an_environment_made_by_its_user_runs_jobs(cluster, tmp_path):
     assert f"PREFIX {env_dir}" in cluster.log(job.id)
     assert cluster.cli("env", "remove", "myenv", cwd=tmp_path).returncode == 0
     assert not env_dir.exists()
+
+
+def test_a_job_switches_into_an_environment_with_hf_env(cluster, tmp_path):
+    """The public scripts' first line, ``hf_env.set_env(NAME)``, finds the cluster's environments: the
+    agent tells jobs where they live (HFAI_ENV_ROOT), which a job run as its submitter cannot read
+    from the agent's config."""
+    assert cluster.cli("env", "create", "switched", "--no-pip", cwd=tmp_path).returncode == 0
+    (tmp_path / "switch.py").write_text("import os, hf_env\nhf_env.set_env('switched')\n"
+                                        "print('ENV', os.environ['VIRTUAL_ENV'], flush=True)\n")
+    r = cluster.cli("python", "switch.py", "--", "-n", "1", "--name", "switch", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job = cluster.wait_state("switch", ChainState.SUCCEEDED)
+    assert f"ENV {cluster.local.root / 'envs' / 'switched'}" in cluster.log(job.id)
+    assert cluster.cli("env", "remove", "switched", cwd=tmp_path).returncode == 0
