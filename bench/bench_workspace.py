@@ -1,28 +1,39 @@
 """Workspace push against ``rsync -a`` of the same tree, in the same run, on this machine.
 
-Three cases, each pushed with ``hfai workspace push`` to a real local cluster (nats-server,
-controller, agent, hfai-storage; chunks go through JetStream's object store and the storage
-service writes them into the workspace root) and copied with ``rsync -a`` to a local directory:
+Each case is pushed with ``hfai workspace push`` to a real local cluster (nats-server,
+controller, agent, hfai-storage; chunks go through NATS to the storage service, which writes them
+into the workspace root) and copied by two peers:
+
+  * ``rsync -a`` to a local directory (no network, no daemon: the floor);
+  * ``rsync -a`` over ssh to a local sshd on 127.0.0.1 (a port of its own, started and stopped by
+    this script: Debian's ``openssh-server``), the way a workstation reaches a login node.
+
+Cases:
 
   * many files: 1 GB in 10,000 files;
   * one file: one 1 GB file;
-  * no change: the many-files tree pushed (and rsynced) again unchanged.
+  * no change: the many-files tree pushed (and rsynced) again unchanged;
+  * one edit: one line of one file of the many-files tree changed, pushed again (the everyday case).
 
-Prints seconds for each and the ratio hfai/rsync (lower is better for hfai). Scale everything
-down with ``HFAI_BENCH_WS_MB`` (default 1000) and ``HFAI_BENCH_WS_FILES`` (default 10000).
+Prints seconds for each and the ratios hfai/rsync (lower is better for hfai). Scale everything
+down with ``HFAI_BENCH_WS_MB`` (default 1000) and ``HFAI_BENCH_WS_FILES`` (default 10000); set
+``HFAI_BENCH_WS_SSH=0`` to skip the ssh peer (e.g. without openssh-server).
 
-    python bench/bench_workspace.py            # the full 1 GB cases (several minutes here)
-    HFAI_BENCH_WS_MB=50 HFAI_BENCH_WS_FILES=500 python bench/bench_workspace.py   # quick
+    python bench/bench_workspace.py            # the full 1 GB cases (minutes here)
+    HFAI_BENCH_WS_MB=200 HFAI_BENCH_WS_FILES=2000 python bench/bench_workspace.py   # quick
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hfai.cli.local import LocalCluster
@@ -39,6 +50,14 @@ def make_tree(root: Path, total: int, files: int) -> None:
         (d / f"f{i:05d}.bin").write_bytes(os.urandom(per))
 
 
+def edit_one(root: Path) -> None:
+    """Change a few bytes in the middle of one file (an edited line)."""
+    f = root / "d07" / "f00007.bin"
+    with open(f, "r+b") as out:
+        out.seek(f.stat().st_size // 2)
+        out.write(b"# edited\n")
+
+
 def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     t = time.perf_counter()
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
@@ -47,42 +66,102 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     return time.perf_counter() - t
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_sshd(base: Path) -> Iterator[list[str]]:
+    """An sshd on 127.0.0.1 only, with throwaway host and client keys; yields the ssh command
+    (for ``rsync -e``) that logs into it. Stopped (and its files removed) on exit."""
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(sshd):
+        sys.exit("sshd is not installed (apt-get install -y openssh-server), or set HFAI_BENCH_WS_SSH=0")
+    d = base / "sshd"
+    d.mkdir(mode=0o700)
+    for key in ("host", "client"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+    shutil.copy(d / "client.pub", d / "authorized_keys")
+    port = _free_port()
+    (d / "sshd_config").write_text("\n".join([
+        f"ListenAddress 127.0.0.1:{port}", f"HostKey {d / 'host'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
+        f"PidFile {d / 'sshd.pid'}", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", "Subsystem sftp internal-sftp", ""]))
+    os.makedirs("/run/sshd", exist_ok=True)  # its privilege-separation directory
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.DEVNULL)
+    ssh = ["ssh", "-p", str(port), "-i", str(d / "client"), "-o", "StrictHostKeyChecking=no", "-o",
+           "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
+    try:
+        for _ in range(100):
+            if subprocess.run([*ssh, "127.0.0.1", "true"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            sys.exit("the local sshd did not let us in")
+        yield ssh
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def main() -> None:
     total = int(os.environ.get("HFAI_BENCH_WS_MB", "1000")) * MB
     nfiles = int(os.environ.get("HFAI_BENCH_WS_FILES", "10000"))
+    use_ssh = os.environ.get("HFAI_BENCH_WS_SSH", "1") != "0"
     rsync = shutil.which("rsync")
     if rsync is None:
         sys.exit("rsync is not installed: the benchmark compares against it")
     base = Path(tempfile.mkdtemp(prefix="hfai-bench-ws-"))
     cluster = LocalCluster(root=base / "cluster", nodes=1)
     try:
-        cluster.up()
-        cluster.wait_ready()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
-        env["HFAI_CONFIG"] = str(cluster.config_path)
-        hfai = [sys.executable, "-m", "hfai.cli.main"]
-        many, one = base / "many", base / "one"
-        make_tree(many, total, nfiles)
-        one.mkdir()
-        with open(one / "big.bin", "wb") as f:
-            for _ in range(total // MB):
-                f.write(os.urandom(MB))
-        (base / "rsync").mkdir()
-        rows = []
-        for label, tree in (("many files", many), ("one file", one), ("no change", many)):
-            if label != "no change":
-                timed([*hfai, "workspace", "init", tree.name], tree, env)
-            t_hfai = timed([*hfai, "workspace", "push"], tree, env)
-            t_rsync = timed([rsync, "-a", f"{tree}/", str(base / "rsync" / tree.name)], base, env)
-            rows.append((label, t_hfai, t_rsync))
-        size = f"{total / MB:.0f} MB"
-        print(f"workspace push vs rsync -a, {size}; many files: {nfiles} files")
-        for label, t_hfai, t_rsync in rows:
-            print(f"{label:<11} hfai push {t_hfai:7.2f} s   rsync -a {t_rsync:7.2f} s   ratio hfai/rsync "
-                  f"{t_hfai / t_rsync:6.2f}   ({total / MB / t_hfai:6.1f} MB/s vs {total / MB / t_rsync:6.1f} MB/s)")
+        with contextlib.ExitStack() as stack:
+            ssh = stack.enter_context(local_sshd(base)) if use_ssh else None
+            cluster.up()
+            cluster.wait_ready()
+            rows = run_cases(cluster, base, rsync, ssh, total, nfiles)
+        print(f"workspace push vs rsync, {total / MB:.0f} MB; many files: {nfiles} files; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        for label, size, t_hfai, t_rsync, t_ssh in rows:
+            line = (f"{label:<11} hfai push {t_hfai:7.2f} s   rsync -a {t_rsync:7.2f} s   hfai/rsync "
+                    f"{t_hfai / t_rsync:6.2f}")
+            if t_ssh is not None:
+                line += f"   rsync ssh {t_ssh:7.2f} s   hfai/rsync-ssh {t_hfai / t_ssh:6.2f}"
+            if size:
+                line += f"   ({size / MB / t_hfai:6.1f} MB/s vs {size / MB / t_rsync:6.1f} MB/s)"
+            print(line)
     finally:
         cluster.down()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def run_cases(cluster: LocalCluster, base: Path, rsync: str, ssh: list[str] | None, total: int, nfiles: int) -> list:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
+    env["HFAI_CONFIG"] = str(cluster.config_path)
+    hfai = [sys.executable, "-m", "hfai.cli.main"]
+    many, one = base / "many", base / "one"
+    make_tree(many, total, nfiles)
+    one.mkdir()
+    with open(one / "big.bin", "wb") as f:
+        for _ in range(total // MB):
+            f.write(os.urandom(MB))
+    for peer in ("rsync", "rsync-ssh"):
+        (base / peer).mkdir()
+    rows = []
+    for label, tree in (("many files", many), ("one file", one), ("no change", many), ("one edit", many)):
+        if label == "one edit":
+            edit_one(tree)
+        elif label != "no change":
+            timed([*hfai, "workspace", "init", tree.name], tree, env)
+        t_hfai = timed([*hfai, "workspace", "push"], tree, env)
+        t_rsync = timed([rsync, "-a", f"{tree}/", str(base / "rsync" / tree.name)], base, env)
+        t_ssh = None
+        if ssh is not None:
+            t_ssh = timed([rsync, "-a", "-e", " ".join(ssh), f"{tree}/",
+                           f"127.0.0.1:{base / 'rsync-ssh' / tree.name}"], base, env)
+        rows.append((label, total if label in ("many files", "one file") else 0, t_hfai, t_rsync, t_ssh))
+    return rows
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from hfai.storage.chunks import chunk_hash
 from hfai.storage.files import chown, ino, make_parents, prune_empty_dirs, remove_tree
 
 if TYPE_CHECKING:
+    from hfai.storage.staging import Located
     from hfai.storage.workspace import Workspaces
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ TMP_SUFFIX = ".hfai-tmp"
 FAULT_ENV = "HFAI_STORAGE_FAULT"
 
 ReadStaged = Callable[[str], bytes]  # a staged chunk by hash; KeyError if none is staged
+# Where a staged chunk's bytes lie (a file with .path, .offset, .length), None if not staged.
+LocateStaged = Callable[[str], "Located | None"]
 
 
 class Phase(enum.Enum):
@@ -83,8 +86,10 @@ def _fault(point: str) -> None:
 
 # ---------------------------------------------------------------------------------- commit
 
-def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged) -> plan.CommitPlan:
+def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged,
+           locate: LocateStaged | None = None) -> plan.CommitPlan:
     """Make the workspace what ``new`` says (blocking; see the module docstring for the steps).
+    Staged chunks are copied in the kernel from where ``locate`` says they are, else read.
     Raises Conflict, changing nothing, when a file on the cluster no longer holds the chunks its
     manifest says and no staged copy exists; those files are forgotten, so the next push sends
     them again."""
@@ -103,7 +108,7 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
         ws.save_manifest(user, name, new)  # nothing on disk changes (an unchanged push)
         return todo
     try:
-        stray = _build(base, nxt, new, todo, held, read, owner)
+        stray = _build(base, nxt, new, todo, held, _Source(read, locate), owner)
     except _Changed as e:
         remove_tree(nxt)
         ws.forget(user, name, e.paths)
@@ -158,8 +163,49 @@ def _with_phase(j: CommitJournal, phase: Phase) -> CommitJournal:
 
 # ----------------------------------------------------------------------------------- build
 
+class _Source:
+    """Staged chunks for one build: copied file to file in the kernel where their file is known
+    (``copy_file_range``; the bytes never enter Python), else read. Keeps its pack files open."""
+
+    def __init__(self, read: ReadStaged, locate: LocateStaged | None):
+        self._read, self._locate = read, locate
+        self._fds: dict[str, int] = {}
+
+    def put(self, h: str, out: int, at: int) -> bool:
+        """Write chunk ``h`` into the file ``out`` at offset ``at``; False if it is not staged."""
+        where = self._locate(h) if self._locate is not None else None
+        if where is not None:
+            try:
+                src = self._fds.get(where.path)
+                if src is None:
+                    src = self._fds[where.path] = os.open(where.path, os.O_RDONLY)
+                _copy_range(src, where.offset, out, at, where.length)
+                return True
+            except FileNotFoundError:  # released meanwhile by another commit: try the bytes
+                pass
+        try:
+            data = self._read(h)
+        except KeyError:
+            return False
+        os.pwrite(out, data, at)
+        return True
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _copy_range(src: int, src_at: int, out: int, out_at: int, length: int) -> None:
+    while length > 0:
+        n = os.copy_file_range(src, out, length, src_at, out_at)
+        if n == 0:
+            raise OSError(f"staged chunk ends early ({length} bytes short)")
+        src_at, out_at, length = src_at + n, out_at + n, length - n
+
+
 def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: dict[str, tuple[str, int]],
-           read: ReadStaged, owner: pwd.struct_passwd | None) -> tuple[str, ...]:
+           staged: _Source, owner: pwd.struct_passwd | None) -> tuple[str, ...]:
     """Assemble N; returns the temporary files of an earlier, killed commit found in D (the apply
     step removes them)."""
     nxt.mkdir(mode=0o700)
@@ -170,20 +216,31 @@ def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: di
     copy = {f.path for f in todo.chmod}
     changed: set[str] = set()  # D's files found not to hold what their manifest says
     complete = True
-    for f in new.files:
-        target = nxt / f.path
-        make_parents(nxt, target.parent, owner)
-        if f.path in rewrite:
-            complete &= _assemble(base, target, f, new.chunk_bytes, held, read, owner, changed)
-        elif f.path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
-            shutil.copyfile(base / f.path, target, follow_symlinks=False)
-            os.chmod(target, f.mode & 0o777)
-            chown(target, owner)
-        else:
-            os.link(base / f.path, target, follow_symlinks=False)
+    try:
+        for f in new.files:
+            complete &= _place(base, nxt, f, new.chunk_bytes, held, staged, owner, rewrite, copy, changed)
+    finally:
+        staged.close()
     if not complete:
         raise _Changed(sorted(changed))
     return _link_others(base, nxt, new, set(todo.delete), owner)
+
+
+def _place(base: Path, nxt: Path, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
+           staged: _Source, owner: pwd.struct_passwd | None, rewrite: set[str], copy: set[str],
+           changed: set[str]) -> bool:
+    """Put one file of the new manifest into N: assembled, copied (a mode change) or linked."""
+    target = nxt / f.path
+    make_parents(nxt, target.parent, owner)
+    if f.path in rewrite:
+        return _assemble(base, target, f, chunk_bytes, held, staged, owner, changed)
+    if f.path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
+        shutil.copyfile(base / f.path, target, follow_symlinks=False)
+        os.chmod(target, f.mode & 0o777)
+        chown(target, owner)
+    else:
+        os.link(base / f.path, target, follow_symlinks=False)
+    return True
 
 
 class _Changed(Conflict):
@@ -197,20 +254,20 @@ class _Changed(Conflict):
 
 
 def _assemble(base: Path, target: Path, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
-              read: ReadStaged, owner: pwd.struct_passwd | None, changed: set[str]) -> bool:
+              staged: _Source, owner: pwd.struct_passwd | None, changed: set[str]) -> bool:
     """Write ``f`` at ``target`` from chunks held in D's files (checked) or staged. False when a
     chunk is in neither (a file of D changed since its push, added to ``changed``, and nothing
     staged has that chunk)."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with open(fd, "wb") as out:
-        for h in f.chunks:
+    try:
+        for i, h in enumerate(f.chunks):
             data = _held(base, held, h, chunk_bytes, changed)
-            if data is None:
-                try:
-                    data = read(h)
-                except KeyError:
-                    return False
-            out.write(data)
+            if data is not None:
+                os.pwrite(fd, data, i * chunk_bytes)
+            elif not staged.put(h, fd, i * chunk_bytes):
+                return False
+    finally:
+        os.close(fd)
     os.chmod(target, f.mode & 0o777)
     chown(target, owner)
     return True

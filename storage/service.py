@@ -2,10 +2,12 @@
 
 It answers ``hfai.storage.<user>.<verb>`` (queue group ``hfai-storage``), taking the user from the
 subject as the controller does, so NATS permissions alone keep a user to their own workspaces.
-Pushed chunks are staged in a JetStream object store (:mod:`hfai.storage.staging`) and a commit
-writes the workspace into ``[storage] workspace_root``. Two owned loops apply the storage rules:
-the usage scan (restrict users over ``limit_bytes`` in KV ``hfai_users`` key ``restricted``) and
-GC (:mod:`hfai.storage.gc`). Decisions are in :mod:`hfai.storage.plan`.
+Pushed chunks are staged as files beside the workspaces (:mod:`hfai.storage.staging`) and a
+commit writes the workspace into ``[storage] workspace_root``. Each request is served in a task of
+its own (at most ``MAX_HANDLERS`` at once), so puts are checked and written in parallel threads and
+a long commit never holds up the liveness pings of its client or other users' requests. Two owned
+loops apply the storage rules: the usage scan (restrict users over ``limit_bytes`` in KV
+``hfai_users`` key ``restricted``) and GC (:mod:`hfai.storage.gc`). Decisions are in :mod:`hfai.storage.plan`.
 """
 
 from __future__ import annotations
@@ -31,15 +33,16 @@ from hfai.protocol import storage as s
 from hfai.protocol.errors import Forbidden, InvalidRequest
 from hfai.protocol.types import RestrictedUsers
 from hfai.storage import datasets, plan
-from hfai.storage.chunks import chunk_hash
 from hfai.storage.gc import run_gc
-from hfai.storage.staging import Staging
+from hfai.storage.staging import Staging, write_pack
 from hfai.storage.workspace import Workspaces
 
 log = logging.getLogger(__name__)
 
 # Hashes in one missing/fetch request: 40 hex characters each, well under max_payload.
 MAX_HASHES = 8192
+#: Requests served at once; more wait in the subscription's queue (bounded by NATS's pending limits).
+MAX_HANDLERS = 16
 
 
 class StorageService:
@@ -58,6 +61,8 @@ class StorageService:
         # Commits asked for and not yet answered, per workspace (what ws_commit_status reports).
         self._committing: dict[tuple[str, str], int] = {}
         self._closed = False
+        self._handling: set[asyncio.Task] = set()
+        self._slots = asyncio.Semaphore(MAX_HANDLERS)
         self._handlers: dict[str, tuple[type, Callable[[str, bool, Any], Awaitable[object]]]] = {
             s.VERB_WS_MISSING: (s.MissingRequest, self.ws_missing),
             s.VERB_WS_PUT: (s.PutRequest, self.ws_put),
@@ -78,7 +83,7 @@ class StorageService:
         js = nc.jetstream()
         buckets = await _nats.ensure_shared_state(js, self.config)
         self._users_kv = buckets.users
-        self._staging = await Staging.open(js, self.config.nats.replicas, self.sc.staging_ttl_s)
+        self._staging = await asyncio.to_thread(Staging.open, self.sc.workspace_root, self.sc.staging_ttl_s)
         await self._recover()
         self._sub = await nc.subscribe(names.STORAGE_WILDCARD, queue=names.STORAGE_QUEUE, cb=self.handle)
         self._supervisor.spawn(self._every(self.sc.scan_interval_s, self.scan), "usage-scan")
@@ -90,7 +95,7 @@ class StorageService:
         for user, name, done in await asyncio.to_thread(self.workspaces.recover):
             m = self.workspaces.manifest(user, name)
             if done == "finished" and m is not None:
-                await self.staging.release(user, {h for f in m.files for h in f.chunks})
+                self.staging.release(user, {h for f in m.files for h in f.chunks})
 
     async def failed(self) -> str:
         return await self._supervisor.failed()
@@ -103,6 +108,11 @@ class StorageService:
         await self._supervisor.stop()
         if self._sub is not None:
             await self._sub.unsubscribe()
+        if self._handling:  # requests under way finish (a commit's thread cannot be cancelled anyway)
+            _done, late = await asyncio.wait(set(self._handling), timeout=self.shutdown_timeout_s)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         if self._nc is not None:
             await self._nc.drain()
 
@@ -126,6 +136,7 @@ class StorageService:
     async def gc(self) -> None:
         await asyncio.to_thread(run_gc, self.workspaces, self.sc.gc_root, time.time(), self.sc.gc_age_s,
                                 self.sc.gc_keep_s)
+        self.staging.expire(time.time())
 
     async def _change_restricted(self, change) -> RestrictedUsers:
         assert self._users_kv is not None, "start() first"
@@ -144,8 +155,19 @@ class StorageService:
     # ----------------------------------------------------------------------------- serving
 
     async def handle(self, msg: Msg) -> None:
-        await _nats.answer(msg, self._dispatch, "storage service",
-                           lambda e: f"storage service: {e.strerror or e} ({e.filename or ''})")
+        """Serve ``msg`` in a task of its own (nats-py awaits a subscription's callback before it
+        hands over the next message); waits here while ``MAX_HANDLERS`` are busy."""
+        await self._slots.acquire()
+        task = asyncio.ensure_future(self._serve(msg))
+        self._handling.add(task)
+        task.add_done_callback(self._handling.discard)
+
+    async def _serve(self, msg: Msg) -> None:
+        try:
+            await _nats.answer(msg, self._dispatch, "storage service",
+                               lambda e: f"storage service: {e.strerror or e} ({e.filename or ''})")
+        finally:
+            self._slots.release()
 
     async def _dispatch(self, subject: str, data: bytes) -> object:
         user, verb, operator = names.parse_storage_subject(subject)
@@ -177,11 +199,9 @@ class StorageService:
         if total > self.sc.request_bytes or any(len(c.data) > self.sc.chunk_bytes for c in req.chunks):
             raise InvalidRequest(f"a put carries at most {self.sc.request_bytes} bytes in chunks of at most "
                                  f"{self.sc.chunk_bytes}")
-        for c in req.chunks:
-            if chunk_hash(c.data) != c.hash:
-                raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
         if req.chunks:
-            await self.staging.put(user, req.chunks)
+            pack, listing = await asyncio.to_thread(write_pack, self.staging.user_dir(user), req.chunks)
+            self.staging.added(user, pack, listing)
         return s.PutReply(stored=len(req.chunks))
 
     async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest) -> s.WorkspaceInfo:
@@ -198,8 +218,9 @@ class StorageService:
                 lacking = plan.missing((h for f in m.files for h in f.chunks), held)
                 if lacking:
                     raise InvalidRequest(f"{len(lacking)} chunk(s) of this push never arrived; push again")
-                await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h))
-                await self.staging.release(user, {h for f in m.files for h in f.chunks})
+                await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h),
+                                             lambda h: self.staging.locate(user, h))
+                self.staging.release(user, {h for f in m.files for h in f.chunks})
         finally:
             self._committing[key] -= 1
             if not self._committing[key]:

@@ -1,36 +1,47 @@
-"""Chunks of pushes in progress, staged in a JetStream object store until a commit writes them.
+"""Chunks of pushes in progress, staged as files beside the workspaces until a commit uses them.
 
-Each put request becomes one object (a *pack*) named ``<user>/<id>`` whose description lists its
-chunks (``hash:length,...``), so the index of what is staged is rebuilt from the bucket's listing
-after a restart: a push interrupted midway, or a service restarted, loses nothing already sent.
-Only the storage service reads or writes this bucket; users reach it through the service.
+Each put request becomes one file (a *pack*) ``<workspace_root>/.hfai-staging/<user>/<id>.pack``:
+one header line listing its chunks (``hash:length,...``), then their bytes back to back. A pack is
+written under a temporary name and renamed into place, so a pack that exists is whole: a killed
+service or client never leaves half a chunk counted, and the index of what is staged is rebuilt
+from the directory after a restart (a push interrupted midway resumes; nothing already sent
+moves again). The directory is the service's (0700), outside every workspace, so jobs never see
+a staged chunk; it lies on the workspaces' filesystem so a commit copies staged bytes into the
+new files in the kernel (``copy_file_range``), never through Python.
+
+Why files and not the JetStream object store this used before: a put then cost a JetStream
+publish and ack per pack and JetStream's own write, and a commit read every pack back through an
+ordered consumer on the service's event loop: two thirds of a push's time (docs/storage.md,
+"Where the time goes"). Packs nobody commits are removed after ``staging_ttl_s``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
-
-import nats.js.errors
-from nats.js import JetStreamContext
-from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig
-from nats.js.object_store import ObjectStore
+from pathlib import Path
 
 from hfai.protocol import names
+from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.storage import ChunkData
+from hfai.storage.chunks import chunk_hash
 
 log = logging.getLogger(__name__)
 
-# One pack is stored as one message (a put request is bounded well under NATS's max_payload).
-_PACK_MESSAGE_BYTES = 1000 * 1024
-_CACHED_PACKS = 8
+#: The staging directory's name under the workspace root (not a user name: those are tokens).
+DIR_NAME = ".hfai-staging"
+_SUFFIX = ".pack"
+_TMP = ".tmp"
 
 
 @dataclass(frozen=True)
 class Located:
-    pack: str
+    """Where a staged chunk's bytes are: ``length`` bytes at ``offset`` of the file ``path``."""
+
+    path: str
     offset: int
     length: int
 
@@ -40,7 +51,7 @@ def describe(chunks: list[tuple[str, int]]) -> str:
 
 
 def parse_description(text: str | None) -> list[tuple[str, int]]:
-    """The chunks a pack's description lists (pure); garbage gives none."""
+    """The chunks a pack's header lists (pure); garbage gives none."""
     out = []
     for item in (text or "").split(","):
         h, _, n = item.partition(":")
@@ -49,77 +60,126 @@ def parse_description(text: str | None) -> list[tuple[str, int]]:
     return out
 
 
+def write_pack(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, list[tuple[str, int]]]:
+    """Check every chunk against its hash and write them as one pack (blocking: run it in a thread,
+    hashlib releases the GIL). Returns (pack path, listing). Raises InvalidRequest, writing
+    nothing, for a chunk whose bytes do not match its name."""
+    for c in chunks:
+        if chunk_hash(c.data) != c.hash:
+            raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
+    listing = [(c.hash, len(c.data)) for c in chunks]
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    final = directory / f"{uuid.uuid4().hex}{_SUFFIX}"
+    tmp = final.with_name(final.name + _TMP)
+    with open(tmp, "wb") as out:
+        out.write(describe(listing).encode() + b"\n")
+        for c in chunks:
+            out.write(c.data)
+    os.replace(tmp, final)
+    return str(final), listing
+
+
 class Staging:
-    def __init__(self, store: ObjectStore):
-        self._store = store
+    """The index of staged chunks (per user) over the pack files in ``root``. Its methods run on
+    the service's event loop; :func:`write_pack` and :meth:`locate` may run in threads."""
+
+    def __init__(self, root: str | os.PathLike, ttl_s: float):
+        self.root = Path(root)
+        self.ttl_s = ttl_s
         self._index: dict[str, dict[str, Located]] = {}  # user -> hash -> where
-        self._packs: dict[str, list[str]] = {}           # pack -> its hashes
-        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._packs: dict[str, tuple[str, list[str]]] = {}  # pack path -> (user, its hashes)
 
     @classmethod
-    async def open(cls, js: JetStreamContext, replicas: int, ttl_s: float) -> Staging:
-        try:
-            store = await js.object_store(names.BUCKET_WS_STAGING)
-        except nats.js.errors.BucketNotFoundError:
-            store = await js.create_object_store(names.BUCKET_WS_STAGING, ObjectStoreConfig(
-                ttl=ttl_s, replicas=replicas, description="hfai: chunks of workspace pushes not yet committed"))
-        staging = cls(store)
-        await staging._rebuild()
+    def open(cls, workspace_root: str | os.PathLike, ttl_s: float) -> Staging:
+        """The staging area under ``workspace_root``, its index rebuilt from the packs there
+        (blocking). Leftover temporary files and packs older than ``ttl_s`` are removed."""
+        staging = cls(Path(workspace_root) / DIR_NAME, ttl_s)
+        staging.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(staging.root, 0o700)
+        staging._rebuild(time.time())
         return staging
 
-    async def _rebuild(self) -> None:
-        try:
-            infos = await self._store.list(ignore_deletes=True)
-        except nats.js.errors.NotFoundError:
-            return
-        for info in infos:
-            if info.name and "/" in info.name:
-                self._add(info.name, parse_description(info.description))
+    def _rebuild(self, now: float) -> None:
+        for user_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and names.is_token(p.name)):
+            for p in user_dir.iterdir():
+                if p.name.endswith(_TMP):
+                    p.unlink(missing_ok=True)
+                elif p.name.endswith(_SUFFIX):
+                    self._load(user_dir.name, p, now)
         log.info("staging: %d pack(s) of unfinished pushes", len(self._packs))
 
-    def _add(self, pack: str, chunks: list[tuple[str, int]]) -> None:
-        user = pack.split("/", 1)[0]
+    def _load(self, user: str, pack: Path, now: float) -> None:
+        try:
+            st = pack.stat()
+            with open(pack, "rb") as f:
+                header = f.readline()
+        except OSError:
+            return
+        listing = parse_description(header.decode(errors="replace").strip())
+        # A pack is renamed into place whole; a size that does not add up is a damaged file.
+        if now - st.st_mtime > self.ttl_s or not listing or st.st_size != len(header) + sum(n for _, n in listing):
+            pack.unlink(missing_ok=True)
+            return
+        self._add(user, str(pack), len(header), listing)
+
+    def _add(self, user: str, pack: str, offset: int, listing: list[tuple[str, int]]) -> None:
         where = self._index.setdefault(user, {})
-        offset = 0
-        for h, n in chunks:
+        for h, n in listing:
             where.setdefault(h, Located(pack, offset, n))
             offset += n
-        self._packs[pack] = [h for h, _ in chunks]
+        self._packs[pack] = (user, [h for h, _ in listing])
+
+    def user_dir(self, user: str) -> Path:
+        return self.root / names.check_token("user name", user)
 
     def held(self, user: str) -> set[str]:
         return set(self._index.get(user, {}))
 
-    async def put(self, user: str, chunks: tuple[ChunkData, ...]) -> None:
-        pack = f"{user}/{uuid.uuid4().hex}"
-        listing = [(c.hash, len(c.data)) for c in chunks]
-        meta = ObjectMeta(name=pack, description=describe(listing),
-                          options=ObjectMetaOptions(max_chunk_size=_PACK_MESSAGE_BYTES))
-        await self._store.put(pack, b"".join(c.data for c in chunks), meta=meta)
-        self._add(pack, listing)
+    def added(self, user: str, pack: str, listing: list[tuple[str, int]]) -> None:
+        """Record a pack :func:`write_pack` wrote for ``user``."""
+        with open(pack, "rb") as f:
+            header = len(f.readline())
+        self._add(user, pack, header, listing)
 
-    async def read(self, user: str, h: str) -> bytes:
-        where = self._index[user][h]
-        data = self._cache.get(where.pack)
-        if data is None:
-            data = (await self._store.get(where.pack)).data or b""
-            self._cache[where.pack] = data
-            while len(self._cache) > _CACHED_PACKS:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(where.pack)
-        return data[where.offset: where.offset + where.length]
+    def locate(self, user: str, h: str) -> Located | None:
+        return self._index.get(user, {}).get(h)
 
-    async def release(self, user: str, used: set[str]) -> int:
+    def read(self, user: str, h: str) -> bytes:
+        """A staged chunk's bytes; KeyError if none is staged (or its pack vanished)."""
+        where = self.locate(user, h)
+        if where is None:
+            raise KeyError(h)
+        try:
+            with open(where.path, "rb") as f:
+                return os.pread(f.fileno(), where.length, where.offset)
+        except FileNotFoundError:
+            raise KeyError(h) from None
+
+    def release(self, user: str, used: set[str]) -> int:
         """Delete the packs of ``user`` whose every chunk is in ``used`` (now written to disk);
         returns how many."""
         where = self._index.get(user, {})
-        done = [p for p, hs in self._packs.items() if p.startswith(user + "/") and set(hs) <= used]
+        done = [p for p, (u, hs) in self._packs.items() if u == user and set(hs) <= used]
         for pack in done:
-            try:
-                await self._store.delete(pack)
-            except nats.js.errors.NotFoundError:
-                pass
-            for h in self._packs.pop(pack):
-                if h in where and where[h].pack == pack:
+            Path(pack).unlink(missing_ok=True)
+            for h in self._packs.pop(pack)[1]:
+                if h in where and where[h].path == pack:
                     del where[h]
-            self._cache.pop(pack, None)
         return len(done)
+
+    def expire(self, now: float) -> int:
+        """Remove packs older than ``ttl_s`` (pushes nobody committed); returns how many."""
+        old = []
+        for pack, (user, _hs) in self._packs.items():
+            try:
+                if now - os.stat(pack).st_mtime > self.ttl_s:
+                    old.append((pack, user))
+            except FileNotFoundError:
+                old.append((pack, user))
+        for pack, user in old:
+            Path(pack).unlink(missing_ok=True)
+            where = self._index.get(user, {})
+            for h in self._packs.pop(pack)[1]:
+                if h in where and where[h].path == pack:
+                    del where[h]
+        return len(old)

@@ -15,10 +15,9 @@ import os
 import pwd
 import shutil
 import stat
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from hfai._atomic import write_atomic
 from hfai.protocol import decode, encode, names
@@ -30,10 +29,6 @@ from hfai.storage.files import account, chown, remove_tree
 
 log = logging.getLogger(__name__)
 
-#: How long a commit's thread waits for one chunk from the object store.
-STAGED_READ_TIMEOUT_S = 60.0
-
-ReadChunk = Callable[[str], Coroutine[Any, Any, bytes]]
 
 
 class Workspaces:
@@ -90,19 +85,15 @@ class Workspaces:
 
     # -------------------------------------------------------------------------------- commit
 
-    async def commit(self, user: str, name: str, new: Manifest, staged: ReadChunk) -> plan.CommitPlan:
+    async def commit(self, user: str, name: str, new: Manifest, staged: commit_mod.ReadStaged,
+                     locate: commit_mod.LocateStaged | None = None) -> plan.CommitPlan:
         """Make the workspace on disk what ``new`` says, all or nothing as seen by jobs
         (:mod:`hfai.storage.commit`); chunks come from the files already there when they have
-        them, else from ``staged`` (the object store). The file work runs in a thread, so the
-        service keeps answering (a pushing client asks whether its commit is still going)."""
-        loop = asyncio.get_running_loop()
-
-        def read(h: str) -> bytes:
-            # Bounded: a loop that stopped meanwhile (the service closing) would never answer, and
-            # the thread, which the interpreter joins at exit, would hang the shutdown.
-            return asyncio.run_coroutine_threadsafe(staged(h), loop).result(timeout=STAGED_READ_TIMEOUT_S)
-
-        return await asyncio.to_thread(commit_mod.commit, self, user, name, new, read)
+        them, else from staging (``locate``: where a staged chunk's bytes lie, copied in the
+        kernel; ``staged``: its bytes). Both are called from the commit's thread, which does the
+        file work, so the service keeps answering meanwhile (a pushing client asks whether its
+        commit is still going)."""
+        return await asyncio.to_thread(commit_mod.commit, self, user, name, new, staged, locate)
 
     def _journal_path(self, user: str, name: str) -> Path:
         return self._manifest_path(user, name).with_suffix(".journal")
