@@ -1,11 +1,11 @@
 """``hfai workspace``: sync a local project directory to the cluster and run jobs in the copy.
 
     hfai workspace init [NAME]        # mark this directory as workspace NAME (default: its name)
-    hfai workspace push [--bwlimit KB] # send what changed (only the chunks the cluster lacks)
+    hfai workspace push [--bwlimit KB] [--dry-run]  # send what changed (only the chunks the cluster lacks)
     hfai workspace pull NAME [DIR]    # fetch the cluster's copy
     hfai workspace list | remove NAME | usage | restore-request
 
-``.hfignore`` (gitignore syntax) keeps files behind. Progress goes to stderr.
+``.hfignore`` (gitignore syntax) keeps files behind. Progress (bytes, rate, time left) goes to stderr.
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ def _client():
 
 @contextlib.contextmanager
 def _bar(label: str, length: int):
-    with click.progressbar(length=max(1, length), label=label, file=sys.stderr, show_pos=False,
-                           show_percent=True) as bar:
+    """A progress bar on stderr: bytes done, rate and time left (tqdm)."""
+    from tqdm import tqdm
+
+    with tqdm(total=length or None, desc=label, unit="B", unit_scale=True, unit_divisor=1000, file=sys.stderr,
+              mininterval=0.25, leave=True, dynamic_ncols=True) as bar:
         yield bar
 
 
@@ -61,36 +64,55 @@ def init(name: str | None):
 
 @workspace.command("push")
 @click.option("--bwlimit", type=int, default=0, help="At most this many KB/s (0: no limit).")
+@click.option("-n", "--dry-run", is_flag=True, help="List what would move (files, chunks, bytes); send nothing.")
 @user_errors()
-async def push(bwlimit: int):
+async def push(bwlimit: int, dry_run: bool):
     """Send the workspace containing the current directory: only the chunks the cluster lacks."""
     from hfai.protocol.errors import InvalidRequest
     from hfai.storage.client import find_root
-    from hfai.storage.client import push as do_push
 
     root = find_root(Path.cwd())
     if root is None:
         raise InvalidRequest("not inside a workspace; `hfai workspace init` first")
-    config = _config()
-    sc = config.storage
-    bars: dict[str, object] = {}
-    stack = contextlib.ExitStack()
-    hashing = stack.enter_context(_bar("hashing", _tree_bytes(root)))
-
-    def planned(chunks: int, size: int) -> None:
-        stack.close()
-        click.echo(f"{chunks} chunk(s) to send ({_mb(size)})", err=True)
-        bars["send"] = stack.enter_context(_bar("sending", size))
-
+    sc = _config().storage
     async with _client() as client:
-        try:
-            result = await do_push(client, root, sc.chunk_bytes, sc.request_bytes, sc.commit_timeout_s,
-                                   on_hash=hashing.update, on_send=lambda n: bars["send"].update(n),  # type: ignore
-                                   on_plan=planned, bwlimit=bwlimit * 1000)
-        finally:
-            stack.close()
+        if dry_run:
+            await _dry_run(client, root, sc.chunk_bytes)
+            return
+        result = await _push_with_bars(client, root, sc, bwlimit)
     click.echo(f"pushed {result.info.name}: {result.files} files, {_mb(result.info.bytes)}; sent {result.sent_chunks} "
                f"of {result.chunks} chunks ({_mb(result.sent_bytes)}); on the cluster at {result.info.path}")
+
+
+async def _push_with_bars(client, root: Path, sc, bwlimit: int):
+    """The push, with progress bars on stderr (bytes, rate, ETA): hashing, then sending."""
+    from hfai.storage.client import push as do_push
+
+    with contextlib.ExitStack() as stack:
+        hashing = stack.enter_context(_bar("hashing", _tree_bytes(root)))
+        bars = {"send": hashing}
+
+        def planned(chunks: int, size: int) -> None:
+            stack.close()
+            click.echo(f"{chunks} chunk(s) to send ({_mb(size)})", err=True)
+            bars["send"] = stack.enter_context(_bar("sending", size))
+
+        return await do_push(client, root, sc.chunk_bytes, sc.request_bytes, sc.commit_timeout_s,
+                             on_hash=hashing.update, on_send=lambda n: bars["send"].update(n), on_plan=planned,
+                             bwlimit=bwlimit * 1000)
+
+
+async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
+    from hfai.storage.client import outgoing, read_marker
+    from hfai.storage.plan import check_workspace_name
+
+    name = check_workspace_name(read_marker(root)["name"])
+    with _bar("hashing", _tree_bytes(root)) as bar:
+        out = await outgoing(client, root, name, chunk_bytes, on_hash=bar.update)
+    for path, chunks, size in out.files():
+        click.echo(f"{_mb(size):>10}  {chunks:>5} chunk(s)  {path}")
+    click.echo(f"would send {len(out.lacking)} of {len(out.hashes)} chunks ({_mb(out.bytes)}) of "
+               f"{len(out.manifest.files)} files to workspace {name} (dry run: nothing sent)")
 
 
 def _tree_bytes(root: Path) -> int:

@@ -13,6 +13,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.storage import FileEntry, Manifest
 from hfai.storage.ignore import Ignore
 
@@ -48,37 +49,93 @@ def walk(root: Path, ignore: Ignore) -> Iterator[tuple[str, os.stat_result]]:
                 yield rel, st
 
 
+#: Threads hashing a push's files (hashlib and file reads release the GIL).
+HASH_THREADS = min(4, os.cpu_count() or 1)
+#: Chunks one hashing task reads: a large file is hashed by several threads at once.
+_TASK_CHUNKS = 64
+
+
 def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | None = None,
-                   stamps: dict | None = None) -> Manifest:
-    """Hash every kept file under ``root``; ``on_bytes(n)`` is told of each chunk read (progress).
-    ``known``: path -> [size, mtime_ns, chunks] of the last push: a file whose size and mtime are
-    unchanged is not read again (rsync's quick check)."""
+                   stamps: dict | None = None, threads: int = HASH_THREADS) -> Manifest:
+    """Hash every kept file under ``root`` (in ``threads`` threads); ``on_bytes(n)`` is told of
+    the bytes done (progress, from the calling thread). ``known``: path -> [size, mtime_ns,
+    chunks, inode] of the last push: a file whose size, mtime and inode are unchanged is not read
+    again (rsync's quick check, plus the inode: a file replaced by another keeps neither)."""
     ignore = Ignore.load(root)
-    files = []
+    entries: list[tuple[str, os.stat_result, list[str] | None]] = []
     for rel, st in walk(root, ignore):
         if stamps is not None:
             stamps[rel] = st.st_mtime_ns  # taken before reading: a later change shows as a newer mtime
-        seen = (known or {}).get(rel)
-        if seen and seen[0] == st.st_size and seen[1] == st.st_mtime_ns and \
-                len(seen[2]) == (st.st_size + chunk_bytes - 1) // chunk_bytes:
-            files.append(FileEntry(path=rel, size=st.st_size, mode=st.st_mode & 0o777, chunks=tuple(seen[2])))
+        entries.append((rel, st, _unchanged((known or {}).get(rel), st, chunk_bytes)))
+    hashed = _hash_files(root, [(rel, st.st_size) for rel, st, seen in entries if seen is None], chunk_bytes,
+                         on_bytes, threads)
+    files = []
+    for rel, st, seen in entries:
+        if seen is not None:
+            files.append(FileEntry(path=rel, size=st.st_size, mode=st.st_mode & 0o777, chunks=tuple(seen)))
             if on_bytes is not None:
                 on_bytes(st.st_size)
-            continue
-        hashes, size = [], 0
-        # The size is what was read (a file growing meanwhile stays consistent with its chunks).
-        for data in file_chunks(root / rel, chunk_bytes):
-            hashes.append(chunk_hash(data))
-            size += len(data)
-            if on_bytes is not None:
-                on_bytes(len(data))
-        files.append(FileEntry(path=rel, size=size, mode=st.st_mode & 0o777, chunks=tuple(hashes)))
+        else:
+            hashes, size = hashed[rel]
+            files.append(FileEntry(path=rel, size=size, mode=st.st_mode & 0o777, chunks=tuple(hashes)))
     return Manifest(files=tuple(files), chunk_bytes=chunk_bytes)
 
 
+def _unchanged(seen: list | None, st: os.stat_result, chunk_bytes: int) -> list[str] | None:
+    """The chunks the last push recorded for this file, if size, mtime and inode still match."""
+    if not seen or len(seen) < 4:
+        return None
+    size, mtime_ns, chunks, inode = seen[:4]
+    if size != st.st_size or mtime_ns != st.st_mtime_ns or inode != st.st_ino:
+        return None
+    return chunks if len(chunks) == (st.st_size + chunk_bytes - 1) // chunk_bytes else None
+
+
+def _hash_range(path: Path, first: int, count: int, chunk_bytes: int) -> tuple[list[str], int]:
+    """Hashes of chunks ``first .. first+count-1`` of ``path`` and the bytes read."""
+    hashes, size = [], 0
+    with open(path, "rb") as f:
+        f.seek(first * chunk_bytes)
+        for _ in range(count):
+            data = f.read(chunk_bytes)
+            if not data:
+                break
+            hashes.append(chunk_hash(data))
+            size += len(data)
+            if len(data) < chunk_bytes:
+                break
+    return hashes, size
+
+
+def _hash_files(root: Path, todo: list[tuple[str, int]], chunk_bytes: int, on_bytes, threads: int) \
+        -> dict[str, tuple[list[str], int]]:
+    """rel -> (chunk hashes, bytes read) of each file of ``todo`` (rel, size at the walk)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tasks = []  # (rel, first chunk, count); the last task of a file reads to its end, however long
+    for rel, size in todo:
+        n = max(1, (size + chunk_bytes - 1) // chunk_bytes)
+        for first in range(0, n, _TASK_CHUNKS):
+            last = first + _TASK_CHUNKS >= n
+            tasks.append((rel, first, (1 << 62) if last else _TASK_CHUNKS))
+    out: dict[str, tuple[list[str], int]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        results = pool.map(lambda t: _hash_range(root / t[0], t[1], t[2], chunk_bytes), tasks)
+        for (rel, _first, count), (hashes, size) in zip(tasks, results, strict=True):
+            # The size is what was read (a file growing meanwhile stays consistent with its chunks);
+            # one shrinking under a task that is not its last would leave a hole.
+            if count == _TASK_CHUNKS and size != count * chunk_bytes:
+                raise InvalidRequest(f"{rel} changed while it was hashed; push again")
+            prev = out.get(rel, ([], 0))
+            out[rel] = (prev[0] + hashes, prev[1] + size)
+            if on_bytes is not None:
+                on_bytes(size)
+    return out
+
+
 def quick_index(root: Path, manifest: Manifest, stamps: dict) -> dict:
-    """path -> [size, mtime_ns, chunks] for :func:`build_manifest`'s ``known`` at the next push;
-    files whose mtime moved since they were hashed (``stamps``) are left out."""
+    """path -> [size, mtime_ns, chunks, inode] for :func:`build_manifest`'s ``known`` at the next
+    push; files whose mtime moved since they were hashed (``stamps``) are left out."""
     out = {}
     for f in manifest.files:
         try:
@@ -86,7 +143,16 @@ def quick_index(root: Path, manifest: Manifest, stamps: dict) -> dict:
         except OSError:
             continue
         if st.st_size == f.size and st.st_mtime_ns == stamps.get(f.path):
-            out[f.path] = [f.size, st.st_mtime_ns, list(f.chunks)]
+            out[f.path] = [f.size, st.st_mtime_ns, list(f.chunks), st.st_ino]
+    return out
+
+
+def read_chunks(root: Path, wanted: list[tuple[FileEntry, int]], chunk_bytes: int) -> list[bytes]:
+    """The bytes of chunk ``index`` of each (entry, index) in ``wanted`` (one thread's batch)."""
+    out = []
+    for entry, index in wanted:
+        with open(root / entry.path, "rb") as f:
+            out.append(os.pread(f.fileno(), chunk_bytes, index * chunk_bytes))
     return out
 
 

@@ -22,12 +22,15 @@ from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
-from hfai.storage.chunks import build_manifest, chunk_hash, quick_index, read_chunk
+from hfai.storage.chunks import build_manifest, chunk_hash, quick_index, read_chunks
 
 MARKER_DIR = ".hfai"
 MARKER = "workspace.json"
 QUICK = "pushed.json"  # size, mtime and chunks of each file at the last push
-IN_FLIGHT = 4
+#: Put requests in flight: enough to keep the service's threads busy while replies travel.
+IN_FLIGHT = 8
+#: Hashes one ws_missing request asks about (the service takes up to 8,192).
+MISSING_BATCH = 4096
 #: How often a client waiting for its commit asks whether the service is still at it.
 COMMIT_PING_S = 1.0
 
@@ -107,52 +110,95 @@ def remote_workdir(cwd: Path) -> str | None:
 
 # ---------------------------------------------------------------------------- push / pull
 
-async def push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
-               on_hash: Progress | None = None, on_send: Progress | None = None,
-               on_plan: Callable[[int, int], object] | None = None, bwlimit: int = 0,
-               ping_s: float = COMMIT_PING_S) -> PushResult:
-    """Push the workspace at ``root``. ``on_plan(chunks, bytes to send)`` is told what will move;
-    ``on_hash``/``on_send`` of each chunk's bytes; ``bwlimit`` (bytes/s, 0: none) paces the sends.
-    Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
-    marker = read_marker(root)
-    name = plan.check_workspace_name(marker["name"])
+@dataclass(frozen=True)
+class Outgoing:
+    """What a push moves: the manifest, and the chunks of it the cluster lacks."""
+
+    manifest: s.Manifest
+    hashes: tuple[str, ...]                      # every distinct chunk of the manifest
+    where: dict[str, tuple[s.FileEntry, int]]    # chunk -> (a file holding it, its index there)
+    lacking: tuple[str, ...]                     # the chunks to send
+    sizes: dict[str, int]                        # chunk -> its length, for those to send
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def files(self) -> list[tuple[str, int, int]]:
+        """(path, chunks, bytes) to send of each file that has some, in manifest order (a chunk
+        several files share is counted at the first)."""
+        per: dict[str, list[int]] = {}
+        for h in self.lacking:
+            f, _i = self.where[h]
+            got = per.setdefault(f.path, [0, 0])
+            got[0] += 1
+            got[1] += self.sizes[h]
+        return [(f.path, *per[f.path]) for f in self.manifest.files if f.path in per]
+
+
+async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: int, on_hash: Progress | None = None,
+                   stamps: dict | None = None) -> Outgoing:
+    """Hash the workspace at ``root`` (files unchanged since the last push are not read) and ask
+    the service which chunks it lacks. Changes nothing anywhere (``hfai workspace push --dry-run``)."""
     known = _read_quick(root, chunk_bytes)
-    stamps: dict[str, int] = {}
     manifest = await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps)
     where: dict[str, tuple[s.FileEntry, int]] = {}
     for f in manifest.files:
         for i, h in enumerate(f.chunks):
             where.setdefault(h, (f, i))
-    hashes = list(where)
-    lacking, sent = await _send_missing(client, root, name, hashes, where, chunk_bytes, request_bytes, on_plan,
-                                        on_send, bwlimit)
+    hashes = tuple(where)
+    return _with_lacking(Outgoing(manifest, hashes, where, (), {}), await _ask_missing(client, name, hashes),
+                         chunk_bytes)
+
+
+def _with_lacking(out: Outgoing, lacking: tuple[str, ...], chunk_bytes: int) -> Outgoing:
+    sizes = {h: min(chunk_bytes, out.where[h][0].size - out.where[h][1] * chunk_bytes) for h in lacking}
+    return Outgoing(out.manifest, out.hashes, out.where, lacking, sizes)
+
+
+async def _ask_missing(client: StorageClient, name: str, hashes: tuple[str, ...]) -> tuple[str, ...]:
+    asks = [client.scall(s.VERB_WS_MISSING, s.MissingRequest(workspace=name, hashes=hashes[i:i + MISSING_BATCH]),
+                         s.MissingReply) for i in range(0, len(hashes), MISSING_BATCH)]
+    lacking: list[str] = []
+    for reply in await asyncio.gather(*asks):  # in flight together: one round trip, not one per batch
+        lacking.extend(reply.hashes)
+    return tuple(lacking)
+
+
+async def push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
+               on_hash: Progress | None = None, on_send: Progress | None = None,
+               on_plan: Callable[[int, int], object] | None = None, bwlimit: int = 0,
+               ping_s: float = COMMIT_PING_S) -> PushResult:
+    """Push the workspace at ``root``. ``on_plan(chunks, bytes to send)`` is told what will move;
+    ``on_hash``/``on_send`` of the bytes hashed and sent; ``bwlimit`` (bytes/s, 0: none) paces the
+    sends. Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
+    marker = read_marker(root)
+    name = plan.check_workspace_name(marker["name"])
+    stamps: dict[str, int] = {}
+    out = await outgoing(client, root, name, chunk_bytes, on_hash, stamps)
+    sent = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
+    lacking = len(out.lacking)
     try:
-        info = await commit(client, name, manifest, commit_timeout_s, ping_s)
+        info = await commit(client, name, out.manifest, commit_timeout_s, ping_s)
     except Conflict:
         # Files on the cluster changed since their push (a job rewrote one, or an old service was
         # killed mid-commit): the service forgot them, so asking again lists their chunks.
-        more, more_sent = await _send_missing(client, root, name, hashes, where, chunk_bytes, request_bytes,
-                                              on_plan, on_send, bwlimit)
-        lacking, sent = lacking + more, sent + more_sent
-        info = await commit(client, name, manifest, commit_timeout_s, ping_s)
+        out = _with_lacking(out, await _ask_missing(client, name, out.hashes), chunk_bytes)
+        sent += await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
+        lacking += len(out.lacking)
+        info = await commit(client, name, out.manifest, commit_timeout_s, ping_s)
     write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
     write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes,
-                                                         "files": quick_index(root, manifest, stamps)}))
-    return PushResult(info, len(manifest.files), len(hashes), len(lacking), sent)
+                                                         "files": quick_index(root, out.manifest, stamps)}))
+    return PushResult(info, len(out.manifest.files), len(out.hashes), lacking, sent)
 
 
-async def _send_missing(client, root, name, hashes, where, chunk_bytes, request_bytes, on_plan, on_send,
-                        bwlimit) -> tuple[list[str], int]:
-    lacking: list[str] = []
-    for i in range(0, len(hashes), 4096):
-        ask = s.MissingRequest(workspace=name, hashes=tuple(hashes[i:i + 4096]))
-        reply = await client.scall(s.VERB_WS_MISSING, ask, s.MissingReply)
-        lacking.extend(reply.hashes)
-    sizes = {h: min(chunk_bytes, where[h][0].size - where[h][1] * chunk_bytes) for h in lacking}
+async def _send_lacking(client, root, name, out: Outgoing, chunk_bytes, request_bytes, on_plan, on_send,
+                        bwlimit) -> int:
     if on_plan is not None:
-        on_plan(len(lacking), sum(sizes.values()))
-    sent = await _send(client, root, name, lacking, where, sizes, chunk_bytes, request_bytes, on_send, bwlimit)
-    return lacking, sent
+        on_plan(len(out.lacking), out.bytes)
+    return await _send(client, root, name, list(out.lacking), out.where, out.sizes, chunk_bytes, request_bytes,
+                       on_send, bwlimit)
 
 
 async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout_s: float,
@@ -232,13 +278,10 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
     async def sender() -> None:
         nonlocal sent
         while (group := await queue.get()) is not None:
-            chunks = []
-            for h in group:
-                f, i = where[h]
-                data = await asyncio.to_thread(read_chunk, root, f, i, chunk_bytes)
-                if chunk_hash(data) != h:
-                    raise InvalidRequest(f"{f.path} changed during the push; push again")
-                chunks.append(s.ChunkData(hash=h, data=data))
+            # One thread call a request; the service checks every chunk's hash (a file changed
+            # since it was hashed is refused there), so the client does not hash twice.
+            datas = await asyncio.to_thread(read_chunks, root, [where[h] for h in group], chunk_bytes)
+            chunks = [s.ChunkData(hash=h, data=d) for h, d in zip(group, datas, strict=True)]
             await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks)), s.PutReply)
             n = sum(len(c.data) for c in chunks)
             sent += n
