@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # (also set by tests/conftest.py, before any import)
 
 
 def _ln_reference(x, w, b, dy, eps=1e-5):
