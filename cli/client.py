@@ -46,6 +46,7 @@ from hfai.protocol.types import (
     QuotasRequest,
     SettingsReply,
     StopRequest,
+    StoreHealth,
     SubmitRequest,
     UsageReply,
     UsageRequest,
@@ -320,13 +321,18 @@ class ApiClient:
 
     async def nodes(self) -> tuple[NodeInfo, ...]:
         """Every node, fetched page by page (each reply is bounded in size)."""
+        return (await self.nodes_and_store())[0]
+
+    async def nodes_and_store(self) -> tuple[tuple[NodeInfo, ...], StoreHealth | None]:
+        """Every node, and the NATS store's health as the controller that sent the last page sees
+        it (None from a controller that does not probe)."""
         nodes: list[NodeInfo] = []
         req = NodesRequest()
         while True:
             page = await self.call(names.VERB_NODES, req, NodesReply)
             nodes.extend(page.nodes)
             if not (page.more and page.nodes):
-                return tuple(nodes)
+                return tuple(nodes), page.store
             req = NodesRequest(after=page.nodes[-1].record.name)
 
     async def settings(self) -> SettingsReply:

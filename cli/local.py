@@ -34,6 +34,7 @@ from pathlib import Path
 
 from hfai._atomic import write_atomic
 from hfai._proc import pid_alive
+from hfai.cli.supervision import SupervisePolicy
 from hfai.config import (
     AgentConfig,
     Config,
@@ -134,8 +135,14 @@ class LocalCluster:
     web: WebConfig | None = None
     # The storage service's limits and periods (paths are always under the root); None: LOCAL_STORAGE.
     storage: StorageConfig | None = None
+    # Restart daemons that die, and nats-server when its store breaks (hfai.cli.local_supervisor):
+    # `hfai local up` does; None (tests of faults that must stay put): nothing is restarted.
+    supervise: SupervisePolicy | None = None
     pids: dict[str, int] = field(default_factory=dict)
+    # What the supervisor last wrote: its pid, each daemon's restarts, the store's health.
+    supervision: dict = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+    _supervisor: subprocess.Popen | None = field(default=None, repr=False)
 
     @classmethod
     def default_root(cls) -> Path:
@@ -215,7 +222,33 @@ class LocalCluster:
         if self.web is not None and self.web.port:
             self.start_web()
         self.save()
+        if self.supervise is not None:
+            self.start_supervisor(self.supervise)
         return forgotten
+
+    def start_supervisor(self, policy: SupervisePolicy) -> None:
+        """Hand the running daemons over to a supervisor process (hfai.cli.local_supervisor): it
+        starts once cluster.json names it, and is from then on that file's only writer."""
+        from hfai.cli.local_supervisor import spawn
+
+        self._supervisor = spawn(self.root, policy)
+        self.supervision = {"pid": self._supervisor.pid}
+        self.save()
+
+    def stop_supervisor(self) -> None:
+        """Stop the supervisor (it leaves the daemons as they are) and take over the pids it
+        recorded, so that what follows stops the daemons it started."""
+        loaded = LocalCluster.load(self.root)
+        pid = (loaded.supervision if loaded is not None else self.supervision).get("pid")
+        _terminate(pid, self._supervisor, grace_s=30.0)  # it may be in the middle of a restart
+        self._supervisor = None
+        loaded = LocalCluster.load(self.root)
+        if loaded is not None:
+            self.pids.update(loaded.pids)
+            self.supervision = loaded.supervision
+        # A handle of a daemon that was restarted since is of a process long gone.
+        for name in [n for n, proc in self._procs.items() if proc.pid != self.pids.get(n)]:
+            self._procs.pop(name).poll()
 
     @property
     def has_state(self) -> bool:
@@ -284,6 +317,7 @@ class LocalCluster:
         from hfai.agent.runs import RunStore
         from hfai.protocol.types import RunEventKind
 
+        self.stop_supervisor()  # or it would start the controllers again
         for name in [n for n in self.pids if n.startswith("controller")]:
             _terminate(self.pids.get(name), self._procs.get(name))
             self.pids.pop(name, None)
@@ -445,7 +479,9 @@ class LocalCluster:
                 proc.wait()
 
     def down(self, jobs_too: bool = True) -> None:
-        """Stop daemons (graceful, then forceful), and by default the jobs they started."""
+        """Stop the supervisor, then the daemons (graceful, then forceful), and by default the
+        jobs they started."""
+        self.stop_supervisor()
         if "nats" not in self.pids and self._procs.get("nats"):
             self.pids["nats"] = self._procs["nats"].pid
         order = [n for n in self.pids if n.startswith(("agent", "web", "storage"))] + \
@@ -461,7 +497,8 @@ class LocalCluster:
     def save(self) -> None:
         self.pids["nats"] = self._procs["nats"].pid if "nats" in self._procs else self.pids.get("nats", 0)
         write_atomic(self.state_path, json.dumps({"url": self.url, "nodes": self.nodes, "pids": self.pids,
-                                                  "auth": self.auth, "owner": self.owner or _login()}, indent=1))
+                                                  "auth": self.auth, "owner": self.owner or _login(),
+                                                  "supervision": self.supervision}, indent=1))
 
     @classmethod
     def load(cls, root: Path | None = None) -> LocalCluster | None:
@@ -471,14 +508,38 @@ class LocalCluster:
         except (FileNotFoundError, ValueError):
             return None
         return cls(root=root, nodes=data.get("nodes", 0), url=data["url"], pids=data.get("pids", {}),
-                   auth=data.get("auth", True), owner=data.get("owner", ""))
+                   auth=data.get("auth", True), owner=data.get("owner", ""),
+                   supervision=data.get("supervision") or {})
 
     def is_up(self) -> bool:
+        """Whether a cluster runs under this root (its NATS server, or a supervisor that may be
+        restarting it)."""
         loaded = LocalCluster.load(self.root)
-        return loaded is not None and pid_alive(loaded.pids.get("nats"))
+        return loaded is not None and (pid_alive(loaded.pids.get("nats")) or pid_alive(loaded.supervision.get("pid")))
 
     def alive(self) -> dict[str, bool]:
-        return {name: pid_alive(pid) for name, pid in self.pids.items()}
+        return {name: pid_alive(pid) for name, pid in self.pids.items() if pid}
+
+    def status_lines(self) -> list[str]:
+        """`hfai local status`: each daemon alive or dead with its restarts, the supervisor, and
+        the NATS store when it refuses writes."""
+        daemons = self.supervision.get("daemons", {})
+        lines = []
+        for name, alive in self.alive().items():
+            seen = daemons.get(name, {})
+            state = "running" if alive else ("dead (given up on)" if seen.get("gave_up") else "dead")
+            if seen.get("restarts"):
+                ago = time.time() - seen.get("last_restart", 0.0)
+                state += f", restarted {seen['restarts']}x (last {ago:.0f}s ago"
+                state += f", after it {seen['last_exit']})" if seen.get("last_exit") else ")"
+            lines.append(f"  {name:<16} {state}")
+        sup = self.supervision.get("pid")
+        lines.append(f"  {'supervisor':<16} " + ("running" if pid_alive(sup) else
+                                                 "dead: nothing restarts the daemons" if sup else "none"))
+        store = self.supervision.get("store", {})
+        if store and not store.get("writable", True):
+            lines.append(f"  NATS store refuses writes: {store.get('detail', '')} (restarted when its disk has room)")
+        return lines
 
 
 #: What ``reset`` wipes under the root (``envs/`` is the user's, not state).

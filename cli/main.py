@@ -385,8 +385,11 @@ async def nodes(as_json: bool):
     """Nodes: state, GPUs busy, utilisation, memory, jobs, and why a node is drained or down (a down
     node's figures, in parentheses, are from its last heartbeat)."""
     async with api() as client:
-        infos = await client.nodes()
+        infos, store = await client.nodes_and_store()
     click.echo(render.dumps([render.node_json(n) for n in infos]) if as_json else render.nodes_table(infos))
+    alarm = render.store_line(store, time.time())
+    if alarm:
+        click.echo(alarm, err=as_json)  # JSON readers get the nodes alone on stdout
 
 
 @main.command()
@@ -574,13 +577,15 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     import dataclasses
 
     from hfai.cli.local import LOCAL_CONTROLLER, LocalCluster, free_port
+    from hfai.cli.supervision import SupervisePolicy
     from hfai.config import WebConfig
 
     cc = LOCAL_CONTROLLER if slice_s is None else dataclasses.replace(LOCAL_CONTROLLER, slice_s=slice_s)
     web = WebConfig()
     # Another local cluster (or anything else) on the usual port: take a free one, shown below.
     web = dataclasses.replace(web, port=free_port(web.host, web.port))
-    cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc, web=web)
+    cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc, web=web,
+                           supervise=SupervisePolicy())
     if fresh:
         cluster.reset()
     resumed = cluster.has_state
@@ -664,8 +669,8 @@ def local_status():
     if cluster is None:
         raise click.ClickException("no local cluster is running")
     click.echo(f"NATS {cluster.url}, state in {cluster.root}")
-    for name, alive in cluster.alive().items():
-        click.echo(f"  {name:<16} {'running' if alive else 'dead'}")
+    for line in cluster.status_lines():
+        click.echo(line)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfai.protocol.errors import InvalidRequest
-from hfai.protocol.types import ChainState, JobRecord, NodeInfo, NodeState, Priority, QuotaTable
+from hfai.protocol.types import ChainState, JobRecord, NodeInfo, NodeState, Priority, QuotaTable, StoreHealth
 
 
 def clean(text: object) -> str:
@@ -209,6 +209,15 @@ def quotas_table(table) -> str:
     rows = [[clean(q.user), Priority.label(q.priority), clean(q.group), str(q.nodes)]
             for q in sorted(table.entries, key=lambda q: (q.user, -q.priority, q.group))]
     return table_text(["USER", "PRIORITY", "GROUP", "NODES"], rows)
+
+
+def store_line(health: StoreHealth | None, now: float) -> str | None:
+    """The line `hfai nodes` adds when the NATS store refuses writes (None while it takes them)."""
+    if health is None or health.writable:
+        return None
+    return (f"NATS store: REFUSING WRITES for {age(now - health.since)} ({health.failures} probe writes failed "
+            f"in a row: {clean(health.detail)}); nothing changes until it takes writes again: free space on the "
+            "NATS server's disk, then restart nats-server (`hfai local up` does it on a local cluster)")
 
 
 def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:

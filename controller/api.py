@@ -61,6 +61,7 @@ from hfai.protocol.types import (
     RestrictedUsers,
     SettingsReply,
     StopRequest,
+    StoreHealth,
     SubmitRequest,
     UpdateRequest,
     UsageReply,
@@ -122,6 +123,9 @@ class ApiService:
         }
         # Usage accounting (controller/usage_recorder.py), set by the controller service.
         self.usage: Callable[[UsageRequest, int], UsageReply] | None = None
+        # The NATS store's health as this replica's probe sees it (controller/store_health.py),
+        # set by the controller service; it rides on every `hfai nodes` reply.
+        self.store_health: Callable[[], StoreHealth] | None = None
 
     async def handle(self, msg: Msg) -> None:
         """Serve one request message; always replies (if the caller gave a reply subject)."""
@@ -313,7 +317,8 @@ class ApiService:
     async def nodes(self, caller: Caller, req: NodesRequest) -> Encoded:
         """A page of nodes (a ``NodesReply``, encoded): each heartbeat record is encoded once
         (controller/node_pages.py)."""
-        return self._node_pages.page(req.after, self._jobs.values.values(), self._config.api_reply_bytes)
+        store = self.store_health() if self.store_health is not None else None
+        return self._node_pages.page(req.after, self._jobs.values.values(), self._config.api_reply_bytes, store)
 
     async def usage_report(self, caller: Caller, req: UsageRequest) -> UsageReply:
         """GPU-hours per day, user, group and priority: public, like the queue."""

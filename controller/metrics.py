@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from hfai.protocol.types import ChainState, JobRecord, NodeInfo, NodeState
+from hfai.protocol.types import ChainState, JobRecord, NodeInfo, NodeState, StoreHealth
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ class _Live(Collector):
     """Jobs and nodes by state, read from the replica's caches at scrape time."""
 
     def __init__(self, jobs: Callable[[], Iterable[JobRecord]], nodes: Callable[[], Iterable[NodeInfo]],
-                 reconnects: Callable[[], int]):
-        self._jobs, self._nodes, self._reconnects = jobs, nodes, reconnects
+                 reconnects: Callable[[], int], store: Callable[[], StoreHealth] | None = None):
+        self._jobs, self._nodes, self._reconnects, self._store = jobs, nodes, reconnects, store
 
     def collect(self):
         jobs = GaugeMetricFamily("hfai_jobs", "Jobs known to the controller, by state", labels=["state"])
@@ -67,14 +67,25 @@ class _Live(Collector):
             nodes.add_metric([state], n)
         rc = CounterMetricFamily("hfai_nats_reconnects", "Reconnections of this process to NATS")
         rc.add_metric([], self._reconnects())
-        return [jobs, nodes, rc]
+        return [jobs, nodes, rc, *self._store_metrics()]
+
+    def _store_metrics(self) -> list:
+        if self._store is None:
+            return []
+        health = self._store()
+        writable = GaugeMetricFamily("hfai_nats_store_writable", "1 while the NATS store takes this replica's "
+                                     "probe writes, 0 once store_probe_failures in a row failed")
+        writable.add_metric([], 1 if health.writable else 0)
+        failures = GaugeMetricFamily("hfai_nats_store_probe_failures", "Store probe writes failed in a row")
+        failures.add_metric([], health.failures)
+        return [writable, failures]
 
 
 class ControllerMetrics:
     def __init__(self, jobs: Callable[[], Iterable[JobRecord]], nodes: Callable[[], Iterable[NodeInfo]],
-                 reconnects: Callable[[], int]):
+                 reconnects: Callable[[], int], store: Callable[[], StoreHealth] | None = None):
         self.registry = r = CollectorRegistry()
-        r.register(_Live(jobs, nodes, reconnects))
+        r.register(_Live(jobs, nodes, reconnects, store))
         self._jobs = jobs
         self.round = Histogram("hfai_scheduling_round_seconds", "Duration of one leader round (nodes, policy, "
                                "writes)", buckets=ROUND_BUCKETS, registry=r)

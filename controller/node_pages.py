@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from hfai.controller.nodes import NodeTracker, jobs_on_nodes
 from hfai.controller.paging import paged_reply
 from hfai.protocol.codec import Encoded, pack
-from hfai.protocol.types import JobRecord, NodeRecord, NodesReply
+from hfai.protocol.types import JobRecord, NodeRecord, NodesReply, StoreHealth
 
 
 class NodePages:
@@ -26,8 +26,10 @@ class NodePages:
         self._packed: dict[str, tuple[NodeRecord, bytes]] = {}
         self.records_packed = 0  # how many records were encoded (tests count them)
 
-    def page(self, after: str, jobs: Iterable[JobRecord], budget_bytes: int) -> Encoded:
-        """The encoded ``NodesReply`` of the nodes named after ``after``, by name, as many as fit."""
+    def page(self, after: str, jobs: Iterable[JobRecord], budget_bytes: int,
+             store: StoreHealth | None = None) -> Encoded:
+        """The encoded ``NodesReply`` of the nodes named after ``after``, by name, as many as fit,
+        with the NATS store's health ``store``."""
         t = self._tracker
         records = t.cache.values
         if len(self._packed) > len(records):  # nodes were forgotten
@@ -40,7 +42,7 @@ class NodePages:
         entries = sorted(records.items(), key=lambda kv: kv[1].name)
         start = bisect.bisect_right([r.name for _, r in entries], after)
         items = (pack(t.info(r, now, on_node, drained), record=self._record(key, r)) for key, r in entries[start:])
-        return paged_reply(NodesReply, "nodes", items, budget_bytes)
+        return paged_reply(NodesReply, "nodes", items, budget_bytes, store=store)
 
     def _record(self, key: str, record: NodeRecord) -> bytes:
         kept = self._packed.get(key)

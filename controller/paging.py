@@ -31,14 +31,14 @@ def fill_page(items: Iterable[bytes], budget_bytes: int) -> tuple[list[bytes], b
     return page, False
 
 
-def paged_reply(kind: type, field: str, items: Iterable[bytes], budget_bytes: int) -> Encoded:
-    """The encoded reply ``kind(field=<a page of items>, more=<items left>)`` of at most
+def paged_reply(kind: type, field: str, items: Iterable[bytes], budget_bytes: int, **extra: Any) -> Encoded:
+    """The encoded reply ``kind(field=<a page of items>, more=<items left>, **extra)`` of at most
     ``budget_bytes`` (unless its one item alone is larger)."""
-    overhead = len(_reply(kind, field, [], True).data) + _ARRAY_HEADER_GROWTH
+    overhead = len(_reply(kind, field, [], True, extra).data) + _ARRAY_HEADER_GROWTH
     page, more = fill_page(items, budget_bytes - overhead)
-    return _reply(kind, field, page, more)
+    return _reply(kind, field, page, more, extra)
 
 
-def _reply(kind: type, field: str, page: list[bytes], more: bool) -> Encoded:
+def _reply(kind: type, field: str, page: list[bytes], more: bool, extra: dict[str, Any]) -> Encoded:
     empty: dict[str, Any] = {field: ()}
-    return encode_packed(kind(**empty, more=more), **{field: pack_array(page)})
+    return encode_packed(kind(**empty, more=more, **extra), **{field: pack_array(page)})

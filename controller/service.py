@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import time
 
@@ -26,10 +27,16 @@ from hfai.controller.election import LeaseElection
 from hfai.controller.leader import Leader
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.store import KVCache
+from hfai.controller.store_health import StoreProbe
 from hfai.protocol import names
 from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable, RestrictedUsers
 
 log = logging.getLogger(__name__)
+
+
+def _probe_key(controller_id: str) -> str:
+    """A KV key for this replica's probe value: its id with anything but [A-Za-z0-9_-] as "_"."""
+    return "controller-" + re.sub(r"[^A-Za-z0-9_-]", "_", controller_id)[:50]
 
 
 def leader_stuck(last_beat: float, now: float, exit_s: float) -> bool:
@@ -69,9 +76,14 @@ class Controller:
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
                               settings_kv=buckets.users, settings=self.settings, config=self.config.controller,
                               request=self._relay)
+        cc = self.config.controller
+        # Probes as this replica (the key is a KV token: no dots in an id made of a host name).
+        self.store_probe = StoreProbe(js, _probe_key(self.id), self.config.nats.replicas, cc.store_probe_s,
+                                      cc.store_probe_timeout_s, cc.store_probe_failures)
+        self.api.store_health = lambda: self.store_probe.health
+        self._supervisor.spawn(self.store_probe.run(), "store-probe")
         await self._start_extras(js)
         self._sub = await nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
-        cc = self.config.controller
         self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s, cc.leader_stall_s)
         self._supervisor.watch(self.election.start())
         self._supervisor.spawn(self._lead_when_elected(js, buckets), "leadership")
@@ -95,7 +107,8 @@ class Controller:
 
             self.metrics = ControllerMetrics(lambda: list(self.jobs.values.values()),
                                              lambda: self.nodes.infos(list(self.jobs.values.values())),
-                                             lambda: self._nc.stats["reconnects"] if self._nc else 0)
+                                             lambda: self._nc.stats["reconnects"] if self._nc else 0,
+                                             store=lambda: self.store_probe.health)
             port = self.config.controller.metrics_port
             self.metrics_server = server = MetricsServer(self.metrics.registry, port=port)
             await server.start()

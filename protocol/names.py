@@ -65,6 +65,9 @@ BUCKET_ASSIGN = "hfai_assign"
 BUCKET_USERS = "hfai_users"
 # One UsageEntry per finished run (key <job id>.<run id>): GPU-hours outlive purged job records.
 BUCKET_USAGE = "hfai_usage"
+# The store's health probes (controller/store_health.py): one key per prober, written every few
+# seconds; on the file store, so a disk that refuses writes shows there as it does for the jobs.
+BUCKET_HEALTH = "hfai_health"
 QUOTAS_KEY = "quotas"
 DRAINED_KEY = "drained"
 # Users whose jobs may not run (storage over its limit, ...): a RestrictedUsers, written by operator services.

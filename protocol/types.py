@@ -584,11 +584,30 @@ class NodeInfo:
     reason: str = ""
 
 
+@message("store_health")
+class StoreHealth:
+    """Whether the NATS store takes writes, as the answering controller's probe saw it
+    (controller/store_health.py). ``writable`` turns False after a run of failed probe writes;
+    ``since``: wall time the current run of failures (or successes) began; ``failures``: probes
+    failed in a row; ``detail``: the last failure; ``checked``: wall time of the last probe (0:
+    none yet)."""
+
+    KIND: ClassVar[str]
+    writable: bool = True
+    since: float = 0.0
+    failures: int = 0
+    detail: str = ""
+    checked: float = 0.0
+
+
 @message("nodes_reply")
 class NodesReply:
     KIND: ClassVar[str]
     nodes: tuple[NodeInfo, ...]
     more: bool = False  # a reply holds at most api_reply_bytes: ask again after the last node
+    # Added with a default (decoders of any 1.x ignore it or fill it in): the NATS store's health
+    # as the answering replica sees it; None from a controller that does not probe.
+    store: StoreHealth | None = None
 
 
 @message("settings_reply")

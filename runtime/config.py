@@ -103,6 +103,12 @@ class ControllerConfig:
     metrics_port: int = 0
     # Runs that ended are copied to the usage bucket (GPU-hours outlive purged job records) this often.
     usage_interval_s: float = 10.0
+    # The NATS store's health probe (controller/store_health.py): a write to the hfai_health
+    # bucket this often, each given store_probe_timeout_s; store_probe_failures failed in a row
+    # mean the store refuses writes (`hfai nodes` says so, hfai_nats_store_writable is 0).
+    store_probe_s: float = 5.0
+    store_probe_timeout_s: float = 5.0
+    store_probe_failures: int = 3
 
 
 @dataclass(frozen=True)
