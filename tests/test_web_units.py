@@ -21,7 +21,7 @@ from hfai.protocol.types import (
     UsageEntry,
 )
 from hfai.web import views
-from hfai.web.series import Sample, cluster_series, downsample, per_gpu, sample_of, svg_chart
+from hfai.web.series import Sample, cluster_series, downsample, gpu_lines, heat_map, job_gpu, per_gpu, sample_of
 
 DAY = 86400.0
 T0 = 20000 * DAY  # a UTC midnight
@@ -109,15 +109,35 @@ def _record(ts, util, name="n0"):
     return NodeRecord(name=name, group="g", address="x", ts=ts, seq=1, gpus=gpus)
 
 
-def test_per_gpu_series_and_their_svg():
+def test_per_gpu_series_and_a_nodes_chart():
     samples = [sample_of(_record(T0 + i, (i * 10.0, 100.0))) for i in range(5)]
     util = per_gpu(samples, "util", since=T0 + 1)
     assert util[0] == [(T0 + i, i / 10) for i in range(1, 5)] and len(util) == 2
     assert per_gpu(samples, "mem", since=0)[1][0] == (T0, 0.5)
-    svg = svg_chart(util, T0, T0 + 4, "n0 <gpu>", stale=True)
-    assert svg.count("<polyline") == 2 and "&lt;gpu&gt;" in svg and 'class="chart stale"' in svg
+    lines = gpu_lines(samples, since=T0 + 1)
+    assert [line["v"] for line in lines["util"]] == [[10.0, 20.0, 30.0, 40.0], [100.0] * 4]  # percent
+    assert lines["mem"][0]["v"] == [50.0] * 4 and lines["util"][0]["ts"] == [T0 + i for i in range(1, 5)]
+    assert len(gpu_lines([sample_of(_record(T0 + i, (1.0,))) for i in range(1000)], 0, most=50)["util"][0]["v"]) == 50
     assert len(downsample([(float(i), 1.0) for i in range(1000)], 10)) == 10
     assert Sample(ts=1, util=(), mem=()) == Sample(ts=1, util=(), mem=())
+
+
+def test_the_heat_map_has_a_row_per_node_and_gaps_where_no_heartbeat_came():
+    samples = {"a": [sample_of(_record(T0 + 5, (50.0, 100.0), "a")), sample_of(_record(T0 + 15, (0.0, 0.0), "a"))],
+               "b": [sample_of(_record(T0 + 125, (20.0,), "b"))]}
+    hm = heat_map(samples, ["a", "b", "c"], T0, T0 + 180, bucket_s=60)
+    assert hm["nodes"] == ["a", "b", "c"] and hm["x"] == [T0 + 30, T0 + 90, T0 + 150, T0 + 210]
+    assert hm["util"] == [[37.5, None, None, None], [None, None, 20.0, None], [None] * 4]  # mean of GPUs, of samples
+    assert hm["mem"][0][0] == 50.0
+
+
+def test_a_jobs_gpus_over_its_runs_are_cut_between_runs():
+    samples = {"a": [sample_of(_record(T0 + t, (80.0, 60.0), "a")) for t in range(0, 100, 10)]}
+    got = job_gpu(samples, [(("a",), T0 + 55, T0 + 75), (("a",), T0, T0 + 25)])
+    [line] = got["nodes"]
+    assert line["node"] == "a" and line["ts"] == [T0, T0 + 10, T0 + 20, T0 + 55, T0 + 60, T0 + 70]
+    assert line["util"] == [70.0, 70.0, 70.0, None, 70.0, 70.0] and line["mem"][3] is None
+    assert job_gpu(samples, [(("b",), T0, T0 + 50)]) == {"nodes": []}  # no telemetry: no line, not a flat zero
 
 
 def test_cluster_series_from_histories():

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import html
 
+from hfai.web import assets
+from hfai.web.charts import CHARTS_JS
+
 STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;color:#222}nav{background:#234;padding:8px 16px}
 nav a,nav span{color:#fff;margin-right:16px;text-decoration:none}nav form{display:inline}
@@ -13,7 +16,10 @@ main{padding:12px 16px}table{border-collapse:collapse}td,th{padding:3px 8px;bord
 text-align:left;vertical-align:top}th{cursor:pointer;background:#f0f0f0}.stale{opacity:.45}
 .state-running{color:#070}.state-suspended,.state-suspending{color:#a60}.state-failed{color:#b00}
 pre{background:#111;color:#ddd;padding:8px;max-height:420px;overflow:auto}.err{color:#b00}
-.timeline li{margin:2px 0}button{cursor:pointer}
+.timeline li{margin:2px 0}button{cursor:pointer}.ok{color:#070}.note{color:#555;max-width:70em}
+h1 small.sub{font-size:60%;font-weight:normal;color:#666;margin-left:8px}.num{text-align:right}
+.pair{display:flex;gap:12px;flex-wrap:wrap}.pair>div{flex:1 1 560px;min-width:0}.chart{min-height:120px}
+tr.picked{background:#eef4ff}
 """
 
 SCRIPT = r"""
@@ -49,16 +55,29 @@ poll(load);
 """
 
 JOB_JS = r"""
-const JOB=%(job)s; let rank=0, offset=0, follow=true;
+const JOB=%(job)s, MAY_ACT=%(may_act)s; let rank=0, offset=0, follow=true;
+function link(text, href){const a=el('a', text); a.href=href; return a;}
 async function load(){const j=await getJSON('/api/jobs/'+JOB);
   document.getElementById('state').textContent=j.state; document.getElementById('state').className='state-'+j.state;
   document.getElementById('reason').textContent=j.reason;
-  document.getElementById('nodes').textContent=(j.on.length?j.on:j.last_nodes).join(', ')||'-';
+  const nodes=j.on.length?j.on:j.last_nodes, box=document.getElementById('nodes');
+  box.replaceChildren(...nodes.flatMap((n,i)=>[...(i?[', ']:[]), link(n, '/nodes?node='+encodeURIComponent(n))]));
+  if(!nodes.length) box.textContent='-';
   document.getElementById('spec').textContent=JSON.stringify(j.spec,null,1);
   document.getElementById('meta').textContent=`${j.user} · ${j.group} · ${j.priority} · run ${j.run_id} · `+
     `${j.suspends} suspend(s) · submitted ${when(j.submitted)}`;
   document.getElementById('history').replaceChildren(
     ...j.history.map(e=>el('li',`${when(e.ts)}  ${e.state}  ${e.reason}`)));
+  gantt(document.getElementById('timeline'), 'Its nodes over its life: this job and any other that held them',
+    j.timeline);
+  const g=j.gpu.nodes;
+  lineChart(document.getElementById('job-util'), 'GPU utilisation over its runs (mean of each node\'s GPUs)',
+    g.map(n=>({name:n.node, ts:n.ts, v:n.util})), 'utilisation (%%)',
+    {unit:'%%', yRange:[0,100], t0:j.timeline.t0, t1:j.timeline.t1, empty:'no telemetry of its runs (kept one hour)'});
+  lineChart(document.getElementById('job-mem'), 'GPU memory used over its runs (mean of each node\'s GPUs)',
+    g.map(n=>({name:n.node, ts:n.ts, v:n.mem})), 'memory used (%% of total)',
+    {unit:'%%', yRange:[0,100], t0:j.timeline.t0, t1:j.timeline.t1, empty:'no telemetry of its runs (kept one hour)'});
+  if(!MAY_ACT) return;
   const sel=document.getElementById('rank');
   if(sel.options.length!==j.ranks){sel.replaceChildren(...Array.from({length:j.ranks},
     (_,i)=>{const o=el('option','rank '+i); o.value=i; return o;}));}
@@ -67,35 +86,79 @@ async function load(){const j=await getJSON('/api/jobs/'+JOB);
 async function logs(){if(!follow) return; const c=await getJSON(`/api/jobs/${JOB}/logs/${rank}?offset=${offset}`);
   if(c.data){const pre=document.getElementById('log'); pre.textContent+=c.data; pre.scrollTop=pre.scrollHeight;}
   offset=c.offset;}
-document.getElementById('rank').onchange=e=>{rank=+e.target.value; offset=0;
-  document.getElementById('log').textContent='';};
-document.getElementById('follow').onchange=e=>{follow=e.target.checked;};
-document.getElementById('stop').onclick=async()=>{if(!confirm('Stop job '+JOB+'?')) return;
-  const r=await fetch('/api/jobs/'+JOB+'/stop',{method:'POST',credentials:'same-origin',
-    headers:{'X-Requested-With':'hfai-web'}}); const b=await r.json(); showError(r.ok?'':b.error); load();};
-poll(load); poll(logs);
+// An action's answer has its own line: the polls' errors (and their clearing) never overwrite it.
+function said(text, ok){const p=document.getElementById('action'); p.textContent=text; p.className=ok?'ok':'err';}
+if(MAY_ACT){
+  document.getElementById('rank').onchange=e=>{rank=+e.target.value; offset=0;
+    document.getElementById('log').textContent='';};
+  document.getElementById('follow').onchange=e=>{follow=e.target.checked;};
+  document.getElementById('stop').onclick=async()=>{if(!confirm('Stop job '+JOB+'?')) return;
+    const r=await fetch('/api/jobs/'+JOB+'/stop',{method:'POST',credentials:'same-origin',
+      headers:{'X-Requested-With':'hfai-web'}}); const b=await r.json();
+    said(r.ok?'stop requested':'not stopped: '+b.error, r.ok); load();};
+  poll(logs);
+}
+poll(load);
 """
 
 NODES_JS = r"""
-async function load(){const b=await getJSON('/api/nodes'); const box=document.getElementById('nodes');
-  box.replaceChildren(...b.nodes.map(n=>{const tr=el('tr'); tr.dataset.node=n.name; if(n.stale) tr.className='stale';
-    const charts=el('td'); charts.innerHTML=n.util_svg+n.mem_svg;  // server-made SVG, escaped there
-    const seen=n.stale?`figures of ${when(n.last_seen)}`:`${Math.round(n.util)}% GPU, ${ago(n.last_seen)} ago`;
-    tr.append(el('td',n.name), el('td',n.state,'state-'+n.state), el('td',n.reason), el('td',n.jobs.join(', ')),
-      el('td',seen), charts); return tr;}));}
+const params=new URLSearchParams(location.search);
+let picked=params.get('node')||'';
+function gib(b){return (b/2**30).toFixed(1);}
+function pick(name){picked=name; const u=new URL(location.href); u.searchParams.set('node', name);
+  history.replaceState(null,'',u); load();}
+async function load(){const b=await getJSON('/api/nodes'+(picked?'?node='+encodeURIComponent(picked):''));
+  const box=document.getElementById('nodes');
+  box.replaceChildren(...b.nodes.map(n=>{const tr=el('tr'); tr.dataset.node=n.name; tr.id='node-'+n.name;
+    tr.className=(n.stale?'stale ':'')+(n.name===b.picked?'picked':'');
+    const name=el('td'); const a=el('a', n.name); a.href='?node='+encodeURIComponent(n.name);
+    a.onclick=e=>{e.preventDefault(); pick(n.name);}; name.append(a);
+    const jobs=el('td'); n.jobs.forEach((j,i)=>{if(i) jobs.append(', '); const l=el('a', j.name);
+      l.href='/jobs/'+encodeURIComponent(j.id); l.title='job '+j.id; jobs.append(l);});
+    const when_=n.stale?`figures of ${when(n.last_seen)}`:`${ago(n.last_seen)} ago`;
+    tr.append(name, el('td',n.state,'state-'+n.state), el('td',n.reason), jobs,
+      el('td',`${Math.round(n.util)}%`,'num'), el('td',`${gib(n.mem_used)} / ${gib(n.mem_total)} GiB`,'num'),
+      el('td',when_)); return tr;}));
+  heatMap(document.getElementById('heat-util'), 'GPU utilisation per node, last hour (mean of its GPUs)',
+    b.heat, 'util', 'utilisation');
+  heatMap(document.getElementById('heat-mem'), 'GPU memory used per node, last hour (mean of its GPUs)',
+    b.heat, 'mem', 'memory used');
+  const g=b.gpus; document.getElementById('picked').textContent=b.picked||'-';
+  const colour=i=>`hsl(${(i*47)%360},65%,42%)`;
+  if(b.picked){
+    lineChart(document.getElementById('gpu-util'), `${b.picked}: utilisation per GPU, last hour`,
+      g.util.map((l,i)=>({name:'GPU '+i, ts:l.ts, v:l.v, colour:colour(i)})), 'utilisation (%)',
+      {unit:'%', yRange:[0,100], t0:b.since, t1:b.now, height:280});
+    lineChart(document.getElementById('gpu-mem'), `${b.picked}: memory used per GPU, last hour`,
+      g.mem.map((l,i)=>({name:'GPU '+i, ts:l.ts, v:l.v, colour:colour(i)})), 'memory used (% of total)',
+      {unit:'%', yRange:[0,100], t0:b.since, t1:b.now, height:280});}}
 poll(load);
 """
 
 CLUSTER_JS = r"""
 function table(id, obj, cols){document.getElementById(id).replaceChildren(...obj.map(r=>{const tr=el('tr');
   tr.append(...cols.map(c=>el('td',String(r[c])))); return tr;}));}
-async function load(){const b=await getJSON('/api/cluster');
+function pairs(id, obj, empty){const rows=Object.entries(obj).map(([k,v])=>({k,v}));
+  table(id, rows.length?rows:[{k:empty, v:''}], ['k','v']);}
+async function load(){const w=document.getElementById('window').value, b=await getJSON('/api/cluster?window='+w);
   document.getElementById('summary').textContent=`${b.nodes} nodes, ${b.up} up, ${b.busy} busy; `+
     `${b.running} job(s) running, ${b.queued} waiting`;
-  document.getElementById('charts').innerHTML=b.util_svg+b.queue_svg+b.used_svg;  // server-made SVG
-  table('by-user', Object.entries(b.by_user).map(([k,v])=>({k,v})), ['k','v']);
-  table('by-prio', Object.entries(b.by_priority).map(([k,v])=>({k,v})), ['k','v']);
-  table('quotas', b.quotas, ['user','priority','group','quota','used']);}
+  const s=b.series;
+  stackedChart(document.getElementById('charts'), 'The cluster over the '+s.label, [
+    {title:'GPU util (%)', unit:'%', range:[0,100], lines:[{name:'mean GPU utilisation (%)', ts:s.util.ts,
+      v:s.util.v, colour:'#1f77b4'}]},
+    {title:'jobs waiting', unit:'', lines:[{name:'jobs waiting', ts:s.queue.ts, v:s.queue.v, colour:'#ff7f0e',
+      shape:'hv'}]},
+    {title:'nodes in use', unit:` of ${b.nodes}`, range:[0, Math.max(1,b.nodes)],
+      lines:[{name:`nodes in use (of ${b.nodes})`, ts:s.used.ts, v:s.used.v, colour:'#2ca02c', shape:'hv'}]}],
+    {t0:s.t0, t1:s.t1, height:480});
+  gantt(document.getElementById('timeline'), 'Time-sharing: which job held which node, '+s.label, b.timeline,
+    {allKinds:true});
+  pairs('by-user', b.by_user, 'no node is held'); pairs('by-prio', b.by_priority, 'no node is held');
+  document.getElementById('quota-note').textContent=b.quota_note;
+  const q=b.quotas.length?b.quotas:[{user:'*', priority:'every level', group:'*', quota:'no limit', used:b.busy}];
+  table('quotas', q, ['user','priority','group','quota','used']);}
+document.getElementById('window').onchange=load;
 poll(load);
 """
 
@@ -112,7 +175,11 @@ document.getElementById('days').onchange=load; poll(load);
 """
 
 
-def layout(title: str, body: str, user: str = "", script: str = "", poll_s: float = 2.0) -> str:
+def layout(title: str, body: str, user: str = "", script: str = "", poll_s: float = 2.0, charts: bool = False,
+           heading: str = "") -> str:
+    """A whole page. ``charts``: load plotly.js (served by hfai-web) and the chart helpers before
+    the page's script. ``heading``: the h1 when it should differ from the tab's title (HTML, escaped
+    by the caller)."""
     nav = ""
     if user:
         nav = ('<nav><a href="/jobs">Jobs</a><a href="/nodes">Nodes</a><a href="/cluster">Cluster</a>'
@@ -120,9 +187,11 @@ def layout(title: str, body: str, user: str = "", script: str = "", poll_s: floa
                '<form method="post" action="/logout"><button>Sign out</button></form></nav>')
     js = ""
     if script:
-        js = "<script>" + SCRIPT % {"poll_ms": int(poll_s * 1000)} + script + "</script>"
+        lib = f"<script src='{assets.script_url()}'></script>" if charts else ""
+        js = lib + "<script>" + SCRIPT % {"poll_ms": int(poll_s * 1000)} + (CHARTS_JS if charts else "") + \
+            script + "</script>"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)} · hfai</title>"
-            f"<style>{STYLE}</style></head><body>{nav}<main><h1>{html.escape(title)}</h1>"
+            f"<style>{STYLE}</style></head><body>{nav}<main><h1>{heading or html.escape(title)}</h1>"
             f"<p id='error' class='err'></p>{body}</main>{js}</body></html>")
 
 
@@ -152,30 +221,57 @@ def jobs_page(user: str, poll_s: float) -> str:
     return layout("Jobs", body, user, JOBS_JS, poll_s)
 
 
-def job_page(user: str, job_id: str, poll_s: float) -> str:
+def job_page(user: str, job_id: str, poll_s: float, name: str = "", owner: str = "", may_act: bool = False) -> str:
+    """The job's page. ``may_act``: the viewer owns the job or is an operator, so Stop, the logs, follow
+    and download are shown (the controller checks again at each call)."""
     import json
 
-    body = ("<p id='meta'></p><p>state <b id='state'></b> — <span id='reason'></span></p>"
-            "<p>nodes: <span id='nodes'></span> <button id='stop'>Stop</button></p>"
-            "<h2>History</h2><ol class='timeline' id='history'></ol><h2>Spec</h2><pre id='spec'></pre>"
-            "<h2>Logs</h2><p><select id='rank'></select> <label><input type='checkbox' id='follow' checked> follow"
-            "</label> <a id='download' href='#'>download</a></p><pre id='log'></pre>")
-    return layout(f"Job {job_id}", body, user, JOB_JS % {"job": json.dumps(job_id)}, poll_s)
+    if may_act:
+        actions = ("<p>nodes: <span id='nodes'></span> <button id='stop'>Stop</button></p>"
+                   "<p id='action'></p>")
+        logs = ("<h2>Logs</h2><p><select id='rank'></select> <label><input type='checkbox' id='follow' checked>"
+                " follow</label> <a id='download' href='#'>download</a></p><pre id='log'></pre>")
+    else:
+        actions = "<p>nodes: <span id='nodes'></span></p>"
+        logs = (f"<h2>Logs</h2><p class='note' id='no-logs'>Only {html.escape(owner or 'its owner')} and operators "
+                "may stop this job or read its logs.</p>")
+    heading = (f"{html.escape(name or job_id)} <small class='sub'>job {html.escape(job_id)}"
+               f"{' of ' + html.escape(owner) if owner else ''}</small>")
+    body = ("<p id='meta'></p><p>state <b id='state'></b> — <span id='reason'></span></p>" + actions +
+            "<h2>Timeline</h2><p class='note'>Each bar is a run on a node; marks: preemptions, time slices, "
+            "suspend acknowledgements, resumes (hover for the reason).</p><div id='timeline' class='chart'></div>"
+            "<h2>GPUs over its runs</h2><div class='pair'><div id='job-util' class='chart'></div>"
+            "<div id='job-mem' class='chart'></div></div>" + logs +
+            "<h2>History</h2><ol class='timeline' id='history'></ol><h2>Spec</h2><pre id='spec'></pre>")
+    script = JOB_JS % {"job": json.dumps(job_id), "may_act": "true" if may_act else "false"}
+    return layout(f"{name or job_id} · job {job_id}", body, user, script, poll_s, charts=True, heading=heading)
 
 
 def nodes_page(user: str, poll_s: float) -> str:
-    body = ("<p>Per GPU over the last hour: utilisation (left), memory used (right). A down node's last "
-            "figures are greyed and dated.</p><table><thead><tr><th>node</th><th>state</th><th>drained because"
-            "</th><th>jobs</th><th>now</th><th>GPUs (last hour)</th></tr></thead><tbody id='nodes'></tbody></table>")
-    return layout("Nodes", body, user, NODES_JS, poll_s)
+    body = ("<p class='note'>Rows are nodes; the colour is the mean of a node's GPUs over each time step "
+            "(hover for the figure; blank: no heartbeat). Pick a node in the table for its GPUs one by one.</p>"
+            "<div class='pair'><div id='heat-util' class='chart'></div><div id='heat-mem' class='chart'></div></div>"
+            "<h2>GPUs of <span id='picked'></span></h2><div class='pair'><div id='gpu-util' class='chart'></div>"
+            "<div id='gpu-mem' class='chart'></div></div>"
+            "<h2>Nodes</h2><p class='note'>A down node's last figures are greyed and dated.</p>"
+            "<table><thead><tr><th>node</th><th>state</th><th>drained because</th><th>jobs</th><th>GPU util</th>"
+            "<th>GPU memory</th><th>last heartbeat</th></tr></thead><tbody id='nodes'></tbody></table>")
+    return layout("Nodes", body, user, NODES_JS, poll_s, charts=True)
 
 
 def cluster_page(user: str, poll_s: float) -> str:
-    body = ("<p id='summary'></p><div id='charts'></div><h2>Nodes held per user</h2><table id='by-user'></table>"
-            "<h2>Nodes held per priority</h2><table id='by-prio'></table><h2>Quotas and use now</h2>"
-            "<table><thead><tr><th>user</th><th>priority</th><th>group</th><th>quota</th><th>used</th></tr></thead>"
-            "<tbody id='quotas'></tbody></table>")
-    return layout("Cluster", body, user, CLUSTER_JS, poll_s)
+    body = ("<p id='summary'></p><p>show the last <select id='window'><option value='3600' selected>hour</option>"
+            "<option value='86400'>day</option></select> (drag on a chart to zoom in on time, double-click to "
+            "zoom out)</p><div id='charts' class='chart'></div><h2>Time-sharing timeline</h2>"
+            "<p class='note'>Each bar is a job's run on a node, one colour per job; marks: preemptions, time slices, "
+            "suspend acknowledgements, resumes (hover for the reason; click a legend entry to hide it).</p>"
+            "<div id='timeline' class='chart'></div>"
+            "<div class='pair'><div><h2>Nodes held per user</h2><table id='by-user'></table></div>"
+            "<div><h2>Nodes held per priority</h2><table id='by-prio'></table></div></div>"
+            "<h2>Quotas and use now</h2><p class='note' id='quota-note'></p>"
+            "<table><thead><tr><th>user</th><th>priority</th><th>group</th><th>quota (nodes)</th><th>used (nodes)</th>"
+            "</tr></thead><tbody id='quotas'></tbody></table>")
+    return layout("Cluster", body, user, CLUSTER_JS, poll_s, charts=True)
 
 
 def usage_page(user: str, poll_s: float) -> str:

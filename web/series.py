@@ -1,11 +1,12 @@
-"""Chart series and their inline SVG (pure): per-GPU figures over the last hour, and cluster
-figures over time rebuilt from job records' histories."""
+"""Chart series (pure, JSON-ready; the pages draw them with plotly.js): per-GPU figures over the
+last hour, a nodes × time heat map, a job's GPUs over its runs, and cluster figures over time
+rebuilt from job records' histories."""
 
 from __future__ import annotations
 
-import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hfai.protocol.types import ChainState, JobRecord, NodeRecord
 
@@ -51,23 +52,64 @@ def downsample(points: Sequence[tuple[float, float]], most: int) -> list[tuple[f
     return out
 
 
-def svg_chart(series: Iterable[Sequence[tuple[float, float]]], t0: float, t1: float, title: str,
-              width: int = 240, height: int = 48, ymax: float = 1.0, stale: bool = False) -> str:
-    """Lines of (ts, value) over [t0, t1], value 0..ymax, as a small inline SVG."""
-    lines = []
-    span = max(t1 - t0, 1e-9)
-    for i, pts in enumerate(series):
-        if not pts:
-            continue
-        coords = " ".join(f"{(t - t0) / span * width:.1f},{height - min(v, ymax) / ymax * height:.1f}"
-                          for t, v in downsample(pts, width // 2))
-        hue = (i * 45) % 360
-        colour = "#999" if stale else f"hsl({hue},70%,40%)"
-        lines.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1" points="{coords}"/>')
-    return (f'<svg class="chart{" stale" if stale else ""}" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">'
-            f'<title>{html.escape(title)}</title><rect width="{width}" height="{height}" fill="#f6f6f6"/>'
-            + "".join(lines) + "</svg>")
+def gpu_lines(samples: Sequence[Sample], since: float, most: int = 240) -> dict:
+    """A node's chart: per GPU, utilisation (%) and memory used (%) at each sample since ``since``
+    (at most ``most`` points a line, means of neighbours beyond that)."""
+    out: dict = {"util": [], "mem": []}
+    for field, key in (("util", "util"), ("mem", "mem")):
+        for line in per_gpu(samples, field, since):
+            pts = downsample(line, most)
+            out[key].append({"ts": [round(t, 3) for t, _ in pts], "v": [round(v * 100.0, 1) for _, v in pts]})
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def heat_map(samples_of: Mapping[str, Sequence[Sample]], nodes: Sequence[str], t0: float, t1: float,
+             bucket_s: float = 60.0) -> dict:
+    """Nodes × time: the mean over each node's GPUs of utilisation and memory used (%) per
+    ``bucket_s``, None where the node sent no heartbeat. One row per node keeps 128 nodes readable
+    where 128 small line charts are not."""
+    count = max(1, int((t1 - t0) // bucket_s) + 1)
+    xs = [t0 + (k + 0.5) * bucket_s for k in range(count)]
+    util_rows, mem_rows = [], []
+    for node in nodes:
+        sums: dict[int, list[tuple[float, float]]] = {}
+        for s in samples_of.get(node, ()):
+            if t0 <= s.ts <= t1 and s.util:
+                sums.setdefault(int((s.ts - t0) // bucket_s), []).append((_mean(s.util), _mean(s.mem) * 100.0))
+        util_rows.append([round(_mean([u for u, _ in sums[k]]), 1) if k in sums else None for k in range(count)])
+        mem_rows.append([round(_mean([m for _, m in sums[k]]), 1) if k in sums else None for k in range(count)])
+    return {"x": xs, "nodes": list(nodes), "util": util_rows, "mem": mem_rows}
+
+
+def job_gpu(samples_of: Mapping[str, Sequence[Sample]], segments: Sequence[tuple[Sequence[str], float, float]],
+            most: int = 240) -> dict:
+    """A job's GPUs over its runs: per node it ran on, the mean over the node's GPUs of
+    utilisation and memory used (%) while the job held it (at most ``most`` points a node);
+    runs are separated by a gap (None), so no line joins two runs."""
+    per_run = max(2, most // max(1, len(segments)))
+    lines: dict[str, dict[str, Any]] = {}
+    for nodes, start, end in sorted(segments, key=lambda s: s[1]):
+        for node in nodes:
+            pts = [(s.ts, _mean(s.util), _mean(s.mem) * 100.0) for s in samples_of.get(node, ())
+                   if start <= s.ts <= end and s.util]
+            if not pts:
+                continue
+            if len(pts) > per_run:
+                step = len(pts) / per_run
+                pts = [pts[int(k * step)] for k in range(per_run)]
+            line = lines.setdefault(node, {"node": node, "ts": [], "util": [], "mem": []})
+            if line["ts"]:
+                line["ts"].append(round(start, 3))
+                line["util"].append(None)
+                line["mem"].append(None)
+            line["ts"] += [round(t, 3) for t, _, _ in pts]
+            line["util"] += [round(u, 1) for _, u, _ in pts]
+            line["mem"] += [round(m, 1) for _, _, m in pts]
+    return {"nodes": list(lines.values())}
 
 
 def _waiting_at(job: JobRecord, t: float) -> bool:

@@ -20,10 +20,11 @@ from hfai.config import Config
 from hfai.controller.usage import csv_lines, totals
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable
 from hfai.protocol.types import ListRequest, UsageRow
-from hfai.web import pages, views
-from hfai.web.series import cluster_series, per_gpu, svg_chart
+from hfai.web import assets, pages, views
+from hfai.web.series import cluster_series, gpu_lines, heat_map, job_gpu
 from hfai.web.sessions import COOKIE, Session, Sessions
 from hfai.web.telemetry import TelemetryHistory
+from hfai.web.timeline import job_timeline, timeline
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ SESSION_KEY = web.RequestKey("session", Session)
 #: Largest log a download assembles (the rest is on the node; `hfai logs` reads all of it).
 MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024
 _STATUS = {Forbidden: 403, NotFound: 404, InvalidRequest: 400, Unavailable: 503}
+#: The windows the cluster page offers (seconds); the telemetry covers [web] telemetry_max_age_s.
+WINDOWS = {3600: "last hour", 86400: "last day"}
 
 
 def _status(e: HfaiError) -> int:
@@ -42,6 +45,7 @@ class WebService:
         self.config = config
         self.sessions = Sessions(config)
         self.telemetry = TelemetryHistory(config)
+        self.assets = assets.Assets()
         self._supervisor = Supervisor()
         self._runner: web.AppRunner | None = None
         self._nc: Client | None = None
@@ -73,6 +77,7 @@ class WebService:
             await self._runner.cleanup()
         await self._supervisor.stop()
         await self.sessions.close()
+        await self.assets.close()
         if self._nc is not None:
             await self._nc.close()
 
@@ -84,6 +89,7 @@ class WebService:
         r.add_post("/logout", self.logout)
         r.add_get("/", self.home)
         r.add_get("/healthz", self.healthz)
+        r.add_get(assets.script_url(), self.plotly_js)
         for path, page in (("/jobs", pages.jobs_page), ("/nodes", pages.nodes_page), ("/cluster", pages.cluster_page),
                            ("/usage", pages.usage_page)):
             r.add_get(path, self._page(page))
@@ -102,6 +108,19 @@ class WebService:
     async def home(self, _request: web.Request) -> web.StreamResponse:
         raise web.HTTPFound("/jobs")
 
+    async def plotly_js(self, request: web.Request) -> web.Response:
+        """plotly.js from the installed wheel: gzipped where the browser takes it, cached for a year
+        (its URL names the version), 304 for a browser that has it."""
+        asset = await self.assets.plotly()
+        headers = {"Cache-Control": "public, max-age=31536000, immutable", "ETag": asset.etag,
+                   "Vary": "Accept-Encoding"}
+        if request.headers.get("If-None-Match") == asset.etag:
+            return web.Response(status=304, headers=headers)
+        body = asset.raw
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            body, headers["Content-Encoding"] = asset.gzipped, "gzip"
+        return web.Response(body=body, headers=headers, content_type="application/javascript", charset="utf-8")
+
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "history": self.telemetry.ready.is_set()})
 
@@ -109,7 +128,7 @@ class WebService:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if request.path in ("/login", "/healthz"):
+        if request.path in ("/login", "/healthz") or request.path.startswith("/static/"):
             return await handler(request)
         session = await self.sessions.get(request.cookies.get(COOKIE))
         if session is None:
@@ -164,9 +183,11 @@ class WebService:
         return handler
 
     async def job_page(self, request: web.Request) -> web.Response:
-        job = await _session(request).api.status(request.match_info["id"])
-        return web.Response(text=pages.job_page(_session(request).user, job.id, self.config.web.poll_s),
-                            content_type="text/html")
+        session = _session(request)
+        job = await session.api.status(request.match_info["id"])
+        text = pages.job_page(session.user, job.id, self.config.web.poll_s, name=job.spec.name, owner=job.spec.user,
+                              may_act=_may_act(session, job.spec.user))
+        return web.Response(text=text, content_type="text/html")
 
     # ------------------------------------------------------------------------ JSON
 
@@ -178,7 +199,19 @@ class WebService:
         return web.json_response({"jobs": rows})
 
     async def api_job(self, request: web.Request) -> web.Response:
-        return web.json_response(views.job_detail(await _session(request).api.status(request.match_info["id"])))
+        session = _session(request)
+        job = await session.api.status(request.match_info["id"])
+        now = time.time()
+        end = job.ended_ts if job.state.final and job.ended_ts else now
+        start = min([e.ts for e in job.history] + [end])
+        segments, _ = job_timeline(job, end)
+        held = sorted({n for s in segments for n in s.nodes}, key=_node_order)
+        others = [j for j in await session.api.list() if j.id != job.id]  # who held its nodes around it
+        tl = timeline([job, *others], start, end, held, only=held)
+        samples = {n: self.telemetry.of(n) for s in segments for n in s.nodes}
+        return web.json_response({**views.job_detail(job), "may_act": _may_act(session, job.spec.user),
+                                  "timeline": tl.as_json(),
+                                  "gpu": job_gpu(samples, [(s.nodes, s.start, s.end) for s in segments])})
 
     async def api_stop(self, request: web.Request) -> web.Response:
         job = await _session(request).api.stop(request.match_info["id"])
@@ -206,46 +239,52 @@ class WebService:
         return resp
 
     async def api_nodes(self, request: web.Request) -> web.Response:
+        """Every node's row, a nodes × time heat map of the last hour, and one node's GPUs
+        (``?node=``, else the first node)."""
+        api = _session(request).api
+        infos, jobs = await api.nodes(), await api.list(request=ListRequest(history=0, include_finished=False))
         now = time.time()
-        since = now - self.config.web.telemetry_max_age_s
-        rows = []
-        for info in await _session(request).api.nodes():
-            row = views.node_row(info, now)
-            samples = self.telemetry.of(info.record.name)
-            stale = row["stale"]
-            row["util_svg"] = svg_chart(per_gpu(samples, "util", since), since, now,
-                                        f"{info.record.name} GPU utilisation, last hour", stale=stale)
-            row["mem_svg"] = svg_chart(per_gpu(samples, "mem", since), since, now,
-                                       f"{info.record.name} GPU memory used, last hour", stale=stale)
-            row["samples"] = len(samples)
-            rows.append(row)
-        return web.json_response({"nodes": rows, "history_ready": self.telemetry.ready.is_set()})
+        since, _label = _window_start(now, int(self.config.web.telemetry_max_age_s), [], self.telemetry.first_ts())
+        names = {j.id: j.spec.name for j in jobs}
+        rows = [views.node_row(info, now, names) for info in sorted(infos, key=lambda i: _node_order(i.record.name))]
+        order = [r["name"] for r in rows]
+        picked = request.query.get("node", "")
+        if picked not in order:
+            picked = order[0] if order else ""
+        samples = {n: self.telemetry.of(n) for n in order}
+        return web.json_response({
+            "nodes": rows, "history_ready": self.telemetry.ready.is_set(), "since": since, "now": now,
+            "heat": heat_map(samples, order, since, now, bucket_s=max(5.0, (now - since) / 60)),
+            "picked": picked,
+            "gpus": gpu_lines(samples.get(picked, []), since) if picked else {"util": [], "mem": []}})
 
     async def api_cluster(self, request: web.Request) -> web.Response:
+        window = _int(request.query.get("window", "3600"), "window")
+        if window not in WINDOWS:
+            raise InvalidRequest(f"window must be one of {sorted(WINDOWS)} seconds, not {window}")
         api = _session(request).api
         jobs, nodes, settings = await api.list(), await api.nodes(), await api.settings()
         now = time.time()
-        since = now - self.config.web.telemetry_max_age_s
+        since, label = _window_start(now, window, jobs, self.telemetry.first_ts())
         summary = views.cluster_summary(jobs, nodes, settings.quotas, now)
-        queue, used = cluster_series(jobs, since, now)
-        util = self._cluster_util(since)
-        summary["util_svg"] = svg_chart([util], since, now, "mean GPU utilisation, last hour", width=360, height=60)
-        top_q = max([v for _, v in queue] + [1.0])
-        summary["queue_svg"] = svg_chart([queue], since, now, f"jobs waiting, last hour (max {top_q:g})",
-                                         width=360, height=60, ymax=top_q)
-        top_u = max([v for _, v in used] + [float(len(nodes)), 1.0])
-        summary["used_svg"] = svg_chart([used], since, now, f"nodes in use, last hour (of {len(nodes)})",
-                                        width=360, height=60, ymax=top_u)
+        queue, used = cluster_series(jobs, since, now, points=120)
+        util = self._cluster_util(max(since, now - self.config.web.telemetry_max_age_s), max(5.0, (now - since) / 120))
+        summary["series"] = {"t0": since, "t1": now, "label": label,
+                             **{k: {"ts": [t for t, _ in pts], "v": [round(v, 3) for _, v in pts]}
+                                for k, pts in (("queue", queue), ("used", used),
+                                               ("util", [(t, v * 100.0) for t, v in util]))}}
+        rows = sorted((n.record.name for n in nodes), key=_node_order)
+        summary["timeline"] = timeline(jobs, since, now, rows).as_json()
         return web.json_response(summary)
 
-    def _cluster_util(self, since: float) -> list[tuple[float, float]]:
-        """Mean GPU utilisation of all nodes per minute (0-1), from the telemetry history."""
+    def _cluster_util(self, since: float, bucket_s: float) -> list[tuple[float, float]]:
+        """Mean GPU utilisation of all nodes per ``bucket_s`` (0-1), from the telemetry history."""
         buckets: dict[int, list[float]] = {}
         for node in list(self.telemetry.samples):
             for s in self.telemetry.of(node):
                 if s.ts >= since and s.util:
-                    buckets.setdefault(int(s.ts // 60), []).append(sum(s.util) / len(s.util) / 100.0)
-        return [(k * 60.0 + 30.0, sum(v) / len(v)) for k, v in sorted(buckets.items())]
+                    buckets.setdefault(int(s.ts // bucket_s), []).append(sum(s.util) / len(s.util) / 100.0)
+        return [((k + 0.5) * bucket_s, sum(v) / len(v)) for k, v in sorted(buckets.items())]
 
     async def _usage_rows(self, request: web.Request) -> tuple[UsageRow, ...]:
         days = _int(request.query.get("days", "7"), "days")
@@ -270,6 +309,31 @@ class WebService:
 
 def _session(request: web.Request) -> Session:
     return request[SESSION_KEY]
+
+
+def _window_start(now: float, window: int, jobs, first_sample: float | None) -> tuple[float, str]:
+    """Where the cluster page's charts begin and what to call it: the window, or (on a cluster
+    younger than it) a little before the earliest event or heartbeat kept, so that a new
+    cluster's few minutes are not a sliver at the right of an empty hour."""
+    since = now - window
+    firsts = [j.history[0].ts for j in jobs if j.history] + ([first_sample] if first_sample else [])
+    earliest = min(firsts, default=now)
+    if earliest - since < 60:
+        return since, WINDOWS.get(window, "")
+    start = max(since, earliest - max(30.0, (now - earliest) * 0.05))
+    first = time.strftime("%H:%M", time.gmtime(earliest))
+    return start, f"{WINDOWS.get(window, 'window')} (nothing kept before {first} UTC)"
+
+
+def _node_order(name: str) -> tuple[str, int]:
+    """node-2 before node-10."""
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (name, -1)
+
+
+def _may_act(session: Session, owner: str) -> bool:
+    """Whether the controller would let this viewer stop the job and read its logs (it checks again)."""
+    return session.operator or session.user == owner
 
 
 def _int(text: str, what: str) -> int:

@@ -42,6 +42,10 @@ class TelemetryHistory:
         while q and q[0].ts < cutoff:
             q.popleft()
 
+    def first_ts(self) -> float | None:
+        """When the oldest sample kept was taken (None: none yet)."""
+        return min((q[0].ts for q in list(self.samples.values()) if q), default=None)
+
     def of(self, node: str) -> list[Sample]:
         return list(self.samples.get(node, ()))
 

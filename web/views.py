@@ -51,11 +51,13 @@ def job_detail(j: JobRecord) -> dict:
             "history": [{"ts": e.ts, "state": e.state.value, "reason": e.reason} for e in j.history]}
 
 
-def node_row(info: NodeInfo, now: float) -> dict:
+def node_row(info: NodeInfo, now: float, names: dict[str, str] | None = None) -> dict:
+    """A node's row; its jobs as {id, name} (``names``: job id -> name, the id where unknown)."""
     r = info.record
     gpus = r.gpus
     return {"name": r.name, "group": r.group, "state": info.state.value, "reason": info.reason,
-            "jobs": list(info.jobs), "age_s": info.age_s, "last_seen": r.ts, "stale": info.state is NodeState.DOWN,
+            "jobs": [{"id": j, "name": (names or {}).get(j, j)} for j in info.jobs], "age_s": info.age_s,
+            "last_seen": r.ts, "stale": info.state is NodeState.DOWN,
             "gpus": len(gpus), "util": sum(g.utilization for g in gpus) / len(gpus) if gpus else 0.0,
             "mem_used": sum(g.memory_used for g in gpus), "mem_total": sum(g.memory_total for g in gpus)}
 
@@ -70,15 +72,37 @@ def node_use(jobs: Iterable[JobRecord], by: str) -> dict[str, int]:
     return out
 
 
+NO_QUOTA = "no limit"
+
+
 def quotas_vs_use(quotas: QuotaTable, jobs: Sequence[JobRecord]) -> list[dict]:
-    """Each quota with the nodes its user's jobs of that priority (and group, unless "*") hold now."""
+    """Each quota with the nodes its user's jobs of that priority (and group, unless "*") hold now;
+    then, for what users hold now that no quota covers, a row with quota "no limit" (no matching
+    entry means no limit), so the table shows the use even where nothing is set."""
     rows = []
     for q in quotas.entries:
         held = sum(len(j.nodes) for j in jobs if j.state.holds_nodes and j.spec.priority == q.priority
                    and q.user in ("*", j.spec.user) and q.group in ("*", j.spec.group))
         rows.append({"user": q.user, "priority": Priority.label(q.priority), "group": q.group, "quota": q.nodes,
                      "used": held})
+    free: dict[tuple[str, int], int] = {}
+    for j in jobs:
+        if j.state.holds_nodes and not any(q.priority == j.spec.priority and q.user in ("*", j.spec.user)
+                                           and q.group in ("*", j.spec.group) for q in quotas.entries):
+            key = (j.spec.user, j.spec.priority)
+            free[key] = free.get(key, 0) + len(j.nodes)
+    for (user, prio), held in sorted(free.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        rows.append({"user": user, "priority": Priority.label(prio), "group": "*", "quota": NO_QUOTA, "used": held})
     return rows
+
+
+def quota_note(quotas: QuotaTable) -> str:
+    """What the quotas table means, above all when it is empty."""
+    if not quotas.entries:
+        return ("No quotas are set, so there is no limit: every user may hold every node at every priority. "
+                "An operator sets one with `hfai quota set USER PRIORITY NODES`.")
+    return (f"{len(quotas.entries)} quota(s) set; a user, priority and group that no quota matches has no limit "
+            "(shown as \"no limit\" where it holds nodes now).")
 
 
 def cluster_summary(jobs: Sequence[JobRecord], nodes: Sequence[NodeInfo], quotas: QuotaTable,
@@ -89,4 +113,4 @@ def cluster_summary(jobs: Sequence[JobRecord], nodes: Sequence[NodeInfo], quotas
     return {"nodes": len(nodes), "up": len(up), "busy": len(busy & {n.record.name for n in nodes}),
             "queued": sum(j.state.waiting for j in jobs), "running": sum(j.state.holds_nodes for j in jobs),
             "by_user": node_use(jobs, "user"), "by_priority": node_use(jobs, "priority"),
-            "quotas": quotas_vs_use(quotas, jobs), "now": now}
+            "quotas": quotas_vs_use(quotas, jobs), "quota_note": quota_note(quotas), "now": now}

@@ -1,0 +1,174 @@
+"""The time-sharing timeline (pure): which job held which node when, and the moments that explain
+it (preemptions, time slices, suspend acknowledgements, resumes), rebuilt from the job records'
+histories alone.
+
+A record's history says when each run started and on which nodes (the controller writes
+"started on a, b" / "resumed on a, b" as the RUNNING event's reason), why a run was interrupted
+(the SUSPENDING event's reason: "preempted by job …", "time slice: …", "requeued by …") and how
+it ended (the SUSPENDED event's reason ends in "acknowledged" when every rank acknowledged the
+suspend request, "stopped after the interrupt windows" when some did not). Those reasons are the
+controller's own wording (controller/transitions.py, controller/policy.py); a reason this module
+does not know still shows, as a plain interruption, never as nothing."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+from hfai.protocol.types import ChainState, JobRecord
+
+#: One colour per job, in the order jobs first appear in the window (repeats after 20 jobs).
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d", "#31a354",
+           "#756bb1", "#636363")
+
+
+class MarkKind(enum.Enum):
+    """What happened at a marked moment of a job on its nodes."""
+
+    PREEMPTED = "preempted"            # a higher-priority job needed the nodes
+    TIME_SLICE = "time slice"          # yielded to an equal-priority job with less service
+    INTERRUPTED = "interrupted"        # requeued by someone, node lost, retry, resize, platform
+    ACKNOWLEDGED = "suspend acknowledged"  # every rank acknowledged, the nodes were released
+    NOT_ACKNOWLEDGED = "stopped unacknowledged"  # a rank ignored the request and was stopped
+    RESUMED = "resumed"                # a later run of the same job started
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of ``job`` holding ``nodes`` over [start, end] (end is the window's end while it runs)."""
+
+    job: str
+    run: int
+    nodes: tuple[str, ...]
+    start: float
+    end: float
+    ongoing: bool
+
+
+@dataclass(frozen=True)
+class Mark:
+    job: str
+    ts: float
+    kind: MarkKind
+    nodes: tuple[str, ...]
+    reason: str
+
+
+def mark_kind(state: ChainState, reason: str) -> MarkKind | None:
+    """The mark an event makes on the timeline, or None (a start, a stop, an end: the bar shows those)."""
+    if state is ChainState.SUSPENDING:
+        if reason.startswith("preempted by"):
+            return MarkKind.PREEMPTED
+        if reason.startswith("time slice"):
+            return MarkKind.TIME_SLICE
+        return MarkKind.INTERRUPTED
+    if state is ChainState.SUSPENDED:
+        if reason.endswith("; acknowledged"):
+            return MarkKind.ACKNOWLEDGED
+        if reason.endswith("stopped after the interrupt windows"):
+            return MarkKind.NOT_ACKNOWLEDGED
+        return None  # requeued at once (a node lost, every rank had exited): the interruption is marked
+    return None
+
+
+def _start_nodes(reason: str) -> tuple[str, ...] | None:
+    for head in ("started on ", "resumed on "):
+        if reason.startswith(head):
+            return tuple(n.strip() for n in reason[len(head):].split(",") if n.strip())
+    return None
+
+
+def job_timeline(job: JobRecord, now: float) -> tuple[list[Segment], list[Mark]]:
+    """The runs and marks of one job over its whole kept history (at most 50 events)."""
+    segments: list[Segment] = []
+    marks: list[Mark] = []
+    run = job.run_id - sum(e.state is ChainState.RUNNING for e in job.history)  # runs before the kept history
+    nodes: tuple[str, ...] = ()
+    start: float | None = None
+    history = job.history
+    if history and history[0].state.holds_nodes and history[0].state is not ChainState.RUNNING:
+        # The history was cut inside a run: it began at started_ts on the nodes of the latest run
+        # if no later start is kept, else on nodes this record no longer names.
+        later_start = any(e.state is ChainState.RUNNING for e in history)
+        nodes = () if later_start else (job.nodes or job.last_nodes)
+        start = min(job.started_ts or history[0].ts, history[0].ts)
+    for e in history:
+        if e.state is ChainState.RUNNING:
+            run += 1
+            is_latest = run == job.run_id
+            nodes = _start_nodes(e.reason) or ((job.nodes or job.last_nodes) if is_latest else ())
+            start = e.ts
+            if run > 1:
+                marks.append(Mark(job.id, e.ts, MarkKind.RESUMED, nodes, e.reason))
+            continue
+        kind = mark_kind(e.state, e.reason)
+        if kind is not None:
+            marks.append(Mark(job.id, e.ts, kind, nodes, e.reason))
+        if not e.state.holds_nodes and start is not None:
+            if nodes:
+                segments.append(Segment(job.id, run, nodes, start, e.ts, ongoing=False))
+            start = None
+    if start is not None and job.state.holds_nodes and nodes:
+        segments.append(Segment(job.id, run, nodes, start, now, ongoing=True))
+    return segments, marks
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Everything a Gantt chart of nodes × time needs, JSON-ready through :meth:`as_json`."""
+
+    t0: float
+    t1: float
+    nodes: tuple[str, ...]
+    jobs: tuple[dict, ...]
+    segments: tuple[Segment, ...]
+    marks: tuple[Mark, ...]
+
+    def as_json(self) -> dict:
+        return {"t0": self.t0, "t1": self.t1, "nodes": list(self.nodes), "jobs": list(self.jobs),
+                "segments": [asdict(s) for s in self.segments],
+                "marks": [{**asdict(m), "kind": m.kind.value} for m in self.marks],
+                "kinds": [k.value for k in MarkKind]}
+
+
+def timeline(jobs: Iterable[JobRecord], t0: float, t1: float, nodes: Sequence[str] = (),
+             only: Sequence[str] | None = None) -> Timeline:
+    """The segments and marks of ``jobs`` that fall in [t0, t1], clipped to it. ``nodes`` (every
+    node of the cluster, in display order) are the rows; nodes only the histories name are added
+    after them (a node since removed). ``only``: keep just these nodes (a job's page shows its
+    nodes, with whichever jobs held them before, after or instead of it)."""
+    keep = None if only is None else set(only)
+    segments: list[Segment] = []
+    marks: list[Mark] = []
+    by_id = {}
+    for job in jobs:
+        segs, ms = job_timeline(job, t1)
+        if keep is not None:
+            segs = [Segment(s.job, s.run, tuple(n for n in s.nodes if n in keep), s.start, s.end, s.ongoing)
+                    for s in segs]
+            ms = [Mark(m.job, m.ts, m.kind, tuple(n for n in m.nodes if n in keep), m.reason) for m in ms]
+        segs = [Segment(s.job, s.run, s.nodes, max(s.start, t0), min(s.end, t1), s.ongoing) for s in segs
+                if s.end >= t0 and s.start <= t1 and s.nodes]
+        ms = [m for m in ms if t0 <= m.ts <= t1 and m.nodes]
+        if segs or ms:
+            by_id[job.id] = job
+            segments += segs
+            marks += ms
+    first: dict[str, float] = {}
+    for s in sorted(segments, key=lambda s: s.start):
+        first.setdefault(s.job, s.start)
+    for m in marks:
+        first.setdefault(m.job, m.ts)
+    order = sorted(by_id, key=lambda j: (first.get(j, t1), j))
+    rows = list(nodes)
+    known = set(rows)
+    for s in segments:
+        for n in s.nodes:
+            if n not in known:
+                known.add(n)
+                rows.append(n)
+    job_rows = tuple({"id": j, "name": by_id[j].spec.name, "user": by_id[j].spec.user,
+                      "colour": PALETTE[i % len(PALETTE)]} for i, j in enumerate(order))
+    return Timeline(t0, t1, tuple(rows), job_rows, tuple(segments), tuple(marks))
