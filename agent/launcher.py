@@ -45,11 +45,12 @@ import subprocess
 import sys
 import time
 
-from hfai._atomic import write_atomic
-from hfai.agent.statefile import write_volatile
+from hfai.agent.output import Output, open_output
+from hfai.agent.statefile import write_state
 
 LAUNCH_FILE = "launch"
 ALIVE_FILE = "alive"  # in the agent's state directory (see RunStore.mark_alive)
+ALIVE_WIDTH = 24  # characters of every stamp, so that one can overwrite another in place
 FENCED_FILE = "fenced"  # in the run directory: the launcher stopped the job (self-fencing)
 
 
@@ -86,10 +87,21 @@ def poll_interval(fence_s: float, fence_poll_s: float) -> float:
 
 
 def read_stamp(path: str) -> float | None:
-    """The agent's liveness stamp, None if missing or unreadable (the caller keeps the last one)."""
+    """The agent's liveness stamp, None if missing or unreadable (the caller keeps the last one).
+
+    On a full disk the agent overwrites the stamp in place (RunStore.mark_alive), so a read may
+    meet half of a write: the stamp counts once two reads in a row agree."""
     try:
         with open(path, "rb") as f:
-            value = float(f.read(64))
+            first = f.read(64)
+            for _ in range(8):
+                second = os.pread(f.fileno(), 64, 0)
+                if second == first:
+                    break
+                first = second
+            else:
+                return None
+            value = float(first)
     except (OSError, ValueError):
         return None
     return value if math.isfinite(value) else None
@@ -102,16 +114,17 @@ def main(argv: list[str]) -> int:
     run_dir = os.path.abspath(argv[0])  # the launcher may chdir to the job's workdir (_spawn)
     with open(os.path.join(run_dir, LAUNCH_FILE), "rb") as f:
         spec = json.load(f)
-    fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with open(fd, "ab", buffering=0) as log:
+    exit_file = os.path.join(run_dir, "exit_code")
+    with open_output(spec) as out:
         _become_subreaper()
         try:
-            child = _spawn(spec, log)
+            child = _spawn(spec, out.job_fd)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
-            log.write(f"hfai: cannot start {spec['argv'][0]!r}{_as_whom(spec)}: {_reason(e, spec)}\n".encode())
-            write_atomic(os.path.join(run_dir, "exit_code"), "127\n")
+            out.write(f"hfai: cannot start {spec['argv'][0]!r}{_as_whom(spec)}: {_reason(e, spec)}\n".encode())
+            write_state(exit_file, "127\n", durable=True)
             return 127
-        write_volatile(os.path.join(run_dir, "child_pid"), f"{child.pid}\n")  # see statefile.py
+        out.job_started()
+        write_state(os.path.join(run_dir, "child_pid"), f"{child.pid}\n")  # see statefile.py
 
         def forward(signum, _frame):
             try:
@@ -121,13 +134,13 @@ def main(argv: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        code = _supervise(child, spec, run_dir, log)
+        code = _supervise(child, spec, run_dir, out)
         left = end_leftovers(child.pid)
+        out.drain()
         if left:
-            log.write(f"=== hfai: killed {left} process(es) the job left running ===\n".encode())
-        log.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
-    exit_file = os.path.join(run_dir, "exit_code")
-    write_volatile(exit_file, f"{code}\n")
+            out.write(f"=== hfai: killed {left} process(es) the job left running ===\n".encode())
+        out.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
+    write_state(exit_file, f"{code}\n")
     # The agent wakes when this process exits and reports the status at once; the status and the
     # assignment reach the disk meanwhile, in a child (statefile.py).
     _persist_after_exit([exit_file, os.path.join(run_dir, "assignment")])
@@ -166,23 +179,24 @@ def _fsync_all(paths: list[str]) -> None:
             os.close(fd)
 
 
-def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, log) -> int:
-    """Wait for the job to exit, fencing it (see the module doc) if the agent stops confirming
-    its liveness; returns the job's exit status."""
+def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output) -> int:
+    """Wait for the job to exit, relaying its output and fencing it (see the module doc) if the
+    agent stops confirming its liveness; returns the job's exit status."""
     fence_s = float(spec.get("fence_s") or 0.0)
-    if not (math.isfinite(fence_s) and fence_s > 0) or not spec.get("alive"):
-        return child.wait()
+    fencing = math.isfinite(fence_s) and fence_s > 0 and bool(spec.get("alive"))
     fence_kill_s = float(spec.get("fence_kill_s") or fence_s)
-    poll = poll_interval(fence_s, float(spec.get("fence_poll_s") or 0.5))
+    poll = poll_interval(fence_s, float(spec.get("fence_poll_s") or 0.5)) if fencing else 3600.0
     # Without a stamp yet (the agent writes one before it starts any run), count from now.
-    last_alive = read_stamp(spec["alive"]) or time.monotonic()
+    last_alive = (read_stamp(spec["alive"]) or time.monotonic()) if fencing else 0.0
     termed = killed = False
     pidfd = _pidfd(child.pid)
     try:
         while True:
-            code = _wait(child, pidfd, poll)
+            code = _wait(child, pidfd, min(poll, 0.5) if pidfd is None else poll, out)
             if code is not None:
                 break
+            if not fencing:
+                continue
             if not termed:
                 last_alive = max(last_alive, read_stamp(spec["alive"]) or last_alive)
             act = fence_action(time.monotonic(), last_alive, fence_s, fence_kill_s, termed)
@@ -191,8 +205,8 @@ def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, log) -> int:
             age = time.monotonic() - last_alive
             if not termed:
                 # Recorded before the signal: whoever sees the exit also sees why.
-                write_atomic(os.path.join(run_dir, FENCED_FILE), f"{age:.3f}\n")
-                log.write(f"=== hfai: the agent of this node has not confirmed it is alive for {age:.1f}s; "
+                write_state(os.path.join(run_dir, FENCED_FILE), f"{age:.3f}\n", durable=True)
+                out.write(f"=== hfai: the agent of this node has not confirmed it is alive for {age:.1f}s; "
                           f"stopping the job, which will be requeued, at {time.strftime('%H:%M:%S')} ===\n".encode())
             termed, killed = True, act is Fence.KILL
             _killpg(child.pid, signal.SIGKILL if killed else signal.SIGTERM)
@@ -277,11 +291,15 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _wait(child: subprocess.Popen, pidfd: int | None, timeout: float) -> int | None:
-    """The child's exit status once it exited, else None after ``timeout`` (a pidfd turns
-    readable on exit, so an exit is seen at once without waking up every few ms)."""
-    if pidfd is not None:
-        select.select([pidfd], [], [], timeout)
+def _wait(child: subprocess.Popen, pidfd: int | None, timeout: float, out: Output) -> int | None:
+    """The child's exit status once it exited, else None after ``timeout`` or once some output
+    was relayed (a pidfd turns readable on exit, so an exit is seen at once without waking up
+    every few ms)."""
+    watch = [fd for fd in (pidfd, out.pipe_fd) if fd is not None]
+    if watch:
+        ready, _, _ = select.select(watch, [], [], timeout)
+        if out.pipe_fd is not None and out.pipe_fd in ready:
+            out.pump()
     else:
         time.sleep(timeout)
     return child.poll()
@@ -294,7 +312,7 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def _spawn(spec: dict, log) -> subprocess.Popen:
+def _spawn(spec: dict, log: int) -> subprocess.Popen:
     """Start the job in a session of its own, in its workdir, as its user.
 
     No ``preexec_fn``: Python runs one in the forked child only after a full fork (no vfork) and

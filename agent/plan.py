@@ -47,6 +47,8 @@ class LocalRun:
     fenced: bool = False
     # The ack asks the platform to stop the job now (``go_suspend(exit=False)``): no exit grace.
     ack_stop: bool = False
+    # Its launcher is gone and recorded no exit status (so it reads as killed, -9).
+    lost: bool = False
 
 
 def platform_stopped(run: LocalRun | None) -> bool:

@@ -27,6 +27,7 @@ Runs started before the control directories moved keep ``runs/<job>.<run>/contro
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -45,9 +46,10 @@ from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive
 from hfai.agent import safefs, zygote
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
-from hfai.agent.launcher import ALIVE_FILE, FENCED_FILE, LAUNCH_FILE
+from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE
+from hfai.agent.logcap import check_cap
 from hfai.agent.plan import LocalRun, RunPhase
-from hfai.agent.statefile import touch, write_volatile
+from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.agent.zygote import ZygoteError
 from hfai.protocol import decode, encode
@@ -55,7 +57,8 @@ from hfai.protocol.errors import InvalidRequest, ProtocolError
 from hfai.protocol.names import is_token
 from hfai.protocol.types import FENCE_KILL_FACTOR, RunAssignment, RunEventKind
 
-__all__ = ["LAUNCH_EXEC", "LAUNCH_FORK", "Launched", "RunStore", "StartError", "job_environment", "settle_exit"]
+__all__ = ["LAUNCH_EXEC", "LAUNCH_FORK", "DiskFull", "Launched", "RunStore", "StartError", "job_environment",
+           "settle_exit"]
 
 # How launchers start ([agent] launcher): forked from a pre-imported zygote (zygote.py), or each a
 # fresh interpreter (50-100 ms of CPU per run).
@@ -70,10 +73,21 @@ _AGENT_ONLY = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_SESSIO
                "PWD", "OLDPWD")
 
 
+class DiskFull(OSError):
+    """This node's state directory has no room for a run: the run did not start and left
+    nothing here (it may start here later). The message says so, for the user; ``errno`` is the
+    disk's (ENOSPC, EDQUOT)."""
+
+    def __init__(self, message: str, code: int | None):
+        super().__init__(message)
+        self.errno = code or errno.ENOSPC
+
+
 class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
                  run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = "",
-                 launcher: str = LAUNCH_FORK, launcher_reply_timeout_s: float = 5.0):
+                 launcher: str = LAUNCH_FORK, launcher_reply_timeout_s: float = 5.0,
+                 log_cap_bytes: int = 0):
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -91,6 +105,7 @@ class RunStore:
         self.run_as = run_as
         self.fence_poll_s = fence_poll_s
         self.datasets_dir = datasets_dir  # HFAI_DATASETS_DIR of jobs: [storage] dataset_root
+        self.log_cap_bytes = check_cap(log_cap_bytes)
         self.agent = agent_account()
         self._children: dict[str, subprocess.Popen] = {}
         if launcher not in (LAUNCH_FORK, LAUNCH_EXEC):
@@ -150,6 +165,7 @@ class RunStore:
             ack_stop=ack_ts is not None and _asks_to_stop(safefs.read_small(control, ACK_FILE)),
             term_ts=_read_float(d / "term"),
             fenced=(d / FENCED_FILE).exists(),
+            lost=first is None and not alive and second is None,
             sent=frozenset(k for k in RunEventKind if (d / f"{k.value}.sent").exists()),
         )
 
@@ -188,17 +204,51 @@ class RunStore:
         except FileExistsError:
             self._interrupted(ra, d)
             return None
-        write_volatile(d / "assignment", encode(ra))
+        except OSError as e:
+            raise self._no_room(ra, e) from None
+        try:
+            self._write_run_files(ra, d)
+        except OSError as e:
+            raise self._no_room(ra, e) from None
         try:
             spec = self._prepare(ra, d)
         except (StartError, OSError) as e:
-            write_atomic(d / "exit_code", b"127\n")
-            write_atomic(d / "start_error", str(e).encode())
+            if isinstance(e, OSError) and disk_full(e):
+                raise self._no_room(ra, e) from None
+            write_state(d / "exit_code", b"127\n", durable=True)
+            try:
+                write_atomic(d / "start_error", str(e).encode())
+            except OSError as e2:
+                log.warning("could not record why %s did not start: %s", ra.key, e2)
             if isinstance(e, StartError):
                 raise
             raise StartError(f"cannot prepare the run on node {self.node}: {e}") from None
-        write_volatile(d / LAUNCH_FILE, json.dumps(spec).encode())  # read by this boot's launcher only
+        try:
+            write_volatile(d / LAUNCH_FILE, json.dumps(spec).encode())  # read by this boot's launcher only
+        except OSError as e:
+            raise self._no_room(ra, e) from None
         return self._launch(ra, d)
+
+    def _no_room(self, ra: RunAssignment, e: OSError) -> OSError:
+        """What to raise for ``e`` met while starting ``ra``: on a full disk, DiskFull, and the
+        run's directories go (it never started here, and may start here later); else ``e``."""
+        if not disk_full(e):
+            return e
+        shutil.rmtree(self.runs_dir / ra.key, ignore_errors=True)
+        shutil.rmtree(self.control_root / ra.key, ignore_errors=True)
+        return DiskFull(self.full_reason(e), e.errno)
+
+    def _write_run_files(self, ra: RunAssignment, d: Path) -> None:
+        """The assignment, and the reserves of the files a run must write even on a full disk
+        (statefile.py): the job's pid, its exit status, the fence and SIGTERM markers."""
+        write_volatile(d / "assignment", encode(ra))
+        for name in ("exit_code", "child_pid", FENCED_FILE, "term"):
+            make_reserve(d / name)
+
+    def full_reason(self, e: OSError | None = None) -> str:
+        """What a run or the node is told when this node's state directory is full."""
+        code = errno.errorcode.get(e.errno, "ENOSPC") if e is not None and e.errno else "ENOSPC"
+        return f"state directory full: {self.root} ({code})"
 
     def _interrupted(self, ra: RunAssignment, d: Path) -> None:
         """This node had run ``ra`` (its directory is the record: no run starts twice), but a crash
@@ -219,6 +269,7 @@ class RunStore:
         control = self._make_control_dir(ra.key, who)
         argv, env = self._command(ra, str(control), who)
         spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
+                "log_cap": self.log_cap_bytes,
                 **fence_spec(ra.fence_s, self._real_root / ALIVE_FILE, self.fence_poll_s)}
         if who.switch:
             a = who.account
@@ -273,6 +324,8 @@ class RunStore:
         try:
             fd = safefs.open_log(logf, owner)
         except OSError as e:
+            if disk_full(e):
+                raise
             raise StartError(f"cannot open the log file {logf} on node {self.node}: {e}") from None
         with open(fd, "ab") as f:
             f.write(f"=== hfai: job {ra.name} ({ra.job_id}) run {ra.run_id}, suspend count {ra.suspend_count}, "
@@ -313,7 +366,7 @@ class RunStore:
     def signal(self, key: str, sig: int) -> None:
         d = self.dir(key)
         if sig == signal.SIGTERM and not (d / "term").exists():
-            write_atomic(d / "term", f"{time.time()}\n".encode())
+            write_state(d / "term", f"{time.time()}\n", durable=True)  # a full disk: its reserve
         pgid = _read_int(d / "child_pid")
         if pgid is None:
             # The launcher has not started the job yet: stop the launcher itself.
@@ -331,9 +384,28 @@ class RunStore:
         a heartbeat that NATS then accepted). Not fsynced: a monotonic stamp means nothing after
         a reboot, and an fsync could stall the agent's event loop on a busy disk."""
         path = self.root / ALIVE_FILE
+        text = f"{stamp:{ALIVE_WIDTH}.6f}\n".encode()  # one width: see below
         tmp = path.with_name(f"{ALIVE_FILE}.tmp")
-        tmp.write_bytes(f"{stamp:.6f}\n".encode())
-        os.replace(tmp, path)  # a launcher reads the old stamp or the new, never half of one
+        try:
+            tmp.write_bytes(text)
+            os.replace(tmp, path)  # a launcher reads the old stamp or the new, never half of one
+        except OSError as e:
+            if not disk_full(e):
+                raise
+            tmp.unlink(missing_ok=True)
+            # A full disk: overwrite the stamp in place, which takes no new block (every stamp has
+            # the same width). A launcher could read half of one, so it reads until two reads
+            # agree (launcher.read_stamp). No stamp yet: the disk's error stands.
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                raise e from None
+            try:
+                if os.fstat(fd).st_size != len(text):
+                    raise e
+                os.pwrite(fd, text, 0)
+            finally:
+                os.close(fd)
 
     def mark_sent(self, key: str, kind: RunEventKind) -> None:
         touch(self.dir(key) / f"{kind.value}.sent")  # not fsynced: see statefile.py
@@ -364,7 +436,15 @@ class RunStore:
         the agent's event loop. Deleting them here took 5-8 ms of the loop per run, while the next
         run's exit and events waited."""
         self._children.pop(key, None)
-        self.trash_dir.mkdir(mode=0o700, exist_ok=True)
+        try:
+            self.trash_dir.mkdir(mode=0o700, exist_ok=True)
+        except OSError as e:
+            if not disk_full(e):
+                raise
+            # No room for the trash: delete at once, which is what gives room back.
+            shutil.rmtree(self.dir(key), ignore_errors=True)
+            shutil.rmtree(inside(self._real_root, self.control_root / key), ignore_errors=True)
+            return
         self._trashed += 1
         stamp = f"{os.getpid()}.{self._trashed}"  # unique: a key can come back (record_never_ran)
         for src, name in ((self.dir(key), key), (inside(self._real_root, self.control_root / key), f"{key}.control")):

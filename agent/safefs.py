@@ -10,6 +10,7 @@ The directory itself sits in an agent-owned parent, so its path cannot be swappe
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -63,6 +64,10 @@ def create_flag(directory: str | os.PathLike, name: str, data: bytes) -> bool:
         os.close(dfd)
     try:
         os.write(fd, data)
+    except OSError as e:
+        # A full disk: the flag is there all the same (its existence and time are what count).
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
     finally:
         os.close(fd)
     return True

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 
 import nats.errors
 import psutil
@@ -27,11 +28,13 @@ from hfai._daemon import FailureStreak, Supervisor
 from hfai._metrics import MetricsServer
 from hfai._version import __version__
 from hfai.agent import safefs
+from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.identity import check_run_as
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.plan import Act, Action, LocalRun, RunPhase, fence_problem, plan, platform_stopped, stale_logs
-from hfai.agent.runs import RunStore, StartError
+from hfai.agent.runs import DiskFull, RunStore, StartError
+from hfai.agent.statefile import make_reserve, write_state
 from hfai.agent.trust import assignment_problem, check_log_request
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
@@ -57,6 +60,15 @@ _REPORTS = frozenset({Act.REPORT_STARTED, Act.REPORT_ACK, Act.REPORT_EXIT, Act.R
 FENCED_MESSAGE = "stopped on its node: the node's agent had no heartbeat accepted for the fence bound"
 
 
+@dataclass
+class _NotStarted:
+    """A run the agent could not start (its state directory was full) and reports ended."""
+
+    run: RunAssignment
+    message: str
+    reported: bool = False
+
+
 class LocalStateError(RuntimeError):
     """The agent cannot write its own state on this node: waiting does not cure that, so the
     task that met it ends and the agent stops (see :class:`hfai._daemon.Supervisor`)."""
@@ -70,11 +82,20 @@ class Agent:
         self.address = self.ac.address or _default_address()
         self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
                               fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root,
-                              launcher=self.ac.launcher, launcher_reply_timeout_s=self.ac.launcher_reply_timeout_s)
+                              launcher=self.ac.launcher, launcher_reply_timeout_s=self.ac.launcher_reply_timeout_s,
+                              log_cap_bytes=self.ac.log_cap_bytes)
+        self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes)
+        # Runs this agent reported ended without a run directory (its state directory was full):
+        # never started here, whatever the assignment still says (key -> the run and its report).
+        self._not_started: dict[str, _NotStarted] = {}
+        self._beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
         self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self._desired: dict[str, RunAssignment] = {}
         self._fence = self._load_fence()
+        self._fence_unsaved = False  # a full disk refused the newest fence: saved once it can be
+        if self._fence:
+            self._reserve_fence()
         # Set once this node's desired state is known: an accepted assignment, or none in KV.
         # Until then the agent holds (see reconcile); a refused entry does not count as known.
         self._have_assignment = False
@@ -155,7 +176,11 @@ class Agent:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.ac.heartbeat_interval_s)
+            try:
+                await asyncio.wait_for(self._beat_now.wait(), self.ac.heartbeat_interval_s)
+            except TimeoutError:
+                pass
+            self._beat_now.clear()
             try:
                 await self._heartbeat_once()
             except LocalStateError:
@@ -170,7 +195,10 @@ class Agent:
             name=self.node, group=self.ac.group, address=self.address, ts=time.time(), seq=self._seq,
             gpus=self.gpus.sample(busy=bool(alive)), host=_host_stat(), envs=self.store.environments(),
             gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
+            drain_reason=self.disk.check(),
         )
+        if self._fence_unsaved:
+            self._save_fence()
         data = encode(record)
         if self.metrics is not None:
             self.metrics.heartbeat(record)
@@ -180,11 +208,15 @@ class Agent:
         await self._nodes_kv.put(self.node, data)
         # Only a heartbeat NATS accepted keeps this node's runs alive (launcher.py self-fencing).
         # One that cannot be stamped would look alive to the leader while the launchers fence
-        # every run: the agent stops instead (the leader then moves the work elsewhere).
+        # every run: the agent stops instead (the leader then moves the work elsewhere). Unless
+        # the disk is full: the stamp is then overwritten in place (RunStore.mark_alive), and if
+        # even that fails the node is drained (its runs fence themselves, an interruption).
         try:
             self.store.mark_alive(sent_at)
         except OSError as e:
-            raise LocalStateError(f"cannot stamp this agent alive for its launchers: {e}") from e
+            if not self._disk_full(e):
+                raise LocalStateError(f"cannot stamp this agent alive for its launchers: {e}") from e
+            log.warning("cannot stamp this agent alive for its launchers: %s", e)
         assert self._nc is not None, "start() first"
         await self._nc.publish(names.telemetry_subject(self.node), data)
 
@@ -234,6 +266,8 @@ class Agent:
 
     def _accept(self, desired: dict[str, RunAssignment]) -> None:
         self._desired = desired
+        for key in [k for k, ns in self._not_started.items() if ns.reported and k not in desired]:
+            del self._not_started[key]  # the leader heard, and no longer asks for it
         self._have_assignment = True
         self._refused_in_snapshot = False
         self._wake.set()
@@ -251,9 +285,26 @@ class Agent:
     def _save_fence(self) -> None:
         # Atomic: an agent killed while writing must not find a torn fence and accept stale work.
         try:
-            write_atomic(self.store.root / "fence", str(self._fence))
+            write_state(self.store.root / "fence", str(self._fence), durable=True)  # a full disk: its reserve
         except OSError as e:
-            raise LocalStateError(f"cannot save the fence {self._fence}: {e}") from e
+            if not self._disk_full(e):
+                raise LocalStateError(f"cannot save the fence {self._fence}: {e}") from e
+            # Kept in memory meanwhile, which is what refuses stale work while this agent lives
+            # (and the server's compare-and-set refuses a stale leader's write in any case).
+            if not self._fence_unsaved:
+                log.warning("cannot save the fence %d yet (the disk is full): retrying at each heartbeat",
+                            self._fence)
+            self._fence_unsaved = True
+            return
+        self._fence_unsaved = False
+        self._reserve_fence()
+
+    def _reserve_fence(self) -> None:
+        """After each save, room for the next on a full disk (the first save has none)."""
+        try:
+            make_reserve(self.store.root / "fence")
+        except OSError as e:
+            self._disk_full(e)  # another try at the next fence
 
     # ---------------------------------------------------------------------------- reconcile
 
@@ -299,12 +350,18 @@ class Agent:
             except (nats.errors.Error, TimeoutError):
                 log.exception("reconcile failed on NATS; retrying")  # the connection heals itself
             except Exception as e:
-                # A disk that stays full or read-only does not heal by retrying: past the bound the
-                # agent stops (systemd restarts it, and meanwhile the leader moves the work) rather
-                # than heartbeating as a healthy node that never runs anything (issue 12).
-                log.exception("reconcile failed (%d in a row); retrying", streak.count + 1)
-                if streak.failed():
-                    raise LocalStateError(f"reconcile failed {streak.count} times in a row: {e}") from e
+                if isinstance(e, OSError) and self._disk_full(e):
+                    # A full disk does not count: the node drains itself meanwhile, and works
+                    # again once space is back (issue 26 §7).
+                    log.warning("reconcile met a full disk: %s", e)
+                else:
+                    # A disk that stays read-only (or any local fault) does not heal by retrying:
+                    # past the bound the agent stops (systemd restarts it, and meanwhile the leader
+                    # moves the work) rather than heartbeating as a healthy node that never runs
+                    # anything (issue 12).
+                    log.exception("reconcile failed (%d in a row); retrying", streak.count + 1)
+                    if streak.failed():
+                        raise LocalStateError(f"reconcile failed {streak.count} times in a row: {e}") from e
             try:
                 await asyncio.wait_for(self._wake.wait(), self.ac.reconcile_interval_s)
             except TimeoutError:
@@ -315,6 +372,7 @@ class Agent:
         order, then every report at once. Reports wait for JetStream's acknowledgement; sent one
         after another, a run that started and exited between two plans (STARTED, EXITED) took
         two round trips before the leader could hear of its end."""
+        await self._report_not_started()
         local = self.store.snapshot()
         reports: list[Action] = []
         for action in plan(self._wanted(local), local, time.time(), self.ac.ack_exit_grace_s):
@@ -329,8 +387,31 @@ class Agent:
         """The desired runs; while they are unknown (just started, or only a refused entry in KV),
         every run on the node as it is: nothing is started or stopped, exits are still reported."""
         if self._have_assignment:
-            return self._desired
+            if not self._not_started:
+                return self._desired
+            return {k: ra for k, ra in self._desired.items() if k not in self._not_started}
         return {key: run.assignment for key, run in local.items()}
+
+    async def _report_not_started(self) -> None:
+        for key, ns in self._not_started.items():
+            if not ns.reported:
+                ns.reported = await self._publish(ns.run, RunEventKind.EXITED, exit_code=-1, platform_stopped=True,
+                                                  message=ns.message)
+                if ns.reported:
+                    log.info("reported %s ended without starting: %s", key, ns.message)
+
+    def _disk_full(self, e: OSError) -> bool:
+        """Whether ``e`` is this node's disk full; if so the node drains itself at once."""
+        if not self.disk.saw(e):
+            return False
+        if not self.disk.reason:
+            self._beat_now.set()  # tell the leader now, not a heartbeat later
+        return True
+
+    def _not_start(self, ra: RunAssignment, message: str) -> None:
+        """Report ``ra`` ended without starting (an interruption: the leader requeues it)."""
+        self._not_started[ra.key] = _NotStarted(ra, message)
+        self._wake.set()
 
     async def _do(self, a: Action, local: dict[str, LocalRun]) -> None:
         key, ra = a.key, a.run
@@ -343,6 +424,10 @@ class Agent:
                     return
                 self._wake_on_exit(launched.pid)
                 log.info("started %s (job %s rank %d)", key, ra.name, ra.rank)
+            except DiskFull as e:
+                log.warning("not starting %s: %s", key, e)
+                self._disk_full(e)
+                self._not_start(ra, f"not started on {self.node}: {e}")
             except StartError as e:
                 log.warning("cannot start %s: %s", key, e)
                 if await self._publish(ra, RunEventKind.START_FAILED, message=str(e)):
@@ -385,15 +470,24 @@ class Agent:
             return RunEventKind.SUSPEND_ACKED, {"acked": True}
         if a.act is Act.REPORT_EXIT:
             run = local.get(key)  # the snapshot the plan was made from: it saw the exit
+            stopped, message = platform_stopped(run), FENCED_MESSAGE if run is not None and run.fenced else ""
+            if run is not None and run.lost and self.disk.last_full is not None:
+                # Its launcher ended without recording the status, on a node whose disk was full:
+                # the platform lost the run, the user did not fail it.
+                stopped, message = True, f"its end could not be recorded: {self.store.full_reason()}"
             return RunEventKind.EXITED, dict(
                 exit_code=run.exit_code if run else -1, acked=bool(run and run.acked),
-                platform_stopped=platform_stopped(run), whole_life_state=self.store.whole_life_state(key),
-                message=FENCED_MESSAGE if run is not None and run.fenced else "")
+                platform_stopped=stopped, whole_life_state=self.store.whole_life_state(key), message=message)
         assert a.act is Act.REPORT_NEVER_RAN, a
-        self.store.record_never_ran(ra)
-        self.store.mark_sent(key, RunEventKind.STARTED)
-        return RunEventKind.EXITED, dict(exit_code=-1, platform_stopped=True,
-                                         message="stopped before it started on this node")
+        message = "stopped before it started on this node"
+        try:
+            self.store.record_never_ran(ra)
+            self.store.mark_sent(key, RunEventKind.STARTED)
+        except OSError as e:
+            if not self._disk_full(e):
+                raise
+            self._not_started[key] = _NotStarted(ra, message)  # kept from a new start; reported again
+        return RunEventKind.EXITED, dict(exit_code=-1, platform_stopped=True, message=message)
 
     def _check_fence(self, fence_s: float) -> None:
         """Warn (once per bound) when the leader's fence bound is too tight for our heartbeats."""

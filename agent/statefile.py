@@ -31,7 +31,10 @@ never half of one.
 
 from __future__ import annotations
 
+import errno
 import os
+
+from hfai._atomic import write_atomic
 
 
 def write_volatile(path: str | os.PathLike, data: bytes | str) -> None:
@@ -54,3 +57,78 @@ def write_volatile(path: str | os.PathLike, data: bytes | str) -> None:
 def touch(path: str | os.PathLike) -> None:
     """Create the empty marker file ``path`` (nothing to tear: it exists or it does not)."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
+
+
+# ------------------------------------------------------------------------------- a full disk
+#
+# On a full filesystem a new file can still be created on most (an inode, no data block), but not
+# written: every write above (a temp file, then a rename) fails with ENOSPC. So the files a run
+# must be able to write whatever the disk holds (the job's pid, its exit status, the fence and
+# SIGTERM markers) get a reserve when the run starts: ``<name>.reserve``, RESERVE_BYTES of blanks
+# already on the disk. A write that meets a full disk overwrites the reserve's bytes in place (no
+# new block) and renames it over ``<name>``: atomic as before, and the readers, which strip
+# whitespace, read the same value.
+
+RESERVE_SUFFIX = ".reserve"
+RESERVE_BYTES = 64
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether ``e`` is a filesystem out of space (or of the user's quota)."""
+    return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
+
+
+def make_reserve(path: str | os.PathLike) -> None:
+    """Put ``path``'s reserve on the disk (see above); raises OSError (ENOSPC) if it cannot."""
+    fd = os.open(f"{os.fspath(path)}{RESERVE_SUFFIX}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, b" " * (RESERVE_BYTES - 1) + b"\n")
+    finally:
+        os.close(fd)
+
+
+def write_state(path: str | os.PathLike, data: bytes | str, durable: bool = False) -> None:
+    """Replace ``path`` with ``data`` (at most RESERVE_BYTES - 1 bytes) atomically, fsynced if
+    ``durable``; on a full disk through ``path``'s reserve. Raises the disk's OSError when that
+    fails too (no reserve, or it was used already)."""
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        if durable:
+            write_atomic(path, raw)
+        else:
+            write_volatile(path, raw)
+        return
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        full = e
+    if not _write_through_reserve(os.fspath(path), raw, durable):
+        raise full
+
+
+def _write_through_reserve(path: str, raw: bytes, durable: bool) -> bool:
+    if len(raw) >= RESERVE_BYTES:
+        return False
+    try:
+        fd = os.open(f"{path}{RESERVE_SUFFIX}", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        # Same length as the reserve: the trailing blanks overwrite what it held, no block is added.
+        os.pwrite(fd, raw.ljust(RESERVE_BYTES - 1) + b"\n", 0)
+        if durable:
+            os.fsync(fd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    os.replace(f"{path}{RESERVE_SUFFIX}", path)
+    return True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

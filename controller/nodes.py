@@ -28,9 +28,12 @@ class NodeTracker:
         self.settings = settings
 
     def drained(self) -> dict[str, str]:
-        """node -> reason, for nodes an operator took out of service."""
+        """node -> reason, for nodes an operator took out of service, or whose agent drained
+        them itself (NodeRecord.drain_reason: its state directory is full, ...); an operator's
+        reason comes first."""
         d = self.settings.values.get(names.DRAINED_KEY) if self.settings is not None else None
-        return dict(d.nodes) if isinstance(d, DrainedNodes) else {}
+        by_agent = {r.name: r.drain_reason for r in self.cache.values.values() if r.drain_reason}
+        return by_agent | dict(d.nodes) if isinstance(d, DrainedNodes) else by_agent
 
     def schedulable(self, name: str, now: float | None = None) -> bool:
         return self.state(name, now) is NodeState.UP and name not in self.drained()

@@ -322,6 +322,9 @@ class NodeRecord:
     gpu_source: str = ""
     runs: tuple[str, ...] = ()
     agent_version: str = ""
+    # Why the agent takes no new work ("" = it does): its node drained by itself, e.g. its state
+    # directory is full (agent/diskwatch.py); it undrains itself when that is over.
+    drain_reason: str = ""
 
 
 # Self-fencing (see RunAssignment.fence_s): the launcher SIGTERMs its job once the agent has not

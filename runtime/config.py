@@ -151,6 +151,12 @@ class AgentConfig:
     # fails or gets no answer within launcher_reply_timeout_s falls back to exec.
     launcher: str = "fork"
     launcher_reply_timeout_s: float = 5.0
+    # A run keeps at most this many bytes of its output in its log on the node: the first quarter
+    # and the latest, with a line saying how much was dropped between (0: no cap; else >= 64 KiB).
+    log_cap_bytes: int = 64 * 1024 * 1024
+    # With less free than this in state_dir's filesystem (or a write there refused for space) the
+    # agent drains its node itself, saying why; it takes work again once 1.5 times this is free.
+    state_min_free_bytes: int = 64 * 1024 * 1024
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]

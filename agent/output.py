@@ -1,0 +1,112 @@
+"""Where a job's stdout and stderr go, as the launcher sets it up (launcher.py).
+
+Relayed (the launch spec has ``log_cap``, which agents since issue 26 §7 always write): the job
+writes to a pipe, the launcher reads it and appends to the run's log through a
+:class:`~hfai.agent.logcap.CappedLog`, which bounds the run's part of the log and absorbs a full
+disk. Direct (a spec without ``log_cap``): the job gets the log file itself, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import select
+import time
+from collections.abc import Iterator
+
+from hfai.agent.logcap import CappedLog
+from hfai.agent.statefile import disk_full
+
+_READ_BYTES = 1 << 20
+_PIPE_BYTES = 1 << 20  # asked of the kernel (F_SETPIPE_SZ): fewer wake-ups for a chatty job
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# After the job and what it left are gone, output still in the pipe is read for this long at
+# most: a process out of the launcher's reach (see launcher.py) may hold the pipe open forever.
+DRAIN_S = 2.0
+
+
+class Output:
+    """The job's output channel: ``job_fd`` is what the job gets as stdout and stderr;
+    ``pipe_fd`` (relayed only) is what the launcher waits on and :meth:`pump` reads."""
+
+    def __init__(self, log_fd: int, cap: int | None):
+        self._log_fd = log_fd
+        self._sink = CappedLog(log_fd, cap) if cap is not None else None
+        self.pipe_fd: int | None = None
+        self._write_end: int | None = None
+        if self._sink is not None:
+            self.pipe_fd, self._write_end = os.pipe2(os.O_CLOEXEC)
+            try:
+                fcntl.fcntl(self._write_end, _F_SETPIPE_SZ, _PIPE_BYTES)
+            except OSError:
+                pass  # above /proc/sys/fs/pipe-max-size: the default size works too
+            os.set_blocking(self.pipe_fd, False)
+
+    @property
+    def job_fd(self) -> int:
+        return self._write_end if self._write_end is not None else self._log_fd
+
+    def job_started(self) -> None:
+        """The job holds its end now: the launcher's copy goes, so the pipe ends with the job's."""
+        if self._write_end is not None:
+            os.close(self._write_end)
+            self._write_end = None
+
+    def write(self, data: bytes) -> None:
+        """A line of the launcher's own (never raises for a full disk: the line is dropped)."""
+        if self._sink is not None:
+            self._sink.write(data)
+            return
+        try:
+            os.write(self._log_fd, data)
+        except OSError as e:
+            if not disk_full(e):
+                raise
+
+    def pump(self) -> bool:
+        """Relay what the pipe holds now; False once every writer has closed it."""
+        if self.pipe_fd is None or self._sink is None:
+            return False
+        while True:
+            try:
+                data = os.read(self.pipe_fd, _READ_BYTES)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            self._sink.write(data)
+
+    def drain(self, limit_s: float = DRAIN_S) -> None:
+        """Relay the rest of the output once the job is over (until the pipe ends, or ``limit_s``)."""
+        if self.pipe_fd is None:
+            return
+        deadline = time.monotonic() + limit_s
+        while (left := deadline - time.monotonic()) > 0:
+            select.select([self.pipe_fd], [], [], left)
+            if not self.pump():
+                return
+
+    def close(self) -> None:
+        for fd in (self.pipe_fd, self._write_end):
+            if fd is not None:
+                os.close(fd)
+        self.pipe_fd = self._write_end = None
+        os.close(self._log_fd)
+
+
+@contextlib.contextmanager
+def open_output(spec: dict) -> Iterator[Output]:
+    """The run's output channel for launch spec ``spec`` (see the module doc); closed after."""
+    relayed = "log_cap" in spec
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDWR if relayed else os.O_WRONLY | os.O_APPEND)
+    fd = os.open(spec["log"], flags)
+    try:
+        out = Output(fd, int(spec["log_cap"]) if relayed else None)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield out
+    finally:
+        out.close()
