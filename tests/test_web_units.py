@@ -140,6 +140,16 @@ def test_a_jobs_gpus_over_its_runs_are_cut_between_runs():
     assert job_gpu(samples, [(("b",), T0, T0 + 50)]) == {"nodes": []}  # no telemetry: no line, not a flat zero
 
 
+def test_a_many_node_jobs_gpus_are_its_nodes_mean_lowest_and_highest():
+    samples = {f"n{i}": [sample_of(_record(T0 + t, (float(10 * i),), f"n{i}")) for t in range(0, 100, 10)]
+               for i in range(10)}
+    lines = job_gpu(samples, [(tuple(samples), T0, T0 + 100)], most=10)["nodes"]
+    assert [line["node"] for line in lines] == ["mean of 10 nodes", "lowest node", "highest node"]
+    assert lines[0]["util"][0] == 45.0 and lines[1]["util"][0] == 0.0 and lines[2]["util"][0] == 90.0
+    assert len(lines[0]["ts"]) == 10 and lines[0]["mem"][0] == 50.0
+    assert len(job_gpu(samples, [(("n1", "n2"), T0, T0 + 100)])["nodes"]) == 2  # few nodes: one line each
+
+
 def test_cluster_series_from_histories():
     a = job([(T0, Q), (T0 + 10, R), (T0 + 20, OK)], run_id=1, last_nodes=("x",), spec_nodes=1)
     b = job([(T0, Q), (T0 + 30, R)], run_id=1, nodes=("y", "z"), jid="b")

@@ -61,9 +61,9 @@ class Assets:
             self._task = asyncio.ensure_future(asyncio.to_thread(_load, bundle_path()))
         try:
             return await asyncio.shield(self._task)
-        except Unavailable:
-            self._task = None  # installed later: try again at the next request
-            raise
+        except OSError as e:
+            self._task = None  # e.g. removed or reinstalled meanwhile: try again at the next request
+            raise Unavailable(f"cannot read the plotly.js bundle: {e}") from e
 
     async def close(self) -> None:
         """Wait for a load still under way (a thread cannot be cancelled); safe to call twice."""

@@ -86,10 +86,11 @@ def heat_map(samples_of: Mapping[str, Sequence[Sample]], nodes: Sequence[str], t
 
 
 def job_gpu(samples_of: Mapping[str, Sequence[Sample]], segments: Sequence[tuple[Sequence[str], float, float]],
-            most: int = 240) -> dict:
+            most: int = 240, most_lines: int = 8) -> dict:
     """A job's GPUs over its runs: per node it ran on, the mean over the node's GPUs of
     utilisation and memory used (%) while the job held it (at most ``most`` points a node);
-    runs are separated by a gap (None), so no line joins two runs."""
+    runs are separated by a gap (None), so no line joins two runs. Over ``most_lines`` nodes:
+    three lines instead, the nodes' mean, lowest and highest (at most ``most`` steps)."""
     per_run = max(2, most // max(1, len(segments)))
     lines: dict[str, dict[str, Any]] = {}
     for nodes, start, end in sorted(segments, key=lambda s: s[1]):
@@ -109,7 +110,30 @@ def job_gpu(samples_of: Mapping[str, Sequence[Sample]], segments: Sequence[tuple
             line["ts"] += [round(t, 3) for t, _, _ in pts]
             line["util"] += [round(u, 1) for _, u, _ in pts]
             line["mem"] += [round(m, 1) for _, _, m in pts]
+    if len(lines) > most_lines:
+        return {"nodes": _spread(list(lines.values()), most)}
     return {"nodes": list(lines.values())}
+
+
+def _spread(lines: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
+    """Many nodes' lines as three: their mean, lowest and highest per time step (a gap stays a gap
+    where no node has a figure), so a 64-node job's chart is read at a glance."""
+    ts = [t for line in lines for t, u in zip(line["ts"], line["util"], strict=True) if u is not None]
+    t0, t1 = min(ts), max(ts)
+    step = max((t1 - t0) / most, 1e-9)
+    buckets: dict[int, list[tuple[float, float]]] = {}
+    for line in lines:
+        for t, u, m in zip(line["ts"], line["util"], line["mem"], strict=True):
+            if u is not None:
+                buckets.setdefault(min(most - 1, int((t - t0) / step)), []).append((u, m))
+    keys = range(most)
+    out = []
+    for name, pick in ((f"mean of {len(lines)} nodes", lambda vs: sum(vs) / len(vs)), ("lowest node", min),
+                       ("highest node", max)):
+        out.append({"node": name, "ts": [round(t0 + (k + 0.5) * step, 3) for k in keys],
+                    "util": [round(pick([u for u, _ in buckets[k]]), 1) if k in buckets else None for k in keys],
+                    "mem": [round(pick([m for _, m in buckets[k]]), 1) if k in buckets else None for k in keys]})
+    return out
 
 
 def _waiting_at(job: JobRecord, t: float) -> bool:
