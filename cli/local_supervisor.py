@@ -145,8 +145,11 @@ class LocalSupervisor:
                     self.store_writable, self.store_detail = health.writable, health.detail
                     self.save()
                 now = time.time()
-                if "nats" in self.tracks and store_restart_due(health.writable, self.free_bytes(), p,
-                                                               self.store_restarted, now):
+                # A server (re)started for any reason is judged afresh: a probe that failed while
+                # it was down must not restart the new one.
+                nats = self.tracks.get("nats")
+                if nats is not None and store_restart_due(health.writable, self.free_bytes(), p,
+                                                          max(self.store_restarted, nats.started), now):
                     await asyncio.to_thread(self.restart_nats_for_store, health.detail)
                     probe.watch = type(probe.watch)(p.store_probe_failures)  # judge the new server afresh
                 elif not health.writable and self.free_bytes() is not None:
