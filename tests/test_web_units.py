@@ -146,7 +146,10 @@ def test_a_many_node_jobs_gpus_are_its_nodes_mean_lowest_and_highest():
     lines = job_gpu(samples, [(tuple(samples), T0, T0 + 100)], most=10)["nodes"]
     assert [line["node"] for line in lines] == ["mean of 10 nodes", "lowest node", "highest node"]
     assert lines[0]["util"][0] == 45.0 and lines[1]["util"][0] == 0.0 and lines[2]["util"][0] == 90.0
-    assert len(lines[0]["ts"]) == 10 and lines[0]["mem"][0] == 50.0
+    assert len(lines[0]["ts"]) == 10 and lines[0]["mem"][0] == 50.0 and None not in lines[0]["util"]
+    # Two runs: a gap between them, and none inside a run even where a step had no sample.
+    two = job_gpu(samples, [(tuple(samples), T0, T0 + 35), (tuple(samples), T0 + 60, T0 + 100)], most=200)["nodes"]
+    assert two[0]["util"].count(None) == 1 and len(two[0]["util"]) == 4 + 1 + 4
     assert len(job_gpu(samples, [(("n1", "n2"), T0, T0 + 100)])["nodes"]) == 2  # few nodes: one line each
 
 

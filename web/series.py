@@ -4,6 +4,7 @@ rebuilt from job records' histories."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -111,28 +112,39 @@ def job_gpu(samples_of: Mapping[str, Sequence[Sample]], segments: Sequence[tuple
             line["util"] += [round(u, 1) for _, u, _ in pts]
             line["mem"] += [round(m, 1) for _, _, m in pts]
     if len(lines) > most_lines:
-        return {"nodes": _spread(list(lines.values()), most)}
+        return {"nodes": _spread(list(lines.values()), sorted(start for _, start, _ in segments), most)}
     return {"nodes": list(lines.values())}
 
 
-def _spread(lines: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
-    """Many nodes' lines as three: their mean, lowest and highest per time step (a gap stays a gap
-    where no node has a figure), so a 64-node job's chart is read at a glance."""
-    ts = [t for line in lines for t, u in zip(line["ts"], line["util"], strict=True) if u is not None]
+def _spread(lines: list[dict[str, Any]], starts: list[float], most: int) -> list[dict[str, Any]]:
+    """Many nodes' lines as three: their mean, lowest and highest per time step (steps without a
+    figure are left out; a gap stays between runs, ``starts`` being when each run began), so a
+    64-node job's chart is read at a glance."""
+    ts = [t for src in lines for t, u in zip(src["ts"], src["util"], strict=True) if u is not None]
     t0, t1 = min(ts), max(ts)
     step = max((t1 - t0) / most, 1e-9)
-    buckets: dict[int, list[tuple[float, float]]] = {}
-    for line in lines:
-        for t, u, m in zip(line["ts"], line["util"], line["mem"], strict=True):
+    buckets: dict[int, list[tuple[float, float, float]]] = {}
+    for src in lines:
+        for t, u, m in zip(src["ts"], src["util"], src["mem"], strict=True):
             if u is not None:
-                buckets.setdefault(min(most - 1, int((t - t0) / step)), []).append((u, m))
-    keys = range(most)
+                buckets.setdefault(min(most - 1, int((t - t0) / step)), []).append((t, u, m))
     out = []
     for name, pick in ((f"mean of {len(lines)} nodes", lambda vs: sum(vs) / len(vs)), ("lowest node", min),
                        ("highest node", max)):
-        out.append({"node": name, "ts": [round(t0 + (k + 0.5) * step, 3) for k in keys],
-                    "util": [round(pick([u for u, _ in buckets[k]]), 1) if k in buckets else None for k in keys],
-                    "mem": [round(pick([m for _, m in buckets[k]]), 1) if k in buckets else None for k in keys]})
+        line: dict[str, Any] = {"node": name, "ts": [], "util": [], "mem": []}
+        run = None
+        for k in sorted(buckets):
+            pts = buckets[k]
+            this = bisect.bisect_right(starts, pts[0][0])
+            if run is not None and this != run:  # a new run: no line across the time between
+                line["ts"].append(round(pts[0][0], 3))
+                line["util"].append(None)
+                line["mem"].append(None)
+            run = this
+            line["ts"].append(round(sum(p[0] for p in pts) / len(pts), 3))
+            line["util"].append(round(pick([p[1] for p in pts]), 1))
+            line["mem"].append(round(pick([p[2] for p in pts]), 1))
+        out.append(line)
     return out
 
 
