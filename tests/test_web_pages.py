@@ -235,6 +235,9 @@ def test_every_page_in_chromium_with_labelled_charts(site, tmp_path):
 
         d.get(site.url("/usage"))
         wait.until(lambda _d: d.find_elements(By.CSS_SELECTOR, "#rows tr"))
+        charts = _charts(d, wait, ["chart"])
+        _assert_readable(charts)
+        assert {"alice", "bob"} <= set(charts["chart"]["legend"])
         shots.take("7-usage")
 
         # Stop her own job: the answer stays on its line while the page goes on polling.

@@ -46,6 +46,15 @@ function stackedChart(div, title, panels, opts){if(chartsMissing(div)) return; o
       hovertemplate:esc(l.name)+': %{y:.1f}'+(p.unit||'')+'<br>%{x|%H:%M:%S} UTC<extra></extra>'});});
   draw(div, traces, layout);}
 
+// Stacked bars: one trace per series over categories (e.g. GPU-hours per day, one colour per user).
+function barChart(div, title, cats, series, yTitle, xTitle){if(chartsMissing(div)) return;
+  const traces=series.map(s=>({type:'bar', name:esc(s.name), x:cats, y:s.v,
+    hovertemplate:esc(s.name)+' %{x}: %{y:.2f} '+esc(yTitle)+'<extra></extra>'}));
+  const layout=baseLayout(title, {barmode:'stack', height:300, showlegend:true,
+    xaxis:{type:'category', title:{text:xTitle}}, yaxis:{title:{text:yTitle}, rangemode:'tozero'}});
+  if(!cats.length) nothing(layout, 'no GPU-hours in this window');
+  draw(div, traces, layout);}
+
 function rowHeight(rows){return rows>64?7:rows>32?10:rows>12?14:24;}
 
 // A nodes × time heat map: hm={x:[ts..], nodes:[..], <field>:[[..]..]}.

@@ -170,7 +170,13 @@ async function load(){const days=document.getElementById('days').value;
     tr.append(...[r.day,r.user,r.group,r.priority,r.gpu_hours.toFixed(2),r.runs].map(v=>el('td',String(v))));
     return tr;}));
   for(const k of ['user','group','priority']){document.getElementById('by-'+k).textContent=
-    Object.entries(b.totals[k]).map(([n,h])=>`${n}: ${h.toFixed(2)}`).join(' · ')||'-';}}
+    Object.entries(b.totals[k]).map(([n,h])=>`${n}: ${h.toFixed(2)}`).join(' · ')||'-';}
+  // Every day of the window, an idle one too, so the bars keep the calendar's spacing.
+  const days_=Array.from({length:+days}, (_,i)=>new Date(Date.now()-(days-1-i)*864e5).toISOString().slice(0,10)),
+    users=[...new Set(b.rows.map(r=>r.user))].sort();
+  barChart(document.getElementById('chart'), `GPU-hours per UTC day and user, last ${days} day(s)`, days_,
+    users.map(u=>({name:u, v:days_.map(d=>b.rows.filter(r=>r.day===d&&r.user===u)
+      .reduce((s,r)=>s+r.gpu_hours,0))})), 'GPU-hours', 'day (UTC)');}
 document.getElementById('days').onchange=load; poll(load);
 """
 
@@ -279,6 +285,7 @@ def usage_page(user: str, poll_s: float) -> str:
             "<option>1</option><option selected>7</option><option>30</option><option>90</option></select> day(s). "
             "<a id='csv' href='/usage.csv'>CSV</a></p><p>per user: <span id='by-user'></span></p>"
             "<p>per group: <span id='by-group'></span></p><p>per priority: <span id='by-priority'></span></p>"
+            "<div id='chart' class='chart'></div>"
             "<table><thead><tr><th>day</th><th>user</th><th>group</th><th>priority</th><th>GPU-hours</th>"
             "<th>runs</th></tr></thead><tbody id='rows'></tbody></table>")
-    return layout("Usage", body, user, USAGE_JS, poll_s)
+    return layout("Usage", body, user, USAGE_JS, poll_s, charts=True)
