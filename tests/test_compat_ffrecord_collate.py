@@ -106,3 +106,14 @@ def test_one_sample_per_index_is_collated_as_before(ffr):
 
     first, ones = next(iter(ffrecord.torch.DataLoader(Pairs(ffr), batch_size=4)))
     assert first.tolist() == [0, 1, 2, 3] and ones.tolist() == [1, 1, 1, 1]
+
+
+def test_stock_torch_loader_says_what_went_wrong(ffr):
+    def unpack(batch):
+        values, labels, shapes = batch
+        return values
+
+    for collate_fn in (None, unpack):
+        loader = torch.utils.data.DataLoader(Columns(ffr), batch_size=4, collate_fn=collate_fn)
+        with pytest.raises(ValueError, match="returned 3 samples for 4 indices.*ffrecord.torch.DataLoader"):
+            next(iter(loader))

@@ -53,8 +53,9 @@ class BatchedDataset(torch.utils.data.Dataset):
         return UncountedBatch(  # type: ignore[return-value]
             samples,
             f"{type(self).__name__}.__getitem__ returned {count} samples for {len(indices)} indices; "
-            "the default collate needs one sample per index, in order (or give the DataLoader a "
-            "collate_fn that takes what __getitem__ returns)",
+            "the default collate needs one sample per index, in order (or load it with "
+            "ffrecord.torch.DataLoader or hfai.data.DataLoader and a collate_fn that takes what "
+            "__getitem__ returns)",
         )
 
 
@@ -71,6 +72,17 @@ class UncountedBatch:
 
     def __repr__(self) -> str:
         return f"UncountedBatch({self.message})"
+
+    # Reached only where no BatchCollate unwraps it (a stock torch DataLoader): whatever its
+    # collate function does first, it learns what went wrong.
+    def __getitem__(self, index: Any) -> Any:
+        raise ValueError(self.message)
+
+    def __iter__(self) -> Any:
+        raise ValueError(self.message)
+
+    def __len__(self) -> int:
+        raise ValueError(self.message)
 
 
 class BatchCollate:
