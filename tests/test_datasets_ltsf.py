@@ -105,3 +105,26 @@ def test_loader_batches_and_bad_input(tmp_path, data_dir):
     with pytest.raises(ConvertError, match=r"bad.csv:3: a value is not a number"):
         convert_ltsf(tmp_path / "bad.csv", data_dir)
     assert not (data_dir / "LTSF" / "bad.ffr").exists()
+
+
+@pytest.mark.parametrize("first_rows", [
+    # The first rows of the public files in their own date formats (exchange_rate.csv is unpadded,
+    # with slashes; ETT, electricity, traffic, weather and national_illness are ISO).
+    ["1990/1/1 0:00", "1990/1/2 0:00", "1990/1/10 0:00"],
+    ["2016-07-01 00:00:00", "2016-07-01 01:00:00", "2016-07-01 02:00:00"],
+    ["2020-01-01 00:10:00", "2020-01-01 00:20:00", "2020-01-01 00:30:00"],
+    ["2002-01-01 00:00:00", "2002-01-08 00:00:00", "2002-01-15 00:00:00"],
+])
+def test_the_public_files_date_formats_convert(tmp_path, first_rows):
+    from hfai.datasets.convert_ltsf import read_csv
+
+    csv_file = tmp_path / "series.csv"
+    csv_file.write_text("date,OT\n" + "".join(f"{d},{k}.5\n" for k, d in enumerate(first_rows)))
+    _, values, stamps = read_csv(csv_file)
+    want = [datetime.fromisoformat(d.replace("/", "-")) if "/" not in d else
+            datetime(*map(int, d.replace(" ", "/").replace(":", "/").split("/"))) for d in first_rows]
+    assert stamps.tolist() == [int((w - datetime(1970, 1, 1)).total_seconds()) for w in want]
+    assert values[:, 0].tolist() == [0.5, 1.5, 2.5]
+    (tmp_path / "bad.csv").write_text("date,OT\n1990/13/1 0:00,1\n")
+    with pytest.raises(ConvertError, match="bad.csv:2: date"):
+        read_csv(tmp_path / "bad.csv")

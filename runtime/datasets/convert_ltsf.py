@@ -2,7 +2,8 @@
 
 SRC is a CSV file (or a folder of ``*.csv``) as the Autoformer repository ships them
 (``ETTh1.csv``, ``electricity.csv``, ...): a header row, a first column ``date``
-(``YYYY-MM-DD HH:MM[:SS]``) and numeric columns after it. No public converter defines the
+(``YYYY-MM-DD HH:MM[:SS]``, or unpadded ``Y/M/D H:MM`` as in ``exchange_rate.csv``) and numeric
+columns after it. No public converter defines the
 layout; this one writes ``DST/LTSF/<name>.ffr`` (name: the file's stem), one file of 3 samples:
 
 - 0: UTF-8 JSON ``{"columns": [...], "rows": R, "source": "<file name>"}``;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -24,6 +26,20 @@ from hfai.datasets.convert_common import NoProgress, Progress, refuse_existing
 from hfai.datasets.errors import ConvertError
 
 EPOCH = datetime(1970, 1, 1)
+# Autoformer's exchange_rate.csv writes "1990/1/1 0:00": unpadded, with slashes (what a spreadsheet
+# saves), which datetime.fromisoformat refuses. Either separator, any padding, optional time.
+_LOOSE_DATE = re.compile(r"(\d{4})[-/](\d{1,2})[-/](\d{1,2})(?:[ T](\d{1,2}):(\d{2})(?::(\d{2}))?)?")
+
+
+def parse_date(text: str) -> datetime:
+    """A CSV's date: ISO 8601, or the unpadded ``Y/M/D H:MM[:SS]`` some of the public files use."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        match = _LOOSE_DATE.fullmatch(text)
+        if match is None:
+            raise
+        return datetime(*(int(g) for g in match.groups(default="0")))
 
 
 def read_csv(path: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -41,9 +57,10 @@ def read_csv(path: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
             if len(row) != len(header):
                 raise ConvertError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
             try:
-                stamp = datetime.fromisoformat(row[0].strip())
+                stamp = parse_date(row[0].strip())
             except ValueError as e:
-                raise ConvertError(f"{path}:{number}: date {row[0]!r} is not 'YYYY-MM-DD HH:MM:SS'") from e
+                raise ConvertError(f"{path}:{number}: date {row[0]!r} is not 'YYYY-MM-DD HH:MM:SS' "
+                                   f"(or 'Y/M/D H:MM')") from e
             try:
                 values.append([float(v) for v in row[1:]])
             except ValueError as e:
