@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from hfai.datasets.convert_common import NoProgress, Progress, publish_split, refuse_existing
+from hfai.datasets.convert_common import NoProgress, Progress, pickled_images, publish_split, refuse_existing
 from hfai.datasets.errors import ConvertError, MissingPackageError
 
 COCO_NFILES = {"train": 150, "val": 12}
@@ -66,21 +66,11 @@ def convert_coco(src: str | Path, dst: str | Path, *, nfiles: int | None = None,
         paths = [src / f"{split}2017" / name for _, name in entries]
         out = out_root / f"{split}2017.ffr"
         progress.start(f"COCO {split}: {len(paths)} images", len(paths))
-        publish_split(out, _pickled_images(image_module, paths), len(paths), nfiles or COCO_NFILES[split], {},
+        publish_split(out, pickled_images(image_module, paths), len(paths), nfiles or COCO_NFILES[split], {},
                       progress)
         written.append(out)
     shutil.copytree(annotations, out_root / "annotations")
     return [*written, out_root / "annotations"]
-
-
-def _pickled_images(image_module, paths: list[Path]) -> Iterator[bytes]:
-    for path in paths:
-        try:
-            with image_module.open(path) as image:
-                image.load()
-                yield pickle.dumps(image)
-        except (OSError, SyntaxError, ValueError) as e:
-            raise ConvertError(f"{path}: not a readable image ({e})") from e
 
 
 def convert_gcc(src: str | Path, dst: str | Path, *, split: str = "train", nfiles: int = 1,

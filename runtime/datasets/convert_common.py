@@ -9,9 +9,10 @@ never leaves a dataset that opens with missing samples. A split that already exi
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -68,3 +69,22 @@ def publish_split(
         os.rename(staged, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pickled_images(image_module, paths: list[Path], *, encoded: bool = False) -> Iterator[bytes]:
+    """Each image as the public converters store it: a pickled PIL image, or (``encoded``) its
+    file's bytes pickled, checked readable first. ``image_module`` is ``PIL.Image``, imported by the
+    caller (converters load PIL only when they run)."""
+    for path in paths:
+        try:
+            if encoded:
+                data = path.read_bytes()
+                with image_module.open(path) as image:
+                    image.verify()  # a broken file fails now, with its name, not in training
+                yield pickle.dumps(data)
+            else:
+                with image_module.open(path) as image:
+                    image.load()
+                    yield pickle.dumps(image)
+        except (OSError, SyntaxError, ValueError) as e:
+            raise ConvertError(f"{path}: not a readable image ({e})") from e

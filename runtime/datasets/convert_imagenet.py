@@ -10,12 +10,11 @@ image ``i``; images are in class order, then file-name order, as torchvision lis
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from hfai.datasets.convert_common import NoProgress, Progress, publish_split, refuse_existing
+from hfai.datasets.convert_common import NoProgress, Progress, pickled_images, publish_split, refuse_existing
 from hfai.datasets.errors import ConvertError, MissingPackageError
 
 #: The file endings torchvision's ImageFolder accepts (case-insensitive).
@@ -75,23 +74,7 @@ def convert_imagenet(
         progress.start(f"ImageNet {split}: {len(images)} images", len(images))
         out = out_root / f"{split}.ffr"
         parts = nfiles or DEFAULT_NFILES.get(split, 10)
-        samples = _samples(Image, [p for p, _ in images], encoded)
+        samples = pickled_images(Image, [p for p, _ in images], encoded=encoded)
         publish_split(out, samples, len(images), parts, {"meta.pkl": pickle.dumps(meta)}, progress)
         written.append(out)
     return written
-
-
-def _samples(image_module, paths: list[Path], encoded: bool) -> Iterator[bytes]:
-    for path in paths:
-        try:
-            if encoded:
-                data = path.read_bytes()
-                with image_module.open(path) as image:
-                    image.verify()  # a broken file fails now, with its name, not in training
-                yield pickle.dumps(data)
-            else:
-                with image_module.open(path) as image:
-                    image.load()
-                    yield pickle.dumps(image)
-        except (OSError, SyntaxError, ValueError) as e:
-            raise ConvertError(f"{path}: not a readable image ({e})") from e
