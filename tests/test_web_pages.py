@@ -198,7 +198,8 @@ def test_every_page_in_chromium_with_labelled_charts(site, tmp_path):
         legend = charts["timeline"]["legend"]
         assert any(resumed.spec.name in t for t in legend) and any("urgent" in t for t in legend), legend
         assert {"preempted", "suspend acknowledged", "resumed"} <= set(legend), legend
-        assert "no limit" in d.find_element(By.ID, "quotas").text  # no quota set: said so, not an empty table
+        # No quota set: the table says so and shows the use, it is not an empty table.
+        wait.until(lambda _d: "no limit" in d.find_element(By.ID, "quotas").text)
         assert "No quotas are set" in d.find_element(By.ID, "quota-note").text
         shots.take("3-cluster")
 
@@ -208,8 +209,9 @@ def test_every_page_in_chromium_with_labelled_charts(site, tmp_path):
         _assert_readable(charts)
         assert len(charts["gpu-util"]["legend"]) == 8  # one line per GPU of the picked node
         wait.until(lambda _d: d.find_elements(By.CSS_SELECTOR, f"#nodes a[href='/jobs/{resumed.id}']"))
-        row = d.find_element(By.CSS_SELECTOR, f"tr[data-node='{resumed.nodes[0]}']")
-        assert resumed.spec.name in row.text and "GiB" in row.text
+        # The rows are re-made at every poll: read one inside the wait, which retries a stale one.
+        row = wait.until(lambda _d: d.find_element(By.CSS_SELECTOR, f"tr[data-node='{resumed.nodes[0]}']").text)
+        assert resumed.spec.name in row and "GiB" in row
         assert len(d.find_elements(By.CSS_SELECTOR, "#nodes tr")) == n
         shots.take("4-nodes")
 
