@@ -472,6 +472,7 @@ class _GroupRound:
         self.usable = len(usable_names)
         self.free = free  # sorted by name; shared with the index: read, never changed
         self.fi = 0  # free[:fi] are taken or pinned this round
+        self.pinned = 0  # of those, pinned for a blocked job (not started on): "reserved"
         self.leaving = 0
         if jobs.leaving:
             usable = set(usable_names)
@@ -649,8 +650,7 @@ class _GroupRound:
             return self.over_quota(job, room)
         need = lo - self.n_free() - self.leaving
         if self.hopeless(p):
-            why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
-            fallback = f"waiting for nodes: {why}, and no running job may be preempted for it"
+            fallback = f"waiting for nodes: {self.why_no_free()}, and no running job may be preempted for it"
         else:
             fallback = f"waiting for {need} more node(s), held by jobs it may not preempt"
         return self.slice_wait(job, need - self.pool.lower_nodes(p) - self.slices(job, p)) or fallback
@@ -679,9 +679,9 @@ class _GroupRound:
         if self.hopeless(self.prio[job.id]):
             # Cheap path for the long tail of a full cluster: nothing this job could do.
             if self.config.explain_waits:
-                why = ("the free nodes are reserved for jobs ahead of it" if self.free else "the group is full")
                 self.wait(job, self.slice_wait(job, job.lo) or
-                          f"waiting for nodes: {why}, and no running job may be preempted for it", quiet=True)
+                          f"waiting for nodes: {self.why_no_free()}, and no running job may be preempted for it",
+                          quiet=True)
             self.reserve(self.prio[job.id])
             return
         self.claim(job)
@@ -785,7 +785,13 @@ class _GroupRound:
         return service_band(job, self.now, self.config) if band is None else band
 
     def pin_free(self, job: JobView) -> None:
+        self.pinned += len(self.free) - self.fi
         self.fi = len(self.free)
+
+    def why_no_free(self) -> str:
+        """Why no free node is left for a job (the round has none left): some were pinned for a
+        blocked job ahead of it, or there were none, or this round's starts took them."""
+        return "the free nodes are reserved for jobs ahead of it" if self.pinned else "the group is full"
 
     def victim_decision(self, job: JobView, v: _Victim) -> Suspend:
         vp, jp = self.prio[v.job.id], self.prio[job.id]

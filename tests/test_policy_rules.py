@@ -375,3 +375,29 @@ def test_quiet_mode_leaves_out_waits_but_not_actions():
     loud = run(jobs, nodes(1))
     quiet = run(jobs, nodes(1), PolicyConfig(explain_waits=False))
     assert [d for d in loud if not isinstance(d, Wait) or d.job_id == "h"] == quiet
+
+
+# ------------------------------------------------------------- wait wording (issue 24 item 1)
+
+
+def test_a_job_behind_one_that_took_every_node_says_the_group_is_full_not_reserved():
+    """Issue 24 item 1: a LOW job behind a HIGH job that starts on every node said "the free nodes
+    are reserved for jobs ahead of it": there are no free nodes, the HIGH job holds them all. The
+    gist never changes after that round, so the first wording is the one the user keeps."""
+    out = run([queued("big", prio=HIGH, n=2, user="v"), queued("low", prio=LOW)], nodes(2))
+    assert list(of(out, Start)) == ["big"]
+    assert of(out, Wait)["low"].reason == ("waiting for nodes: the group is full, and no running job "
+                                           "may be preempted for it")
+    # The next round (the HIGH job running on every node) says the same.
+    again = run([running("big", names(0, 1), prio=HIGH, user="v"), queued("low", prio=LOW)], nodes(2))
+    assert of(again, Wait)["low"].reason == of(out, Wait)["low"].reason
+
+
+def test_free_nodes_pinned_for_a_blocked_job_ahead_are_called_reserved():
+    # "big" needs 2: one node is free, one is being released; it pins the free one for itself.
+    jobs = [running("leaving", names(0), user="x", state=ChainState.SUSPENDING),
+            queued("big", prio=HIGH, n=2, user="v"), queued("low", prio=LOW)]
+    out = run(jobs, nodes(2))
+    assert of(out, Wait)["big"].reason == "waiting for nodes that are being released"
+    assert of(out, Wait)["low"].reason == ("waiting for nodes: the free nodes are reserved for jobs ahead "
+                                           "of it, and no running job may be preempted for it")
