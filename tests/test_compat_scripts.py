@@ -96,40 +96,29 @@ def _same_weights(final: Path, reference: Path) -> None:
         assert torch.equal(got[key], want[key]), key
 
 
-def test_resnet_over_imagenet_with_haiscale_ddp_and_bind_numa_resumes_to_the_same_weights(tmp_path):
-    script = str(JOBS / "hfai_resnet.py")
-    source = _imagenet_source(tmp_path / "imagenet-src")
-    ref_work, work = tmp_path / "ref", tmp_path / "work"
+def _check(tmp_path: Path, script: str, convert: list[str], args: list[str], started: str, resumed: str) -> None:
+    """Reference run, then the same on a cluster with a preemption: same weights, resumed as said."""
+    ref_work, work, ref_data = tmp_path / "ref", tmp_path / "work", tmp_path / "ref-data"
     ref_work.mkdir()
     work.mkdir()
-    args = ["--epochs", "3", "--batch-size", "4"]
-    ref_data = tmp_path / "ref-data"
-    _convert("imagenet", str(source), str(ref_data), "--nfiles", "2")
+    kind, source, *options = convert
+    _convert(kind, source, str(ref_data), *options)
     _reference(script, [*args, "--out", "reference.pt"], ref_work, ref_data)
-
     with Cluster(tmp_path / "cluster", nodes=1) as c:
-        _convert("imagenet", str(source), str(c.config.storage.dataset_root), "--nfiles", "2")
-        log = _preempt_and_resume(c, script, [*args, "--step-time", "0.1", "--out", "final.pt"], work,
-                                  "Epoch: 0, Step: 3,")
-    assert "resumed from epoch" in log
+        _convert(kind, source, str(c.config.storage.dataset_root), *options)
+        log = _preempt_and_resume(c, script, [*args, "--step-time", "0.1", "--out", "final.pt"], work, started)
+    assert resumed in log
     _same_weights(work / "final.pt", ref_work / "reference.pt")
+
+
+def test_resnet_over_imagenet_with_haiscale_ddp_and_bind_numa_resumes_to_the_same_weights(tmp_path):
+    source = _imagenet_source(tmp_path / "imagenet-src")
+    _check(tmp_path, str(JOBS / "hfai_resnet.py"), ["imagenet", str(source), "--nfiles", "2"],
+           ["--epochs", "3", "--batch-size", "4"], started="Epoch: 0, Step: 3,", resumed="resumed from epoch")
 
 
 def test_bert_mlm_over_clue_with_hfai_ddp_resumes_to_the_same_weights(tmp_path):
-    script = str(JOBS / "hfai_bert_mlm.py")
     corpus = _corpus_source(tmp_path / "corpus.txt")
-    ref_work, work = tmp_path / "ref", tmp_path / "work"
-    ref_work.mkdir()
-    work.mkdir()
-    args = ["--epochs", "2", "--batch-size", "4"]
-    convert = ["clue-corpus", str(corpus), "--vocab-size", "64", "--max-length", "24"]
-    ref_data = tmp_path / "ref-data"
-    _convert(*convert[:2], str(ref_data), *convert[2:])
-    _reference(script, [*args, "--out", "reference.pt"], ref_work, ref_data)
-
-    with Cluster(tmp_path / "cluster", nodes=1) as c:
-        _convert(*convert[:2], str(c.config.storage.dataset_root), *convert[2:])
-        log = _preempt_and_resume(c, script, [*args, "--step-time", "0.1", "--out", "final.pt"], work,
-                                  "Epoch: 0/2, Step: 3/")
-    assert "Load from epoch 0, step" in log
-    _same_weights(work / "final.pt", ref_work / "reference.pt")
+    _check(tmp_path, str(JOBS / "hfai_bert_mlm.py"),
+           ["clue-corpus", str(corpus), "--vocab-size", "64", "--max-length", "24"],
+           ["--epochs", "2", "--batch-size", "4"], started="Epoch: 0/2, Step: 3/", resumed="Load from epoch 0, step")
