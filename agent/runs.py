@@ -564,6 +564,7 @@ def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str,
         "HFAI_PRIORITY": str(ra.priority),
         "HFAI_NODE": node,
         "HFAI_SUSPEND_COUNT": str(ra.suspend_count),
+        "HFAI_RETRY_COUNT": str(ra.retry_count),  # failed runs requeued by --retry (not suspensions)
         "HFAI_WHOLE_LIFE_STATE": str(ra.whole_life_state),
         "HFAI_CONTROL_DIR": control_dir,
         "HF_ENV_NAME": ra.env_name,

@@ -58,7 +58,7 @@ def _run(job: JobRecord, rank: int, desired: DesiredRun, ack_window_s: float, ki
         job_id=job.id, run_id=job.run_id, name=s.name, user=s.user, group=s.group, priority=s.priority,
         rank=rank, world_size=len(job.nodes), master_addr=job.master_addr, master_port=job.master_port,
         entrypoint=s.entrypoint, workdir=s.workdir, desired=desired, env_name=s.env_name, env=dict(s.env),
-        suspend_count=job.suspend_count, whole_life_state=job.whole_life_state,
+        suspend_count=job.suspend_count, whole_life_state=job.whole_life_state, retry_count=job.retried,
         ack_window_s=ack_window_s, kill_window_s=kill_window_s, fence_s=fence_s,
     )
 

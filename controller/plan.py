@@ -79,6 +79,10 @@ class PlanSettings:
     master_port_span: int = 20000
     #: A waiting job's reason is rewritten at most this often, and only when its gist changes.
     wait_reason_interval_s: float = 30.0
+    #: A job whose run failed waits this long before its first retry, twice as long before each
+    #: further one, at most ``retry_backoff_max_s`` (controller config of the same names).
+    retry_backoff_s: float = 30.0
+    retry_backoff_max_s: float = 600.0
 
 
 # ------------------------------------------------------------------------------------ actions
@@ -197,7 +201,7 @@ class Planner:
 
     def _track(self, r: JobRecord) -> None:
         spec = r.spec
-        if r.hold or spec.after or spec.array_limit:
+        if r.hold or spec.after or spec.array_limit or r.retry_ts:
             self._gated.add(r.id)
         else:
             self._gated.discard(r.id)
@@ -324,7 +328,7 @@ class Planner:
             job = overlay.get(job_id, self.records[job_id])
             if not job.state.waiting or job_id in hidden:
                 continue
-            gate = self._gate(job)
+            gate = self._gate(job, settings, now)
             if gate is None:
                 if job.spec.array_limit:
                     arrays.setdefault(job.spec.array_id, []).append(job)
@@ -383,13 +387,22 @@ class Planner:
             job = self.records[job_id]
             if job.state is ChainState.RUNNING:
                 t = min(t, job.started_ts + job.spec.time_limit_s - job.run_s - QUIET_MARGIN_S)
+        for job_id in self._gated:  # a retry's backoff running out
+            job = self.records[job_id]
+            left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s)
+            if left > 0:
+                t = min(t, now + left)
         return max(t, now)
 
-    def _gate(self, job: JobRecord) -> tuple[bool, str] | None:
+    def _gate(self, job: JobRecord, settings: PlanSettings, now: float) -> tuple[bool, str] | None:
         """Why a waiting job may not start yet: (False, reason) to wait, (True, reason) to stop it
         for good; None: it may."""
         if job.hold:
             return False, transitions.held_reason(job)
+        left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s)
+        if left > 0:
+            return False, (f"retry {job.retried} of {job.spec.retries} after a failed run: backing off, "
+                           f"starts again in ~{max(1, round(left))} s")
         for entry in job.spec.after:
             dep, _, kind = entry.partition(":")
             if dep in self.records:

@@ -55,7 +55,7 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
             # --retry: like an interruption, the other ranks are asked to stop first and the
             # job is requeued once every rank has exited (no rank outlives its restart).
             why = f"{why}; retry {job.retried + 1} of {job.spec.retries}"
-            job = replace(job, retried=job.retried + 1)
+            job = replace(job, retried=job.retried + 1, retry_ts=now)
             if len(exits) == len(job.nodes):
                 return requeue(job, now, why)
             return job.transition(ChainState.SUSPENDING, now, why)
@@ -121,10 +121,12 @@ def _finish(job: JobRecord, state: ChainState, now: float, reason: str) -> JobRe
 
 
 def requeue(job: JobRecord, now: float, reason: str) -> JobRecord:
-    """Back in line (SUSPENDED) keeping the original submit time; never counted as a failure."""
+    """Back in line (SUSPENDED) keeping the original submit time; never counted as a failure. A
+    run that failed and is retried (``retry_ts`` set) counts in ``retried``, not as a suspension."""
+    suspensions = job.suspend_count if job.retry_ts else job.suspend_count + 1
     return job.transition(
         ChainState.SUSPENDED, now, reason,
-        suspend_count=job.suspend_count + 1, nodes=(), exits={}, acked=(), master_addr="", master_port=0,
+        suspend_count=suspensions, nodes=(), exits={}, acked=(), master_addr="", master_port=0,
         run_s=job.run_s + max(0.0, now - job.started_ts), queued_ts=now,
     )
 
@@ -137,8 +139,23 @@ def apply_start(job: JobRecord, d: Start, now: float, master_addr: str, master_p
     return job.transition(
         ChainState.RUNNING, now, reason,
         run_id=job.run_id + 1, nodes=d.nodes, last_nodes=d.nodes, exits={}, acked=(), started_ts=now,
-        master_addr=master_addr, master_port=master_port,
+        master_addr=master_addr, master_port=master_port, retry_ts=0.0,
     )
+
+
+def retry_backoff(retried: int, base_s: float, max_s: float) -> float:
+    """Seconds a job waits before its ``retried``-th retry: ``base_s`` doubling per retry, at
+    most ``max_s`` (a run that fails at once does not restart in a tight loop)."""
+    if retried <= 0 or base_s <= 0:
+        return 0.0
+    return min(max_s, base_s * 2.0 ** min(retried - 1, 60))
+
+
+def retry_wait(job: JobRecord, now: float, base_s: float, max_s: float) -> float:
+    """Seconds left of a waiting job's backoff after a failed run (0: it may start)."""
+    if not job.retry_ts or not job.state.waiting:
+        return 0.0
+    return max(0.0, job.retry_ts + retry_backoff(job.retried, base_s, max_s) - now)
 
 
 def apply_suspend(job: JobRecord, d: Suspend, now: float) -> JobRecord | None:

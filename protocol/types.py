@@ -272,6 +272,10 @@ class JobRecord:
     # The fencing token (lease term) of the leader that last decided on this record; a leader
     # takes no decision on a record a later term has written (controller/leader.py, issue 26).
     term: int = 0
+    # When the current run failed and a --retry was granted (0: no retry pending). Set while the
+    # other ranks stop, kept while the job waits out its backoff, cleared when it starts again;
+    # a retry is its own count (``retried``), never a suspension.
+    retry_ts: float = 0.0
 
     HISTORY_LIMIT: ClassVar[int] = 50
 
@@ -363,6 +367,8 @@ class RunAssignment:
     ack_window_s: float = 60.0
     kill_window_s: float = 30.0
     fence_s: float = 0.0
+    # Failed runs of the chain requeued by --retry so far (HFAI_RETRY_COUNT).
+    retry_count: int = 0
 
     @property
     def key(self) -> str:

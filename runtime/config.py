@@ -109,6 +109,10 @@ class ControllerConfig:
     store_probe_s: float = 5.0
     store_probe_timeout_s: float = 5.0
     store_probe_failures: int = 3
+    # --retry: a job whose run failed waits retry_backoff_s before its first retry, twice as long
+    # before each further one, at most retry_backoff_max_s.
+    retry_backoff_s: float = 30.0
+    retry_backoff_max_s: float = 600.0
 
 
 @dataclass(frozen=True)

