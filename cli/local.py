@@ -531,7 +531,7 @@ class LocalCluster:
             if seen.get("restarts"):
                 ago = time.time() - seen.get("last_restart", 0.0)
                 state += f", restarted {seen['restarts']}x (last {ago:.0f}s ago"
-                state += f", after it {seen['last_exit']})" if seen.get("last_exit") else ")"
+                state += f"; how it ended: {seen['last_exit']})" if seen.get("last_exit") else ")"
             lines.append(f"  {name:<16} {state}")
         sup = self.supervision.get("pid")
         lines.append(f"  {'supervisor':<16} " + ("running" if pid_alive(sup) else

@@ -82,9 +82,14 @@ class LocalSupervisor:
         """How daemon ``name`` ended, if it was this process's child (else unknown here)."""
         proc = self.cluster._procs.get(name)
         if proc is None or proc.poll() is None:
-            return "exit status unknown"
+            return "unknown (not the supervisor's child)"
         code = proc.returncode
-        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        if code >= 0:
+            return f"exit status {code}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
 
     def check_daemons(self, now: float) -> bool:
         """One look at every daemon; returns whether cluster.json must be written again."""
@@ -101,7 +106,7 @@ class LocalSupervisor:
             alive = pid_alive(self.cluster.pids.get(name))
             step = track.see(alive, now, self.policy, "" if alive else self.exit_text(name))
             if step is Step.RESTART:
-                self.restart(name, track, f"it died ({track.last_exit})")
+                self.restart(name, track, f"it ended ({track.last_exit})")
                 changed = True
             elif step is Step.GIVE_UP:
                 log.error("%s died %d times within %gs: not restarting it again (`hfai local down` then "

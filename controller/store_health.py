@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 PROBE_BYTES = 4096
 DETAIL_CHARS = 200
+# Probe values expire: a controller's key is named after its id (host and pid by default), so
+# every restart adds one, and nothing else would ever delete them.
+PROBE_TTL_S = 3600.0
 
 
 @dataclass
@@ -81,7 +84,7 @@ async def health_bucket(js: JetStreamContext, replicas: int) -> KeyValue:
         return await js.key_value(names.BUCKET_HEALTH)
     except nats.js.errors.BucketNotFoundError:
         return await js.create_key_value(KeyValueConfig(bucket=names.BUCKET_HEALTH, history=1, replicas=replicas,
-                                                        storage=StorageType.FILE))
+                                                        storage=StorageType.FILE, ttl=PROBE_TTL_S))
 
 
 async def probe_once(js: JetStreamContext, key: str, replicas: int, timeout_s: float) -> str:

@@ -117,6 +117,9 @@ def test_a_supervised_local_cluster_restarts_what_died_and_down_stops_it_for_goo
         os.kill(LocalCluster.load(local.root).pids["agent-node-0"], signal.SIGKILL)
         _wait(lambda: "dead (given up on)" in "\n".join(LocalCluster.load(local.root).status_lines()), 20.0,
               "the agent given up on")
+        agent = next(line for line in LocalCluster.load(local.root).status_lines() if "agent-node-0" in line)
+        # Its last process was the supervisor's child: how it ended is known.
+        assert "restarted 2x" in agent and "how it ended: killed by SIGKILL" in agent, agent
         log = (tmp_path / "logs" / "supervisor.log").read_text()
         assert "restarting agent-node-0" in log and "not restarting it again" in log
     finally:
