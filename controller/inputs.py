@@ -25,6 +25,7 @@ def plan_settings(cc: ControllerConfig, settings: Mapping[str, object], explain:
         master_port_base=cc.master_port_base, master_port_span=cc.master_port_span,
         wait_reason_interval_s=cc.wait_reason_interval_s,
         retry_backoff_s=cc.retry_backoff_s, retry_backoff_max_s=cc.retry_backoff_max_s,
+        ack_window_s=cc.ack_window_s, kill_window_s=cc.kill_window_s,
     )
 
 

@@ -33,6 +33,7 @@ does no I/O, and a planner fed the same records plans the same actions as a fres
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -83,6 +84,10 @@ class PlanSettings:
     #: further one, at most ``retry_backoff_max_s`` (controller config of the same names).
     retry_backoff_s: float = 30.0
     retry_backoff_max_s: float = 600.0
+    #: The interrupt protocol's windows (as in the assignments): a job that has not acknowledged
+    #: its interrupt this long after it began is stopped (SIGTERM), killed ``kill_window_s`` later.
+    ack_window_s: float = 60.0
+    kill_window_s: float = 30.0
 
 
 # ------------------------------------------------------------------------------------ actions
@@ -358,6 +363,7 @@ class Planner:
             for job_id in (*overlay, *hidden):
                 index.put(self._views[job_id])
         picked: dict[str, set[int]] = {}  # master ports given this round, per address
+        unacked: dict[str, str | None] = {}  # group -> who holds up its released nodes (_unacked)
         for d in decisions:
             if isinstance(d, Start):
                 addr = address.get(d.nodes[0], "")
@@ -370,7 +376,14 @@ class Planner:
             elif isinstance(d, Suspend):
                 actions.append(Interrupt(d.job_id, d))
             elif isinstance(d, Wait):
-                self._explain(actions, overlay.get(d.job_id) or self.records[d.job_id], d.reason, now, settings)
+                job = overlay.get(d.job_id) or self.records[d.job_id]
+                reason = d.reason
+                if reason in _RELEASE_WAITS:
+                    group = job.spec.group
+                    if group not in unacked:
+                        unacked[group] = self._unacked(group, now, settings)
+                    reason = unacked[group] or reason
+                self._explain(actions, job, reason, now, settings)
         if settings.policy.explain_waits:
             self._fresh.clear()
         return actions
@@ -393,6 +406,27 @@ class Planner:
             if left > 0:
                 t = min(t, now + left)
         return max(t, now)
+
+    def _unacked(self, group: str, now: float, settings: PlanSettings) -> str | None:
+        """The wait reason of a job counting on nodes being released in ``group`` while a job
+        there has not acknowledged its interrupt (it may ignore the suspend flag): which one, and
+        when the platform stops it. The longest-interrupted such job is named; None: none."""
+        late: tuple[float, str] | None = None
+        for r in self.records.values():
+            if r.state is not ChainState.SUSPENDING or r.spec.group != group or len(r.acked) >= len(r.nodes):
+                continue
+            since = r.history[-1].ts if r.history and r.history[-1].state is r.state else r.started_ts
+            if late is None or (since, r.id) < late:
+                late = (since, r.id)
+        if late is None:
+            return None
+        since, job_id = late
+        stop_at, kill_at = since + settings.ack_window_s, since + settings.ack_window_s + settings.kill_window_s
+        if now < stop_at:
+            return (f"waiting for job {job_id} to release its nodes: it has not acknowledged its interrupt "
+                    f"(asked at {_utc(since)}); the platform stops it at {_utc(stop_at)} if it does not")
+        return (f"waiting for job {job_id} to release its nodes: it did not acknowledge its interrupt (asked at "
+                f"{_utc(since)}); stopped at {_utc(stop_at)}, killed at {_utc(kill_at)} if still running")
 
     def _gate(self, job: JobRecord, settings: PlanSettings, now: float) -> tuple[bool, str] | None:
         """Why a waiting job may not start yet: (False, reason) to wait, (True, reason) to stop it
@@ -454,6 +488,15 @@ class _InUse:
 
     def __contains__(self, port: object) -> bool:
         return port in self.held or port in self.picked
+
+
+#: The policy's reasons for a job that counts on nodes other jobs are releasing.
+_RELEASE_WAITS = frozenset({"waiting for nodes that are being released",
+                            "waiting for preempted jobs to checkpoint and release their nodes"})
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
 
 
 def _hms(seconds: float) -> str:

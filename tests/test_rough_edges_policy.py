@@ -96,3 +96,39 @@ def test_the_backoff_end_bounds_a_quiet_planner():
     planner.observe(failed)
     planner.plan(cluster(1), SETTINGS, NOW + 1)
     assert planner.quiet_until(SETTINGS, NOW + 1) <= NOW + 30
+
+
+# ---------------------------------------------------------------- item 9: an unacknowledged victim
+
+
+def _suspending(id: str, since: float, acked: tuple[str, ...] = ()) -> JobRecord:
+    job = start(queued(id, user="v", priority=20), since - 600)
+    job = transitions.apply_suspend(job, transitions.Suspend(id, "preempted by job w", for_job="w"), since)
+    return transitions.replace(job, acked=acked)
+
+
+def _reason(records, now: float) -> str:
+    planner = Planner()
+    for r in records:
+        planner.observe(r)
+    settings = PlanSettings(policy=PolicyConfig(slice_s=1800.0), ack_window_s=60.0, kill_window_s=30.0)
+    return {a.job_id: a.reason for a in planner.plan(cluster(1), settings, now) if isinstance(a, Explain)}["w"]
+
+
+def test_a_job_waiting_on_a_victim_that_ignores_its_interrupt_says_which_and_when_it_is_stopped():
+    """Issue 24 item 9: it only said "waiting for preempted jobs to checkpoint..." (or "...nodes
+    that are being released") however long the victim ignored the suspend flag."""
+    since = 1_000_020.0  # 13:47:00 UTC
+    waiting = queued("w", priority=40)
+    assert _reason([_suspending("lazy", since), waiting], since + 10) == (
+        "waiting for job lazy to release its nodes: it has not acknowledged its interrupt (asked at "
+        "13:47:00 UTC); the platform stops it at 13:48:00 UTC if it does not")
+    assert _reason([_suspending("lazy", since), waiting], since + 61) == (
+        "waiting for job lazy to release its nodes: it did not acknowledge its interrupt (asked at "
+        "13:47:00 UTC); stopped at 13:48:00 UTC, killed at 13:48:30 UTC if still running")
+    # A victim that acknowledged is simply checkpointing: the reason stays the policy's.
+    assert _reason([_suspending("good", since, acked=("n0",)), waiting], since + 10) == (
+        "waiting for nodes that are being released")
+    # The gist changes (so the leader writes it) when the waiting job first learns who holds it up.
+    assert transitions.wait_gist("waiting for nodes that are being released") != transitions.wait_gist(
+        _reason([_suspending("lazy", since), waiting], since + 10))
