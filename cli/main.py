@@ -572,7 +572,10 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     """Start the local cluster in the background (state under $HFAI_HOME/local).
 
     The jobs an earlier cluster left here (queued, or interrupted by `hfai local down`) resume;
-    its nodes beyond --nodes are forgotten, and their jobs requeued.
+    its nodes beyond --nodes are forgotten, and their jobs requeued. A supervisor process keeps
+    the daemons running, as systemd does on a cluster: one that dies is restarted (the delay
+    doubling from 1 s to 30 s, at most 5 times in 5 minutes; its log is logs/supervisor.log), and
+    nats-server too when its store refuses writes and its disk has room again.
     """
     import dataclasses
 
@@ -662,7 +665,8 @@ def local_reset():
 
 @local.command("status")
 def local_status():
-    """Which local daemons are alive."""
+    """Which local daemons are alive, how often each was restarted and how it last ended, and
+    whether the NATS store refuses writes."""
     from hfai.cli.local import LocalCluster
 
     cluster = LocalCluster.load()
