@@ -1,0 +1,150 @@
+"""The fast push path without a cluster: staged packs on disk (whole or absent, rebuilt after a
+restart, expired), a commit that copies staged bytes in the kernel, hashing in threads, the quick
+check's inode, and the service serving a request while another is still being served."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from hfai.config import Config, StorageConfig
+from hfai.protocol import decode, encode
+from hfai.protocol import storage as s
+from hfai.protocol.errors import InvalidRequest
+from hfai.storage import commit as commit_mod
+from hfai.storage.chunks import build_manifest, chunk_hash, quick_index
+from hfai.storage.staging import Staging, write_pack
+from hfai.storage.workspace import Workspaces
+
+CHUNK = 8
+
+
+def _chunks(*datas: bytes) -> tuple[s.ChunkData, ...]:
+    return tuple(s.ChunkData(hash=chunk_hash(d), data=d) for d in datas)
+
+
+def test_staged_packs_are_whole_survive_a_restart_and_expire(tmp_path: Path):
+    staging = Staging.open(tmp_path, ttl_s=100.0)
+    a, b, c = b"a" * CHUNK, b"b" * CHUNK, b"c" * 3
+    pack, listing = write_pack(staging.user_dir("alice"), _chunks(a, b))
+    staging.added("alice", pack, listing)
+    assert staging.held("alice") == {chunk_hash(a), chunk_hash(b)} and staging.held("bob") == set()
+    assert staging.read("alice", chunk_hash(b)) == b
+    # A restart: the index comes back from the files; a killed write's temporary file and a
+    # damaged (short) pack are dropped, never counted.
+    other, _ = write_pack(staging.user_dir("alice"), _chunks(c))
+    (staging.user_dir("alice") / "x.pack.tmp").write_bytes(b"half")
+    with open(other, "r+b") as f:
+        f.truncate(os.path.getsize(other) - 1)
+    again = Staging.open(tmp_path, ttl_s=100.0)
+    assert again.held("alice") == {chunk_hash(a), chunk_hash(b)}
+    assert sorted(p.name.endswith(".pack") for p in again.user_dir("alice").iterdir()) == [True]
+    loc = again.locate("alice", chunk_hash(a))
+    assert loc is not None and Path(loc.path).read_bytes()[loc.offset:loc.offset + loc.length] == a
+    # Expiry by the pack's age; release only once every chunk of a pack is used.
+    assert again.expire(now=os.stat(pack).st_mtime + 50) == 0
+    assert again.release("alice", {chunk_hash(a)}) == 0
+    assert again.expire(now=os.stat(pack).st_mtime + 101) == 1
+    assert again.held("alice") == set() and not Path(pack).exists()
+
+
+def test_a_chunk_that_does_not_match_its_hash_is_refused_and_nothing_written(tmp_path: Path):
+    bad = (s.ChunkData(hash=chunk_hash(b"x" * CHUNK), data=b"y" * CHUNK),)
+    with pytest.raises(InvalidRequest, match="does not match its content"):
+        write_pack(tmp_path / "alice", bad)
+    assert not (tmp_path / "alice").exists() or not list((tmp_path / "alice").iterdir())
+
+
+def test_a_commit_copies_staged_chunks_in_the_kernel(tmp_path: Path, monkeypatch):
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    body = os.urandom(5 * CHUNK + 3)
+    parts = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
+    pack, listing = write_pack(staging.user_dir("alice"), _chunks(*parts))
+    staging.added("alice", pack, listing)
+    m = s.Manifest(files=(s.FileEntry(path="d/big.bin", size=len(body), mode=0o640,
+                                      chunks=tuple(chunk_hash(p) for p in parts)),), chunk_bytes=CHUNK)
+    copies = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: copies.append(a[2]) or real(*a))
+
+    def never(h: str) -> bytes:
+        raise AssertionError("a located chunk is copied, not read")
+
+    commit_mod.commit(ws, "alice", "w", m, never, lambda h: staging.locate("alice", h))
+    target = ws.path("alice", "w") / "d" / "big.bin"
+    assert target.read_bytes() == body and (target.stat().st_mode & 0o777) == 0o640
+    assert len(copies) == len(parts)
+
+
+def test_hashing_in_threads_gives_the_serial_manifest(tmp_path: Path):
+    from hfai.storage import chunks
+
+    sizes = [0, 1, CHUNK, chunks._TASK_CHUNKS * CHUNK, chunks._TASK_CHUNKS * CHUNK + 1, 3 * chunks._TASK_CHUNKS
+             * CHUNK - 5]
+    for i, n in enumerate(sizes):
+        (tmp_path / f"f{i}").write_bytes(os.urandom(n))
+    seen: list[int] = []
+    threaded = build_manifest(tmp_path, CHUNK, on_bytes=seen.append, threads=4)
+    serial = build_manifest(tmp_path, CHUNK, threads=1)
+    assert threaded == serial and sum(seen) == sum(sizes)
+    for i, n in enumerate(sizes):
+        data = (tmp_path / f"f{i}").read_bytes()
+        f = next(e for e in threaded.files if e.path == f"f{i}")
+        assert f.size == n and f.chunks == tuple(chunk_hash(data[j:j + CHUNK]) for j in range(0, n, CHUNK))
+
+
+def test_the_quick_check_rereads_a_file_replaced_with_the_same_size_and_mtime(tmp_path: Path):
+    (tmp_path / "a").write_bytes(b"old!")
+    stamps: dict = {}
+    first = build_manifest(tmp_path, 4, stamps=stamps)
+    known = quick_index(tmp_path, first, stamps)
+    st = os.stat(tmp_path / "a")
+    (tmp_path / "new").write_bytes(b"new!")
+    os.utime(tmp_path / "new", ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp_path / "new", tmp_path / "a")  # same size and mtime, another inode
+    again = build_manifest(tmp_path, 4, known=known)
+    assert again.files[0].chunks == (chunk_hash(b"new!"),)
+
+
+class _Msg:
+    """A request as the service's subscription hands it over (subject, data, a reply to send)."""
+
+    def __init__(self, subject: str, request, replies: asyncio.Queue):
+        self.subject, self.data, self.reply, self._replies = subject, encode(request), "_INBOX.x", replies
+
+    async def respond(self, data: bytes) -> None:
+        await self._replies.put(data)
+
+
+def test_the_service_answers_while_another_request_is_still_being_served(tmp_path: Path):
+    """nats-py awaits a subscription's callback before handing over the next message: a commit
+    served inside it held up its own client's liveness pings (reported as a hung service)."""
+    from hfai.storage.service import StorageService
+
+    sc = StorageConfig(workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "state"))
+    svc = StorageService(Config(storage=sc))
+
+    async def go() -> None:
+        svc._staging = Staging.open(sc.workspace_root, sc.staging_ttl_s)
+        release = asyncio.Event()
+
+        async def slow(user, op, req):
+            await release.wait()
+            return s.WorkspaceList(workspaces=())
+
+        svc._handlers[s.VERB_WS_LIST] = (s.ListWorkspaces, slow)
+        replies: asyncio.Queue = asyncio.Queue()
+        # Bounded: before the fix the first call itself waited for the slow handler.
+        await asyncio.wait_for(svc.handle(_Msg("hfai.storage.alice.ws_list", s.ListWorkspaces(), replies)), 10)
+        await svc.handle(_Msg("hfai.storage.alice.ws_commit_status", s.WorkspaceRequest(workspace="w"), replies))
+        first = decode(await asyncio.wait_for(replies.get(), 10), s.CommitStatus)
+        assert first == s.CommitStatus(workspace="w", committing=False)
+        release.set()
+        assert decode(await asyncio.wait_for(replies.get(), 10), s.WorkspaceList) == s.WorkspaceList(workspaces=())
+        await svc.close()
+
+    asyncio.run(go())
