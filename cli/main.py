@@ -101,8 +101,9 @@ def submit_options(f):
         click.option("-i", "--env-name", default=lambda: os.environ.get("HF_ENV_NAME", ""),
                      help="Environment (HF_ENV_NAME) to run in, from the nodes' environment root."),
         click.option("-f", "--force", is_flag=True, help="Submit even if a job of that name is active."),
-        click.option("--after", "after", multiple=True, metavar="ID[:ok|any]",
-                     help="Start only after job ID succeeded (ok, the default) or ended at all (any); repeatable."),
+        click.option("--after", "after", multiple=True, metavar="JOB[:ok|any]",
+                     help="Start only after JOB (an id or a name, as `hfai status` finds it) succeeded (ok, the "
+                          "default) or ended at all (any); repeatable."),
         click.option("--array", "array", metavar="SPEC",
                      help="A job array: 0-99, 1,3,5 or 0-15:4 (a step), with %N to run at most N at once; "
                           "each member sees HFAI_ARRAY_INDEX."),
@@ -171,6 +172,7 @@ async def _submit(spec, force: bool, array: str | None = None) -> None:
 
     indices = parse_array(array)[0] if array else ()
     async with api() as client:
+        spec = await _resolve_after(client, spec)
         reply = await client.call(names.VERB_SUBMIT, SubmitRequest(spec=spec, force=force, array=indices), JobReply)
     job = reply.job
     size = f"{job.spec.min_nodes}-{job.spec.max_nodes}" if job.spec.elastic else str(job.spec.nodes)
@@ -185,6 +187,27 @@ async def _submit(spec, force: bool, array: str | None = None) -> None:
     click.echo(f"submitted job {render.clean(job.spec.name)} ({render.clean(job.id)}): {size} node(s), "
                f"priority {Priority.label(job.spec.priority)}")
     click.echo(f"  follow it with:  hfai logs {render.clean(job.id)} -f      see the queue with:  hfai ps")
+
+
+async def _resolve_after(client, spec):
+    """``spec`` with each ``--after JOB[:KIND]`` naming its job by id: the controller keeps
+    dependencies by id, and a name is found as ``hfai status NAME`` finds it (your own job first;
+    the active one, else the newest; two active namesakes are refused)."""
+    from dataclasses import replace
+
+    from hfai.protocol.errors import NotFound
+
+    resolved = []
+    for entry in spec.after:
+        ref, sep, kind = entry.rpartition(":")
+        if not sep or kind not in ("ok", "any"):
+            ref, kind = entry, ""
+        try:
+            job = await client.status(ref)
+        except NotFound:
+            raise NotFound(f"--after {ref}: no job with that id or name (see hfai ps -a)") from None
+        resolved.append(f"{job.id}:{kind}" if kind else job.id)
+    return replace(spec, after=tuple(resolved)) if resolved else spec
 
 
 # Interpreters whose first operand is a script file: we check it exists before submitting (a
@@ -240,6 +263,52 @@ def _check_script(command: list[str]) -> None:
     path = entry_script(command)[0]
     if path is not None and not Path(path).is_file():
         raise click.UsageError(f"file {path!r} does not exist (relative to {os.getcwd()})")
+    problem = program_problem(command[0])
+    if problem:
+        raise click.UsageError(f"{problem}: did you mean {_run_hint(command)}?")
+
+
+#: Script suffixes that are never a program name on PATH (a missing one is a typo).
+_SCRIPT_SUFFIXES = (".py", ".sh")
+
+
+def program_problem(program: str) -> str | None:
+    """Why the node could not exec ``program`` (a command's first word) as the submitter means
+    it, or None. Checked here because on the node it ends as exit 126/127 in the job's log. A name
+    without a '/' is looked up on PATH, never in the working directory; on the nodes PATH may hold
+    more (an environment's bin), so only a file of that name here, or a script name, is refused."""
+    import shutil
+
+    if _INTERPRETER.fullmatch(os.path.basename(program)):
+        return None
+    path = Path(program)
+    if "/" not in program:
+        if shutil.which(program) is not None:
+            return None
+        if path.is_file():
+            return (f"{program!r} is a file here, but a command without a '/' is looked up on PATH, not in "
+                    "the working directory")
+        if path.suffix in _SCRIPT_SUFFIXES:
+            return f"there is no file {program!r} here (in {os.getcwd()}) and no program of that name on PATH"
+        return None
+    if path.is_file() and not os.access(path, os.X_OK):
+        return f"{program!r} is not executable (chmod +x it, or run it with its interpreter)"
+    if path.is_dir():
+        return f"{program!r} is a directory, not a program"
+    return None
+
+
+def _run_hint(command: list[str]) -> str:
+    """The command the user most likely meant, for a script the node could not exec."""
+    program, rest = command[0], " ".join(command[1:])
+    args = f" {rest}" if rest else ""
+    if program.endswith(".py"):
+        return f"`hfai python {program}{args} -- -n 1` (or `hfai submit -n 1 python {program}{args}`)"
+    if program.endswith(".sh"):
+        return f"`hfai submit -n 1 bash {program}{args}`"
+    if "/" in program:
+        return f"`chmod +x {program}` first, or `hfai submit -n 1 INTERPRETER {program}{args}`"
+    return f"`hfai submit -n 1 ./{program}{args}` (an executable file here needs its path)"
 
 
 class _PythonCommand(click.Command):
