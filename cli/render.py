@@ -174,12 +174,27 @@ def job_details(j: JobRecord) -> str:
         f"whole-life state {j.whole_life_state}",
         f"command    {clean(' '.join(s.entrypoint))}",
         f"workdir    {clean(s.workdir)}" + (f"   env {clean(s.env_name)}" if s.env_name else ""),
+        *_env_lines(s.env),
         *_extras(j),
         "history:",
     ]
     for ev in j.history:
         lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(ev.ts))}  {ev.state.value:<11} {clean(ev.reason)}")
     return "\n".join(lines)
+
+
+#: What the controller shows instead of another user's environment values (controller/api.py).
+HIDDEN = "<hidden>"
+
+
+def _env_lines(env: dict[str, str]) -> list[str]:
+    """The job's -e variables, one a line (the controller has already hidden the values from
+    anyone but the owner and operators)."""
+    items = sorted(env.items())
+    lines = [f"{'variables' if i == 0 else '':<11}{clean(k)}={clean(v)}" for i, (k, v) in enumerate(items)]
+    if any(v == HIDDEN for v in env.values()):
+        lines.append(f"{'':<11}(values are shown to the job's owner and operators only)")
+    return lines
 
 
 def _extras(j: JobRecord) -> list[str]:
@@ -203,12 +218,23 @@ def _extras(j: JobRecord) -> list[str]:
     return lines
 
 
+def quota_defaults() -> str:
+    """What applies where no quota is set (controller/views.py CLOSED_ABOVE): said by every
+    quota listing, so nobody reads an empty table as "no limits"."""
+    from hfai.controller.views import CLOSED_ABOVE
+
+    above = [p.name for p in sorted(Priority) if p.value > CLOSED_ABOVE]
+    return (f"defaults: without a quota, {Priority.label(CLOSED_ABOVE)} and lower have no limit; "
+            f"{', '.join(above)} are closed (0 nodes) to all but operators' jobs. An operator opens a level "
+            "with `hfai quota set USER LEVEL N` ('*' as USER: everyone).")
+
+
 def quotas_table(table) -> str:
     if not table.entries:
-        return "no quotas (no limits)"
+        return "no quotas set\n" + quota_defaults()
     rows = [[clean(q.user), Priority.label(q.priority), clean(q.group), str(q.nodes)]
             for q in sorted(table.entries, key=lambda q: (q.user, -q.priority, q.group))]
-    return table_text(["USER", "PRIORITY", "GROUP", "NODES"], rows)
+    return table_text(["USER", "PRIORITY", "GROUP", "NODES"], rows) + "\n" + quota_defaults()
 
 
 def store_line(health: StoreHealth | None, now: float) -> str | None:
@@ -272,7 +298,7 @@ def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> d
         "submitted": j.submit_ts, "started": _ts(j.started_ts), "ended": _ts(j.ended_ts),
         "runtime_s": round(run_seconds(j, now), 3), "runs": j.run_id, "suspend_count": j.suspend_count,
         "whole_life_state": j.whole_life_state,
-        "command": list(s.entrypoint), "workdir": s.workdir, "env_name": s.env_name,
+        "command": list(s.entrypoint), "workdir": s.workdir, "env_name": s.env_name, "env": dict(s.env),
         "after": list(getattr(s, "after", ())), "time_limit_s": float(getattr(s, "time_limit_s", 0.0)),
         "retries": int(getattr(s, "retries", 0)), "retried": int(getattr(j, "retried", 0)),
         "array_id": str(getattr(s, "array_id", "")) or None, "array_index": _index(getattr(s, "array_index", -1)),
@@ -355,11 +381,11 @@ def quota_use(user: str, table: QuotaTable, jobs: Iterable[JobRecord], groups: I
 
 def quota_use_table(user: str, rows: Sequence[QuotaUse]) -> str:
     if not rows:
-        return f"{clean(user)}: no quotas apply and no jobs hold or want nodes (no limits)"
+        return f"{clean(user)}: no quotas apply and no jobs hold or want nodes\n" + quota_defaults()
     body = [[Priority.label(r.priority), clean(r.group), "no limit" if r.limit is None else str(r.limit), str(r.used),
              str(r.waiting), "-" if r.limit is None else str(max(0, r.limit - r.used))] for r in rows]
     return f"quotas of {clean(user)} (nodes):\n" + table_text(
-        ["PRIORITY", "GROUP", "LIMIT", "HELD", "WAITING", "ROOM"], body)
+        ["PRIORITY", "GROUP", "LIMIT", "HELD", "WAITING", "ROOM"], body) + "\n" + quota_defaults()
 
 
 def states_help() -> str:
