@@ -11,7 +11,9 @@ one ``stat`` to poll:
 
 Off the platform (no control directory) every call is a cheap no-op and
 :func:`receive_suspend_command` returns False, unless ``HFAI_SIMULATE_SUSPEND_S=N`` asks for a
-simulated suspend N seconds after the process started, to try a script's resume path locally.
+simulated suspend N seconds after the process first asked (its first ``receive_suspend_command()``
+or ``go_suspend()`` call: a script that spends its first minute importing torch and loading data
+still trains before it is "suspended"), to try a script's resume path locally.
 Running the same command again then resumes the simulated chain as the platform would: the next
 run sees ``HFAI_SUSPEND_COUNT`` one higher and the whole-life state last set (kept in a small file,
 ``$HFAI_SIMULATE_STATE``, by default one per working directory and command line under
@@ -32,7 +34,8 @@ SUSPEND_FILE = "suspend"
 ACK_FILE = "ack"
 WHOLE_LIFE_FILE = "whole_life_state"
 
-_START = time.monotonic()
+#: When this process first asked about a simulated suspend (monotonic seconds); None until then.
+_simulation_clock: float | None = None
 
 
 def _simulation_file() -> str | None:
@@ -101,10 +104,15 @@ def _simulated_suspend_due() -> bool:
     raw = os.environ.get("HFAI_SIMULATE_SUSPEND_S")
     if not raw:
         return False
+    global _simulation_clock
     try:
-        return time.monotonic() - _START >= float(raw)
+        due_s = float(raw)
     except ValueError:
         return False
+    now = time.monotonic()
+    if _simulation_clock is None:
+        _simulation_clock = now
+    return now - _simulation_clock >= due_s
 
 
 def receive_suspend_command(timeout: float = 500, raise_exception: bool = False, *, sync: bool = False) -> bool:
