@@ -13,6 +13,15 @@ def _root() -> str:
     return cli_config().agent.env_root
 
 
+def _me() -> tuple[str, bool]:
+    """(my hfai user name, operator?) as my credentials say, without connecting."""
+    from hfai.cli.client import ApiClient
+    from hfai.cli.main import cli_config
+
+    client = ApiClient(cli_config())
+    return client.user, client.operator
+
+
 @click.group()
 def env():
     """Virtualenvs in the nodes' environment root (the original's haienv)."""
@@ -29,7 +38,7 @@ def create(name: str, python: str, requirements: str, system_site_packages: bool
     """Create environment NAME."""
     from hfai.storage import envs
 
-    e = envs.create(_root(), name, python, requirements, system_site_packages, pip=not no_pip)
+    e = envs.create(_root(), name, python, requirements, system_site_packages, pip=not no_pip, owner=_me()[0])
     click.echo(f"environment {e.name} (Python {e.python}) at {e.path}; use it with HF_ENV_NAME={e.name} or -i {e.name}")
 
 
@@ -39,8 +48,13 @@ def list_cmd():
     """The environments jobs may use."""
     from hfai.storage import envs
 
+    root = _root()
+    found = envs.listing(root)
+    if not found:
+        click.echo(f"no environments (in {root}); make one with: hfai env create NAME")
+        return
     click.echo(f"{'NAME':<20} {'OWNER':<12} {'PYTHON':<10} PATH")
-    for e in envs.listing(_root()):
+    for e in found:
         click.echo(f"{e.name:<20} {e.owner:<12} {e.python:<10} {e.path}")
 
 
@@ -51,5 +65,6 @@ def remove(name: str):
     """Delete your environment NAME."""
     from hfai.storage import envs
 
-    e = envs.remove(_root(), name)
+    user, operator = _me()
+    e = envs.remove(_root(), name, user, operator)
     click.echo(f"removed environment {e.name}")

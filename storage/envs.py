@@ -3,20 +3,33 @@ filesystem, which every node's agent offers as ``HF_ENV_NAME=<name>`` (``hfai py
 
 Made by the user on a machine that mounts the shared filesystem; the directory is theirs, so only
 they can change or remove it. The agent runs a job's ``python`` from ``<env_root>/<name>/bin``.
+
+Every environment gets this machine's ``hfai`` distribution (its files, not its dependencies:
+``import hfai`` is plain Python), so a job in it can follow the interrupt contract. Its owner is
+the hfai user who made it, kept in ``<env>/hfai-env.json``: on a local cluster every user's files
+belong to the one Unix account that runs it, so the directory's owner would name that account.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import logging
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from hfai.protocol import names
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound
+
+log = logging.getLogger(__name__)
+
+#: Who made an environment (the hfai user), next to the venv's own pyvenv.cfg.
+OWNER_FILE = "hfai-env.json"
 
 
 @dataclass(frozen=True)
@@ -32,7 +45,8 @@ def _dir(env_root: str, name: str) -> Path:
 
 
 def create(env_root: str, name: str, python: str = "", requirements: str = "", system_site: bool = False,
-           pip: bool = True, timeout_s: float = 1800.0) -> EnvInfo:
+           pip: bool = True, timeout_s: float = 1800.0, owner: str = "") -> EnvInfo:
+    """Make environment ``name`` for the hfai user ``owner`` (default: this Unix account's name)."""
     d = _dir(env_root, name)
     if d.exists():
         raise InvalidRequest(f"environment {name!r} already exists at {d}")
@@ -47,6 +61,8 @@ def create(env_root: str, name: str, python: str = "", requirements: str = "", s
     cmd = [exe, "-m", "venv", *(["--system-site-packages"] if system_site else []),
            *([] if pip else ["--without-pip"]), str(d)]
     _run(cmd, "create the virtualenv", timeout_s, d)
+    (d / OWNER_FILE).write_text(json.dumps({"owner": owner or pwd.getpwuid(os.geteuid()).pw_name}) + "\n")
+    _add_hfai(d, timeout_s)
     if requirements:
         _run([str(d / "bin" / "python"), "-m", "pip", "install", "-r", requirements], "install the requirements",
              timeout_s, d)
@@ -65,14 +81,52 @@ def _run(cmd: list[str], what: str, timeout_s: float, d: Path) -> None:
         raise HfaiError(f"could not {what}: {tail[0]}")
 
 
+def _add_hfai(d: Path, timeout_s: float) -> None:
+    """Copy this machine's installed ``hfai`` distribution (package files and metadata, not its
+    console scripts) into the new environment's site-packages. An editable install copies as its
+    path hook, so the environment follows the source tree like this interpreter does."""
+    # The installed copy (pip writes its RECORD), not the source tree's egg-info that the current
+    # directory may put first on sys.path.
+    dist = next((x for x in importlib.metadata.distributions(name="hfai") if x.read_text("RECORD")), None)
+    if dist is None:
+        log.warning("hfai is not installed as a package here: environment %s cannot `import hfai`", d.name)
+        return
+    done = subprocess.run([str(d / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0 or not done.stdout.strip():
+        shutil.rmtree(d, ignore_errors=True)
+        raise HfaiError(f"could not find the new environment's site-packages: {done.stderr.strip()[-200:]}")
+    site = Path(done.stdout.strip())
+    for rel in dist.files or ():
+        parts = PurePath(rel).parts
+        if not parts or parts[0] == ".." or "__pycache__" in parts:
+            continue  # console scripts live outside site-packages; bytecode is rebuilt
+        src = Path(str(dist.locate_file(rel)))
+        if src.is_file():
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, site / rel)
+
+
+def _owner(d: Path) -> str:
+    """The hfai user who made environment ``d``; for one made before owners were kept, the Unix
+    owner of its directory."""
+    try:
+        owner = json.loads((d / OWNER_FILE).read_text()).get("owner")
+        if isinstance(owner, str) and names.is_token(owner):
+            return owner
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return pwd.getpwuid(d.stat().st_uid).pw_name
+    except KeyError:
+        return str(d.stat().st_uid)
+
+
 def info(env_root: str, name: str) -> EnvInfo:
     d = _dir(env_root, name)
     if not (d / "bin").is_dir():
         raise NotFound(f"no environment {name!r} in {env_root}")
-    try:
-        owner = pwd.getpwuid(d.stat().st_uid).pw_name
-    except KeyError:
-        owner = str(d.stat().st_uid)
+    owner = _owner(d)
     cfg = d / "pyvenv.cfg"
     version = ""
     if cfg.is_file():
@@ -89,9 +143,11 @@ def listing(env_root: str) -> list[EnvInfo]:
     return [info(env_root, p.name) for p in sorted(root.iterdir()) if names.is_token(p.name) and (p / "bin").is_dir()]
 
 
-def remove(env_root: str, name: str) -> EnvInfo:
+def remove(env_root: str, name: str, user: str = "", operator: bool = False) -> EnvInfo:
+    """Delete environment ``name`` of the hfai user ``user`` (operators: anyone's)."""
     e = info(env_root, name)
-    if os.geteuid() != 0 and Path(e.path).stat().st_uid != os.geteuid():
+    theirs = bool(user) and e.owner != user and not operator
+    if theirs or (os.geteuid() != 0 and Path(e.path).stat().st_uid != os.geteuid()):
         raise Forbidden(f"environment {name!r} belongs to {e.owner}; you can only remove your own")
     shutil.rmtree(e.path)
     return e
