@@ -106,6 +106,9 @@ def user_list():
 
     issuer = _issuer()
     holders, revoked = issuer.holders(), issuer.revocations()
+    if not holders:
+        click.echo(f"no credentials issued ({len(revoked)} revoked keys); issue some with: hfai admin user add NAME")
+        return
     click.echo(f"{'NAME':<24} {'ROLE':<11} ISSUED")
     for h in holders:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.issued_ts))

@@ -27,6 +27,9 @@ async def list_cmd():
 
     async with _client() as client:
         reply = await client.scall(s.VERB_DATASET_LIST, s.DatasetListRequest(), s.DatasetList)
+    if not reply.datasets:
+        click.echo("no datasets (an operator publishes one with: hfai dataset add NAME PATH)")
+        return
     click.echo(f"{'NAME':<24} {'READABLE BY':<20} PATH")
     for d in reply.datasets:
         click.echo(f"{d.name:<24} {('everyone' if d.public else 'group ' + d.group):<20} {d.path}")

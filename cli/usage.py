@@ -53,5 +53,8 @@ async def usage(days: int, only_user: str, as_csv: bool, as_json: bool) -> None:
                                   "priority_name": Priority.label(r.priority), "gpu_hours": r.gpu_hours,
                                   "runs": r.runs} for r in rows]))
         return
+    if not rows and not as_csv:  # CSV keeps its header: a program reads it
+        click.echo(f"no GPU use recorded in the last {days} day(s)" + (f" by {only_user}" if only_user else ""))
+        return
     for line in csv_lines(rows) if as_csv else _table(rows):
         click.echo(line)

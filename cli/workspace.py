@@ -145,6 +145,9 @@ async def list_cmd():
 
     async with _client() as client:
         reply = await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)
+    if not reply.workspaces:
+        click.echo("no workspaces (hfai workspace init NAME, then hfai workspace push, makes one)")
+        return
     click.echo(f"{'NAME':<24} {'FILES':>7} {'SIZE':>10}  PATH")
     for w in reply.workspaces:
         click.echo(f"{w.name:<24} {w.files:>7} {_mb(w.bytes):>10}  {w.path}")
