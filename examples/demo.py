@@ -7,25 +7,52 @@
 4. the first job resumes from its checkpoint and finishes; `hfai ps`, `status`, `logs` show it.
 
 Every step is a real `hfai` command, printed before it runs. State lives in a fresh directory
-(printed at the start), so the demo never touches an existing ~/.hfai.
+(printed at the start), so the demo never touches an existing ~/.hfai; it is removed when the demo
+ends, also when it fails or is stopped with Ctrl-C or SIGTERM, since it holds the demo cluster's
+issuer seeds and credentials (HFAI_DEMO_KEEP=1 keeps it to look at).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HOME = Path(tempfile.mkdtemp(prefix="hfai-demo-"))
-# You, as the login name says: `hfai local up` issues your (operator) credentials for it.
-ENV = dict(os.environ, HFAI_HOME=str(HOME))
-ENV.pop("HFAI_CONFIG", None)
 TRAIN = "examples/train.py"
+# The demo's HFAI_HOME and the environment its commands run in, set by main() (nothing at import).
+HOME = Path()
+ENV: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def temporary_home(keep: bool = False) -> Iterator[Path]:
+    """A fresh HFAI_HOME, removed on the way out however the demo ends (an exception, Ctrl-C, or
+    SIGTERM, which is turned into SystemExit so that this cleanup runs)."""
+    home = Path(tempfile.mkdtemp(prefix="hfai-demo-"))
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield home
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if keep:
+            print(f"kept the demo's state in {home} (HFAI_DEMO_KEEP)", flush=True)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+            if home.exists():
+                print(f"could not remove all of {home}: remove it by hand", file=sys.stderr, flush=True)
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def hfai(*args: str, show: bool = True, check: bool = True) -> str:
@@ -69,44 +96,54 @@ def wait_log(name: str, pattern: str, timeout: float = 120.0) -> None:
 
 
 def main() -> int:
-    print(f"hfai demo: task-level time-sharing on a local 2-node cluster (state in {HOME})")
-    ckpt = HOME / "checkpoints"
-    hfai("local", "up", "--nodes", "2")
-    try:
-        hfai("nodes")
-        print("\n# A long, low-priority pre-training job takes both nodes.")
-        hfai("python", TRAIN, "--steps", "80", "--step-time", "0.15", "--ckpt-dir", str(ckpt / "pretrain"),
-             "--", "-n", "2", "--name", "pretrain", "-p", "LOW")
-        wait_for("pretrain", {"running"})
-        wait_log("pretrain", r"step 20 ")
-        hfai("ps")
-        print("\n# An urgent evaluation arrives at HIGH priority: it preempts the pre-training job.")
-        hfai("python", TRAIN, "--steps", "20", "--step-time", "0.1", "--ckpt-dir", str(ckpt / "urgent"),
-             "--", "-n", "2", "--name", "urgent-eval", "-p", "HIGH")
-        wait_for("pretrain", {"suspending", "suspended"}, timeout=60)
-        hfai("ps")
-        wait_for("pretrain", {"suspended"}, timeout=60)
-        print("\n# pretrain saved a checkpoint, acknowledged, and waits in the queue.")
-        hfai("ps")
-        hfai("nodes")
-        wait_for("urgent-eval", {"succeeded"})
-        print("\n# urgent-eval is done; pretrain resumes from its checkpoint.")
-        wait_for("pretrain", {"running", "succeeded"})
-        hfai("ps")
-        wait_for("pretrain", {"succeeded"})
-        hfai("ps", "-a")
-        hfai("status", "pretrain")
-        log = hfai("logs", "pretrain")
-        _, suspends = state_of("pretrain")
-        saved = re.search(r"checkpoint saved at step (\d+)", log)
-        resumed = re.search(r"resumed from step (\d+)", log)
-        if suspends < 1 or not saved or not resumed or "done after 80 steps" not in log:
-            raise SystemExit("demo failed: the preempt/checkpoint/resume cycle did not show in the logs")
-        print(f"\nOK: pretrain was preempted {suspends} time(s), checkpointed at step {saved.group(1)}, "
-              f"resumed from step {resumed.group(1)} and finished all 80 steps.")
-    finally:
-        hfai("local", "down", check=False)
+    global HOME, ENV
+    with temporary_home(keep=os.environ.get("HFAI_DEMO_KEEP") == "1") as home:
+        HOME = home
+        # You, as the login name says: `hfai local up` issues your (operator) credentials for it.
+        ENV = dict(os.environ, HFAI_HOME=str(HOME))
+        ENV.pop("HFAI_CONFIG", None)
+        print(f"hfai demo: task-level time-sharing on a local 2-node cluster (state in {HOME})", flush=True)
+        try:
+            hfai("local", "up", "--nodes", "2")
+            run_demo(HOME / "checkpoints")
+        finally:
+            hfai("local", "down", check=False)
     return 0
+
+
+def run_demo(ckpt: Path) -> None:
+    """The demo's steps on the running cluster; SystemExit if something did not happen."""
+    hfai("nodes")
+    print("\n# A long, low-priority pre-training job takes both nodes.")
+    hfai("python", TRAIN, "--steps", "80", "--step-time", "0.15", "--ckpt-dir", str(ckpt / "pretrain"),
+         "--", "-n", "2", "--name", "pretrain", "-p", "LOW")
+    wait_for("pretrain", {"running"})
+    wait_log("pretrain", r"step 20 ")
+    hfai("ps")
+    print("\n# An urgent evaluation arrives at HIGH priority: it preempts the pre-training job.")
+    hfai("python", TRAIN, "--steps", "20", "--step-time", "0.1", "--ckpt-dir", str(ckpt / "urgent"),
+         "--", "-n", "2", "--name", "urgent-eval", "-p", "HIGH")
+    wait_for("pretrain", {"suspending", "suspended"}, timeout=60)
+    hfai("ps")
+    wait_for("pretrain", {"suspended"}, timeout=60)
+    print("\n# pretrain saved a checkpoint, acknowledged, and waits in the queue.")
+    hfai("ps")
+    hfai("nodes")
+    wait_for("urgent-eval", {"succeeded"})
+    print("\n# urgent-eval is done; pretrain resumes from its checkpoint.")
+    wait_for("pretrain", {"running", "succeeded"})
+    hfai("ps")
+    wait_for("pretrain", {"succeeded"})
+    hfai("ps", "-a")
+    hfai("status", "pretrain")
+    log = hfai("logs", "pretrain")
+    _, suspends = state_of("pretrain")
+    saved = re.search(r"checkpoint saved at step (\d+)", log)
+    resumed = re.search(r"resumed from step (\d+)", log)
+    if suspends < 1 or not saved or not resumed or "done after 80 steps" not in log:
+        raise SystemExit("demo failed: the preempt/checkpoint/resume cycle did not show in the logs")
+    print(f"\nOK: pretrain was preempted {suspends} time(s), checkpointed at step {saved.group(1)}, "
+          f"resumed from step {resumed.group(1)} and finished all 80 steps.")
 
 
 if __name__ == "__main__":
