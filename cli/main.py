@@ -523,8 +523,9 @@ async def quota_show(as_json: bool = False):
         jobs = await client.jobs(JobFilter.of(users=[client.user]))
         groups = {n.record.group for n in await client.nodes()}
         me = client.user
-    rows = render.quota_use(me, settings.quotas, jobs, groups)
-    click.echo(render.dumps([r.as_json() for r in rows]) if as_json else render.quota_use_table(me, rows))
+    above = settings.quota_needed_above
+    rows = render.quota_use(me, settings.quotas, jobs, groups, above)
+    click.echo(render.dumps([r.as_json() for r in rows]) if as_json else render.quota_use_table(me, rows, above))
 
 
 # ignore_unknown_options: else click takes the documented NODES -1 for an option named "-1".
@@ -541,7 +542,7 @@ async def quota_set(user: str, priority: str, nodes: int, group: str):
         raise click.UsageError("a quota is set for one level, not AUTO: use " + ", ".join(p.name for p in Priority))
     async with api() as client:
         reply = await client.set_quota(user, level, group, nodes)
-    click.echo(render.quotas_table(reply.quotas))
+    click.echo(render.quotas_table(reply.quotas, reply.quota_needed_above))
 
 
 @quota.command("ls")
@@ -551,7 +552,8 @@ async def quota_ls(as_json: bool):
     """Show every quota."""
     async with api() as client:
         reply = await client.settings()
-    click.echo(render.dumps(render.quotas_json(reply.quotas)) if as_json else render.quotas_table(reply.quotas))
+    click.echo(render.dumps(render.quotas_json(reply.quotas)) if as_json
+               else render.quotas_table(reply.quotas, reply.quota_needed_above))
 
 
 @main.group()
@@ -723,8 +725,9 @@ def local_down(now: bool):
 @user_errors()
 def local_reset():
     """Forget what a local cluster left under $HFAI_HOME/local: jobs, nodes, logs and every
-    credential (issued anew at the next `hfai local up`; hand out users' files again). Its
-    environments (envs/) stay. The cluster must be down."""
+    credential (issued anew at the next `hfai local up`; hand out users' files again). Your files
+    stay: environments (envs/), workspaces (workspaces/, gc/) and datasets/. The cluster must be
+    down."""
     from hfai.cli.local import LocalCluster
 
     cluster = LocalCluster(root=LocalCluster.default_root())

@@ -148,3 +148,36 @@ def test_the_demo_home_is_removed_on_sigterm(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
     assert not home.exists()
+
+
+# --------------------------------------------------------------------------------- item 13
+
+def test_readme_names_what_local_reset_keeps_and_where_local_creds_are(tmp_path, monkeypatch):
+    import re
+
+    from hfai.cli.local import STATE_DIRS, LocalCluster
+
+    kept = ("envs", "workspaces", "datasets", "gc")
+    for name in (*STATE_DIRS, *kept):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_text("x")
+    LocalCluster(root=tmp_path).reset()
+    survivors = {p.name for p in tmp_path.iterdir()}
+    readme = (REPO / "README.md").read_text()
+    said = re.search(r"Your files stay:(.*?)under\s+`\$HFAI_HOME/local`", readme, re.S)
+    assert said, "README no longer says what `hfai local reset` keeps"
+    assert set(re.findall(r"`(\w+)/`", said.group(1))) == survivors == set(kept)
+    monkeypatch.setenv("HFAI_HOME", str(tmp_path / "home"))
+    local_creds = LocalCluster(root=LocalCluster.default_root()).creds_dir
+    assert local_creds == tmp_path / "home" / "local" / "creds"
+    assert "`$HFAI_HOME/local/creds/<you>.creds` on a local cluster" in readme
+    assert "**A local cluster is for one person.**" in readme and "issuer seeds" in readme
+
+
+def test_security_doc_gives_raw_clients_the_inbox_prefix_hfai_uses():
+    from hfai.auth import roles
+
+    doc = (REPO / "docs" / "security.md").read_text()
+    for role, name in ((roles.Role.USER, "alice"), (roles.Role.OPERATOR, "<name>")):
+        prefix = roles.permissions(role, "alice").inbox_prefix.replace("alice", name)
+        assert (f'inbox_prefix="{prefix}"' if role is roles.Role.USER else f"`{prefix}`") in doc

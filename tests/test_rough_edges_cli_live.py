@@ -59,3 +59,8 @@ def test_status_shows_the_owner_its_env_values_and_hides_them_from_others(cluste
 def test_empty_listings_say_none(cluster, command, says):
     out = hfai(cluster, command, "list", user="nobody-yet")
     assert out.startswith(says) and len(out.splitlines()) == 1
+
+
+def test_empty_usage_says_none(cluster):
+    out = hfai(cluster, "usage", "--user", "nobody-yet")
+    assert out.startswith("no GPU use recorded in the last 7 day(s) by nobody-yet") and len(out.splitlines()) == 1
