@@ -218,23 +218,24 @@ def _extras(j: JobRecord) -> list[str]:
     return lines
 
 
-def quota_defaults() -> str:
-    """What applies where no quota is set (controller/views.py CLOSED_ABOVE): said by every
-    quota listing, so nobody reads an empty table as "no limits"."""
-    from hfai.controller.views import CLOSED_ABOVE
-
-    above = [p.name for p in sorted(Priority) if p.value > CLOSED_ABOVE]
-    return (f"defaults: without a quota, {Priority.label(CLOSED_ABOVE)} and lower have no limit; "
+def quota_defaults(needed_above: int) -> str:
+    """What applies where no quota is set, as the controller says (``SettingsReply
+    .quota_needed_above``; -1: an older controller): said by every quota listing, so nobody reads
+    an empty table as "no limits"."""
+    above = [p.name for p in sorted(Priority) if p.value > needed_above]
+    if needed_above < 0 or not above:
+        return "defaults: without a quota, every level has no limit"
+    return (f"defaults: without a quota, {Priority.label(needed_above)} and lower have no limit; "
             f"{', '.join(above)} are closed (0 nodes) to all but operators' jobs. An operator opens a level "
             "with `hfai quota set USER LEVEL N` ('*' as USER: everyone).")
 
 
-def quotas_table(table) -> str:
+def quotas_table(table, needed_above: int = -1) -> str:
     if not table.entries:
-        return "no quotas set\n" + quota_defaults()
+        return "no quotas set\n" + quota_defaults(needed_above)
     rows = [[clean(q.user), Priority.label(q.priority), clean(q.group), str(q.nodes)]
             for q in sorted(table.entries, key=lambda q: (q.user, -q.priority, q.group))]
-    return table_text(["USER", "PRIORITY", "GROUP", "NODES"], rows) + "\n" + quota_defaults()
+    return table_text(["USER", "PRIORITY", "GROUP", "NODES"], rows) + "\n" + quota_defaults(needed_above)
 
 
 def store_line(health: StoreHealth | None, now: float) -> str | None:
@@ -351,13 +352,14 @@ class QuotaUse:
                 "limit": self.limit, "used": self.used, "waiting": self.waiting}
 
 
-def quota_use(user: str, table: QuotaTable, jobs: Iterable[JobRecord], groups: Iterable[str]) -> list[QuotaUse]:
+def quota_use(user: str, table: QuotaTable, jobs: Iterable[JobRecord], groups: Iterable[str],
+              needed_above: int = -1) -> list[QuotaUse]:
     """``user``'s limits next to their use (pure), per priority and group: every level and group
     where a quota applies to them (the policy's rule: the most specific of user/any and group/any)
     or where their jobs hold or want nodes. Groups are those the nodes have and their jobs name."""
     from hfai.controller.views import quotas_of
 
-    quotas = quotas_of(table)
+    quotas = quotas_of(table, needed_above if needed_above >= 0 else Priority.EXTREME_HIGH.value)
     used: dict[tuple[int, str], int] = {}
     waiting: dict[tuple[int, str], int] = {}
     for j in jobs:
@@ -379,13 +381,13 @@ def quota_use(user: str, table: QuotaTable, jobs: Iterable[JobRecord], groups: I
     return rows
 
 
-def quota_use_table(user: str, rows: Sequence[QuotaUse]) -> str:
+def quota_use_table(user: str, rows: Sequence[QuotaUse], needed_above: int = -1) -> str:
     if not rows:
-        return f"{clean(user)}: no quotas apply and no jobs hold or want nodes\n" + quota_defaults()
+        return f"{clean(user)}: no quotas apply and no jobs hold or want nodes\n" + quota_defaults(needed_above)
     body = [[Priority.label(r.priority), clean(r.group), "no limit" if r.limit is None else str(r.limit), str(r.used),
              str(r.waiting), "-" if r.limit is None else str(max(0, r.limit - r.used))] for r in rows]
     return f"quotas of {clean(user)} (nodes):\n" + table_text(
-        ["PRIORITY", "GROUP", "LIMIT", "HELD", "WAITING", "ROOM"], body) + "\n" + quota_defaults()
+        ["PRIORITY", "GROUP", "LIMIT", "HELD", "WAITING", "ROOM"], body) + "\n" + quota_defaults(needed_above)
 
 
 def states_help() -> str:

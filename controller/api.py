@@ -148,8 +148,8 @@ class ApiService:
         restricted = self._setting(names.RESTRICTED_KEY, RestrictedUsers).users.get(user)
         if restricted is not None:
             raise Forbidden(f"{user} is restricted and may not submit: {restricted}")
-        spec = self._validate(replace(req.spec, user=user))
-        quotas = quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable))
+        spec = self._validate(replace(req.spec, user=user, by_operator=caller.operator))
+        quotas = quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable), self._config.quota_needed_above)
         if spec.priority == AUTO_PRIORITY:
             views = [job_view(j) for j in self._jobs.values.values() if not j.state.final]
             spec = replace(spec, priority=resolve_auto(user, spec.group, spec.nodes, views, quotas))
@@ -265,7 +265,7 @@ class ApiService:
             spec = replace(spec, nodes=req.nodes)
         # The changed spec must pass what a submitted one would (sizes, group, quota).
         spec = self._validate(spec)
-        check_quota(spec, quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable)))
+        check_quota(spec, quotas_of(self._setting(names.QUOTAS_KEY, QuotaTable), self._config.quota_needed_above))
         return await self._change(caller, req.job, "change",
                                   lambda j: transitions.apply_update(j, req.priority, req.nodes))
 
@@ -365,7 +365,8 @@ class ApiService:
 
     async def settings(self, caller: Caller, req: QuotasRequest) -> SettingsReply:
         return SettingsReply(quotas=self._setting(names.QUOTAS_KEY, QuotaTable),
-                             drained=self._setting(names.DRAINED_KEY, DrainedNodes))
+                             drained=self._setting(names.DRAINED_KEY, DrainedNodes),
+                             quota_needed_above=self._config.quota_needed_above)
 
     async def drain(self, caller: Caller, req: DrainRequest) -> SettingsReply:
         self._require_operator(caller)

@@ -60,20 +60,37 @@ class Quotas:
     """Node quotas per (user, priority, group): the most nodes a user's jobs of that priority may
     hold in that group at once. ``limits`` maps ``(user, priority, group)`` to a node count; the
     user or the group may be :data:`ANY`. The most specific key wins: (user, p, group), (user, p,
-    ANY), (ANY, p, group), (ANY, p, ANY). No matching key means no limit.
+    ANY), (ANY, p, group), (ANY, p, ANY). No matching key means no limit, except at levels above
+    ``closed_above``: there it means 0 nodes (the level is closed until an operator gives a quota,
+    ``*`` opening it for everyone), unless the job is ``exempt`` (an operator's). A live cluster
+    closes the levels above NORMAL (:func:`hfai.controller.views.quotas_of`); None closes none.
     """
 
     limits: Mapping[tuple[str, int, str], int] = field(default_factory=dict)
+    closed_above: int | None = None
 
-    def limit(self, user: str, priority: int, group: str) -> int | None:
-        if not self.limits:
-            return None
+    def limit(self, user: str, priority: int, group: str, exempt: bool = False) -> int | None:
+        found = self.explicit(user, priority, group) if self.limits else None
+        if found is None and not exempt and self.closed(priority):
+            return 0
+        return found
+
+    def explicit(self, user: str, priority: int, group: str) -> int | None:
+        """The quota a key sets for the user (None: no key matches)."""
         get = self.limits.get
         for key in ((user, priority, group), (user, priority, ANY), (ANY, priority, group), (ANY, priority, ANY)):
             found = get(key)
             if found is not None:
                 return found
         return None
+
+    def closed(self, priority: int) -> bool:
+        """Whether ``priority`` is a level that needs a quota (no key: 0 nodes)."""
+        return self.closed_above is not None and priority > self.closed_above
+
+    def closed_by_default(self, user: str, priority: int, group: str, exempt: bool = False) -> bool:
+        """Whether the user gets no nodes at ``priority`` only because no quota opens the level."""
+        return not exempt and self.closed(priority) and self.explicit(user, priority, group) is None
 
 
 @dataclass(frozen=True)
@@ -124,6 +141,8 @@ class JobView:
     max_nodes: int = 0
     run_s: float = 0.0
     queued_ts: float = 0.0
+    #: Submitted by an operator: the levels closed by default (Quotas.closed_above) are open to it.
+    exempt: bool = False
     # Worked out once per view (a round reads them millions of times in a replay):
     lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
     hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use
@@ -506,7 +525,7 @@ class _GroupRound:
 
     def room(self, job: JobView) -> int | None:
         """Nodes the job may still add under its quota (None: no limit)."""
-        limit = self.config.quotas.limit(job.user, job.priority, self.group)
+        limit = self.config.quotas.limit(job.user, job.priority, self.group, job.exempt)
         if limit is None:
             return None
         return limit - self.used.get((job.user, job.priority, self.group), 0)
@@ -657,6 +676,10 @@ class _GroupRound:
 
     def over_quota(self, job: JobView, room: int) -> str:
         held = self.used.get((job.user, job.priority, self.group), 0)
+        if self.config.quotas.closed_by_default(job.user, job.priority, self.group, job.exempt):
+            return (f"over quota: {Priority.label(job.priority)} needs a quota and user {job.user!r} has none "
+                    f"in group {self.group!r} (levels above {Priority.label(self.config.quotas.closed_above or 0)} "
+                    f"are closed until an operator sets one; or hfai update {job.id} -p NORMAL)")
         return (f"over quota: user {job.user!r} holds {held} of {room + held} node(s) at "
                 f"{Priority.label(job.priority)} in group {self.group!r}, job needs {job.lo}")
 

@@ -251,7 +251,7 @@ class Simulator:
                 raise PolicyViolation(f"{self.name}: node {n} given to {job.id} while {self.owner[n]} holds it")
         key = (spec.user, spec.priority, spec.group)
         self.used[key] = self.used.get(key, 0) + len(a.nodes)
-        limit = self.config.policy.quotas.limit(*key)
+        limit = self.config.policy.quotas.limit(*key, spec.by_operator)
         if self.policy is decide and limit is not None and self.used[key] > limit:
             raise PolicyViolation(f"{self.name}: {job.id} exceeds the quota of {key}: {self.used[key]} > {limit}")
         after = a.apply(job, self.now)

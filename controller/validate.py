@@ -193,8 +193,14 @@ def check_quota(spec: JobSpec, quotas: Quotas) -> JobSpec:
     """Could the job ever start under its user's quota? One that needs more nodes than the quota
     of its (user, priority, group) allows would wait forever, so it is refused like a job larger
     than its group. ``spec.priority`` must be resolved (not AUTO)."""
-    limit = quotas.limit(spec.user, spec.priority, spec.group)
+    limit = quotas.limit(spec.user, spec.priority, spec.group, spec.by_operator)
     least = spec.min_nodes if spec.elastic else spec.nodes
+    if limit == 0 and quotas.closed_by_default(spec.user, spec.priority, spec.group, spec.by_operator):
+        level = Priority.label(spec.priority)
+        raise InvalidRequest(f"{level} needs a quota and {spec.user} has none in group {spec.group!r}: the levels "
+                             f"above {Priority.label(quotas.closed_above or 0)} are closed until an operator sets "
+                             f"one (hfai quota set {spec.user} {level} N, or '*' for everyone); submit at NORMAL "
+                             "or lower, or see `hfai quota`")
     if limit is not None and least > limit:
         raise InvalidRequest(f"the job needs {least} node(s) but {spec.user}'s quota at "
                              f"{Priority.label(spec.priority)} in group {spec.group!r} is {limit}, so it could "

@@ -6,7 +6,7 @@ import math
 
 from hfai.config import ControllerConfig
 from hfai.controller.policy import JobView, PolicyConfig, Quotas
-from hfai.protocol.types import DrainedNodes, JobRecord, QuotaTable
+from hfai.protocol.types import DrainedNodes, JobRecord, Priority, QuotaTable
 
 
 def job_view(j: JobRecord) -> JobView:
@@ -15,20 +15,29 @@ def job_view(j: JobRecord) -> JobView:
         id=j.id, user=s.user, priority=s.priority, nodes=s.nodes, submit_ts=j.submit_ts, state=j.state,
         group=s.group, held=j.nodes, started_ts=j.started_ts, slice_turns=j.slice_turns,
         min_nodes=s.min_nodes, max_nodes=s.max_nodes, run_s=j.run_s, queued_ts=j.queued_ts,
+        exempt=s.by_operator,
     )
 
 
-def quotas_of(table: QuotaTable | None) -> Quotas:
-    if table is None:
-        return Quotas()
-    return Quotas(limits={(e.user, e.priority, e.group): e.nodes for e in table.entries})
+#: On a live cluster the levels above this need a quota ([controller] quota_needed_above,
+#: docs/scheduling.md "Quotas"): without one, any user could submit at EXTREME_HIGH and preempt
+#: everyone. Operators' jobs are exempt.
+CLOSED_ABOVE = Priority.NORMAL.value
+
+
+def quotas_of(table: QuotaTable | None, closed_above: int = CLOSED_ABOVE) -> Quotas:
+    """The live cluster's quotas: the operators' table; the levels above ``closed_above`` need a
+    quota (none closed from EXTREME_HIGH on)."""
+    entries = table.entries if table is not None else ()
+    closed = closed_above if closed_above < Priority.EXTREME_HIGH.value else None
+    return Quotas(limits={(e.user, e.priority, e.group): e.nodes for e in entries}, closed_above=closed)
 
 
 def policy_config(cc: ControllerConfig, quotas: QuotaTable | None) -> PolicyConfig:
     return PolicyConfig(
         slice_s=cc.slice_s,
         above_normal_s=cc.above_normal_s if cc.above_normal_s > 0 else math.inf,
-        quotas=quotas_of(quotas),
+        quotas=quotas_of(quotas, cc.quota_needed_above),
     )
 
 

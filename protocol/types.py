@@ -217,6 +217,9 @@ class JobSpec:
     array_id: str = ""
     array_index: int = -1
     array_limit: int = 0
+    # Submitted by an operator (set by the controller from the caller's credentials, never taken
+    # from the client): the priority levels closed by default are open to it (issue 24 item 12).
+    by_operator: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -624,6 +627,9 @@ class SettingsReply:
     KIND: ClassVar[str]
     quotas: QuotaTable
     drained: DrainedNodes
+    # Levels above this need a quota ([controller] quota_needed_above; -1: a controller too old to
+    # say, which closed none).
+    quota_needed_above: int = -1
 
 
 @message("error_reply")

@@ -113,6 +113,9 @@ class ControllerConfig:
     # before each further one, at most retry_backoff_max_s.
     retry_backoff_s: float = 30.0
     retry_backoff_max_s: float = 600.0
+    # Priority levels above this one need a quota (no quota: 0 nodes) except for operators' jobs;
+    # 10 = NORMAL. 50 (EXTREME_HIGH) opens every level to everyone (no quota: no limit).
+    quota_needed_above: int = 10
 
 
 @dataclass(frozen=True)

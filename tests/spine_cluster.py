@@ -22,6 +22,9 @@ from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease
 TEST_CONTROLLER = ControllerConfig(
     lease_ttl_s=2.0, lease_poll_s=0.2, schedule_interval_s=0.2, slice_s=3600.0,
     ack_window_s=10.0, kill_window_s=3.0, heartbeat_timeout_s=8.0, event_ack_wait_s=2.0,
+    # The tests submit HIGH jobs as plain users and retry failed runs: every level open without a
+    # quota and a short retry backoff (the defaults are tested in test_rough_edges_policy.py).
+    quota_needed_above=50, retry_backoff_s=0.5,
 )
 # Tests submit as made-up users (tester, alice, ...) who have no Unix account here: their jobs run
 # as the test's own user. tests/test_agent_isolation*.py covers jobs run as their submitters.

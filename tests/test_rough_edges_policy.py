@@ -132,3 +132,66 @@ def test_a_job_waiting_on_a_victim_that_ignores_its_interrupt_says_which_and_whe
     # The gist changes (so the leader writes it) when the waiting job first learns who holds it up.
     assert transitions.wait_gist("waiting for nodes that are being released") != transitions.wait_gist(
         _reason([_suspending("lazy", since), waiting], since + 10))
+
+
+# ------------------------------------------------------------- item 12: no quota by default
+
+
+def test_levels_above_normal_need_a_quota_on_a_live_cluster_but_operators_are_exempt():
+    """Issue 24 item 12: with no quota table, any user submitted at EXTREME_HIGH and preempted
+    everyone."""
+    import pytest
+
+    from hfai.controller.policy import ANY, Quotas
+    from hfai.controller.validate import check_quota
+    from hfai.controller.views import quotas_of
+    from hfai.protocol.errors import InvalidRequest
+    from hfai.protocol.types import Priority, QuotaEntry, QuotaTable
+
+    live = quotas_of(None)
+    top = JobSpec(name="x", entrypoint=("true",), workdir="/", user="bob", priority=Priority.EXTREME_HIGH.value)
+    with pytest.raises(InvalidRequest, match="EXTREME_HIGH needs a quota and bob has none"):
+        check_quota(top, live)
+    for level in (Priority.LOW, Priority.NORMAL):
+        check_quota(transitions.replace(top, priority=level.value), live)  # no limit, as before
+    check_quota(transitions.replace(top, by_operator=True), live)  # the cluster's operators may
+    # An operator opens a level for everyone with a '*' quota, or for one user.
+    opened = quotas_of(QuotaTable(entries=(QuotaEntry(user=ANY, priority=Priority.EXTREME_HIGH.value, group=ANY,
+                                                      nodes=4),)))
+    check_quota(top, opened)
+    # The configuration can open every level (quota_needed_above = EXTREME_HIGH), and the pure
+    # policy's own default (the simulator's) closes none.
+    check_quota(top, quotas_of(None, Priority.EXTREME_HIGH.value))
+    assert Quotas().limit("bob", Priority.EXTREME_HIGH.value, "default") is None
+
+
+def test_a_waiting_job_at_a_closed_level_says_it_needs_a_quota_and_preempts_nobody():
+    from hfai.controller.policy import JobView, NodeView, Suspend, Wait, decide
+    from hfai.controller.views import quotas_of
+    from hfai.protocol.types import Priority
+
+    config = PolicyConfig(slice_s=1800.0, quotas=quotas_of(None))
+    low = JobView("low", "alice", Priority.LOW.value, 1, 0.0, ChainState.RUNNING, held=("n0",), started_ts=NOW - 60)
+    top = JobView("top", "bob", Priority.EXTREME_HIGH.value, 1, 1.0, ChainState.QUEUED)
+    out = decide([low, top], [NodeView("n0")], NOW, config)
+    assert not [d for d in out if isinstance(d, Suspend)]
+    [wait] = [d for d in out if isinstance(d, Wait)]
+    assert wait.reason == ("over quota: EXTREME_HIGH needs a quota and user 'bob' has none in group 'default' "
+                           "(levels above NORMAL are closed until an operator sets one; or hfai update top -p NORMAL)")
+    # An operator's job is exempt: it preempts the LOW job as it always did.
+    boss = JobView("top", "root", Priority.EXTREME_HIGH.value, 1, 1.0, ChainState.QUEUED, exempt=True)
+    assert [d.job_id for d in decide([low, boss], [NodeView("n0")], NOW, config) if isinstance(d, Suspend)] == ["low"]
+
+
+def test_hfai_quota_says_what_the_defaults_are():
+    from hfai.cli import render
+    from hfai.protocol.types import QuotaTable
+
+    text = render.quotas_table(QuotaTable(), 10)
+    assert text.startswith("no quotas set\n") and "ABOVE_NORMAL, HIGH, VERY_HIGH, EXTREME_HIGH are closed" in text
+    rows = render.quota_use("bob", QuotaTable(), [], ["default"], 10)
+    assert [(r.priority, r.limit) for r in rows] == [(50, 0), (40, 0), (30, 0), (20, 0)]
+    assert "operators' jobs" in render.quota_use_table("bob", rows, 10)
+    # An older controller that does not say: nothing claimed.
+    assert render.quotas_table(QuotaTable()).endswith("every level has no limit")
+
