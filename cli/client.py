@@ -19,8 +19,11 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+# isort: off
+from hfai.cli import _light_nats  # noqa: F401  (first: nats-py without aiohttp, see there)
 import nats.errors
 from nats.aio.client import Client
+# isort: on
 
 from hfai import _nats
 from hfai.config import Config, hfai_home

@@ -34,7 +34,7 @@ def _client():
 @contextlib.contextmanager
 def _bar(label: str, length: int):
     """A progress bar on stderr: bytes done, rate and time left (tqdm)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs shipped; only this call uses it
 
     with tqdm(total=length or None, desc=label, unit="B", unit_scale=True, unit_divisor=1000, file=sys.stderr,
               mininterval=0.25, leave=True, dynamic_ncols=True) as bar:

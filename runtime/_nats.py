@@ -58,6 +58,18 @@ def tls_options(config: Config) -> dict:
     return {"tls": ssl.create_default_context(cafile=config.nats.tls_ca)}
 
 
+def _websocket_transport() -> None:
+    """Give nats-py its WebSocket transport back if the CLI imported it without aiohttp
+    (``hfai.cli._light_nats``)."""
+    import nats.aio.transport as transport
+
+    if transport.aiohttp is None:
+        import aiohttp
+        import multidict
+
+        transport.aiohttp, transport.multidict = aiohttp, multidict
+
+
 async def connect(config: Config, name: str, reconnect: bool = True, creds: str | None = None,
                   on_error: Callable[[Exception], Awaitable[None]] | None = None) -> Client:
     """Connect to NATS or raise Unavailable with the URL in the message.
@@ -77,6 +89,8 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
             await on_error(e)
 
     servers = [u.strip() for u in config.nats.url.split(",") if u.strip()]  # a cluster: a list
+    if any(u.startswith(("ws://", "wss://")) for u in servers):
+        _websocket_transport()
     creds = creds if creds is not None else config.nats.creds
     identity = _identity(creds) if creds else {}
     # Our own Client rather than nats.connect(): a refused first connection (allow_reconnect off)

@@ -133,7 +133,7 @@ class Outgoing:
             got = per.setdefault(f.path, [0, 0])
             got[0] += 1
             got[1] += self.sizes[h]
-        return [(f.path, *per[f.path]) for f in self.manifest.files if f.path in per]
+        return [(f.path, per[f.path][0], per[f.path][1]) for f in self.manifest.files if f.path in per]
 
 
 async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: int, on_hash: Progress | None = None,

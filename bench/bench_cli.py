@@ -1,0 +1,109 @@
+"""How fast the ``hfai`` command answers, measured as whole processes on a real local cluster.
+
+``hfai --help``, ``hfai ps`` and ``hfai status ID`` (a submitted job's) are each started ``--runs``
+times as a fresh process, as a user at a terminal or a ``watch``/script loop starts them; the
+wall time from start to exit is taken, start-up and imports included. Printed: the median and the
+spread of each, the ratio to the target (0.15 s: a squeue-like answer, issue 23), and the ratio
+to the floor measured in the same run, ``python -c pass`` of the same interpreter (what no
+Python CLI can beat). With ``--imports``, what each command imports that costs most
+(``python -X importtime``).
+
+    python bench/bench_cli.py [--runs 15] [--imports]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hfai.cli.local import LocalCluster
+
+TARGET_S = 0.15
+
+
+def timed_runs(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
+    out = []
+    for i in range(runs + 1):  # the first warms the page cache and the .pyc files: not counted
+        t = time.perf_counter()
+        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        took = time.perf_counter() - t
+        if r.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
+        if i:
+            out.append(took)
+    return out
+
+
+def top_imports(cmd: list[str], env: dict[str, str], n: int = 6) -> list[tuple[int, str]]:
+    """The ``n`` top-level imports of ``cmd`` with the largest cumulative time (microseconds)."""
+    r = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], env=env, capture_output=True, text=True)
+    rows = []
+    for line in r.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _self, cum, name = line.split(":", 1)[1].split("|")
+        if not name.startswith("  "):  # a top-level import (nested ones are indented further)
+            rows.append((int(cum), name.strip()))
+    return sorted(rows, reverse=True)[:n]
+
+
+def submit_one(cluster: LocalCluster, workdir: Path) -> str:
+    from hfai.cli.client import ApiClient
+    from hfai.protocol.types import JobSpec
+
+    async def go() -> str:
+        async with ApiClient(cluster.config()) as api:
+            job = await api.submit(JobSpec(name="bench-cli", entrypoint=(sys.executable, "-c", "pass"),
+                                           workdir=str(workdir)))
+            return job.id
+
+    return asyncio.run(go())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=15)
+    p.add_argument("--imports", action="store_true", help="also list each command's costliest imports")
+    args = p.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="hfai-bench-cli-"))
+    cluster = LocalCluster(root=base / "cluster", nodes=1)
+    try:
+        cluster.up()
+        cluster.wait_ready()
+        # An installed package has its bytecode compiled (pip does it); a checkout run with
+        # PYTHONDONTWRITEBYTECODE would compile every hfai module from source on every call.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_") and k != "PYTHONDONTWRITEBYTECODE"}
+        env["HFAI_CONFIG"] = str(cluster.config_path)
+        job = submit_one(cluster, base)
+        hfai = [sys.executable, "-m", "hfai.cli.main"]
+        cases = [("python -c pass", [sys.executable, "-c", "pass"]), ("hfai --help", [*hfai, "--help"]),
+                 ("hfai ps", [*hfai, "ps"]), ("hfai status ID", [*hfai, "status", job])]
+        times = {label: timed_runs(cmd, env, args.runs) for label, cmd in cases}
+        floor = statistics.median(times["python -c pass"])
+        print(f"hfai CLI wall time as whole processes, local cluster, {args.runs} runs each (median, min-max); "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        for label, cmd in cases:
+            med, lo, hi = statistics.median(times[label]), min(times[label]), max(times[label])
+            line = f"  {label:<15} {med * 1000:7.1f} ms  ({lo * 1000:.0f}-{hi * 1000:.0f})"
+            if label != "python -c pass":
+                line += f"   ratio to the {TARGET_S:.2f} s target {med / TARGET_S:5.2f}   to python -c pass " \
+                        f"{med / floor:5.2f}"
+            print(line)
+            if args.imports and label != "python -c pass":
+                print("      " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in top_imports(cmd, env)))
+    finally:
+        cluster.down()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
