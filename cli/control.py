@@ -88,26 +88,44 @@ async def _call(verb: str, request):
         return (await client.call(verb, request, JobReply)).job
 
 
+async def _each(refs: tuple[str, ...], verb: str, request, what: str, applies) -> None:
+    """``verb`` with ``request(job id)`` for each job REFS mean (a job array: its members for which
+    ``applies`` holds), one connection for all (cli/arrays.py)."""
+    from hfai.cli import arrays
+    from hfai.cli.main import api
+    from hfai.protocol.types import JobReply
+
+    async with api() as client:
+        targets = await arrays.resolve(client, refs)
+
+        async def act(job_id: str):
+            return (await client.call(verb, request(job_id), JobReply)).job
+
+        await arrays.apply_each(targets, act, what, applies)
+
+
 @click.command()
-@click.argument("job")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @run_async
-async def hold(job: str):
-    """Keep a waiting JOB (id or name) from starting until `hfai release`."""
+async def hold(jobs: tuple[str, ...]):
+    """Keep waiting JOBs (ids or names; a job array by its id or name: its waiting members) from
+    starting until `hfai release`."""
     from hfai.protocol import names
     from hfai.protocol.types import HoldRequest
 
-    _show(await _call(names.VERB_HOLD, HoldRequest(job=job, hold=True)), "held")
+    await _each(jobs, names.VERB_HOLD, lambda j: HoldRequest(job=j, hold=True), "held", lambda j: j.state.waiting)
 
 
 @click.command()
-@click.argument("job")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @run_async
-async def release(job: str):
-    """Let a held JOB start again (it keeps its place in line)."""
+async def release(jobs: tuple[str, ...]):
+    """Let held JOBs (or a job array's held members) start again (they keep their place in line)."""
     from hfai.protocol import names
     from hfai.protocol.types import HoldRequest
 
-    _show(await _call(names.VERB_HOLD, HoldRequest(job=job, hold=False)), "released")
+    await _each(jobs, names.VERB_HOLD, lambda j: HoldRequest(job=j, hold=False), "released",
+                lambda j: j.state.waiting and bool(render.held_by(j)))
 
 
 @click.command()
@@ -122,12 +140,13 @@ async def requeue(job: str):
 
 
 @click.command()
-@click.argument("job")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @click.option("-p", "--priority", help=f"New priority: {Priority.choices()}.")
 @click.option("-n", "--nodes", type=click.IntRange(1), help="New node count (not for elastic jobs).")
 @run_async
-async def update(job: str, priority: str | None, nodes: int | None):
-    """Change a waiting JOB's priority or node count (checked like a new submission)."""
+async def update(jobs: tuple[str, ...], priority: str | None, nodes: int | None):
+    """Change waiting JOBs' priority or node count (checked like a new submission); a job array
+    (its id or name): its waiting members."""
     from hfai.protocol import names
     from hfai.protocol.errors import HfaiError
     from hfai.protocol.types import UpdateRequest
@@ -138,7 +157,8 @@ async def update(job: str, priority: str | None, nodes: int | None):
         level = Priority.parse(priority) if priority is not None else None
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
-    _show(await _call(names.VERB_UPDATE, UpdateRequest(job=job, priority=level, nodes=nodes)), "changed")
+    await _each(jobs, names.VERB_UPDATE, lambda j: UpdateRequest(job=j, priority=level, nodes=nodes), "changed",
+                lambda j: j.state.waiting)
 
 
 def _in(seconds: float) -> str:

@@ -392,20 +392,28 @@ json_option = click.option("--json", "as_json", is_flag=True,
 @click.option("-o", "--columns", metavar="COLUMNS",
               help=f"Comma-separated columns, default {','.join(render.DEFAULT_COLUMNS)}. Known: {_column_help()}.")
 @click.option("-w", "--wide", is_flag=True, help="Never cut a cell to fit the terminal.")
+@click.option("--sort", "sort_by", metavar="COLUMNS",
+              help="Sort by these comma-separated columns, - first for descending ('priority,-age'); default: "
+                   f"submit time, a job array's members by index. Sortable: {', '.join(render.SORT_KEYS)}.")
 @json_option
 @run_async
 async def ps(show_all: bool, mine: bool, users: tuple[str, ...], all_users: bool, states: tuple[str, ...],
-             names: tuple[str, ...], held: bool, columns: str | None, wide: bool, as_json: bool):
+             names: tuple[str, ...], held: bool, columns: str | None, wide: bool, sort_by: str | None,
+             as_json: bool):
     """List jobs (the active ones, by default everyone's): id, name, user, nodes (an elastic job:
     held of MIN-MAX), priority, state, suspend count, age, why."""
+    from hfai.cli.arrays import in_order
     from hfai.cli.client import JobFilter
 
     shown = render.parse_columns(columns) if columns else render.DEFAULT_COLUMNS
+    order = render.parse_sort(sort_by) if sort_by else ()
     client = api()  # who I am comes from the credentials file, before connecting
     who = () if all_users else (*users, *([client.user] if mine else []))
     only = JobFilter.of(users=who, states=states, names=names, finished=show_all)
     async with client:
-        jobs = [j for j in await client.jobs(only) if not held or render.held_by(j)]
+        jobs = in_order(j for j in await client.jobs(only) if not held or render.held_by(j))
+    if order:
+        jobs = render.sort_jobs(jobs, order, time.time())
     if as_json:
         now = time.time()
         click.echo(render.dumps([render.job_json(j, now) for j in jobs]))
@@ -431,20 +439,38 @@ def _terminal_width() -> int | None:
 @run_async
 async def status(job: str, as_json: bool):
     """Show one job (by id or name): state, why, nodes, run time, hold, dependencies, limits, history.
-    --json prints one object: a `hfai ps --json` item with its history."""
+    --json prints one object: a `hfai ps --json` item with its history. A job array (its id or
+    name) shows a line about it and its members in index order (--json: an object with them)."""
+    from hfai.cli import arrays
+
     async with api() as client:
-        record = await client.status(job)
+        [target] = await arrays.resolve(client, [job])
+    if target.is_array:
+        now = time.time()
+        if as_json:
+            first = target.jobs[0]
+            members = [render.job_json(j, now) for j in target.jobs]
+            click.echo(render.dumps({"array_id": target.array_id, "name": arrays.array_name(first),
+                                     "user": first.spec.user, "members": members}))
+        else:
+            click.echo(render.clean(arrays.summary(target)) + "\n"
+                       + render.jobs_table(target.jobs, now, width=_terminal_width()))
+        return
+    record = target.jobs[0]
     click.echo(render.dumps(render.job_json(record, history=True)) if as_json else render.job_details(record))
 
 
 @main.command()
-@click.argument("job")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @run_async
-async def stop(job: str):
-    """Stop a job (by id or name): waiting jobs at once, running ones through their nodes' agents."""
+async def stop(jobs: tuple[str, ...]):
+    """Stop jobs (each by id or name, or a whole job array by its id or name): waiting jobs at
+    once, running ones through their nodes' agents."""
+    from hfai.cli import arrays
+
     async with api() as client:
-        record = await client.stop(job)
-    click.echo(f"job {render.clean(record.spec.name)} ({render.clean(record.id)}): {record.state.value}")
+        targets = await arrays.resolve(client, jobs)
+        await arrays.apply_each(targets, client.stop, "stopped", lambda j: not j.state.final)
 
 
 @main.command()

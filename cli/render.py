@@ -113,6 +113,56 @@ JOB_COLUMNS: dict[str, Column] = {
 DEFAULT_COLUMNS = ("id", "name", "user", "nodes", "priority", "state", "suspends", "age", "why")
 
 
+def _name_key(j: JobRecord) -> tuple:
+    # An array's members (NAME[i]) by index, not as text (sweep[10] after sweep[9]).
+    return (j.spec.name.rsplit("[", 1)[0] if j.spec.array_id else j.spec.name, j.spec.array_index, j.spec.name)
+
+
+#: What ``hfai ps --sort`` sorts by, per column: the value, not the cell's text.
+SORT_KEYS: dict[str, Callable[[JobRecord, float], Any]] = {
+    "id": lambda j, now: j.id,
+    "name": lambda j, now: _name_key(j),
+    "user": lambda j, now: j.spec.user,
+    "group": lambda j, now: j.spec.group,
+    "nodes": lambda j, now: j.spec.nodes,
+    "priority": lambda j, now: j.spec.priority,
+    "state": lambda j, now: j.state.value,
+    "held": lambda j, now: held_by(j),
+    "suspends": lambda j, now: j.suspend_count,
+    "runs": lambda j, now: j.run_id,
+    "submitted": lambda j, now: j.submit_ts,
+    "started": lambda j, now: j.started_ts,
+    "ended": lambda j, now: j.ended_ts,
+    "age": lambda j, now: now - j.submit_ts,
+    "runtime": lambda j, now: run_seconds(j, now),
+}
+
+
+def parse_sort(text: str) -> tuple[tuple[str, bool], ...]:
+    """``--sort priority,-age``: column names (any case), each ``-`` first for descending;
+    InvalidRequest names an unknown one."""
+    wanted = []
+    for part in (p.strip().lower() for p in text.split(",")):
+        if not part:
+            continue
+        key, desc = (part[1:], True) if part.startswith("-") else (part, False)
+        if key not in SORT_KEYS:
+            raise InvalidRequest(f"cannot sort by {key[:40]!r}: --sort takes a comma-separated list of "
+                                 f"{', '.join(SORT_KEYS)}, each with - first for descending")
+        wanted.append((key, desc))
+    if not wanted:
+        raise InvalidRequest("--sort: no column given")
+    return tuple(wanted)
+
+
+def sort_jobs(jobs: Sequence[JobRecord], keys: Sequence[tuple[str, bool]], now: float) -> list[JobRecord]:
+    """``jobs`` sorted by ``keys`` (first key first; ties keep the listing's order)."""
+    out = list(jobs)
+    for key, desc in reversed(keys):
+        out.sort(key=lambda j: SORT_KEYS[key](j, now), reverse=desc)
+    return out
+
+
 def parse_columns(text: str) -> tuple[str, ...]:
     """Column names from ``-o id,name,state`` (any case); InvalidRequest names the unknown one."""
     wanted = tuple(c.strip().lower() for c in text.split(",") if c.strip())
