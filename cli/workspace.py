@@ -89,7 +89,7 @@ async def _push_with_bars(client, root: Path, sc, bwlimit: int):
     from hfai.storage.client import push as do_push
 
     with contextlib.ExitStack() as stack:
-        hashing = stack.enter_context(_bar("hashing", _tree_bytes(root)))
+        hashing = stack.enter_context(_bar("hashing", 0))
         bars = {"send": hashing}
 
         def planned(chunks: int, size: int) -> None:
@@ -99,7 +99,7 @@ async def _push_with_bars(client, root: Path, sc, bwlimit: int):
 
         return await do_push(client, root, sc.chunk_bytes, sc.request_bytes, sc.commit_timeout_s,
                              on_hash=hashing.update, on_send=lambda n: bars["send"].update(n), on_plan=planned,
-                             bwlimit=bwlimit * 1000)
+                             bwlimit=bwlimit * 1000, on_total=lambda n: _set_total(hashing, n))
 
 
 async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
@@ -107,19 +107,18 @@ async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
     from hfai.storage.plan import check_workspace_name
 
     name = check_workspace_name(read_marker(root)["name"])
-    with _bar("hashing", _tree_bytes(root)) as bar:
-        out = await outgoing(client, root, name, chunk_bytes, on_hash=bar.update)
+    with _bar("hashing", 0) as bar:
+        out = await outgoing(client, root, name, chunk_bytes, on_hash=bar.update, on_total=lambda n: _set_total(bar, n))
     for path, chunks, size in out.files():
         click.echo(f"{_mb(size):>10}  {chunks:>5} chunk(s)  {path}")
     click.echo(f"would send {len(out.lacking)} of {len(out.hashes)} chunks ({_mb(out.bytes)}) of "
                f"{len(out.manifest.files)} files to workspace {name} (dry run: nothing sent)")
 
 
-def _tree_bytes(root: Path) -> int:
-    from hfai.storage.chunks import walk
-    from hfai.storage.ignore import Ignore
-
-    return sum(st.st_size for _rel, st in walk(root, Ignore.load(root)))
+def _set_total(bar, n: int) -> None:
+    """The hashing bar learns its length once the tree is walked (one walk, not two)."""
+    bar.total = max(1, n)
+    bar.refresh()
 
 
 @workspace.command("pull")

@@ -56,9 +56,10 @@ _TASK_CHUNKS = 64
 
 
 def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | None = None,
-                   stamps: dict | None = None, threads: int = HASH_THREADS) -> Manifest:
-    """Hash every kept file under ``root`` (in ``threads`` threads); ``on_bytes(n)`` is told of
-    the bytes done (progress, from the calling thread). ``known``: path -> [size, mtime_ns,
+                   stamps: dict | None = None, threads: int = HASH_THREADS, on_total=None) -> Manifest:
+    """Hash every kept file under ``root`` (in ``threads`` threads); ``on_total(n)`` is told the
+    bytes of the files found, then ``on_bytes(n)`` of the bytes done (progress, from the calling
+    thread). ``known``: path -> [size, mtime_ns,
     chunks, inode] of the last push: a file whose size, mtime and inode are unchanged is not read
     again (rsync's quick check, plus the inode: a file replaced by another keeps neither)."""
     ignore = Ignore.load(root)
@@ -67,6 +68,8 @@ def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | No
         if stamps is not None:
             stamps[rel] = st.st_mtime_ns  # taken before reading: a later change shows as a newer mtime
         entries.append((rel, st, _unchanged((known or {}).get(rel), st, chunk_bytes)))
+    if on_total is not None:
+        on_total(sum(st.st_size for _rel, st, _seen in entries))
     hashed = _hash_files(root, [(rel, st.st_size) for rel, st, seen in entries if seen is None], chunk_bytes,
                          on_bytes, threads)
     files = []
@@ -137,9 +140,10 @@ def quick_index(root: Path, manifest: Manifest, stamps: dict) -> dict:
     """path -> [size, mtime_ns, chunks, inode] for :func:`build_manifest`'s ``known`` at the next
     push; files whose mtime moved since they were hashed (``stamps``) are left out."""
     out = {}
+    base = str(root)
     for f in manifest.files:
         try:
-            st = os.lstat(root / f.path)
+            st = os.lstat(os.path.join(base, f.path))  # strings: Path's parsing costs 0.1 s per 2,000 files
         except OSError:
             continue
         if st.st_size == f.size and st.st_mtime_ns == stamps.get(f.path):

@@ -137,11 +137,13 @@ class Outgoing:
 
 
 async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: int, on_hash: Progress | None = None,
-                   stamps: dict | None = None) -> Outgoing:
+                   stamps: dict | None = None, on_total: Progress | None = None) -> Outgoing:
     """Hash the workspace at ``root`` (files unchanged since the last push are not read) and ask
-    the service which chunks it lacks. Changes nothing anywhere (``hfai workspace push --dry-run``)."""
+    the service which chunks it lacks. ``on_total``: the bytes of the files found, before hashing.
+    Changes nothing anywhere (``hfai workspace push --dry-run``)."""
     known = _read_quick(root, chunk_bytes)
-    manifest = await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps)
+    manifest = await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps,
+                                       on_total=on_total)
     where: dict[str, tuple[s.FileEntry, int]] = {}
     for f in manifest.files:
         for i, h in enumerate(f.chunks):
@@ -168,14 +170,15 @@ async def _ask_missing(client: StorageClient, name: str, hashes: tuple[str, ...]
 async def push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
                on_hash: Progress | None = None, on_send: Progress | None = None,
                on_plan: Callable[[int, int], object] | None = None, bwlimit: int = 0,
-               ping_s: float = COMMIT_PING_S) -> PushResult:
-    """Push the workspace at ``root``. ``on_plan(chunks, bytes to send)`` is told what will move;
+               ping_s: float = COMMIT_PING_S, on_total: Progress | None = None) -> PushResult:
+    """Push the workspace at ``root``. ``on_total`` is told the bytes to hash, ``on_plan(chunks,
+    bytes to send)`` what will move;
     ``on_hash``/``on_send`` of the bytes hashed and sent; ``bwlimit`` (bytes/s, 0: none) paces the
     sends. Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
     marker = read_marker(root)
     name = plan.check_workspace_name(marker["name"])
     stamps: dict[str, int] = {}
-    out = await outgoing(client, root, name, chunk_bytes, on_hash, stamps)
+    out = await outgoing(client, root, name, chunk_bytes, on_hash, stamps, on_total)
     sent = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
     lacking = len(out.lacking)
     try:

@@ -69,10 +69,10 @@ class Workspaces:
 
     def present(self, user: str, name: str, m: Manifest | None) -> dict[str, int]:
         """path -> size on disk of the files ``m`` lists (regular files only)."""
-        base, out = self.path(user, name), {}
+        base, out = str(self.path(user, name)), {}
         for f in (m.files if m else ()):
             try:
-                st = os.lstat(base / f.path)
+                st = os.lstat(os.path.join(base, f.path))  # strings: Path's parsing is 50 µs a file
             except OSError:
                 continue
             if stat.S_ISREG(st.st_mode):
