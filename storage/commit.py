@@ -216,22 +216,23 @@ def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: di
     copy = {f.path for f in todo.chmod}
     changed: set[str] = set()  # D's files found not to hold what their manifest says
     complete = True
+    made: set[str] = set()  # N's directories made so far
     try:
         for f in new.files:
-            complete &= _place(base, nxt, f, new.chunk_bytes, held, staged, owner, rewrite, copy, changed)
+            complete &= _place(base, nxt, f, new.chunk_bytes, held, staged, owner, rewrite, copy, changed, made)
     finally:
         staged.close()
     if not complete:
         raise _Changed(sorted(changed))
-    return _link_others(base, nxt, new, set(todo.delete), owner)
+    return _link_others(base, nxt, new, set(todo.delete), owner, made)
 
 
 def _place(base: Path, nxt: Path, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
            staged: _Source, owner: pwd.struct_passwd | None, rewrite: set[str], copy: set[str],
-           changed: set[str]) -> bool:
+           changed: set[str], made: set[str]) -> bool:
     """Put one file of the new manifest into N: assembled, copied (a mode change) or linked."""
     target = nxt / f.path
-    make_parents(nxt, target.parent, owner)
+    make_parents(nxt, target.parent, owner, made)
     if f.path in rewrite:
         return _assemble(base, target, f, chunk_bytes, held, staged, owner, changed)
     if f.path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
@@ -290,8 +291,8 @@ def _held(base: Path, held: dict[str, tuple[str, int]], h: str, chunk_bytes: int
     return None
 
 
-def _link_others(base: Path, nxt: Path, new: Manifest, delete: set[str], owner: pwd.struct_passwd | None) \
-        -> tuple[str, ...]:
+def _link_others(base: Path, nxt: Path, new: Manifest, delete: set[str], owner: pwd.struct_passwd | None,
+                 made: set[str] | None = None) -> tuple[str, ...]:
     """Hard-link into N what D holds besides the manifests' files: what jobs wrote there stays in
     the workspace across pushes. Entries the new manifest needs the place of lose (as an in-place
     commit would remove them)."""
@@ -311,7 +312,7 @@ def _link_others(base: Path, nxt: Path, new: Manifest, delete: set[str], owner: 
             if entry.endswith(TMP_SUFFIX):
                 stray.append(rel)
             elif rel not in files and rel not in delete and rel not in dirs and not _parents(rel) & files:
-                make_parents(nxt, (nxt / rel).parent, owner)
+                make_parents(nxt, (nxt / rel).parent, owner, made)
                 os.link(os.path.join(dirpath, entry), nxt / rel, follow_symlinks=False)
     return tuple(stray)
 
@@ -325,9 +326,10 @@ def _parents(rel: str) -> set[str]:
 
 def _apply(d: Path, n: Path, new: Manifest, delete: tuple[str, ...], owner: pwd.struct_passwd | None) -> None:
     """Make D's manifest files N's (same inodes), remove ``delete`` from D. Idempotent."""
+    checked: set[str] = set()  # D's directories made or checked in this pass
     for f in new.files:
         src, dst = n / f.path, d / f.path
-        make_parents(d, dst.parent, owner)
+        make_parents(d, dst.parent, owner, checked)
         if ino(dst) == ino(src) != 0:
             continue
         if dst.is_dir() and not dst.is_symlink():

@@ -25,17 +25,25 @@ def chown(path: Path, owner: pwd.struct_passwd | None) -> None:
         os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
 
 
-def make_parents(base: Path, parent: Path, owner: pwd.struct_passwd | None) -> None:
+def make_parents(base: Path, parent: Path, owner: pwd.struct_passwd | None, known: set[str] | None = None) -> None:
     """Create the directories between ``base`` and ``parent``; a non-directory in the way (a file
-    the new manifest replaces by a directory) is removed."""
+    the new manifest replaces by a directory) is removed. ``known``: directories this caller
+    already made or checked (one commit step), not looked at again: a tree of 2,000 files in 100
+    directories then costs 100 checks, not 4,000."""
+    if known is not None and str(parent) in known:
+        return
     cur = base
     for part in parent.relative_to(base).parts:
         cur = cur / part
+        if known is not None and str(cur) in known:
+            continue
         if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
             cur.unlink()
         if not cur.exists():
             cur.mkdir()
             chown(cur, owner)
+        if known is not None:
+            known.add(str(cur))
 
 
 def prune_empty_dirs(base: Path) -> None:
