@@ -65,10 +65,13 @@ def cli_config() -> Config:
     """Config for talking to the cluster, as every ``hfai`` command and :mod:`hfai.client` find it:
     HFAI_CONFIG / /etc/hfai/hfai.toml, else a running ``hfai local`` cluster, else defaults
     (``HFAI_NATS_URL`` overrides the URL in every case)."""
-    from hfai.cli.local import LocalCluster
     from hfai.config import config_file, load_config
 
-    local = LocalCluster.load() if config_file() is None else None
+    if config_file() is not None:  # the usual case: no need to import the local cluster's code
+        return load_config(None)
+    from hfai.cli.local import LocalCluster
+
+    local = LocalCluster.load()
     return load_config(local.config_path if local is not None else None)
 
 
