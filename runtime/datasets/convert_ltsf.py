@@ -39,7 +39,8 @@ def parse_date(text: str) -> datetime:
         match = _LOOSE_DATE.fullmatch(text)
         if match is None:
             raise
-        return datetime(*(int(g) for g in match.groups(default="0")))
+        year, month, day, hour, minute, second = (int(g) for g in match.groups(default="0"))
+        return datetime(year, month, day, hour, minute, second)
 
 
 def read_csv(path: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
