@@ -25,6 +25,7 @@ from hfai.protocol.types import (
     QuotaEntry,
     QuotaTable,
     SettingsReply,
+    StoreHealth,
 )
 
 EVIL = "x\x1b[2J\x1b[31mred\x07\r\n\x9b1m\u202eevil\x00\x7f"
@@ -114,6 +115,10 @@ class FakeClient:
 
     async def nodes(self):
         return await self._answer((EVIL_NODE,))
+
+    async def nodes_and_store(self):
+        # A store that refuses writes, with a detail the server's error text may carry.
+        return await self._answer(((EVIL_NODE,), StoreHealth(writable=False, failures=3, detail="full" + EVIL)))
 
     async def drain(self, node, drain=True, reason=""):
         return await self._answer(SettingsReply(quotas=QuotaTable(), drained=DrainedNodes()))
