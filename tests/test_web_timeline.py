@@ -103,3 +103,8 @@ def test_with_no_quota_the_table_says_there_is_no_limit_and_shows_the_use():
     assert [(r["priority"], r["quota"], r["used"]) for r in views.quotas_vs_use(table, [running])] == [
         ("ABOVE_NORMAL", 4, 0), ("HIGH", "no limit", 2)]
     assert "1 quota(s) set" in views.quota_note(table)
+    # A cluster whose levels above NORMAL need a quota: the HIGH job holding nodes without one is an
+    # operator's, and the note gives the defaults as `hfai quota` does.
+    assert [r["quota"] for r in views.quotas_vs_use(QuotaTable(), [running], needed_above=10)] == [views.CLOSED]
+    note = views.quota_note(QuotaTable(), needed_above=10)
+    assert "NORMAL and lower have no limit" in note and "HIGH" in note and "closed" in note

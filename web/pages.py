@@ -156,7 +156,7 @@ async function load(){const w=document.getElementById('window').value, b=await g
     {allKinds:true});
   pairs('by-user', b.by_user, 'no node is held'); pairs('by-prio', b.by_priority, 'no node is held');
   document.getElementById('quota-note').textContent=b.quota_note;
-  const q=b.quotas.length?b.quotas:[{user:'*', priority:'every level', group:'*', quota:'no limit', used:b.busy}];
+  const q=b.quotas.length?b.quotas:[{user:'*', priority:'every level', group:'*', quota:b.quota_default, used:b.busy}];
   table('quotas', q, ['user','priority','group','quota','used']);}
 document.getElementById('window').onchange=load;
 poll(load);

@@ -266,7 +266,7 @@ class WebService:
         jobs, nodes, settings = await api.list(), await api.nodes(), await api.settings()
         now = time.time()
         since, label = _window_start(now, window, jobs, self.telemetry.first_ts())
-        summary = views.cluster_summary(jobs, nodes, settings.quotas, now)
+        summary = views.cluster_summary(jobs, nodes, settings.quotas, now, settings.quota_needed_above)
         queue, used = cluster_series(jobs, since, now, points=120)
         util = self._cluster_util(max(since, now - self.config.web.telemetry_max_age_s), max(5.0, (now - since) / 120))
         summary["series"] = {"t0": since, "t1": now, "label": label,

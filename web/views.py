@@ -73,12 +73,15 @@ def node_use(jobs: Iterable[JobRecord], by: str) -> dict[str, int]:
 
 
 NO_QUOTA = "no limit"
+CLOSED = "none set: operators only"
 
 
-def quotas_vs_use(quotas: QuotaTable, jobs: Sequence[JobRecord]) -> list[dict]:
+def quotas_vs_use(quotas: QuotaTable, jobs: Sequence[JobRecord], needed_above: int = -1) -> list[dict]:
     """Each quota with the nodes its user's jobs of that priority (and group, unless "*") hold now;
-    then, for what users hold now that no quota covers, a row with quota "no limit" (no matching
-    entry means no limit), so the table shows the use even where nothing is set."""
+    then, for what users hold now that no quota covers, a row saying what applies there: "no limit"
+    at levels that need no quota, and closed to all but operators' jobs above ``needed_above`` (the
+    controller's ``quota_needed_above``; -1: every level is open), so the table shows the use even
+    where nothing is set."""
     rows = []
     for q in quotas.entries:
         held = sum(len(j.nodes) for j in jobs if j.state.holds_nodes and j.spec.priority == q.priority
@@ -92,25 +95,32 @@ def quotas_vs_use(quotas: QuotaTable, jobs: Sequence[JobRecord]) -> list[dict]:
             key = (j.spec.user, j.spec.priority)
             free[key] = free.get(key, 0) + len(j.nodes)
     for (user, prio), held in sorted(free.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
-        rows.append({"user": user, "priority": Priority.label(prio), "group": "*", "quota": NO_QUOTA, "used": held})
+        rows.append({"user": user, "priority": Priority.label(prio), "group": "*",
+                     "quota": CLOSED if 0 <= needed_above < prio else NO_QUOTA, "used": held})
     return rows
 
 
-def quota_note(quotas: QuotaTable) -> str:
-    """What the quotas table means, above all when it is empty."""
+def quota_note(quotas: QuotaTable, needed_above: int = -1) -> str:
+    """What the quotas table means, above all when it is empty: the defaults, worded as the CLI's."""
+    from hfai.cli.render import quota_defaults
+
+    defaults = quota_defaults(needed_above)
+    defaults = defaults[0].upper() + defaults[1:]
+    if "hfai quota set" not in defaults:
+        defaults += ". An operator sets a quota with `hfai quota set USER PRIORITY NODES`."
     if not quotas.entries:
-        return ("No quotas are set, so there is no limit: every user may hold every node at every priority. "
-                "An operator sets one with `hfai quota set USER PRIORITY NODES`.")
-    return (f"{len(quotas.entries)} quota(s) set; a user, priority and group that no quota matches has no limit "
-            "(shown as \"no limit\" where it holds nodes now).")
+        return f"No quotas are set. {defaults}"
+    return f"{len(quotas.entries)} quota(s) set; where none matches a user, priority and group: {defaults}"
 
 
 def cluster_summary(jobs: Sequence[JobRecord], nodes: Sequence[NodeInfo], quotas: QuotaTable,
-                    now: float | None = None) -> dict:
+                    now: float | None = None, needed_above: int = -1) -> dict:
     now = time.time() if now is None else now
     up = [n for n in nodes if n.state is NodeState.UP]
     busy = {name for j in jobs if j.state.holds_nodes for name in j.nodes}
     return {"nodes": len(nodes), "up": len(up), "busy": len(busy & {n.record.name for n in nodes}),
             "queued": sum(j.state.waiting for j in jobs), "running": sum(j.state.holds_nodes for j in jobs),
             "by_user": node_use(jobs, "user"), "by_priority": node_use(jobs, "priority"),
-            "quotas": quotas_vs_use(quotas, jobs), "quota_note": quota_note(quotas), "now": now}
+            "quotas": quotas_vs_use(quotas, jobs, needed_above), "quota_note": quota_note(quotas, needed_above),
+            "quota_default": NO_QUOTA if not 0 <= needed_above < max(Priority) else
+            f"no limit up to {Priority.label(needed_above)}, above it {CLOSED}", "now": now}
