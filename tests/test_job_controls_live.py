@@ -47,7 +47,7 @@ def test_after_waits_for_a_dependency_and_stops_when_it_can_never_be_met(cluster
     assert "dependency never satisfied" in stopped.reason
     cluster.wait_state(anyway, ChainState.SUCCEEDED)
     bad = cluster.cli("submit", "--after", "nosuchjob", "bash", "-c", "true", cwd=tmp_path)
-    assert bad.returncode == 1 and "no such job" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 1 and "no job with that id or name" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_an_array_runs_each_index_and_at_most_its_limit_at_once(cluster, tmp_path):
