@@ -30,6 +30,7 @@ every commit: ``built``, ``swapped``, ``applied``, so a test can look at the tre
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import pwd
@@ -183,6 +184,10 @@ class _Source:
                 return True
             except FileNotFoundError:  # released meanwhile by another commit: try the bytes
                 pass
+            except OSError as e:
+                if e.errno not in _NO_COPY_RANGE:
+                    raise
+                self._locate = None  # this filesystem cannot: read and write from now on
         try:
             data = self._read(h)
         except KeyError:
@@ -194,6 +199,10 @@ class _Source:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+#: copy_file_range refused by the kernel or filesystem (old kernels, some network filesystems).
+_NO_COPY_RANGE = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 
 def _copy_range(src: int, src_at: int, out: int, out_at: int, length: int) -> None:

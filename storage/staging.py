@@ -137,9 +137,7 @@ class Staging:
 
     def added(self, user: str, pack: str, listing: list[tuple[str, int]]) -> None:
         """Record a pack :func:`write_pack` wrote for ``user``."""
-        with open(pack, "rb") as f:
-            header = len(f.readline())
-        self._add(user, pack, header, listing)
+        self._add(user, pack, len(describe(listing).encode()) + 1, listing)
 
     def locate(self, user: str, h: str) -> Located | None:
         return self._index.get(user, {}).get(h)

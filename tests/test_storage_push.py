@@ -148,3 +148,22 @@ def test_the_service_answers_while_another_request_is_still_being_served(tmp_pat
         await svc.close()
 
     asyncio.run(go())
+
+
+def test_a_filesystem_without_copy_file_range_gets_the_bytes_written(tmp_path: Path, monkeypatch):
+    import errno
+
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    parts = [os.urandom(CHUNK), os.urandom(5)]
+    pack, listing = write_pack(staging.user_dir("alice"), _chunks(*parts))
+    staging.added("alice", pack, listing)
+    m = s.Manifest(files=(s.FileEntry(path="f", size=CHUNK + 5, mode=0o644,
+                                      chunks=tuple(chunk_hash(p) for p in parts)),), chunk_bytes=CHUNK)
+
+    def refuse(*_a):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    commit_mod.commit(ws, "alice", "w", m, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
+    assert (ws.path("alice", "w") / "f").read_bytes() == b"".join(parts)
