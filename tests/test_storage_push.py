@@ -167,3 +167,18 @@ def test_a_filesystem_without_copy_file_range_gets_the_bytes_written(tmp_path: P
     monkeypatch.setattr(os, "copy_file_range", refuse)
     commit_mod.commit(ws, "alice", "w", m, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
     assert (ws.path("alice", "w") / "f").read_bytes() == b"".join(parts)
+
+
+@pytest.mark.parametrize("rel, is_dir", [
+    (".hfai", True), (".git", True), ("a/.git", True), ("a/.hfai", True), (".git", False), ("a/.git", False),
+    (".git/config", False), ("a/.hfai/x", False), ("src", True), ("src/a.py", False), (".gitignore", False),
+    (".github", True), ("x.hfai", False),
+])
+def test_without_a_hfignore_the_always_ignored_rules_match_pathspecs(rel, is_dir):
+    import pathspec
+
+    from hfai.storage.ignore import ALWAYS_IGNORED, Ignore
+
+    spec = pathspec.GitIgnoreSpec.from_lines(list(ALWAYS_IGNORED))
+    assert Ignore([]).ignored(rel, is_dir) == spec.match_file(rel + "/" if is_dir else rel)
+    assert Ignore(["# a comment", ""]).ignored(rel, is_dir) == spec.match_file(rel + "/" if is_dir else rel)
