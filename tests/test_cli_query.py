@@ -92,7 +92,7 @@ def test_job_json_is_plain_data_with_the_documented_keys():
     assert list(row) == ["id", "name", "user", "group", "state", "reason", "priority", "priority_name", "nodes",
                          "min_nodes", "max_nodes", "nodes_held", "last_nodes", "held_by", "submitted", "started",
                          "ended", "runtime_s", "runs", "suspend_count", "whole_life_state", "command", "workdir",
-                         "env_name", "after", "time_limit_s", "retries", "retried", "array_id", "array_index"]
+                         "env_name", "env", "after", "time_limit_s", "retries", "retried", "array_id", "array_index"]
     assert row["nodes_held"] == ["n1", "n2"] and row["started"] is None and row["held_by"] is None
     assert "history" in render.job_json(JOB, history=True)
     assert "\\u001b" in render.dumps([{"name": "x\x1b[2J"}])  # no raw escape reaches a terminal
@@ -108,7 +108,7 @@ def test_quota_rows_put_my_limits_next_to_my_use():
     assert got == {(10, "default"): (4, 2, 2), (10, "gpu"): (4, 0, 0), (0, "gpu"): (2, 0, 0)}
     text = render.quota_use_table("alice", rows)
     assert any(line.split() == ["NORMAL", "default", "4", "2", "2", "2"] for line in text.splitlines()), text
-    assert "no limits" in render.quota_use_table("carol", render.quota_use("carol", QuotaTable(), [], ["default"]))
+    assert "no limit" in render.quota_use_table("carol", render.quota_use("carol", QuotaTable(), [], ["default"]))
 
 
 @pytest.mark.parametrize("tail, lines, want", [

@@ -191,7 +191,7 @@ def test_a_failure_streak_ends_at_its_limit_and_a_success_resets_it():
 
 
 async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_path):
-    """A disk that stays broken stops the agent (its supervisor then exits the process) instead of
+    """A disk that stays broken (read-only) stops the agent (its supervisor then exits the process) instead of
     leaving a node that heartbeats but never runs work; a NATS error is retried for ever."""
     import dataclasses
 
@@ -205,7 +205,7 @@ async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_p
 
     async def broken() -> None:
         calls.append(1)
-        raise OSError(28, "No space left on device")
+        raise OSError(30, "Read-only file system")  # (a full disk drains the node instead: test_fault_disk)
 
     agent.reconcile = broken  # type: ignore[method-assign]
     with pytest.raises(LocalStateError, match="5 times in a row"):
