@@ -60,6 +60,8 @@ LOCAL_CONTROLLER = ControllerConfig(
 # Storage rules on a laptop: scan hourly (the limits and ages stay those of a cluster).
 LOCAL_STORAGE = StorageConfig(scan_interval_s=3600.0, gc_interval_s=3600.0)
 LOCAL_AGENT = AgentConfig(heartbeat_interval_s=1.0, reconcile_interval_s=0.25, gpu_source="sim", run_as="agent")
+# `hfai local up` serves every daemon's Prometheus /metrics on a free port (`hfai local status` lists them).
+LOCAL_METRICS_PORT = -1
 
 
 # nats-server 2.15 caps a stream at 1,000 consumers even when it asks for none, and every agent
@@ -193,6 +195,8 @@ class LocalCluster:
         resumed = self.has_state
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         (self.root / "envs").mkdir(parents=True, exist_ok=True)
+        for stale in [*(self.root / "logs").glob("*.metrics_port"), *(self.root / "agents").glob("*/metrics_port")]:
+            stale.unlink(missing_ok=True)  # an earlier cluster's ports: each daemon writes its own anew
         conf = None
         if self.auth:
             self.user_creds(self.owner or _login(), operator=True)
@@ -434,7 +438,26 @@ class LocalCluster:
 
         name = f"controller-{i}"
         creds = self.service_creds(name, Role.CONTROLLER) if self.auth else None
-        return self._spawn(name, "hfai.controller", {"HFAI_CONTROLLER_ID": name}, creds)
+        env = {"HFAI_CONTROLLER_ID": name, "HFAI_CONTROLLER_METRICS_PORT_FILE": str(self.metrics_file(name))}
+        return self._spawn(name, "hfai.controller", env, creds)
+
+    def metrics_file(self, name: str) -> Path:
+        """Where daemon ``name`` writes the port of its /metrics (agents: in their state folder)."""
+        if name.startswith("agent-"):
+            return self.root / "agents" / name.removeprefix("agent-") / "metrics_port"
+        return self.root / "logs" / f"{name}.metrics_port"
+
+    def urls(self) -> list[tuple[str, str]]:
+        """(what, URL) of the pages and of every daemon's /metrics that is on: `hfai local status`."""
+        web = self.config().web
+        out = [("web pages", f"http://{web.host}:{web.port}/")] if "web" in self.pids else []
+        for name in sorted(self.pids):
+            try:
+                port = int(self.metrics_file(name).read_text())
+            except (OSError, ValueError):
+                continue  # metrics off, or not yet bound
+            out.append((f"{name} metrics", f"http://127.0.0.1:{port}/metrics"))
+        return out
 
     def start_storage(self) -> subprocess.Popen:
         """The storage service (hfai-storage), with the controllers' trust (it writes settings)."""

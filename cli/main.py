@@ -676,15 +676,17 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     """
     import dataclasses
 
-    from hfai.cli.local import LOCAL_CONTROLLER, LocalCluster, free_port
+    from hfai.cli.local import LOCAL_AGENT, LOCAL_CONTROLLER, LOCAL_METRICS_PORT, LocalCluster, free_port
     from hfai.cli.supervision import SupervisePolicy
     from hfai.config import WebConfig
 
-    cc = LOCAL_CONTROLLER if slice_s is None else dataclasses.replace(LOCAL_CONTROLLER, slice_s=slice_s)
+    cc = dataclasses.replace(LOCAL_CONTROLLER, metrics_port=LOCAL_METRICS_PORT)
+    cc = cc if slice_s is None else dataclasses.replace(cc, slice_s=slice_s)
     web = WebConfig()
     # Another local cluster (or anything else) on the usual port: take a free one, shown below.
     web = dataclasses.replace(web, port=free_port(web.host, web.port))
     cluster = LocalCluster(root=LocalCluster.default_root(), nodes=nodes, controller=cc, web=web,
+                           agent=dataclasses.replace(LOCAL_AGENT, metrics_port=LOCAL_METRICS_PORT),
                            supervise=SupervisePolicy())
     if fresh:
         cluster.reset()
@@ -697,6 +699,7 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
                ".creds file)")
     click.echo(f"  your operator credentials: {cluster.creds_dir}/{cluster.owner or _login()}.creds  "
                "(more users: hfai admin user add NAME)")
+    click.echo("  Prometheus /metrics of every daemon: hfai local status lists their URLs")
     if resumed:
         gone = f"; forgot node(s) {', '.join(forgotten)}" if forgotten else ""
         click.echo(f"  resumed the earlier cluster's state: {_active_jobs(cluster)} job(s) in the queue{gone} "
@@ -763,8 +766,8 @@ def local_reset():
 
 @local.command("status")
 def local_status():
-    """Which local daemons are alive, how often each was restarted and how it last ended, and
-    whether the NATS store refuses writes."""
+    """Which local daemons are alive, how often each was restarted and how it last ended,
+    whether the NATS store refuses writes, and the URLs of the pages and of each daemon's /metrics."""
     from hfai.cli.local import LocalCluster
 
     cluster = LocalCluster.load()
@@ -773,6 +776,8 @@ def local_status():
     click.echo(f"NATS {cluster.url}, state in {cluster.root}")
     for line in cluster.status_lines():
         click.echo(line)
+    for what, url in cluster.urls():
+        click.echo(f"  {what + ':':<28} {url}")
 
 
 if __name__ == "__main__":

@@ -112,6 +112,10 @@ class Controller:
             port = self.config.controller.metrics_port
             self.metrics_server = server = MetricsServer(self.metrics.registry, port=port)
             await server.start()
+            if self.config.controller.metrics_port_file:
+                from hfai._atomic import write_atomic
+
+                write_atomic(self.config.controller.metrics_port_file, f"{server.port}\n")
             self._supervisor.spawn(self.metrics.run(lambda: self.leader is not None), "metrics")
 
     async def _relay(self, subject: str, data: bytes, timeout_s: float) -> bytes:

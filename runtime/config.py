@@ -99,8 +99,10 @@ class ControllerConfig:
     # of submissions every round would otherwise explain, 18 ms a round at 5,000 waiting).
     explain_interval_s: float = 2.0
     explain_new_interval_s: float = 0.25
-    # Prometheus /metrics on this port (0: off; -1: any free port, written to the log).
+    # Prometheus /metrics on this port (0: off; -1: any free port, written to the log and, if set, to
+    # metrics_port_file, where `hfai local status` finds it).
     metrics_port: int = 0
+    metrics_port_file: str = ""
     # Runs that ended are copied to the usage bucket (GPU-hours outlive purged job records) this often.
     usage_interval_s: float = 10.0
     # The NATS store's health probe (controller/store_health.py): a write to the hfai_health

@@ -188,3 +188,23 @@ def test_down_interrupts_each_live_run_as_the_platform_does():
     assert acts(flagged, 110.0) == [] and acts(flagged, 131.0) == [Act.TERMINATE]
     assert acts(termed, 135.0) == [] and acts(termed, 141.0) == [Act.KILL]
     assert acts(gone, 500.0) == []  # reports are the agent's
+
+
+@pytest.mark.slow
+def test_local_status_lists_the_pages_and_every_daemons_metrics(home):
+    """`hfai local up` turns every daemon's /metrics on, and `hfai local status` says where they are."""
+    import urllib.request
+
+    ok(hfai(home, "local", "up", "--nodes", "1"))
+
+    def listed():
+        lines = ok(hfai(home, "local", "status")).splitlines()
+        urls = {line.split(":", 1)[0].strip(): line.split()[-1] for line in lines if "http://" in line}
+        return urls if {"controller-0 metrics", "agent-node-0 metrics", "web pages"} <= set(urls) else None
+
+    urls = wait_for(listed, 30, "local status to list the pages and both daemons' metrics")
+    for what in ("controller-0 metrics", "agent-node-0 metrics"):
+        with urllib.request.urlopen(urls[what], timeout=10) as r:
+            body = r.read().decode()
+        assert r.status == 200 and "# TYPE hfai_" in body, (what, body[:300])
+    ok(hfai(home, "local", "down", "--now"))
