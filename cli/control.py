@@ -174,30 +174,45 @@ def _in(seconds: float) -> str:
 
 @click.command()
 @click.option("--assume", "assume", metavar="DURATION",
-              help="How long a job without a time limit (-t) runs (default: for ever, so jobs behind it get none).")
-@click.option("--json", "as_json", is_flag=True, help="One object per waiting job: id, name, user, start (or null).")
+              help="How long a job without a time limit (-t) runs (default: a guess from the cluster's history; "
+                   "'forever': jobs behind it get none).")
+@click.option("--json", "as_json", is_flag=True,
+              help="One object per waiting job: id, name, user, start (or null), guess (the start rests on a guess).")
 @run_async
 async def estimate(assume: str | None, as_json: bool):
     """When the waiting jobs would start if every job ran exactly its time limit (-t) and nothing
-    new arrived: a forward replay of the live policy (priorities, slices, holds, dependencies)."""
+    new arrived: a forward replay of the live policy (priorities, slices, holds, dependencies).
+    A job without a time limit is guessed to run as long as the jobs that finished here (the
+    median), or as long again as it has run already: such estimates are marked as guesses."""
     from hfai.cli.main import api
     from hfai.protocol import names
     from hfai.protocol.types import EstimateReply, EstimateRequest, ListRequest
 
-    default = parse_duration(assume) if assume else 0.0
+    forever = assume is not None and assume.strip().lower() == "forever"
+    default = parse_duration(assume) if assume and not forever else 0.0
     async with api() as client:
-        reply = await client.call(names.VERB_ESTIMATE, EstimateRequest(default_run_s=default), EstimateReply)
+        reply = await client.call(names.VERB_ESTIMATE, EstimateRequest(default_run_s=default, guess=assume is None),
+                                  EstimateReply)
         jobs = await client.list(request=ListRequest(include_finished=False, history=0))
     waiting = [j for j in jobs if j.state.waiting]
+    # A start rests on the guess when some job without a time limit is ahead of it or is it.
+    unlimited = any(j.spec.time_limit_s <= 0 for j in jobs if not j.state.final)
+    guessed = reply.guessed_run_s > 0 and unlimited
     if as_json:
         click.echo(render.dumps([{"id": j.id, "name": j.spec.name, "user": j.spec.user,
-                                  "start": reply.starts.get(j.id)} for j in waiting]))
+                                  "start": reply.starts.get(j.id), "guess": guessed and j.id in reply.starts}
+                                 for j in waiting]))
         return
     if not waiting:
         click.echo("no job is waiting")
         return
+    mark = "guess: " if guessed else ""
     rows = [[render.clean(j.id), render.clean(j.spec.name), render.clean(j.spec.user), Priority.label(j.spec.priority),
-             _in(reply.starts[j.id] - reply.now) if j.id in reply.starts else "-"] for j in waiting]
+             mark + _in(reply.starts[j.id] - reply.now) if j.id in reply.starts else "-"] for j in waiting]
     click.echo(render.table_text(["ID", "NAME", "USER", "PRIORITY", "STARTS"], rows))
+    if guessed:
+        click.echo(f"guess: jobs without a time limit (-t) are taken to run {render.age(reply.guessed_run_s)} "
+                   "(the median of the jobs that finished here), or as long again as they have run already; "
+                   "--assume DURATION says how long instead")
     if len(reply.starts) < len(waiting):
         click.echo("-: no estimate (a job ahead runs without a time limit; see --assume)")

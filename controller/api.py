@@ -274,7 +274,7 @@ class ApiService:
         plan on this replica's records and nodes, run in a thread (a long queue takes a moment)."""
         import asyncio
 
-        from hfai.controller.estimate import estimate_starts
+        from hfai.controller.estimate import estimate_starts, guess_from_history
         from hfai.controller.inputs import plan_nodes, plan_settings
 
         if not 0 <= req.default_run_s <= MAX_ASSUMED_RUN_S:
@@ -285,9 +285,10 @@ class ApiService:
         nodes = plan_nodes(self._nodes, records, float("inf"))
         settings = plan_settings(self._config, self._settings.values if self._settings is not None else {}, False)
         now = time.time()
+        guess = guess_from_history(records) if req.guess and not req.default_run_s else None
         starts = await asyncio.to_thread(estimate_starts, records, nodes, settings, now,
-                                         default_run_s=req.default_run_s or None)
-        return EstimateReply(starts=starts, now=now)
+                                         default_run_s=req.default_run_s or None, guess=guess)
+        return EstimateReply(starts=starts, now=now, guessed_run_s=guess.typical_run_s if guess else 0.0)
 
     async def logs(self, caller: Caller, req: LogRequest) -> LogChunk:
         """A slice of one rank's log, relayed from the agent of the node that rank ran on; only the

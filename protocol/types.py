@@ -528,6 +528,9 @@ class EstimateRequest:
 
     KIND: ClassVar[str]
     default_run_s: float = 0.0
+    # With no default_run_s: guess how long a job without a limit runs from the cluster's history
+    # (controller/estimate.py, Guess) instead of for ever. An older controller ignores it.
+    guess: bool = False
 
 
 @message("estimate_reply")
@@ -535,6 +538,7 @@ class EstimateReply:
     KIND: ClassVar[str]
     starts: dict[str, float] = field(default_factory=dict)  # job id -> estimated start (wall clock)
     now: float = 0.0
+    guessed_run_s: float = 0.0  # >0: the guess was used, with this typical running time of a whole job
 
 
 @message("nodes_request")

@@ -197,3 +197,29 @@ def test_start_estimates_replay_the_plan_with_time_limits():
     after = queued("after", submit=5.0, after=("b",), time_limit_s=60.0)
     starts = estimate_starts([a, b, held, after], cluster(2), SETTINGS, NOW)
     assert "h" not in starts and starts["b"] == NOW and starts["after"] == NOW + 1800.0
+
+
+def test_without_time_limits_the_estimate_guesses_from_the_clusters_history():
+    import dataclasses
+
+    from hfai.controller.estimate import Guess, estimate_starts, guess_from_history
+
+    # The jobs that finished here ran 10, 20 and 40 min: a job is guessed to run 20 min.
+    done = [dataclasses.replace(queued(f"d{i}"), state=ChainState.SUCCEEDED, run_s=m * 60.0)
+            for i, m in enumerate((10, 20, 40))]
+    guess = guess_from_history(done)
+    assert guess == Guess(1200.0) and guess_from_history([]) == Guess(3600.0)
+    young = running("young", started=NOW - 300)  # 5 min in: 15 min left of the 20
+    waiting = queued("w", submit=1.0)
+    assert estimate_starts([*done, young, waiting], cluster(1), SETTINGS, NOW) == {}  # no guess: for ever
+    assert estimate_starts([*done, young, waiting], cluster(1), SETTINGS, NOW, guess=guess) == {"w": NOW + 900.0}
+    # One that already ran longer than the typical job: as long again as it has (an hour more).
+    old = running("old", started=NOW - 3600)
+    assert estimate_starts([*done, old, waiting], cluster(1), SETTINGS, NOW, guess=guess) == {"w": NOW + 3600.0}
+    # A job behind an unlimited one started in the replay waits the typical run after it.
+    later = queued("later", submit=2.0)
+    starts = estimate_starts([*done, young, waiting, later], cluster(1), SETTINGS, NOW, guess=guess)
+    assert starts == {"w": NOW + 900.0, "later": NOW + 900.0 + 1200.0}
+    # --assume wins over the guess.
+    assert estimate_starts([young, waiting], cluster(1), SETTINGS, NOW, default_run_s=60.0, guess=guess) == {
+        "w": NOW + 60.0}

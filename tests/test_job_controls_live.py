@@ -135,6 +135,15 @@ def test_estimate_says_when_waiting_jobs_would_start(cluster, tmp_path):
     assert starts[nxt] == pytest.approx(started + 3600.0, abs=5.0)  # when big's hour is up
     table = cluster.cli("estimate")
     assert "next" in table.stdout and "in ~" in table.stdout
-    for job_id in (nxt, big):
+    # Behind a job without a time limit: a guess from the cluster's history, said to be one;
+    # --assume forever gives none.
+    forever = _submit(cluster, tmp_path, "--name", "forever", "-n", "2", "bash", "-c", "true")
+    behind = _submit(cluster, tmp_path, "--name", "behind", "-n", "2", "-t", "10m", "bash", "-c", "true")
+    guessed = {e["id"]: e for e in json.loads(cluster.cli("estimate", "--json").stdout)}
+    assert guessed[behind]["start"] is not None and guessed[behind]["guess"] is True
+    assert "guess: " in cluster.cli("estimate").stdout
+    none = {e["id"]: e for e in json.loads(cluster.cli("estimate", "--json", "--assume", "forever").stdout)}
+    assert none[behind]["start"] is None
+    for job_id in (behind, forever, nxt, big):
         assert cluster.cli("stop", job_id).returncode == 0
     cluster.wait_state(big, ChainState.STOPPED)
