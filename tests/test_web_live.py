@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import sys
 import urllib.error
@@ -17,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser import chromium
 from spine_cluster import Cluster
 
 from hfai.config import WebConfig
@@ -218,26 +218,6 @@ def test_usage_outlives_the_purged_job_record(cluster):
 
 # ----------------------------------------------------------------------------- the browser
 
-def _browser(shots: Path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    if chromium is None or not Path(driver_path).exists():
-        why = "needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={shots / 'profile'}"):
-        opts.add_argument(flag)
-    return webdriver.Chrome(service=Service(driver_path), options=opts)
-
-
 def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path):
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
@@ -247,7 +227,7 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
     shots = tmp_path / "screenshots"
     shots.mkdir()
     print(f"screenshots in {shots}")
-    d = _browser(shots)
+    d = chromium(shots / "profile")
     # The pages re-render their rows at every poll: an element found a moment ago may be gone.
     wait = WebDriverWait(d, 60, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,))
 

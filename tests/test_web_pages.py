@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from browser import chromium
 from spine_cluster import Cluster
 
 from hfai.agent import fleet
@@ -112,27 +113,6 @@ def site(request, tmp_path_factory):
                 proc.wait()
 
 
-def _browser(profile: Path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    if chromium is None or not Path(driver_path).exists():
-        why = "needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000", "--hide-scrollbars",
-                 f"--user-data-dir={profile}"):
-        opts.add_argument(flag)
-    return webdriver.Chrome(service=Service(driver_path), options=opts)
-
-
 class Shots:
     """Full-page screenshots, kept in the test's tmp dir and copied to HFAI_SCREENSHOT_DIR if set."""
 
@@ -178,7 +158,7 @@ def test_every_page_in_chromium_with_labelled_charts(site, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     c, n = site.c, site.size
-    d = _browser(tmp_path / "profile")
+    d = chromium(tmp_path / "profile", hide_scrollbars=True)
     wait = WebDriverWait(d, 60, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,))
     shots = Shots(d, tmp_path / "screenshots", f"{n}-node{'s' if n > 1 else ''}")
     print(f"screenshots in {shots.where}")
