@@ -44,8 +44,6 @@ AGENT_PREFIX = "hfai.agent"
 STORAGE_PREFIX = "hfai.storage"
 STORAGE_WILDCARD = f"{STORAGE_PREFIX}.>"
 STORAGE_QUEUE = "hfai-storage"
-# Object store of pushed chunks waiting to be written into a workspace (only the service reads it).
-BUCKET_WS_STAGING = "hfai_ws_staging"
 
 EVENTS_STREAM = "HFAI_EVENTS"
 EVENTS_PREFIX = "hfai.events"
