@@ -244,6 +244,10 @@ class LocalCluster:
         recorded, so that what follows stops the daemons it started."""
         loaded = LocalCluster.load(self.root)
         pid = (loaded.supervision if loaded is not None else self.supervision).get("pid")
+        if not pid:
+            # Unsupervised (tests): the daemons are the ones this object started or was told of,
+            # and cluster.json may be older than a daemon restarted by hand since.
+            return
         _terminate(pid, self._supervisor, grace_s=30.0)  # it may be in the middle of a restart
         self._supervisor = None
         loaded = LocalCluster.load(self.root)

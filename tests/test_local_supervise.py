@@ -129,3 +129,19 @@ def test_a_supervised_local_cluster_restarts_what_died_and_down_stops_it_for_goo
     assert not pid_alive(sup)
     assert not any(pid_alive(p) for p in local.pids.values()), local.pids
     assert not local.is_up() and LocalCluster.load(tmp_path) is None
+
+
+def test_down_of_an_unsupervised_cluster_stops_a_daemon_restarted_since_it_was_saved(tmp_path):
+    """Without a supervisor, cluster.json is not the truth: a daemon restarted by hand (as fault
+    tests do) after the last save must still be stopped by down() (it was left running, and so
+    were storage services and controllers restarted by tests)."""
+    c = LocalCluster(root=tmp_path, nodes=1, controller=TEST_CONTROLLER, agent=TEST_AGENT, supervise=None)
+    c.up()
+    try:
+        c.wait_ready()
+        c.kill("storage", signal.SIGKILL)
+        restarted = c.start_storage().pid
+        assert c.pids["storage"] == restarted
+    finally:
+        c.down()
+    assert not pid_alive(restarted)
