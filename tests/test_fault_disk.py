@@ -119,7 +119,10 @@ def test_a_job_printing_onto_a_full_disk_is_not_hurt_and_its_log_says_what_was_l
     says so once it can write again (before: the job's print raised ENOSPC and it exited 1)."""
     store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
     room = tmp_path / "room"
-    r, go = waiter(tmp_path, "j2", 1 << 20, then=room)
+    # More than the relay's pipe (1 MiB) and one read of it (1 MiB) hold: the print can only return
+    # once the launcher has tried to write some of it onto the full disk (with 1 MiB the print could
+    # end in the pipe, the disk be freed, and nothing be lost: flaky).
+    r, go = waiter(tmp_path, "j2", 4 << 20, then=room)
     store.start(r)
     filler = fill(state_dir)
     go.touch()
