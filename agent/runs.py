@@ -1,4 +1,6 @@
-"""Runs on this node as directories and processes: start, signal, inspect, adopt, clean up.
+"""The run-directory layout: runs on this node as directories and the files in them, and what
+the agent does through them (start, signal, inspect, adopt, clean up). What a job runs with is
+jobenv.py's; how its launcher starts is launchers.py's.
 
 Layout under ``state_dir`` (0711: job users may pass through to their own control directory)::
 
@@ -34,8 +36,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -44,33 +44,23 @@ import psutil
 from hfai._atomic import write_atomic
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive
-from hfai.agent import safefs, zygote
+from hfai.agent import safefs
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
+from hfai.agent.jobenv import job_command
 from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE
+from hfai.agent.launchers import Launched, Launcher, make_launcher
 from hfai.agent.logcap import check_cap
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
-from hfai.agent.zygote import ZygoteError
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import InvalidRequest, ProtocolError
 from hfai.protocol.names import is_token
 from hfai.protocol.types import FENCE_KILL_FACTOR, RunAssignment, RunEventKind
 
-__all__ = ["LAUNCH_EXEC", "LAUNCH_FORK", "DiskFull", "Launched", "RunStore", "StartError", "job_environment",
-           "settle_exit"]
-
-# How launchers start ([agent] launcher): forked from a pre-imported zygote (zygote.py), or each a
-# fresh interpreter (50-100 ms of CPU per run).
-LAUNCH_FORK = "fork"
-LAUNCH_EXEC = "exec"
+__all__ = ["DiskFull", "RunStore", "fence_spec", "settle_exit"]
 
 log = logging.getLogger(__name__)
-
-# Variables of the agent's own environment a job of another user must not inherit: the agent's
-# settings (HFAI_*; the job gets its own HFAI_* below) and the agent account's login identity.
-_AGENT_ONLY = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "SSH_AUTH_SOCK",
-               "PWD", "OLDPWD")
 
 
 class DiskFull(OSError):
@@ -86,8 +76,8 @@ class DiskFull(OSError):
 class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
                  run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = "",
-                 launcher: str = LAUNCH_FORK, launcher_reply_timeout_s: float = 5.0,
-                 log_cap_bytes: int = 0):
+                 launcher: Launcher | None = None, log_cap_bytes: int = 0):
+        """``launcher``: how runs' launchers start (default: forked from the zygote)."""
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -107,10 +97,7 @@ class RunStore:
         self.datasets_dir = datasets_dir  # HFAI_DATASETS_DIR of jobs: [storage] dataset_root
         self.log_cap_bytes = check_cap(log_cap_bytes)
         self.agent = agent_account()
-        self._children: dict[str, subprocess.Popen] = {}
-        if launcher not in (LAUNCH_FORK, LAUNCH_EXEC):
-            raise ValueError(f"[agent] launcher must be {LAUNCH_FORK!r} or {LAUNCH_EXEC!r}, not {launcher!r}")
-        self._zygote = zygote.shared(launcher_reply_timeout_s) if launcher == LAUNCH_FORK else None
+        self.launcher = launcher if launcher is not None else make_launcher()
 
     # ------------------------------------------------------------------------------ inspect
 
@@ -136,8 +123,7 @@ class RunStore:
 
     def snapshot(self) -> dict[str, LocalRun]:
         """Every run directory on the node, with its current phase."""
-        for popen in list(self._children.values()):
-            popen.poll()  # reap launchers we started, so they do not linger as zombies
+        self.launcher.reap()
         out = {}
         for d in sorted(self.runs_dir.iterdir()) if self.runs_dir.is_dir() else ():
             try:
@@ -254,7 +240,7 @@ class RunStore:
         """This node had run ``ra`` (its directory is the record: no run starts twice), but a crash
         left the directory unreadable. Whatever ran died with the host: record the run as an
         exec'd launcher that died does read (killed, unless its exit status reached the disk), so
-        that the next snapshot reports its end. (Before, the agent retried the start forever.)"""
+        that the next snapshot reports its end, instead of asking to start it again for ever."""
         log.warning("run %s was cut short by a crash of this node; reporting it ended", ra.key)
         if _read_int(d / "exit_code") is None:
             write_atomic(d / "exit_code", f"{-signal.SIGKILL}\n".encode())
@@ -267,7 +253,8 @@ class RunStore:
             raise StartError(f"refused: {problem}")
         who = decide(ra.user, self.run_as, self.agent, lookup_account)
         control = self._make_control_dir(ra.key, who)
-        argv, env = self._command(ra, str(control), who)
+        argv, env = job_command(ra, who, node=self.node, control_dir=str(control), run_as=self.run_as,
+                                env_root=self.env_root, datasets_dir=self.datasets_dir)
         spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
                 "log_cap": self.log_cap_bytes,
                 **fence_spec(ra.fence_s, self._real_root / ALIVE_FILE, self.fence_poll_s)}
@@ -277,34 +264,17 @@ class RunStore:
         return spec
 
     def _launch(self, ra: RunAssignment, d: Path) -> Launched:
-        # The launcher gets the agent's own environment, never the job's (see launcher.py): forked
-        # from the zygote (zygote.py), or, if that fails, a fresh interpreter.
-        pid = None
-        if self._zygote is not None:
-            try:
-                pid = self._zygote.spawn(str(d))
-            except ZygoteError as e:
-                log.warning("%s; starting %s's launcher as a new process", e, ra.key)
-        if pid is None:
-            pid = self._exec_launcher(ra, d)
+        try:
+            pid = self.launcher.start(ra.key, d)
+        except OSError as e:
+            write_atomic(d / "exit_code", b"127\n")
+            raise StartError(f"cannot start the launcher on node {self.node}: {e}") from None
         try:
             created = psutil.Process(pid).create_time()
         except psutil.Error:
             created = time.time()  # already gone: it wrote its exit status, or none and counts as killed
         write_volatile(d / "launcher_pid", f"{pid} {created}".encode())  # a pid means nothing after a reboot
         return Launched(pid, created)
-
-    def _exec_launcher(self, ra: RunAssignment, d: Path) -> int:
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "hfai.agent.launcher", str(d)], cwd=str(d), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )
-        except OSError as e:
-            write_atomic(d / "exit_code", b"127\n")
-            raise StartError(f"cannot start the launcher on node {self.node}: {e}") from None
-        self._children[ra.key] = popen  # ours to reap (snapshot)
-        return popen.pid
 
     def _make_control_dir(self, key: str, who: JobIdentity) -> Path:
         """The job's control directory, its user's alone (0700): no other job can raise a suspend
@@ -331,32 +301,6 @@ class RunStore:
             f.write(f"=== hfai: job {ra.name} ({ra.job_id}) run {ra.run_id}, suspend count {ra.suspend_count}, "
                     f"rank {ra.rank}/{ra.world_size} on {self.node} at {time.strftime('%H:%M:%S')} ===\n".encode())
         return logf
-
-    def _command(self, ra: RunAssignment, control: str, who: JobIdentity) -> tuple[list[str], dict[str, str]]:
-        if not os.path.isdir(ra.workdir):
-            raise StartError(f"workdir {ra.workdir} does not exist on node {self.node}")
-        env = _base_environment(self.run_as) | who.env
-        env.update(ra.env)
-        python = sys.executable
-        if ra.env_name:
-            env_dir = self.env_root / ra.env_name
-            if not (env_dir / "bin").is_dir():
-                raise StartError(f"unknown environment HF_ENV_NAME={ra.env_name!r} on node {self.node} "
-                                 f"(looked for {env_dir}/bin)")
-            env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-            env["VIRTUAL_ENV"] = str(env_dir)
-            python = str(env_dir / "bin" / "python")
-        env.update(job_environment(ra, self.node, control))
-        if self.datasets_dir:
-            env["HFAI_DATASETS_DIR"] = self.datasets_dir
-        # hf_env.set_env(NAME) in the job looks for environments here (jobs run as their submitter
-        # do not get the agent's HFAI_CONFIG, so they could not read [agent] env_root themselves).
-        env["HFAI_ENV_ROOT"] = str(self.env_root)
-        argv = list(ra.entrypoint)
-        if argv and argv[0] in ("python", "python3"):
-            argv[0] = python
-        _check_command(argv, env, ra.workdir)
-        return argv, env
 
     def raise_suspend(self, key: str) -> None:
         # Created, never overwritten: the control directory is the job's (see safefs.py).
@@ -433,9 +377,9 @@ class RunStore:
     def cleanup(self, key: str) -> None:
         """Forget a run: its run and control directories move to ``trash/`` (a rename each, so
         a snapshot sees the run whole or not at all), which :meth:`empty_trash` deletes later, off
-        the agent's event loop. Deleting them here took 5-8 ms of the loop per run, while the next
-        run's exit and events waited."""
-        self._children.pop(key, None)
+        the agent's event loop: deleting them takes 5-8 ms per run, which the next run's exit and
+        events would wait for."""
+        self.launcher.forget(key)
         try:
             self.trash_dir.mkdir(mode=0o700, exist_ok=True)
         except OSError as e:
@@ -482,35 +426,6 @@ def settle_exit(first: int | None, launcher_alive: bool, second: int | None) -> 
     return RunPhase.EXITED, -signal.SIGKILL
 
 
-class Launched:
-    """A run's launcher as started: its pid, and a wait for its end (it may be the agent's child
-    or the zygote's, so this polls the pid and its creation time rather than reaping it)."""
-
-    def __init__(self, pid: int, created: float):
-        self.pid = pid
-        self.created = created
-
-    def poll(self) -> bool | None:
-        """True once the launcher has ended, else None (like Popen.poll, without a status: the
-        status is the job's, in the run directory)."""
-        return None if pid_alive(self.pid, self.created) else True
-
-    def wait(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout or 0.0)
-            time.sleep(0.02)
-        return True
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 def fence_spec(fence_s: float, alive: Path, fence_poll_s: float) -> dict:
     """The launch spec's self-fencing part (see launcher.py); empty (no fencing) unless the
     assignment asks for a finite positive bound."""
@@ -527,58 +442,6 @@ def _warn_if_unreachable(path: Path) -> None:
             log.warning("jobs of other users cannot reach %s: %s is not searchable by others (chmod o+x)",
                         path, parent)
             return
-
-
-def _base_environment(run_as: str) -> dict[str, str]:
-    """What a job inherits from the agent's environment."""
-    if run_as != RUN_AS_SUBMITTER:
-        return dict(os.environ)  # the job is the agent's own account: nothing to hold back
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("HFAI_", "SUDO_")) and k not in _AGENT_ONLY}
-
-
-def _check_command(argv: list[str], env: dict[str, str], workdir: str) -> None:
-    """StartError for what exec would refuse (an empty command, NUL bytes, '=' in a name)."""
-    if not argv:
-        raise StartError("the entrypoint is empty")
-    if any("\0" in a for a in argv) or "\0" in workdir:
-        raise StartError("the entrypoint or workdir contains a NUL byte")
-    for k, v in env.items():
-        if not k or "=" in k or "\0" in k or "\0" in v:
-            raise StartError(f"environment variable {k[:40]!r} cannot be set (empty, '=' or NUL in it)")
-
-
-def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str, str]:
-    """The variables a job sees: torch's names, HFAI_* and the MARSV2_* names hfai scripts read."""
-    env = {
-        "WORLD_SIZE": str(ra.world_size),
-        "RANK": str(ra.rank),
-        "MASTER_ADDR": ra.master_addr,
-        "MASTER_PORT": str(ra.master_port),
-        "HFAI_JOB_ID": ra.job_id,
-        "HFAI_CHAIN_ID": ra.job_id,
-        "HFAI_RUN_ID": str(ra.run_id),
-        "HFAI_JOB_NAME": ra.name,
-        "HFAI_USER": ra.user,
-        "HFAI_GROUP": ra.group,
-        "HFAI_PRIORITY": str(ra.priority),
-        "HFAI_NODE": node,
-        "HFAI_SUSPEND_COUNT": str(ra.suspend_count),
-        "HFAI_RETRY_COUNT": str(ra.retry_count),  # failed runs requeued by --retry (not suspensions)
-        "HFAI_WHOLE_LIFE_STATE": str(ra.whole_life_state),
-        "HFAI_CONTROL_DIR": control_dir,
-        "HF_ENV_NAME": ra.env_name,
-        "MARSV2_RANK": str(ra.rank),
-        "MARSV2_WORLD_SIZE": str(ra.world_size),
-        "MARSV2_NB_ID": ra.job_id,
-        "MARSV2_NB_NAME": ra.name,
-        "MARSV2_USER": ra.user,
-        "MARSV2_NODE_NAME": node,
-        "MARSV2_WHOLE_LIFE_STATE": str(ra.whole_life_state),
-        "MARSV2_SUSPEND_COUNT": str(ra.suspend_count),
-        "PYTHONUNBUFFERED": "1",
-    }
-    return env
 
 
 def _asks_to_stop(ack: bytes | None) -> bool:

@@ -31,11 +31,12 @@ from hfai.agent import safefs
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.identity import check_run_as
+from hfai.agent.launchers import make_launcher
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.plan import Act, Action, LocalRun, RunPhase, fence_problem, plan, platform_stopped, stale_logs
-from hfai.agent.runs import DiskFull, RunStore, StartError
+from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
-from hfai.agent.trust import assignment_problem, check_log_request
+from hfai.agent.trust import StartError, assignment_problem, check_log_request
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import ProtocolError
@@ -82,7 +83,7 @@ class Agent:
         self.address = self.ac.address or _default_address()
         self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
                               fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root,
-                              launcher=self.ac.launcher, launcher_reply_timeout_s=self.ac.launcher_reply_timeout_s,
+                              launcher=make_launcher(self.ac.launcher, self.ac.launcher_reply_timeout_s),
                               log_cap_bytes=self.ac.log_cap_bytes)
         self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes)
         # Runs this agent reported ended without a run directory (its state directory was full):

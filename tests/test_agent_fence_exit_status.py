@@ -11,8 +11,9 @@ import sys
 import psutil
 import pytest
 
+from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
-from hfai.agent.runs import LAUNCH_EXEC, RunStore, settle_exit
+from hfai.agent.runs import RunStore, settle_exit
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, RunAssignment
 
@@ -32,7 +33,7 @@ def test_settle_exit_table(first, alive, second, expected):
 
 
 def _store_with_run(tmp_path) -> tuple[RunStore, str]:
-    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
+    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=ExecLauncher())
     ra = RunAssignment(job_id="j1", run_id=1, name="n", user="u", group="default", priority=10, rank=0,
                        world_size=1, master_addr="a", master_port=1, entrypoint=("true",), workdir="/",
                        desired=DesiredRun.RUN)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.service import Agent
 from hfai.config import AgentConfig, Config
@@ -50,7 +51,7 @@ def test_the_agent_fsyncs_nothing_on_a_runs_path(tmp_path, monkeypatch):
     the launch spec, the pids and the .sent markers mean nothing after a power loss, and the
     assignment and exit status reach the disk from the launcher's side (statefile.py)."""
     agent = _agent(tmp_path)
-    agent.store._zygote = None  # exec'd launcher: its fsyncs are its own process's, counted below
+    agent.store.launcher = ExecLauncher()  # exec'd launcher: its fsyncs are its own process's, counted below
     synced: list[str] = []
     real_fsync = os.fsync
 

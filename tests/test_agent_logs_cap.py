@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from hfai.agent.launchers import LAUNCH_EXEC, ExecLauncher
 from hfai.agent.logcap import MIN_CAP_BYTES, CappedLog
 from hfai.agent.plan import RunPhase
-from hfai.agent.runs import LAUNCH_EXEC, RunStore
+from hfai.agent.runs import RunStore
 from hfai.protocol.types import DesiredRun, LogRequest, RunAssignment
 
 CAP = 256 * 1024
@@ -44,7 +45,7 @@ def _run(store: RunStore, ra: RunAssignment) -> int | None:
 
 
 def test_a_run_printing_far_past_the_cap_keeps_its_head_and_latest_output_and_says_what_was_dropped(tmp_path):
-    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC,
+    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=ExecLauncher(),
                      log_cap_bytes=CAP)
     earlier = b"an earlier run's last words\n" * 20_000  # 560 KB: more than the cap, never cut
     path = store.log_path("j1", 0)

@@ -13,8 +13,9 @@ import psutil
 import pytest
 
 from hfai.agent import zygote
+from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
-from hfai.agent.runs import LAUNCH_EXEC, RunStore
+from hfai.agent.runs import RunStore
 from hfai.protocol.types import DesiredRun, RunAssignment
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,7 @@ def test_runs_outlive_their_zygote_and_a_dead_zygote_is_replaced(tmp_path):
 
 
 def test_exec_launchers_remain_available(tmp_path):
-    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
+    store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=ExecLauncher())
     launched = store.start(_ra(tmp_path, "execd", "import sys; sys.exit(3)"))
     assert _exit_code(store, "execd.1") == 3
     assert psutil.Process(os.getpid()).pid != launched.pid and sys.executable

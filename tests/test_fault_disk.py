@@ -18,8 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from hfai.agent.launcher import read_stamp
+from hfai.agent.launchers import LAUNCH_EXEC, ExecLauncher
 from hfai.agent.plan import RunPhase
-from hfai.agent.runs import LAUNCH_EXEC, DiskFull, RunStore
+from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.service import Agent
 from hfai.config import AgentConfig, Config
 from hfai.protocol import decode, encode
@@ -105,7 +106,7 @@ def waiter(tmp_path: Path, job_id: str, printed: int, then: Path | None = None) 
 def test_a_run_that_ends_while_the_disk_is_full_keeps_its_exit_status(tmp_path, state_dir):
     """The launcher writes the status through the reserve the run got when it started (before:
     ENOSPC writing the status killed the launcher, and the run read "exited with code -9")."""
-    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
+    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=ExecLauncher())
     r, go = waiter(tmp_path, "j1", 0)
     store.start(r)
     fill(state_dir)
@@ -117,7 +118,7 @@ def test_a_run_that_ends_while_the_disk_is_full_keeps_its_exit_status(tmp_path, 
 def test_a_job_printing_onto_a_full_disk_is_not_hurt_and_its_log_says_what_was_lost(tmp_path, state_dir):
     """The job's output goes through its launcher, which drops what the full disk refuses and
     says so once it can write again (before: the job's print raised ENOSPC and it exited 1)."""
-    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
+    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=ExecLauncher())
     room = tmp_path / "room"
     # More than the relay's pipe (1 MiB) and one read of it (1 MiB) hold: the print can only return
     # once the launcher has tried to write some of it onto the full disk (with 1 MiB the print could
@@ -137,7 +138,7 @@ def test_a_job_printing_onto_a_full_disk_is_not_hurt_and_its_log_says_what_was_l
 
 
 def test_a_run_that_cannot_start_for_a_full_disk_leaves_nothing_and_can_start_later(tmp_path, state_dir):
-    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
+    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=ExecLauncher())
     r = ra(tmp_path, "j3")
     filler = fill(state_dir)
     with pytest.raises(DiskFull, match=rf"state directory full: {state_dir} \(ENOSPC\)"):
@@ -151,7 +152,7 @@ def test_a_run_that_cannot_start_for_a_full_disk_leaves_nothing_and_can_start_la
 def test_the_liveness_stamp_stays_fresh_on_a_full_disk(tmp_path, state_dir):
     """Overwritten in place (no new block), so the node's runs are not fenced for it (before:
     ENOSPC, and the agent exited)."""
-    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=LAUNCH_EXEC)
+    store = RunStore(state_dir, "n0", tmp_path / "envs", run_as="agent", launcher=ExecLauncher())
     store.mark_alive(1.5)
     fill(state_dir)
     store.mark_alive(12345.25)

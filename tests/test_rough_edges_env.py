@@ -35,7 +35,7 @@ def test_a_created_env_imports_hfai_and_is_its_maker_s(root):
     r = hfai(root, "create", "e1", "--no-pip")
     assert r.exit_code == 0, r.output
     python = root / "envs" / "e1" / "bin" / "python"
-    # What the agent runs for `python` in a job with HF_ENV_NAME=e1 (agent/runs.py).
+    # What the agent runs for `python` in a job with HF_ENV_NAME=e1 (agent/jobenv.py).
     probe = subprocess.run([str(python), "-c", "import hfai; print(hfai.receive_suspend_command(), hfai.__version__)"],
                            capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr

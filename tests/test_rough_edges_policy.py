@@ -5,7 +5,7 @@ and when it will be stopped (item 9), and the levels above NORMAL need a quota u
 
 from __future__ import annotations
 
-from hfai.agent.runs import job_environment
+from hfai.agent.jobenv import job_environment
 from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun

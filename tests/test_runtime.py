@@ -111,7 +111,7 @@ def test_the_documented_example_config_loads_and_sets_what_it_says():
 
 
 def test_job_environment_has_torch_hfai_and_marsv2_names():
-    from hfai.agent.runs import job_environment
+    from hfai.agent.jobenv import job_environment
     from hfai.protocol.types import DesiredRun, RunAssignment
 
     ra = RunAssignment(job_id="j", run_id=3, name="n", user="u", group="g", priority=10, rank=1, world_size=2,

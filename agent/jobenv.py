@@ -1,0 +1,102 @@
+"""What a job runs with: its command line and its environment, as the agent builds them from a
+:class:`~hfai.protocol.types.RunAssignment` (pure but for reading ``os.environ`` and testing that
+the workdir and the named environment exist). The launcher (launcher.py) receives both in the run's
+``launch`` spec and execs them as given."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
+from hfai.agent.trust import StartError
+from hfai.protocol.types import RunAssignment
+
+__all__ = ["base_environment", "check_command", "job_command", "job_environment"]
+
+# Variables of the agent's own environment a job of another user must not inherit: the agent's
+# settings (HFAI_*; the job gets its own HFAI_* below) and the agent account's login identity.
+_AGENT_ONLY = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "SSH_AUTH_SOCK",
+               "PWD", "OLDPWD")
+
+
+def job_command(ra: RunAssignment, who: JobIdentity, *, node: str, control_dir: str, run_as: str,
+                env_root: Path, datasets_dir: str = "") -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of ``ra``'s job on ``node``, run as ``who``; StartError if it
+    cannot run here (no workdir, an unknown environment, something exec would refuse)."""
+    if not os.path.isdir(ra.workdir):
+        raise StartError(f"workdir {ra.workdir} does not exist on node {node}")
+    env = base_environment(run_as) | who.env
+    env.update(ra.env)
+    python = sys.executable
+    if ra.env_name:
+        env_dir = env_root / ra.env_name
+        if not (env_dir / "bin").is_dir():
+            raise StartError(f"unknown environment HF_ENV_NAME={ra.env_name!r} on node {node} "
+                             f"(looked for {env_dir}/bin)")
+        env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(env_dir)
+        python = str(env_dir / "bin" / "python")
+    env.update(job_environment(ra, node, control_dir))
+    if datasets_dir:
+        env["HFAI_DATASETS_DIR"] = datasets_dir
+    # hf_env.set_env(NAME) in the job looks for environments here (jobs run as their submitter
+    # do not get the agent's HFAI_CONFIG, so they could not read [agent] env_root themselves).
+    env["HFAI_ENV_ROOT"] = str(env_root)
+    argv = list(ra.entrypoint)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = python
+    check_command(argv, env, ra.workdir)
+    return argv, env
+
+
+def base_environment(run_as: str) -> dict[str, str]:
+    """What a job inherits from the agent's environment."""
+    if run_as != RUN_AS_SUBMITTER:
+        return dict(os.environ)  # the job is the agent's own account: nothing to hold back
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("HFAI_", "SUDO_")) and k not in _AGENT_ONLY}
+
+
+def check_command(argv: list[str], env: dict[str, str], workdir: str) -> None:
+    """StartError for what exec would refuse (an empty command, NUL bytes, '=' in a name)."""
+    if not argv:
+        raise StartError("the entrypoint is empty")
+    if any("\0" in a for a in argv) or "\0" in workdir:
+        raise StartError("the entrypoint or workdir contains a NUL byte")
+    for k, v in env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise StartError(f"environment variable {k[:40]!r} cannot be set (empty, '=' or NUL in it)")
+
+
+def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str, str]:
+    """The variables a job sees: torch's names, HFAI_* and the MARSV2_* names hfai scripts read."""
+    return {
+        "WORLD_SIZE": str(ra.world_size),
+        "RANK": str(ra.rank),
+        "MASTER_ADDR": ra.master_addr,
+        "MASTER_PORT": str(ra.master_port),
+        "HFAI_JOB_ID": ra.job_id,
+        "HFAI_CHAIN_ID": ra.job_id,
+        "HFAI_RUN_ID": str(ra.run_id),
+        "HFAI_JOB_NAME": ra.name,
+        "HFAI_USER": ra.user,
+        "HFAI_GROUP": ra.group,
+        "HFAI_PRIORITY": str(ra.priority),
+        "HFAI_NODE": node,
+        "HFAI_SUSPEND_COUNT": str(ra.suspend_count),
+        "HFAI_RETRY_COUNT": str(ra.retry_count),  # failed runs requeued by --retry (not suspensions)
+        "HFAI_WHOLE_LIFE_STATE": str(ra.whole_life_state),
+        "HFAI_CONTROL_DIR": control_dir,
+        "HF_ENV_NAME": ra.env_name,
+        "MARSV2_RANK": str(ra.rank),
+        "MARSV2_WORLD_SIZE": str(ra.world_size),
+        "MARSV2_NB_ID": ra.job_id,
+        "MARSV2_NB_NAME": ra.name,
+        "MARSV2_USER": ra.user,
+        "MARSV2_NODE_NAME": node,
+        "MARSV2_WHOLE_LIFE_STATE": str(ra.whole_life_state),
+        "MARSV2_SUSPEND_COUNT": str(ra.suspend_count),
+        "PYTHONUNBUFFERED": "1",
+    }
