@@ -21,9 +21,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
-from hfai.controller import sim, tracegen
+from hfai import sim
 from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Suspend, decide, indexed, ordering
 from hfai.protocol.types import ChainState, Priority
+from hfai.sim import tracegen
 
 NODES = 1250
 PRIOS = [Priority.LOW, Priority.NORMAL, Priority.NORMAL, Priority.NORMAL, Priority.ABOVE_NORMAL, Priority.HIGH]

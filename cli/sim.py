@@ -84,7 +84,7 @@ def run(trace: str, n_nodes: int, policies: tuple[str, ...], slice_s: float, che
     """Replay TRACE (CSV) on a cluster of --nodes nodes and print one table."""
     import math
 
-    from hfai.controller import sim as simulator
+    from hfai import sim as simulator
     from hfai.controller.policy import PolicyConfig
 
     if plot:
@@ -142,8 +142,8 @@ def _check_matplotlib() -> None:
 @_user_errors
 def gen(out: str, jobs: int, n_nodes: int, load: float, seed: int, users: int, elastic: float) -> None:
     """Write a synthetic trace to OUT: Poisson arrivals, heavy-tailed durations, 1-64 nodes."""
-    from hfai.controller import sim as simulator
-    from hfai.controller import tracegen
+    from hfai import sim as simulator
+    from hfai.sim import tracegen
 
     trace = tracegen.generate(jobs, n_nodes, load=load, seed=seed, users=users, elastic=elastic)
     simulator.write_trace(out, trace)

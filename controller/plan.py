@@ -3,7 +3,7 @@ time in; record changes out (issue 12).
 
 The leader is a thin executor of it (controller/leader.py: write each change with compare-and-set,
 then publish the assignments derived from the records), and the simulator executes the very same
-plan in virtual time (controller/sim.py), so the two cannot drift apart: run time is counted where
+plan in virtual time (sim/replay.py), so the two cannot drift apart: run time is counted where
 transitions.py counts it, groups come from the records, a restricted user is treated alike.
 
 A round, in order:
@@ -19,7 +19,7 @@ A round, in order:
    not start yet stay out of the policy, saying why: held (``hfai hold``), waiting for the jobs
    they depend on (``--after``), or their job array at its limit (``--array ...%N``); a job whose
    dependency can never be met (it needed one to succeed, and it failed) is stopped.
-4. The policy (controller/policy.py, or a baseline in the simulator) decides on the records as
+4. The policy (controller/policy/, or a baseline in the simulator) decides on the records as
    they will be after 1 to 3; its starts get a master address and port (:class:`StartRun`),
    its suspensions become :class:`Interrupt`, and its wait reasons :class:`Explain` when due.
 
@@ -34,27 +34,15 @@ does no I/O, and a planner fed the same records plans the same actions as a fres
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hfai.controller import transitions
 from hfai.controller.assignments import pick_master_port
-from hfai.controller.policy import (
-    QUIET_MARGIN_S,
-    JobView,
-    NodeView,
-    PolicyConfig,
-    Start,
-    Suspend,
-    Wait,
-    decide,
-    ordering,
-)
-from hfai.controller.queues import JobIndex, Ordering
+from hfai.controller.policy import HFAI, QUIET_MARGIN_S, JobView, NodeView, Policy, PolicyConfig, Start, Suspend, Wait
+from hfai.controller.queues import JobIndex
 from hfai.controller.views import job_view
 from hfai.protocol.types import ChainState, JobRecord
-
-Policy = Callable[..., list]  # (jobs or JobIndex, nodes, now, PolicyConfig) -> decisions
 
 
 @dataclass(frozen=True)
@@ -159,12 +147,11 @@ def restricted_reason(why: str) -> str:
 
 
 class Planner:
-    """Plans rounds for one leader term (or one replay). ``policy`` is a decide-like function;
-    its ``ordering`` attribute (or the hfai policy's) tells how to index the waiting jobs."""
+    """Plans rounds for one leader term (or one replay) with ``policy`` (hfai's unless the
+    simulator passes a baseline); the policy's ``ordering`` says how to index the waiting jobs."""
 
-    def __init__(self, policy: Policy = decide, order: Callable[[PolicyConfig], Ordering] | None = None):
+    def __init__(self, policy: Policy = HFAI):
         self.policy = policy
-        self._order: Callable[[PolicyConfig], Ordering] = order or getattr(policy, "ordering", None) or ordering
         self.records: dict[str, JobRecord] = {}  # the live records (final ones leave)
         self._views: dict[str, JobView] = {}
         self.index: JobIndex | None = None
@@ -271,7 +258,7 @@ class Planner:
             self.observe(r)
 
     def _index(self, config: PolicyConfig) -> JobIndex:
-        order = self._order(config)
+        order = self.policy.ordering(config)
         if self.index is None or self.index.signature != order.signature:
             self.index = JobIndex.of(self._views.values(), order)
         return self.index
@@ -358,26 +345,26 @@ class Planner:
         for job_id in hidden:
             index.discard(job_id)
         try:
-            decisions = self.policy(index, views, now, settings.policy)
+            decisions = self.policy.decide(index, views, now, settings.policy)
         finally:
             for job_id in (*overlay, *hidden):
                 index.put(self._views[job_id])
         picked: dict[str, set[int]] = {}  # master ports given this round, per address
         unacked: dict[str, str | None] = {}  # group -> who holds up its released nodes (_unacked)
-        for d in decisions:
-            if isinstance(d, Start):
-                addr = address.get(d.nodes[0], "")
+        for decision in decisions:
+            if isinstance(decision, Start):
+                addr = address.get(decision.nodes[0], "")
                 used = picked.setdefault(addr, set())
-                record = self.records[d.job_id]
-                port = pick_master_port(d.job_id, record.run_id + 1, _InUse(self._ports.get(addr, {}), used),
+                record = self.records[decision.job_id]
+                port = pick_master_port(decision.job_id, record.run_id + 1, _InUse(self._ports.get(addr, {}), used),
                                         settings.master_port_base, settings.master_port_span)
                 used.add(port)
-                actions.append(StartRun(d.job_id, d.nodes, addr, port, d.reason))
-            elif isinstance(d, Suspend):
-                actions.append(Interrupt(d.job_id, d))
-            elif isinstance(d, Wait):
-                job = overlay.get(d.job_id) or self.records[d.job_id]
-                reason = d.reason
+                actions.append(StartRun(decision.job_id, decision.nodes, addr, port, decision.reason))
+            elif isinstance(decision, Suspend):
+                actions.append(Interrupt(decision.job_id, decision))
+            elif isinstance(decision, Wait):
+                job = overlay.get(decision.job_id) or self.records[decision.job_id]
+                reason = decision.reason
                 if reason in _RELEASE_WAITS:
                     group = job.spec.group
                     if group not in unacked:
@@ -390,12 +377,9 @@ class Planner:
 
     def quiet_until(self, settings: PlanSettings, now: float) -> float:
         """The earliest time after ``now`` at which a round on the same records and nodes could
-        plan otherwise than one at ``now`` (a time limit running out, or what the policy's
-        ``quiet_until`` says); ``now`` if the policy cannot tell."""
-        promise = getattr(self.policy, "quiet_until", None)
-        if promise is None:
-            return now
-        t = promise(self._index(settings.policy), now, settings.policy)
+        plan otherwise than one at ``now`` (a time limit running out, a retry's backoff, or what
+        the policy's ``quiet_until`` says)."""
+        t = self.policy.quiet_until(self._index(settings.policy), now, settings.policy)
         for job_id in self._timed:
             job = self.records[job_id]
             if job.state is ChainState.RUNNING:
@@ -505,7 +489,7 @@ def _hms(seconds: float) -> str:
 
 
 def plan_once(records: Iterable[JobRecord], nodes: Sequence[PlanNode], settings: PlanSettings, now: float,
-              policy: Policy = decide) -> list[Action]:
+              policy: Policy = HFAI) -> list[Action]:
     """One round from scratch: what a fresh leader would do with these records."""
     planner = Planner(policy)
     for r in records:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from hfai.protocol.types import ChainState, Priority
 
 if TYPE_CHECKING:
-    from hfai.controller.policy import JobView, NodeView
+    from hfai.controller.policy.views import JobView, NodeView
 
 Key = tuple[float, str]  # queue order: (the ordering's key, job id)
 #: A list's place in a walk: (its key there, size, user, the list, index of that key); the keys

@@ -21,9 +21,9 @@ from hfai.controller.plan import (
     plan_once,
 )
 from hfai.controller.policy import PolicyConfig, Start, effective_priority
-from hfai.controller.sim import SimConfig, Simulator, TraceJob
 from hfai.controller.views import job_view
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority
+from hfai.sim import SimConfig, Simulator, TraceJob
 
 NOW = 1_000_000.0
 LOW, NORMAL, HIGH = Priority.LOW.value, Priority.NORMAL.value, Priority.HIGH.value
@@ -225,7 +225,7 @@ def test_a_waiting_higher_priority_job_never_waits_while_a_lower_one_runs_on_its
     trace = sorted((TraceJob(rng.uniform(0, 3000), rng.uniform(30, 2000), rng.randint(1, n_nodes),
                              rng.choice((LOW, NORMAL, HIGH, Priority.VERY_HIGH.value)), rng.choice("abc"))
                     for _ in range(rng.randint(1, 25))), key=lambda j: j.submit_s)
-    from hfai.controller.sim import POLICIES
+    from hfai.sim import POLICIES
 
     sim = _Watched(trace, n_nodes, POLICIES[name], SimConfig(checkpoint_s=20.0, restart_s=10.0, tick_s=5.0,
                                                              wake_s=30.0, policy=PolicyConfig(slice_s=300.0)), name)
@@ -243,7 +243,7 @@ def test_a_waiting_higher_priority_job_never_waits_while_a_lower_one_runs_on_its
 ])
 def test_the_watch_would_see_a_policy_that_ignores_priorities(name, trace):
     """The property above can fail."""
-    from hfai.controller.sim import POLICIES
+    from hfai.sim import POLICIES
 
     sim = _Watched(trace, 1, POLICIES[name], SimConfig(tick_s=5.0, wake_s=30.0), name)
     sim.violations = []
@@ -256,9 +256,9 @@ def test_simulated_and_leader_records_go_through_the_same_transitions():
     simulator as live; and a job's group comes from its record."""
     cfg = SimConfig(checkpoint_s=50.0, restart_s=0.0, tick_s=1.0, wake_s=5.0, policy=PolicyConfig(slice_s=1800.0))
     trace = [TraceJob(0.0, 1000.0, 1, LOW, "a"), TraceJob(100.0, 10.0, 1, HIGH, "b")]
-    from hfai.controller.policy import decide
+    from hfai.controller.policy import HFAI
 
-    sim = Simulator(trace, 1, decide, cfg, "hfai")
+    sim = Simulator(trace, 1, HFAI, cfg, "hfai")
     seen: list[JobRecord] = []
     original = sim.planner.observe
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hfai.controller.policy import ANY, JobView, NodeView, PolicyConfig, Quotas, Start, Suspend, Wait, decide
-from hfai.controller.sim import SimConfig, Simulator, TraceJob
+from hfai.controller.policy import ANY, HFAI, JobView, NodeView, PolicyConfig, Quotas, Start, Suspend, Wait, decide
 from hfai.protocol.types import ChainState, Priority
+from hfai.sim import SimConfig, Simulator, TraceJob
 
 PRIOS = [Priority.LOW.value, Priority.NORMAL.value, Priority.ABOVE_NORMAL.value, Priority.HIGH.value]
 USERS = ["a", "b", "c"]
@@ -129,7 +129,7 @@ def test_every_job_eventually_runs_and_nothing_is_ever_violated(trace, n_nodes, 
     quotas = Quotas({} if limit is None else {(ANY, p, ANY): limit for p in PRIOS})
     config = SimConfig(checkpoint_s=30.0, restart_s=30.0, tick_s=10.0, wake_s=60.0,
                        policy=PolicyConfig(slice_s=slice_s, quotas=quotas, above_normal_s=3600.0))
-    sim = Simulator(sorted(trace, key=lambda j: j.submit_s), n_nodes, decide, config, name="hfai")
+    sim = Simulator(sorted(trace, key=lambda j: j.submit_s), n_nodes, HFAI, config, name="hfai")
     result = sim.run()
     assert result.jobs == len(trace)
     assert all(j.end >= j.trace.submit_s + j.trace.duration_s * j.trace.hi / max(j.trace.hi, 1) - 1e-6

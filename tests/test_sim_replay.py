@@ -8,10 +8,11 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from hfai.controller import sim, tracegen
-from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Suspend, decide
-from hfai.controller.sim import SimConfig, Simulator, TraceError, TraceJob, jain, read_trace, simulate, write_trace
+from hfai import sim
+from hfai.controller.policy import HFAI, FunctionPolicy, JobView, NodeView, PolicyConfig, Start, Suspend, Wait
+from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import ChainState, Priority
+from hfai.sim import SimConfig, Simulator, TraceError, TraceJob, jain, read_trace, simulate, tracegen, write_trace
 
 LOW, NORMAL, HIGH = Priority.LOW.value, Priority.NORMAL.value, Priority.HIGH.value
 EXACT = SimConfig(checkpoint_s=10.0, restart_s=20.0, tick_s=1.0, wake_s=5.0)
@@ -33,7 +34,7 @@ def test_preemption_costs_checkpoint_and_restart_time():
     """LOW runs 0..50, checkpoints 50..60; HIGH runs 60..160; LOW restores 160..180 and runs its
     remaining 50 s: it ends at 230."""
     trace = [TraceJob(0.0, 100.0, 1, LOW, "a"), TraceJob(50.0, 100.0, 1, HIGH, "b")]
-    s = Simulator(trace, 1, decide, EXACT, name="hfai")
+    s = Simulator(trace, 1, HFAI, EXACT, name="hfai")
     r = s.run()
     low, high = by_submit(s.jobs)[0.0], by_submit(s.jobs)[50.0]
     assert (low.end, high.end) == (230.0, 160.0)
@@ -43,7 +44,7 @@ def test_preemption_costs_checkpoint_and_restart_time():
 
 def test_fifo_never_preempts_and_the_head_blocks():
     trace = [TraceJob(0.0, 100.0, 1, LOW, "a"), TraceJob(1.0, 100.0, 2, HIGH, "b"), TraceJob(2.0, 10.0, 1)]
-    s = Simulator(trace, 2, sim.fifo_decide, EXACT, name="fifo")
+    s = Simulator(trace, 2, sim.FIFO, EXACT, name="fifo")
     s.run()
     jobs = by_submit(s.jobs)
     assert jobs[0.0].interrupts == 0 and jobs[0.0].end == 100.0
@@ -75,7 +76,7 @@ def test_las_demotes_a_running_job_when_its_service_crosses_a_threshold():
 
 def test_hfai_time_slices_between_users():
     config = SimConfig(checkpoint_s=0.0, restart_s=0.0, tick_s=1.0, wake_s=5.0, policy=PolicyConfig(slice_s=100.0))
-    s = Simulator([TraceJob(0.0, 1000.0, 1, user="a"), TraceJob(10.0, 50.0, 1, user="b")], 1, decide, config, "hfai")
+    s = Simulator([TraceJob(0.0, 1000.0, 1, user="a"), TraceJob(10.0, 50.0, 1, user="b")], 1, HFAI, config, "hfai")
     s.run()
     short = by_submit(s.jobs)[10.0]
     # The long job yields once it has had two slices of service (band 1), then the short one runs.
@@ -86,7 +87,7 @@ def test_hfai_time_slices_between_users():
 def test_elastic_job_runs_slower_on_fewer_nodes_and_grows_later():
     config = SimConfig(checkpoint_s=0.0, restart_s=0.0, tick_s=1.0, wake_s=5.0, policy=PolicyConfig(slice_s=50.0))
     trace = [TraceJob(0.0, 60.0, 2, user="a"), TraceJob(0.0, 100.0, 1, user="b", max_nodes=4)]
-    s = Simulator(trace, 4, decide, config, name="hfai")
+    s = Simulator(trace, 4, HFAI, config, name="hfai")
     s.run()
     elastic = next(j for j in s.jobs if j.trace.max_nodes)
     # 400 node-seconds of work: 2 nodes until the other job ends at 60 s (120 done), then all 4
@@ -95,23 +96,28 @@ def test_elastic_job_runs_slower_on_fewer_nodes_and_grows_later():
     assert elastic.interrupts == 1
 
 
+def _policy(decide) -> FunctionPolicy:
+    """A policy that decides with ``decide`` in hfai's queue order and never by the clock."""
+    return FunctionPolicy("test", decide, HFAI.ordering, lambda jobs, now, config: now)
+
+
 def test_the_simulator_rejects_a_policy_that_gives_a_node_twice():
     def greedy(jobs, nodes, now, config):
         return [Start(j.id, (nodes[0].name,), "") for j in jobs if j.state.waiting]
 
     with pytest.raises(sim.PolicyViolation, match="given to"):
-        Simulator([TraceJob(0.0, 10.0, 1), TraceJob(0.0, 10.0, 1)], 2, greedy, EXACT, "bad").run()
+        Simulator([TraceJob(0.0, 10.0, 1), TraceJob(0.0, 10.0, 1)], 2, _policy(greedy), EXACT, "bad").run()
 
 
 def test_the_simulator_rejects_a_policy_that_leaves_jobs_waiting_for_ever():
     with pytest.raises(sim.PolicyViolation, match="idle cluster"):
-        Simulator([TraceJob(0.0, 10.0, 1)], 2, lambda *a: [], EXACT, "lazy").run()
+        Simulator([TraceJob(0.0, 10.0, 1)], 2, _policy(lambda *a: []), EXACT, "lazy").run()
 
 
 def test_a_job_larger_than_the_cluster_is_a_user_error():
-    with pytest.raises(sim.InvalidRequest, match="needs 8 nodes"):
+    with pytest.raises(InvalidRequest, match="needs 8 nodes"):
         simulate([TraceJob(0.0, 10.0, 8)], 4)
-    with pytest.raises(sim.InvalidRequest, match="unknown policy"):
+    with pytest.raises(InvalidRequest, match="unknown policy"):
         simulate([TraceJob(0.0, 10.0, 1)], 4, "sjf")
 
 
@@ -143,10 +149,10 @@ def test_quantiles_and_table():
 def test_baselines_have_the_policy_signature():
     jobs = [JobView("a", "u", NORMAL, 1, 0.0, ChainState.QUEUED)]
     for policy in sim.POLICIES.values():
-        out = policy(jobs, [NodeView("n0")], 0.0, PolicyConfig())
-        assert [type(d) for d in out] in ([Start], [Start, sim.Wait])
+        out = policy.decide(jobs, [NodeView("n0")], 0.0, PolicyConfig())
+        assert [type(d) for d in out] in ([Start], [Start, Wait])
     running = [JobView("r", "u", NORMAL, 1, 0.0, ChainState.RUNNING, held=("n0",), run_s=1e9)]
-    assert any(isinstance(d, Suspend) for d in sim.las_decide(running + jobs, [NodeView("n0")], 0.0, PolicyConfig()))
+    assert any(isinstance(d, Suspend) for d in sim.LAS.decide(running + jobs, [NodeView("n0")], 0.0, PolicyConfig()))
 
 
 def test_las_prio_puts_priority_before_attained_service():
@@ -154,12 +160,12 @@ def test_las_prio_puts_priority_before_attained_service():
     (blind LAS keeps the LOW one); within one priority, less service first, as in LAS."""
     low = JobView("low", "u", LOW, 1, 0.0, ChainState.RUNNING, held=("n0",), started_ts=0.0)
     high = JobView("high", "v", HIGH, 1, 0.0, ChainState.SUSPENDED, run_s=1e6)
-    out = sim.las_prio_decide([low, high], [NodeView("n0")], 10.0, PolicyConfig())
+    out = sim.LAS_PRIO.decide([low, high], [NodeView("n0")], 10.0, PolicyConfig())
     assert [(type(d), d.job_id) for d in out] == [(Suspend, "low")]
-    assert sim.las_decide([low, high], [NodeView("n0")], 10.0, PolicyConfig()) == []
+    assert sim.LAS.decide([low, high], [NodeView("n0")], 10.0, PolicyConfig()) == []
     served = JobView("served", "u", HIGH, 1, 0.0, ChainState.SUSPENDED, run_s=1e6)
     fresh = JobView("fresh", "v", HIGH, 1, 5.0, ChainState.QUEUED)
-    out = sim.las_prio_decide([served, fresh], [NodeView("n0")], 10.0, PolicyConfig())
+    out = sim.LAS_PRIO.decide([served, fresh], [NodeView("n0")], 10.0, PolicyConfig())
     assert [(type(d), d.job_id) for d in out] == [(Start, "fresh")]
 
 
@@ -367,15 +373,12 @@ def test_passing_over_quiet_wake_ups_changes_no_outcome(policy):
 def test_las_keeps_running_jobs_queues_as_a_fresh_las_works_them_out():
     """The LAS baseline keeps each running job's queue until its service crosses the next
     threshold; a LAS built afresh for every round (nothing kept) must replay alike."""
-    from hfai.controller.baselines import make_las
+    from hfai.sim.baselines import make_las
 
-    def fresh(jobs, nodes, now, config):
-        return make_las()(jobs, nodes, now, config)
-
-    fresh.ordering = sim.las_decide.ordering  # type: ignore[attr-defined]
-    fresh.quiet_until = lambda jobs, now, config: make_las().quiet_until(jobs, now, config)  # type: ignore[attr-defined]
+    fresh = FunctionPolicy("las", lambda jobs, nodes, now, config: make_las().decide(jobs, nodes, now, config),
+                           sim.LAS.ordering, lambda jobs, now, config: make_las().quiet_until(jobs, now, config))
     trace = tracegen.generate(400, 12, load=1.3, seed=5)
-    kept = Simulator(trace, 12, sim.las_decide, SimConfig(), name="las")
+    kept = Simulator(trace, 12, sim.LAS, SimConfig(), name="las")
     kept.run()
     anew = Simulator(trace, 12, fresh, SimConfig(), name="las")
     anew.run()

@@ -1,6 +1,6 @@
-"""Baseline policies the simulator measures hfai against, with the same signature as
-:func:`hfai.controller.policy.decide` and the same kind of job index (so each round costs what it
-touches, not the length of the queue):
+"""Baseline policies the simulator measures hfai against: each a
+:class:`~hfai.controller.policy.Policy`, as hfai's own is, reading the same kind of job index (so
+each round costs what it touches, not the length of the queue):
 
 * ``fifo``: strict first-come-first-served by submit time, no preemption, no backfill: the head
   of the line blocks everyone behind it.
@@ -18,16 +18,25 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from hfai.controller.policy import QUIET_MARGIN_S, Decision, JobView, NodeView, PolicyConfig, Start, Suspend, indexed
+from hfai.controller.policy import (
+    QUIET_MARGIN_S,
+    Decision,
+    FunctionPolicy,
+    JobView,
+    NodeView,
+    Policy,
+    PolicyConfig,
+    Start,
+    Suspend,
+    indexed,
+)
 from hfai.controller.queues import GroupJobs, JobIndex, Ordering
 from hfai.protocol.types import Priority
 
 #: Above every priority a job can have (ranks LAS classes by priority first).
 _TOP = max(Priority) + 1
-
-Policy = Callable[[Iterable[JobView] | JobIndex, Iterable[NodeView], float, PolicyConfig], list[Decision]]
 
 FIFO_ORDER = Ordering(("fifo",), lambda v: 0, lambda v: v.submit_ts)
 
@@ -56,8 +65,8 @@ def fifo_decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], n
     return out
 
 
-fifo_decide.ordering = lambda config: FIFO_ORDER  # type: ignore[attr-defined]
-fifo_decide.quiet_until = lambda jobs, now, config: math.inf  # type: ignore[attr-defined]  # no clock
+#: FIFO decides by the records alone: the clock never changes its mind.
+FIFO: Policy = FunctionPolicy("fifo", fifo_decide, lambda config: FIFO_ORDER, lambda jobs, now, config: math.inf)
 
 
 def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600.0), *,
@@ -131,14 +140,11 @@ def make_las(thresholds_node_s: Sequence[float] = (3600.0, 8 * 3600.0, 64 * 3600
 
     def quiet_until(jobs: JobIndex, now: float, config: PolicyConfig) -> float:
         """When a running job's attained service reaches the next queue's threshold, the
-        earliest (waiting jobs' service does not change): see policy.quiet_until."""
+        earliest (waiting jobs' service does not change): see Policy.quiet_until."""
         return min((class_now(v, now)[2] for g in jobs.groups.values() for v in g.running.values()),
                    default=math.inf)
 
-    las_decide.__name__ = "las_prio_decide" if by_priority else "las_decide"
-    las_decide.ordering = lambda config: order  # type: ignore[attr-defined]
-    las_decide.quiet_until = quiet_until  # type: ignore[attr-defined]
-    return las_decide
+    return FunctionPolicy("las-prio" if by_priority else "las", las_decide, lambda config: order, quiet_until)
 
 
 def _las_group(g: GroupJobs, running: dict[int, list[JobView]], free: list[str], usable: int,
@@ -178,7 +184,7 @@ def _las_group(g: GroupJobs, running: dict[int, list[JobView]], free: list[str],
     return out
 
 
-las_decide = make_las()
-las_prio_decide = make_las(by_priority=True)
+LAS = make_las()
+LAS_PRIO = make_las(by_priority=True)
 
 

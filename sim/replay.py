@@ -6,9 +6,9 @@ each round it applies the plan's actions to real ``JobRecord`` s with the same p
 exit 0 when the work is done; an interrupted run acknowledges and exits after ``checkpoint_s``.
 So run time, requeues, groups and restrictions are counted by the code the live cluster runs. It
 also checks what the policy asks for (a node given twice, a gang started on the wrong number of
-nodes or a quota exceeded raise :class:`PolicyViolation`). Policies: ``hfai`` (the leader's
-:func:`~hfai.controller.policy.decide`) and the baselines ``fifo`` and ``las``
-(controller/baselines.py).
+nodes or a quota exceeded raise :class:`PolicyViolation`). Policies (:data:`POLICIES`): ``hfai``
+(the leader's :data:`~hfai.controller.policy.HFAI`) and the baselines ``fifo``, ``las`` and
+``las-prio`` (sim/baselines.py).
 
 Time model: the plan runs at most once per ``tick_s`` of virtual time (like the leader's
 scheduling period, 1 s) and only when something happened since its last run, or every ``wake_s``
@@ -18,7 +18,7 @@ at its next start (holding nodes, no progress). Work is ``duration_s * nodes`` n
 elastic job ``duration_s`` is its run time at ``max_nodes``) and runs at one node-second per node
 per second, so an elastic job at half size takes twice as long.
 
-Trace files: controller/trace.py; results and the table: controller/simreport.py.
+Trace files: sim/trace.py; results and the table: sim/report.py.
 """
 
 from __future__ import annotations
@@ -29,29 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from hfai.controller import transitions
-from hfai.controller.baselines import Policy, fifo_decide, las_decide, las_prio_decide, make_las
 from hfai.controller.plan import Explain, Interrupt, Planner, PlanNode, PlanSettings, StartRun
-from hfai.controller.policy import PolicyConfig, Wait, decide
-from hfai.controller.simreport import Sample, SimResult, format_table, jain, plot, quantile
-from hfai.controller.trace import (
-    TRACE_COLUMNS,
-    TraceError,
-    TraceJob,
-    parse_nodes,
-    parse_row,
-    read_trace,
-    write_trace,
-)
+from hfai.controller.policy import HFAI, Policy, PolicyConfig
 from hfai.protocol.errors import HfaiError, InvalidRequest
 from hfai.protocol.types import ChainState, JobRecord, JobSpec
+from hfai.sim.baselines import FIFO, LAS, LAS_PRIO
+from hfai.sim.report import Sample, SimResult, jain, quantile
+from hfai.sim.trace import TraceJob
 
-__all__ = [
-    "POLICIES", "TRACE_COLUMNS", "PolicyViolation", "Sample", "SimConfig", "SimResult", "Simulator", "TraceError",
-    "TraceJob", "Wait", "fifo_decide", "format_table", "jain", "las_decide", "las_prio_decide", "make_las",
-    "parse_nodes", "parse_row", "plot", "read_trace", "simulate", "write_trace",
-]
-
-POLICIES: dict[str, Policy] = {"hfai": decide, "fifo": fifo_decide, "las": las_decide, "las-prio": las_prio_decide}
+#: The policies a replay can be run with, by name.
+POLICIES: dict[str, Policy] = {p.name: p for p in (HFAI, FIFO, LAS, LAS_PRIO)}
 
 
 class PolicyViolation(HfaiError):
@@ -252,7 +239,7 @@ class Simulator:
         key = (spec.user, spec.priority, spec.group)
         self.used[key] = self.used.get(key, 0) + len(a.nodes)
         limit = self.config.policy.quotas.limit(*key, spec.by_operator)
-        if self.policy is decide and limit is not None and self.used[key] > limit:
+        if self.policy is HFAI and limit is not None and self.used[key] > limit:
             raise PolicyViolation(f"{self.name}: {job.id} exceeds the quota of {key}: {self.used[key]} > {limit}")
         after = a.apply(job, self.now)
         if after is None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from hfai.controller.trace import TraceJob
 from hfai.protocol.types import Priority
+from hfai.sim.trace import TraceJob
 
 MIN_S, MAX_S, SHAPE = 60.0, 4 * 86400.0, 0.3
 

@@ -1,0 +1,166 @@
+"""The policy's inputs and outputs: job and node views, quotas and settings, and decisions.
+
+Frozen dataclasses, no behaviour beyond what a view works out once about itself: the leader
+builds them from records (controller/views.py), the simulator from its trace, and every policy
+(hfai's, and the simulator's baselines) reads and returns these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hfai.protocol.types import ChainState
+
+#: Wildcard for the user or group part of a quota key.
+ANY = "*"
+
+@dataclass(frozen=True)
+class Quotas:
+    """Node quotas per (user, priority, group): the most nodes a user's jobs of that priority may
+    hold in that group at once. ``limits`` maps ``(user, priority, group)`` to a node count; the
+    user or the group may be :data:`ANY`. The most specific key wins: (user, p, group), (user, p,
+    ANY), (ANY, p, group), (ANY, p, ANY). No matching key means no limit, except at levels above
+    ``closed_above``: there it means 0 nodes (the level is closed until an operator gives a quota,
+    ``*`` opening it for everyone), unless the job is ``exempt`` (an operator's). A live cluster
+    closes the levels above NORMAL (:func:`hfai.controller.views.quotas_of`); None closes none.
+    """
+
+    limits: Mapping[tuple[str, int, str], int] = field(default_factory=dict)
+    closed_above: int | None = None
+
+    def limit(self, user: str, priority: int, group: str, exempt: bool = False) -> int | None:
+        found = self.explicit(user, priority, group) if self.limits else None
+        if found is None and not exempt and self.closed(priority):
+            return 0
+        return found
+
+    def explicit(self, user: str, priority: int, group: str) -> int | None:
+        """The quota a key sets for the user (None: no key matches)."""
+        get = self.limits.get
+        for key in ((user, priority, group), (user, priority, ANY), (ANY, priority, group), (ANY, priority, ANY)):
+            found = get(key)
+            if found is not None:
+                return found
+        return None
+
+    def closed(self, priority: int) -> bool:
+        """Whether ``priority`` is a level that needs a quota (no key: 0 nodes)."""
+        return self.closed_above is not None and priority > self.closed_above
+
+    def closed_by_default(self, user: str, priority: int, group: str, exempt: bool = False) -> bool:
+        """Whether the user gets no nodes at ``priority`` only because no quota opens the level."""
+        return not exempt and self.closed(priority) and self.explicit(user, priority, group) is None
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    #: A running job holds its nodes at least this long before an equal-priority job may take
+    #: them (time slice), and an elastic job runs this long before it is grown.
+    slice_s: float = 1800.0
+    #: ABOVE_NORMAL counts as NORMAL once the job has run this long in total (anti-hogging).
+    above_normal_s: float = math.inf
+    quotas: Quotas = field(default_factory=Quotas)
+    #: Grow an elastic job only if it gains at least this fraction of its size (and one node):
+    #: growing costs a restart, so a tiny gain is not worth it.
+    grow_min_gain: float = 0.25
+    #: Attained-service bands, in slices of node-time (``slice_s`` node-seconds; with the default
+    #: slice: 1, 8 and 64 node-hours). Within a priority, jobs in a lower band (less service so far)
+    #: go first and may take a time slice from jobs in a higher one; FIFO within a band.
+    service_bands: tuple[float, ...] = (2.0, 16.0, 128.0)
+    #: A blocked job lets later jobs of its own user and priority run on the free nodes (it could
+    #: not take them back) until it has waited this long; then it keeps them free for itself.
+    own_backfill_s: float = 4 * 3600.0
+    #: False: leave out Wait decisions of jobs that stay where they are (the simulator does not
+    #: need them; the live leader wants every reason).
+    explain_waits: bool = True
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the policy needs to know about a job.
+
+    ``priority`` is the declared level (never AUTO: resolve that at submit, :func:`resolve_auto`).
+    ``nodes`` is the size asked for; an elastic job also sets ``min_nodes``/``max_nodes`` (0: same
+    as ``nodes``). ``held`` are the nodes of the current run (its length is the running size).
+    ``run_s`` is the time the job ran in earlier runs of its chain, not counting the current one.
+    ``queued_ts`` is when a waiting job last entered the queue (0: at ``submit_ts``).
+    """
+
+    id: str
+    user: str
+    priority: int
+    nodes: int
+    submit_ts: float
+    state: ChainState
+    group: str = "default"
+    held: tuple[str, ...] = ()
+    started_ts: float = 0.0
+    slice_turns: int = 0
+    min_nodes: int = 0
+    max_nodes: int = 0
+    run_s: float = 0.0
+    queued_ts: float = 0.0
+    #: Submitted by an operator: the levels closed by default (Quotas.closed_above) are open to it.
+    exempt: bool = False
+    # Worked out once per view (a round reads them millions of times in a replay):
+    lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
+    hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use
+    size: int = field(init=False, repr=False, compare=False)  # nodes it holds now, else asks for
+
+    def __post_init__(self) -> None:
+        lo = self.min_nodes or self.nodes
+        object.__setattr__(self, "lo", lo)
+        object.__setattr__(self, "hi", max(self.max_nodes or self.nodes, lo))
+        object.__setattr__(self, "size", len(self.held) or self.nodes)
+
+    @property
+    def waited_since(self) -> float:
+        """When it last entered the queue (submit or requeue)."""
+        return self.queued_ts or self.submit_ts
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    group: str = "default"
+    schedulable: bool = True
+
+
+@dataclass(frozen=True)
+class Start:
+    """Run the job on ``nodes`` (rank order); ``len(nodes)`` is its world size this run."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Suspend:
+    """Interrupt the job (checkpoint, release the nodes) and requeue it keeping its place."""
+
+    job_id: str
+    reason: str
+    for_job: str
+    # True when the job yields to an equal-priority job (it then moves back in the round-robin).
+    sliced: bool = False
+
+
+@dataclass(frozen=True)
+class Resize(Suspend):
+    """An elastic job changes size: interrupt it exactly like :class:`Suspend`; the policy then
+    restarts it (a :class:`Start`) with about ``size`` nodes and a new world size. ``for_job`` is
+    empty when it grows into idle nodes."""
+
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Wait:
+    job_id: str
+    reason: str
+
+
+Decision = Start | Suspend | Wait
