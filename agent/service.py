@@ -1,11 +1,19 @@
 """The node agent: heartbeats with telemetry, watches its node's desired state, reconciles.
 
-Tasks (all owned, all cancelled on close): heartbeat, assignment watch, reconcile loop, and log
-clean-up; requests for logs are served by a subscription. The tasks are supervised: one that ends
-before close (a fault of our own, such as a state file it cannot write) fails the agent, which then
-exits non-zero for systemd to restart it, rather than heartbeat on while doing nothing. Events go
-to the durable stream with a ``Nats-Msg-Id`` so a retried publish is never counted twice; an event
-is marked sent only after JetStream acknowledged it.
+Tasks (all owned, all cancelled on close): heartbeat, assignment watch, reconcile loop, log
+clean-up and trash; requests for logs are served by a subscription. The tasks are supervised: one
+that ends before close (a fault of our own, such as a state file it cannot write) fails the agent,
+which then exits non-zero for systemd to restart it, rather than heartbeat on while doing nothing.
+Events go to the durable stream with a ``Nats-Msg-Id`` so a retried publish is never counted twice;
+an event is marked sent only after JetStream acknowledged it.
+
+One discipline for the loops: each reads the time and sleeps through the agent's :class:`Clock`
+(a FakeClock in timing tests), tests ``Task.cancelling()`` every round (``raise_if_cancelled``:
+nats-py can swallow a cancellation), waits for its wake-up event or its period with
+:func:`_wait_event` (never 3.11's ``asyncio.wait_for``), and retries what NATS refused after a
+jittered backoff (``hfai._retry``), so a thousand agents do not retry in the same instant after a
+NATS restart. The one time not read from the clock is the liveness stamp of the launchers: other
+processes compare it with the host's CLOCK_MONOTONIC (see :meth:`Agent._heartbeat_once`).
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ from nats.aio.client import Client
 
 from hfai import _nats
 from hfai._atomic import write_atomic
-from hfai._daemon import FailureStreak, Supervisor
+from hfai._clock import SYSTEM, Clock
+from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled
 from hfai._metrics import MetricsServer
+from hfai._retry import Backoff
 from hfai._version import __version__
 from hfai.agent import safefs
 from hfai.agent.diskwatch import DiskWatch
@@ -33,6 +43,7 @@ from hfai.agent.gpu import open_gpu_source
 from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
 from hfai.agent.metrics import AgentMetrics
+from hfai.agent.operations import Operations
 from hfai.agent.plan import Act, Action, LocalRun, RunPhase, fence_problem, plan, platform_stopped, stale_logs
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
@@ -76,15 +87,16 @@ class LocalStateError(RuntimeError):
 
 
 class Agent:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, clock: Clock = SYSTEM):
         self.config = config
         self.ac = config.agent
+        self.clock = clock
         self.node = names.check_token("node name", self.ac.resolved_node())
         self.address = self.ac.address or _default_address()
         self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
                               fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root,
                               launcher=make_launcher(self.ac.launcher, self.ac.launcher_reply_timeout_s),
-                              log_cap_bytes=self.ac.log_cap_bytes)
+                              log_cap_bytes=self.ac.log_cap_bytes, clock=clock)
         self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes)
         # Runs this agent reported ended without a run directory (its state directory was full):
         # never started here, whatever the assignment still says (key -> the run and its report).
@@ -102,10 +114,12 @@ class Agent:
         self._have_assignment = False
         self._refused_in_snapshot = False
         self._wake = asyncio.Event()
+        self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s)
         self._trash = asyncio.Event()  # set when a run's directories were moved to the trash
         self._supervisor = Supervisor()
         self._nc: Client | None = None
         self._seq = 0
+        self._unacked = False  # a report of this reconcile round was not acknowledged
         self._pidfds: set[int] = set()
         self._closed = False
         self.metrics: AgentMetrics | None = None  # when [agent] metrics_port is set
@@ -116,6 +130,7 @@ class Agent:
         self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self._log_sub = await nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
+        await self.ops.serve(nc)
         await self._start_metrics()
         await self._first_heartbeat()
         spawn = self._supervisor.spawn
@@ -155,32 +170,38 @@ class Agent:
         if self._nc is not None:
             try:
                 await self._nc.drain()
-            except Exception:
-                pass
+            except Exception as e:
+                log.warning("closing the NATS connection did not drain it (%s): messages not yet flushed "
+                            "are lost (unacknowledged events are sent again by the next agent)", e or type(e).__name__)
         self.gpus.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()
 
     # ---------------------------------------------------------------------------- heartbeat
 
+    def _backoff(self, base_s: float) -> Backoff:
+        """The retry schedule of a loop whose period is ``base_s``: from there up to one heartbeat
+        interval (a node never waits longer than a heartbeat to try again)."""
+        return Backoff(base_s, max(base_s, self.ac.heartbeat_interval_s))
+
     async def _first_heartbeat(self) -> None:
         """The first heartbeat, retried while JetStream cannot take it yet: on a fresh replicated
         cluster the bucket exists a moment before its stream answers (no responders)."""
+        backoff = self._backoff(self.config.nats.setup_retry_s)
         while True:
+            raise_if_cancelled()
             try:
                 await self._heartbeat_once()
                 return
             except (nats.errors.Error, TimeoutError) as e:
-                log.warning("first heartbeat not taken yet (%s); retrying in %gs", e or type(e).__name__,
-                            self.config.nats.setup_retry_s)
-                await asyncio.sleep(self.config.nats.setup_retry_s)
+                delay = backoff.next()
+                log.warning("first heartbeat not taken yet (%s); retrying in %.2fs", e or type(e).__name__, delay)
+                await self.clock.sleep(delay)
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._beat_now.wait(), self.ac.heartbeat_interval_s)
-            except TimeoutError:
-                pass
+            raise_if_cancelled()
+            await _wait_event(self._beat_now, self.ac.heartbeat_interval_s, self.clock)
             self._beat_now.clear()
             try:
                 await self._heartbeat_once()
@@ -193,7 +214,7 @@ class Agent:
         self._seq += 1
         alive = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
         record = NodeRecord(
-            name=self.node, group=self.ac.group, address=self.address, ts=time.time(), seq=self._seq,
+            name=self.node, group=self.ac.group, address=self.address, ts=self.clock.time(), seq=self._seq,
             gpus=self.gpus.sample(busy=bool(alive)), host=_host_stat(), envs=self.store.environments(),
             gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
             drain_reason=self.disk.check(),
@@ -205,6 +226,7 @@ class Agent:
             self.metrics.heartbeat(record)
         # Taken before the put: the leader times the node from when it sees the record, which is
         # after the put reached NATS, so the launchers' fence clock never runs behind the leader's.
+        # The host's own clock, not self.clock: the launchers read it against CLOCK_MONOTONIC.
         sent_at = time.monotonic()
         await self._nodes_kv.put(self.node, data)
         # Only a heartbeat NATS accepted keeps this node's runs alive (launcher.py self-fencing).
@@ -311,16 +333,17 @@ class Agent:
 
     async def _log_gc_loop(self) -> None:
         while True:
+            raise_if_cancelled()
             try:
                 self.collect_old_logs()
             except OSError as e:
                 log.warning("log clean-up failed: %s", e)
-            await asyncio.sleep(self.ac.log_gc_interval_s)
+            await self.clock.sleep(self.ac.log_gc_interval_s)
 
     def collect_old_logs(self, now: float | None = None) -> list[str]:
         """Delete the log folders :func:`stale_logs` picks; returns their job ids."""
         jobs_here = {run.assignment.job_id for run in self.store.snapshot().values()}
-        gone = stale_logs(self.store.log_last_writes(), jobs_here, time.time() if now is None else now,
+        gone = stale_logs(self.store.log_last_writes(), jobs_here, self.clock.time() if now is None else now,
                           self.ac.log_retention_s)
         for job_id in gone:
             self.store.remove_logs(job_id)
@@ -332,6 +355,7 @@ class Agent:
         thread, so the event loop goes on starting and reporting runs meanwhile; first what an
         earlier agent left there."""
         while True:
+            raise_if_cancelled()
             try:
                 await asyncio.to_thread(self.store.empty_trash)
             except OSError as e:
@@ -341,14 +365,23 @@ class Agent:
 
     async def _reconcile_loop(self) -> None:
         streak = FailureStreak(self.ac.reconcile_failures_max)  # failures on this node's own state
+        # After a round NATS refused (a failure, or a report not acknowledged) the next comes after
+        # a jittered backoff instead of the period: every agent met the same outage at once. A
+        # local fault keeps the period: it herds nothing, and the streak's bound counts rounds.
+        backoff = self._backoff(self.ac.reconcile_interval_s)
         while True:
+            raise_if_cancelled()
             self._wake.clear()
+            self._unacked = False
+            nats_refused = False
             try:
                 await self.reconcile()
                 streak.succeeded()
+                nats_refused = self._unacked
             except LocalStateError:
                 raise
             except (nats.errors.Error, TimeoutError):
+                nats_refused = True
                 log.exception("reconcile failed on NATS; retrying")  # the connection heals itself
             except Exception as e:
                 if isinstance(e, OSError) and self._disk_full(e):
@@ -363,10 +396,12 @@ class Agent:
                     log.exception("reconcile failed (%d in a row); retrying", streak.count + 1)
                     if streak.failed():
                         raise LocalStateError(f"reconcile failed {streak.count} times in a row: {e}") from e
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.ac.reconcile_interval_s)
-            except TimeoutError:
-                pass
+            if nats_refused:
+                delay = backoff.next()
+            else:
+                backoff.reset()
+                delay = self.ac.reconcile_interval_s
+            await _wait_event(self._wake, delay, self.clock)
 
     async def reconcile(self) -> None:
         """Carry out the plan: first what changes the node (start, signal, clean up), in plan
@@ -376,7 +411,7 @@ class Agent:
         await self._report_not_started()
         local = self.store.snapshot()
         reports: list[Action] = []
-        for action in plan(self._wanted(local), local, time.time(), self.ac.ack_exit_grace_s):
+        for action in plan(self.ops.wanted(self._wanted(local), local), local, self.clock.time(), self.ac.ack_exit_grace_s):
             if action.act in _REPORTS:
                 reports.append(action)
             else:
@@ -519,7 +554,7 @@ class Agent:
         self._pidfds.add(fd)
 
     async def _publish(self, ra: RunAssignment, kind: RunEventKind, **fields) -> bool:
-        ev = RunEvent(event=kind, node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=time.time(), **fields)
+        ev = RunEvent(event=kind, node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=self.clock.time(), **fields)
         try:
             await self._js.publish(
                 names.event_subject(self.node), encode(ev),
@@ -527,8 +562,9 @@ class Agent:
                 timeout=self.config.nats.request_timeout_s,
             )
             return True
-        except Exception as e:  # not acknowledged: the next reconcile tick tries again
+        except Exception as e:  # not acknowledged: the next reconcile round tries again, after a backoff
             log.warning("could not report %s of %s: %s", kind.value, ra.key, e)
+            self._unacked = True
             return False
 
     # --------------------------------------------------------------------------------- logs
@@ -559,6 +595,22 @@ class Agent:
             offset = min(req.offset, size)
             f.seek(offset)
             return LogChunk(data=f.read(req.max_bytes), offset=offset, size=size)
+
+
+async def _wait_event(event: asyncio.Event, timeout_s: float, clock: Clock) -> bool:
+    """Wait until ``event`` is set or ``timeout_s`` passed on ``clock``; True if it was set. Built
+    on ``asyncio.wait``, which lets a cancellation through (3.11's ``wait_for`` can swallow one);
+    both waits are this call's own and end with it."""
+    if event.is_set():
+        return True
+    waits = (asyncio.create_task(event.wait()), asyncio.create_task(clock.sleep(timeout_s)))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    return event.is_set()
 
 
 def _host_stat() -> HostStat:

@@ -49,7 +49,8 @@ def permissions(role: Role, name: str) -> Permissions:
     if role in (Role.USER, Role.OPERATOR):
         pub = [names.api_subject(name, "*"), names.storage_subject(name, "*")]
         if role is Role.OPERATOR:
-            pub += [names.api_subject(name, "*", operator=True), names.storage_subject(name, "*", operator=True)]
+            pub += [names.api_subject(name, "*", operator=True), names.storage_subject(name, "*", operator=True),
+                    f"{names.AGENT_PREFIX}.*.{names.OPERATOR_TOKEN}.{name}.*"]  # any node's agent operations
         return Permissions(pub=tuple(pub), sub=(f"{inbox}.>",))
     if role is Role.AGENT:
         return _agent(name, inbox)

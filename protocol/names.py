@@ -129,3 +129,27 @@ def telemetry_subject(node: str) -> str:
 
 def agent_logs_subject(node: str) -> str:
     return f"{AGENT_PREFIX}.{node}.logs"
+
+
+# Operator operations on one node's agent: hfai.agent.<node>.op.<user>.<verb>. Only operators'
+# credentials (and the controllers') may publish there (hfai.auth.roles), so the subject proves
+# the caller an operator, as on the API.
+AGENT_OP_SUSPEND = "suspend"
+AGENT_OPS = (AGENT_OP_SUSPEND,)
+
+
+def agent_op_subject(node: str, user: str, verb: str) -> str:
+    return f"{AGENT_PREFIX}.{check_token('node name', node)}.{OPERATOR_TOKEN}.{check_token('user name', user)}.{verb}"
+
+
+def agent_ops_wildcard(node: str) -> str:
+    """What one node's agent subscribes to for operator operations."""
+    return f"{AGENT_PREFIX}.{node}.{OPERATOR_TOKEN}.*.*"
+
+
+def parse_agent_op_subject(subject: str) -> tuple[str, str, str]:
+    """(node, user, verb) of an agent operation's subject; raises InvalidRequest for anything else."""
+    parts = subject.split(".")
+    if ".".join(parts[:2]) != AGENT_PREFIX or len(parts) != 6 or parts[3] != OPERATOR_TOKEN:
+        raise InvalidRequest(f"not an agent operation's subject: {subject[:200]}")
+    return parts[2], parts[4], parts[5]

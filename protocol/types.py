@@ -720,3 +720,31 @@ class UsageRow:
 class UsageReply:
     KIND: ClassVar[str]
     rows: tuple[UsageRow, ...]
+
+
+# ----------------------------------------------------------------- operator operations on agents
+
+@message("node_suspend_request")
+class NodeSuspendRequest:
+    """Asks one node's agent to interrupt every run on it as the platform does (suspend flag,
+    checkpoint, acknowledgement; SIGTERM and SIGKILL after the windows) and to start nothing
+    more until the agent restarts: the node is going down (``hfai local down``). Windows of None
+    are each run's own (the leader's, from ``[controller]``). The agent answers once every run
+    has ended and its end is reported, or after ``wait_s`` (0: at once, with what it interrupts).
+    Asking again changes nothing but the windows."""
+
+    KIND: ClassVar[str]
+    ack_window_s: float | None = None
+    kill_window_s: float | None = None
+    wait_s: float = 0.0
+
+
+@message("node_suspend_reply")
+class NodeSuspendReply:
+    """The runs the suspend interrupts (those alive on the node since it began) and those of them
+    not yet ended and reported (none: the node is settled)."""
+
+    KIND: ClassVar[str]
+    node: str
+    interrupted: tuple[str, ...] = ()
+    unsettled: tuple[str, ...] = ()
