@@ -56,7 +56,7 @@ def top_imports(cmd: list[str], env: dict[str, str], n: int = 6) -> list[tuple[i
 
 
 def submit_one(cluster: LocalCluster, workdir: Path) -> str:
-    from hfai.cli.client import ApiClient
+    from hfai.api.client import ApiClient
     from hfai.protocol.types import JobSpec
 
     async def go() -> str:

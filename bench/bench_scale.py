@@ -49,8 +49,8 @@ from bench_throughput import SLURM_JOBS_PER_S, breakdown, kv_revisions, run_batc
 
 from hfai import _nats
 from hfai.agent import fleet
+from hfai.api.client import ApiClient
 from hfai.auth.roles import Role
-from hfai.cli.client import ApiClient
 from hfai.cli.local import LOCAL_AGENT, LOCAL_CONTROLLER, LocalCluster, start_nats
 from hfai.config import AgentConfig, Config, ControllerConfig
 from hfai.protocol import decode, names

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
 from hfai.cli.local import LOCAL_AGENT, LOCAL_CONTROLLER, LocalCluster
 from hfai.controller.policy import JobView, NodeView, PolicyConfig, decide
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority

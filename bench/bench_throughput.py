@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from hfai import _nats
+from hfai.api.client import ApiClient
 from hfai.auth.roles import Role
-from hfai.cli.client import ApiClient
 from hfai.cli.local import LOCAL_AGENT, LocalCluster
 from hfai.config import Config
 from hfai.protocol import names

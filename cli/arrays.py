@@ -65,7 +65,7 @@ def find_array(jobs: Iterable[JobRecord], ref: str, me: str) -> Target | None:
 async def resolve(client, refs: Sequence[str]) -> list[Target]:
     """Each reference as a job (the controller's lookup) or, if no job has it, a job array.
     Raises NotFound naming what matched nothing."""
-    from hfai.cli.client import JobFilter
+    from hfai.api.client import JobFilter
 
     targets: list[Target] = []
     listed: tuple[JobRecord, ...] | None = None

@@ -9,39 +9,24 @@ import re
 
 import click
 
-from hfai.cli import render
+from hfai.api.spec import parse_duration
+from hfai.cli import common, render
 from hfai.cli.errors import user_errors
+from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import Priority
 
 run_async = user_errors()
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ARRAY_PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 MAX_ARRAY = 1000
 
 
-def parse_duration(text: str) -> float:
-    """Seconds from ``90m``, ``2h``, ``1d``, ``45s``, ``1:30:00`` (h:m:s), ``30:00`` (m:s) or
-    a plain number of minutes (Slurm's ``-t 30``). Raises click.BadParameter."""
-    t = text.strip().lower()
+def parse_time(text: str, hint: str = "'-t' / '--time'") -> float:
+    """Seconds of a duration option (:func:`hfai.api.spec.parse_duration`). Raises click.BadParameter."""
     try:
-        if ":" in t:
-            parts = [int(p) for p in t.split(":")]
-            if len(parts) > 3 or any(p < 0 for p in parts):
-                raise ValueError
-            seconds = 0
-            for p in parts:
-                seconds = seconds * 60 + p
-            value = float(seconds)
-        elif t[-1:] in _UNITS:
-            value = float(t[:-1]) * _UNITS[t[-1]]
-        else:
-            value = float(t) * 60
-    except (ValueError, IndexError):
-        raise click.BadParameter(f"{text!r}: use 90m, 2h, 1d, 45s or H:MM:SS", param_hint="'-t' / '--time'") from None
-    if not 0 < value < float("inf"):
-        raise click.BadParameter(f"{text!r}: the time limit must be more than 0", param_hint="'-t' / '--time'")
-    return value
+        return parse_duration(text)
+    except InvalidRequest as e:
+        raise click.BadParameter(str(e), param_hint=hint) from None
 
 
 def parse_array(text: str) -> tuple[tuple[int, ...], int]:
@@ -81,10 +66,9 @@ def _show(job, what: str) -> None:
 
 
 async def _call(verb: str, request):
-    from hfai.cli.main import api
     from hfai.protocol.types import JobReply
 
-    async with api() as client:
+    async with common.api() as client:
         return (await client.call(verb, request, JobReply)).job
 
 
@@ -92,10 +76,9 @@ async def _each(refs: tuple[str, ...], verb: str, request, what: str, applies) -
     """``verb`` with ``request(job id)`` for each job REFS mean (a job array: its members for which
     ``applies`` holds), one connection for all (cli/arrays.py)."""
     from hfai.cli import arrays
-    from hfai.cli.main import api
     from hfai.protocol.types import JobReply
 
-    async with api() as client:
+    async with common.api() as client:
         targets = await arrays.resolve(client, refs)
 
         async def act(job_id: str):
@@ -184,13 +167,12 @@ async def estimate(assume: str | None, as_json: bool):
     new arrived: a forward replay of the live policy (priorities, slices, holds, dependencies).
     A job without a time limit is guessed to run as long as the jobs that finished here (the
     median), or as long again as it has run already: such estimates are marked as guesses."""
-    from hfai.cli.main import api
     from hfai.protocol import names
     from hfai.protocol.types import EstimateReply, EstimateRequest, ListRequest
 
     forever = assume is not None and assume.strip().lower() == "forever"
-    default = parse_duration(assume) if assume and not forever else 0.0
-    async with api() as client:
+    default = parse_time(assume) if assume and not forever else 0.0
+    async with common.api() as client:
         reply = await client.call(names.VERB_ESTIMATE, EstimateRequest(default_run_s=default, guess=assume is None),
                                   EstimateReply)
         jobs = await client.list(request=ListRequest(include_finished=False, history=0))

@@ -8,7 +8,7 @@ from hfai.cli.errors import user_errors
 
 
 def _client():
-    from hfai.cli.main import cli_config
+    from hfai.api.config import cli_config
     from hfai.storage.client import StorageClient
 
     return StorageClient(cli_config())

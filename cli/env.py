@@ -8,15 +8,15 @@ from hfai.cli.errors import user_errors
 
 
 def _root() -> str:
-    from hfai.cli.main import cli_config
+    from hfai.api.config import cli_config
 
     return cli_config().agent.env_root
 
 
 def _me() -> tuple[str, bool]:
     """(my hfai user name, operator?) as my credentials say, without connecting."""
-    from hfai.cli.client import ApiClient
-    from hfai.cli.main import cli_config
+    from hfai.api.client import ApiClient
+    from hfai.api.config import cli_config
 
     client = ApiClient(cli_config())
     return client.user, client.operator

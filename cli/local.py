@@ -406,7 +406,7 @@ class LocalCluster:
         """Block until the API answers and every agent has registered."""
         import asyncio
 
-        from hfai.cli.client import ApiClient
+        from hfai.api.client import ApiClient
 
         async def poll() -> None:
             loop = asyncio.get_running_loop()
@@ -595,7 +595,7 @@ def down_actions(runs: dict, now: float, ack_window_s: float, kill_window_s: flo
 
 
 def _login() -> str:
-    from hfai.cli.client import current_user
+    from hfai.api.config import current_user
 
     return current_user()
 

@@ -73,7 +73,7 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
 
 
 def _active_jobs(cluster) -> int:
-    from hfai.cli.client import ApiClient
+    from hfai.api.client import ApiClient
 
     async def count() -> int:
         async with ApiClient(cluster.config(), user=cluster.owner or _login()) as client:
@@ -83,7 +83,7 @@ def _active_jobs(cluster) -> int:
 
 
 def _login() -> str:
-    from hfai.cli.client import current_user
+    from hfai.api.config import current_user
 
     return current_user()
 

@@ -37,11 +37,11 @@ def _table(rows) -> list[str]:
 @user_errors()
 async def usage(days: int, only_user: str, as_csv: bool, as_json: bool) -> None:
     """GPU-hours per day, user, group and priority (everyone's, like the queue)."""
-    from hfai.cli.main import api
+    from hfai.cli import common
     from hfai.controller.usage import DAY_S, csv_lines
 
     since = (time.time() // DAY_S - (days - 1)) * DAY_S  # midnight UTC, `days` days ago
-    async with api() as client:
+    async with common.api() as client:
         rows = await client.usage(since)
     if only_user:
         rows = [r for r in rows if r.user == only_user]

@@ -20,7 +20,7 @@ from hfai.cli.errors import user_errors
 
 
 def _config():
-    from hfai.cli.main import cli_config
+    from hfai.api.config import cli_config
 
     return cli_config()
 
@@ -68,8 +68,8 @@ def init(name: str | None):
 @user_errors()
 async def push(bwlimit: int, dry_run: bool):
     """Send the workspace containing the current directory: only the chunks the cluster lacks."""
+    from hfai.api.workspace import find_root
     from hfai.protocol.errors import InvalidRequest
-    from hfai.storage.client import find_root
 
     root = find_root(Path.cwd())
     if root is None:
@@ -103,7 +103,8 @@ async def _push_with_bars(client, root: Path, sc, bwlimit: int):
 
 
 async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
-    from hfai.storage.client import outgoing, read_marker
+    from hfai.api.workspace import read_marker
+    from hfai.storage.client import outgoing
     from hfai.storage.plan import check_workspace_name
 
     name = check_workspace_name(read_marker(root)["name"])

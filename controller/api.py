@@ -27,10 +27,10 @@ from hfai.controller.node_pages import NodePages
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.paging import paged_reply
 from hfai.controller.policy import resolve_auto
-from hfai.controller.store import KVCache, cas_update, cas_value
 from hfai.controller.transitions import apply_stop
 from hfai.controller.validate import check_array, parse_dependency
 from hfai.controller.views import job_view, quotas_of
+from hfai.kv import KVCache, cas_update, cas_value
 from hfai.protocol import decode, encode, names
 from hfai.protocol.codec import Encoded, pack
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_for_code

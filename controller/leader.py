@@ -40,7 +40,7 @@ from hfai.controller.faults import ASSIGNMENT_PUT, freeze_point
 from hfai.controller.inputs import plan_nodes, plan_settings
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings
-from hfai.controller.store import KVCache, cas_update
+from hfai.kv import KVCache, cas_update
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, NotFound, ProtocolError
 from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, RunEvent, evolve

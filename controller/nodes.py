@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Container, Iterable, Mapping
 
-from hfai.controller.store import KVCache
+from hfai.kv import KVCache
 from hfai.protocol import names
 from hfai.protocol.types import ChainState, DrainedNodes, JobRecord, NodeInfo, NodeRecord, NodeState
 

@@ -26,8 +26,8 @@ from hfai.controller.api import ApiService
 from hfai.controller.election import LeaseElection
 from hfai.controller.leader import Leader
 from hfai.controller.nodes import NodeTracker
-from hfai.controller.store import KVCache
 from hfai.controller.store_health import StoreProbe
+from hfai.kv import KVCache
 from hfai.protocol import names
 from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable, RestrictedUsers
 

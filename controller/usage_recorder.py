@@ -19,8 +19,8 @@ from nats.js.kv import KeyValue
 from hfai import _nats
 from hfai._daemon import raise_if_cancelled
 from hfai.config import Config
-from hfai.controller.store import KVCache
 from hfai.controller.usage import merge, runs_of, usage_rows
+from hfai.kv import KVCache
 from hfai.protocol import encode, names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import JobRecord, UsageEntry, UsageReply, UsageRequest, run_key

@@ -59,8 +59,8 @@ def tls_options(config: Config) -> dict:
 
 
 def _websocket_transport() -> None:
-    """Give nats-py its WebSocket transport back if the CLI imported it without aiohttp
-    (``hfai.cli._light_nats``)."""
+    """Give nats-py its WebSocket transport back if the client imported it without aiohttp
+    (``hfai.api._light_nats``)."""
     import nats.aio.transport as transport
 
     if transport.aiohttp is None:

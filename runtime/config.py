@@ -32,7 +32,7 @@ class NatsConfig:
     url: str = "nats://127.0.0.1:4222"
     connect_timeout_s: float = 2.0
     request_timeout_s: float = 5.0
-    # A request that is safe to repeat (reads and idempotent changes, see hfai.cli.client) is sent
+    # A request that is safe to repeat (reads and idempotent changes, see hfai.api.client) is sent
     # again, alongside the copies still waiting, when none answered within this long: the API
     # replicas share a queue group, so a hung replica would otherwise fail its share of the calls
     # for as long as it hangs. Every try ends at request_timeout_s. 0: one try.

@@ -33,7 +33,7 @@ from hfai.protocol.errors import InvalidRequest, Timeout
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority
 
 if TYPE_CHECKING:
-    from hfai.cli.client import ApiClient
+    from hfai.api.client import ApiClient
     from hfai.config import Config
 
 T = TypeVar("T")
@@ -68,7 +68,7 @@ def _default_workdir() -> str:
     """Where the job runs: the cluster's copy of a pushed workspace, else this directory (as the CLI)."""
     from pathlib import Path
 
-    from hfai.storage.client import remote_workdir
+    from hfai.api.workspace import remote_workdir
 
     cwd = os.getcwd()
     return remote_workdir(Path(cwd)) or cwd
@@ -84,7 +84,8 @@ class Client:
         self._user = user
 
     def _api(self) -> ApiClient:
-        from hfai.cli.client import ApiClient, cli_config
+        from hfai.api.client import ApiClient
+        from hfai.api.config import cli_config
 
         return ApiClient(self._config or cli_config(), user=self._user)
 
@@ -140,7 +141,7 @@ class Client:
         """Your jobs (``all_users``: everyone's; ``users``: these users'), oldest first: the active
         ones, or also ended ones with ``finished``; ``states`` (ChainState values or "active")
         and ``names`` (glob patterns) narrow them as ``hfai ps --state/--name`` do."""
-        from hfai.cli.client import JobFilter
+        from hfai.api.client import JobFilter
 
         async def go(api: ApiClient) -> tuple[JobRecord, ...]:
             who = tuple(users) or (() if all_users else (api.user,))
@@ -151,7 +152,7 @@ class Client:
 
 def _job_name(argv: tuple[str, ...]) -> str:
     """The name ``hfai submit`` would give this command (its script, or its program)."""
-    from hfai.cli.main import entry_script
+    from hfai.api.spec import entry_script
 
     return entry_script(argv)[1]
 

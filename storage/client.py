@@ -17,15 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfai._atomic import write_atomic
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
+from hfai.api.workspace import MARKER_DIR, find_root, read_marker, write_marker
 from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
 from hfai.storage.chunks import build_manifest, chunk_hash, quick_index, read_chunks
 
-MARKER_DIR = ".hfai"
-MARKER = "workspace.json"
 QUICK = "pushed.json"  # size, mtime and chunks of each file at the last push
 #: Put requests in flight: enough to keep the service's threads busy while replies travel.
 IN_FLIGHT = 8
@@ -69,43 +68,11 @@ class StorageClient(ApiClient):
 
 # ---------------------------------------------------------------------------- the marker
 
-def find_root(start: Path) -> Path | None:
-    """The workspace (a directory with ``.hfai/workspace.json``) containing ``start``, if any."""
-    for d in (start, *start.parents):
-        if (d / MARKER_DIR / MARKER).is_file():
-            return d
-    return None
-
-
-def read_marker(root: Path) -> dict:
-    try:
-        return json.loads((root / MARKER_DIR / MARKER).read_text())
-    except (OSError, ValueError):
-        raise InvalidRequest(f"{root} is not an hfai workspace; `hfai workspace init` it") from None
-
-
-def write_marker(root: Path, data: dict) -> None:
-    (root / MARKER_DIR).mkdir(exist_ok=True)
-    write_atomic(root / MARKER_DIR / MARKER, json.dumps(data, indent=1))
-
-
 def init(root: Path, name: str | None) -> dict:
     name = plan.check_workspace_name(name or root.resolve().name)
     data = {**(read_marker(root) if find_root(root) == root else {}), "name": name}
     write_marker(root, data)
     return data
-
-
-def remote_workdir(cwd: Path) -> str | None:
-    """Where ``cwd`` is on the cluster, if it lies in a pushed workspace (jobs run there)."""
-    root = find_root(cwd)
-    if root is None:
-        return None
-    remote = read_marker(root).get("remote")
-    if not remote:
-        return None
-    rel = cwd.resolve().relative_to(root.resolve())
-    return str(Path(remote) / rel) if str(rel) != "." else remote
 
 
 # ---------------------------------------------------------------------------- push / pull

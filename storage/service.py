@@ -140,7 +140,7 @@ class StorageService:
 
     async def _change_restricted(self, change) -> RestrictedUsers:
         assert self._users_kv is not None, "start() first"
-        from hfai.controller.store import cas_value
+        from hfai.kv import cas_value
 
         value, _rev, changed = await cas_value(self._users_kv, names.RESTRICTED_KEY, RestrictedUsers, change,
                                                what="setting", missing=RestrictedUsers,

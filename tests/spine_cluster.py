@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from hfai import _nats
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
 from hfai.cli.local import LocalCluster, start_nats
 from hfai.config import AgentConfig, ControllerConfig
 from hfai.protocol import decode, names

@@ -1,5 +1,5 @@
 """A hung API replica does not fail calls (issue 26 §5): the client sends a repeatable request
-again within the same deadline (hfai.cli.client.try_plan), never a submit.
+again within the same deadline (hfai.api.client.try_plan), never a submit.
 
 The fast tests serve the API queue group from this process on a real nats-server: one member
 answers, one takes every request it is given and never answers (what a SIGSTOPped controller
@@ -14,7 +14,7 @@ import nats
 import pytest
 from spine_cluster import nats_server
 
-from hfai.cli.client import REPEATABLE_VERBS, ApiClient, try_plan
+from hfai.api.client import REPEATABLE_VERBS, ApiClient, try_plan
 from hfai.config import Config, NatsConfig
 from hfai.protocol import encode, names
 from hfai.protocol.errors import Unavailable

@@ -13,7 +13,7 @@ import nats.errors
 import pytest
 from spine_cluster import JOBS, Cluster
 
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
 from hfai.protocol import encode, names
 from hfai.protocol.errors import Forbidden, HfaiError
 from hfai.protocol.types import ChainState, RunEvent, RunEventKind, StopRequest

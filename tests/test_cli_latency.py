@@ -10,7 +10,7 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["hfai.cli.client", "hfai.storage.client"])
+@pytest.mark.parametrize("module", ["hfai.api.client", "hfai.storage.client"])
 def test_the_cli_client_loads_nats_without_aiohttp(module):
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('nats', 'aiohttp')))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -22,7 +22,7 @@ def test_the_cli_client_loads_nats_without_aiohttp(module):
 def test_aiohttp_stays_importable_and_a_websocket_url_gets_its_transport_back():
     code = """
 import asyncio, sys
-import hfai.cli.client
+import hfai.api.client
 import nats.aio.transport as t
 assert t.aiohttp is None
 import aiohttp  # hidden only while nats-py loaded

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from hfai.api.client import JobFilter, _line_start
 from hfai.cli import render
-from hfai.cli.client import JobFilter, _line_start
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import ChainState, JobEvent, JobRecord, JobSpec, QuotaEntry, QuotaTable
 

@@ -24,7 +24,7 @@ import pytest
 from spine_cluster import Cluster
 from test_fault_suite import FAST, Rig, overlapping, runs_by_job
 
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
 from hfai.controller.faults import ASSIGNMENT_PUT, FREEZE_ENV, arm
 from hfai.protocol.types import ChainState, JobSpec
 

@@ -36,7 +36,7 @@ import pytest
 from spine_cluster import JOBS, Cluster
 
 from hfai import _nats
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
 from hfai.cli.local import start_nats
 from hfai.protocol import decode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from hfai.cli.control import parse_array, parse_duration
+from hfai.cli.control import parse_array, parse_time
 from hfai.controller import transitions
 from hfai.controller.plan import Planner, PlanNode, PlanSettings, StopRun, plan_once
 from hfai.controller.policy import PolicyConfig, Start
@@ -45,13 +45,13 @@ def kinds(actions) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("text", "seconds"), [("90m", 5400), ("2h", 7200), ("45s", 45), ("1d", 86400),
                                                 ("1:30:00", 5400), ("30:00", 1800), ("30", 1800), ("1.5h", 5400)])
 def test_durations(text, seconds):
-    assert parse_duration(text) == seconds
+    assert parse_time(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "abc", "-5m", "0", "1:2:3:4", "1:-2"])
 def test_bad_durations_say_how(text):
     with pytest.raises(click.BadParameter, match="90m|more than 0"):
-        parse_duration(text)
+        parse_time(text)
 
 
 def test_arrays():

@@ -9,7 +9,7 @@ import nats
 import pytest
 from spine_cluster import nats_server
 
-from hfai.controller.store import KVCache
+from hfai.kv import KVCache
 from hfai.protocol import encode
 from hfai.protocol.types import StopRequest
 

@@ -13,7 +13,7 @@ from hfai.config import Config
 from hfai.controller import transitions as tr
 from hfai.controller.leader import Leader
 from hfai.controller.policy import Start
-from hfai.controller.store import KVCache
+from hfai.kv import KVCache
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
 

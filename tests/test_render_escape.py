@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
+from hfai.cli import common, render
 from hfai.cli import main as cli_main
-from hfai.cli import render
 from hfai.protocol.errors import NotFound
 from hfai.protocol.types import (
     ChainState,
@@ -77,7 +77,7 @@ def test_tables_stay_aligned_with_escaped_names():
 
 
 class FakeClient:
-    """Stands in for ApiClient behind `hfai.cli.main.api()`."""
+    """Stands in for ApiClient behind `hfai.cli.common.api()`."""
 
     def __init__(self, fail: Exception | None = None):
         self.fail = fail
@@ -136,7 +136,7 @@ class FakeClient:
     ["ps", "-a", "-w", "-o", ",".join(render.JOB_COLUMNS)], ["quota"],
 ])
 def test_cli_output_is_escaped(monkeypatch, args):
-    monkeypatch.setattr(cli_main, "api", lambda: FakeClient())
+    monkeypatch.setattr(common, "api", lambda: FakeClient())
     result = CliRunner().invoke(cli_main.main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert_inert(result.output)
@@ -145,7 +145,7 @@ def test_cli_output_is_escaped(monkeypatch, args):
 @pytest.mark.parametrize("args", [["ps", "--json"], ["status", "j", "--json"], ["nodes", "--json"],
                                   ["quota", "--json"], ["quota", "ls", "--json"]])
 def test_json_output_is_escaped_too(monkeypatch, args):
-    monkeypatch.setattr(cli_main, "api", lambda: FakeClient())
+    monkeypatch.setattr(common, "api", lambda: FakeClient())
     result = CliRunner().invoke(cli_main.main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "\\u001b" in result.output and result.output.isascii()
@@ -154,7 +154,7 @@ def test_json_output_is_escaped_too(monkeypatch, args):
 
 @pytest.mark.parametrize("args", [["status", "j"], ["stop", "j"], ["ps"]])
 def test_error_messages_are_escaped(monkeypatch, args):
-    monkeypatch.setattr(cli_main, "api", lambda: FakeClient(fail=NotFound(f"no job with id or name {EVIL}")))
+    monkeypatch.setattr(common, "api", lambda: FakeClient(fail=NotFound(f"no job with id or name {EVIL}")))
     result = CliRunner().invoke(cli_main.main, args, catch_exceptions=False)
     assert result.exit_code != 0
     assert "no job with id or name" in result.output

@@ -53,7 +53,7 @@ def test_submit_of_a_script_that_is_not_executable_is_refused(tmp_path, monkeypa
 
 
 def test_programs_the_node_can_exec_pass_the_check(tmp_path, monkeypatch):
-    from hfai.cli.main import program_problem
+    from hfai.cli.submit import program_problem
 
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run.sh"

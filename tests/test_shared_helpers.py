@@ -22,7 +22,7 @@ from spine_cluster import nats_server
 from hfai._atomic import write_atomic
 from hfai._proc import pid_alive
 from hfai.cli.errors import user_errors
-from hfai.controller.store import cas_update, cas_value
+from hfai.kv import cas_update, cas_value
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import Conflict, InvalidRequest, NotFound
 from hfai.protocol.types import DrainedNodes
@@ -175,8 +175,8 @@ def test_a_reader_that_left_ends_the_command_quietly(tmp_path):
 
 def test_config_file_and_the_clis_local_cluster(tmp_path, monkeypatch):
     from hfai import config
+    from hfai.api.config import cli_config
     from hfai.cli.local import LocalCluster
-    from hfai.cli.main import cli_config
 
     missing = tmp_path / "etc-hfai.toml"
     monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", missing)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from spine_cluster import JOBS, REPO, Cluster
 
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, ErrorReply, JobSpec, ListRequest, NodesReply, NodesRequest, SubmitRequest
 

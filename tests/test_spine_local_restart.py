@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from spine_cluster import JOBS, REPO
 
-from hfai.cli.client import ApiClient, current_user
+from hfai.api.client import ApiClient
+from hfai.api.config import current_user
 from hfai.cli.local import LocalCluster, down_actions, ghost_nodes
 from hfai.controller.nodes import unknown_nodes
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunAssignment

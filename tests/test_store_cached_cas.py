@@ -1,4 +1,4 @@
-"""Compare-and-set from a live copy (controller/store.py ``cas_value(cached=...)``): the leader
+"""Compare-and-set from a live copy (kv/cas.py ``cas_value(cached=...)``): the leader
 writes without reading first when its copy is current, and is never misled when it is not."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import nats
 from spine_cluster import nats_server
 
-from hfai.controller.store import cas_value
+from hfai.kv import cas_value
 from hfai.protocol import decode, encode
 from hfai.protocol.types import DrainedNodes
 

@@ -15,7 +15,7 @@ from nats.aio.client import Client
 
 from hfai import _nats
 from hfai._daemon import Supervisor
-from hfai.cli.client import LIST_HISTORY
+from hfai.api.client import LIST_HISTORY
 from hfai.config import Config
 from hfai.controller.usage import csv_lines, totals
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable

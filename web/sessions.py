@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfai.cli.client import ApiClient
+from hfai.api.client import ApiClient
 from hfai.config import Config
 from hfai.protocol.errors import HfaiError, InvalidRequest
 

@@ -3,7 +3,7 @@
 nats-py's ``nats.aio.transport`` imports aiohttp (and, through it, builds an SSL context) at import
 time, in a ``try`` that leaves the WebSocket transport unavailable when the import fails. That is
 0.13-0.2 s of every ``hfai`` call, for a transport the CLI never uses: hfai's NATS URLs are
-``nats://``/``tls://``. So the CLI's client imports this first: aiohttp is hidden while nats-py
+``nats://``/``tls://``. So the client (hfai.api.client) imports this first: aiohttp is hidden while nats-py
 loads, then visible again (anything else in the process may still import it). A ``ws://`` URL
 gets the transport back at connect (:func:`hfai._nats.connect`).
 """

@@ -1,7 +1,7 @@
 """A small asyncio client of the controller API.
 
-Used by the CLI, the tests and the benchmarks. ``ErrorReply`` comes back as the matching typed
-exception from :mod:`hfai.protocol.errors`.
+Used by the CLI, the web service, storage's client, :mod:`hfai.client`, the tests and the
+benchmarks. ``ErrorReply`` comes back as the matching typed exception from :mod:`hfai.protocol.errors`.
 
 Who the client is comes from its credentials file, never from a name it claims: ``HFAI_USER``
 (or the login name) only picks which file under ``creds_dir`` to present, and the name and role
@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import getpass
-import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 # isort: off
-from hfai.cli import _light_nats  # noqa: F401  (first: nats-py without aiohttp, see there)
+from hfai.api import _light_nats  # noqa: F401  (first: nats-py without aiohttp, see there)
 import nats.errors
 from nats.aio.client import Client
 # isort: on
 
 from hfai import _nats
-from hfai.config import Config, hfai_home
+from hfai.api.config import creds_path, current_user
+from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Forbidden, InvalidRequest, Unavailable, error_for_code
 from hfai.protocol.types import (
@@ -55,25 +54,6 @@ from hfai.protocol.types import (
     UsageRequest,
     UsageRow,
 )
-
-
-def current_user() -> str:
-    return os.environ.get("HFAI_USER") or getpass.getuser()
-
-
-def cli_config() -> Config:
-    """Config for talking to the cluster, as every ``hfai`` command and :mod:`hfai.client` find it:
-    HFAI_CONFIG / /etc/hfai/hfai.toml, else a running ``hfai local`` cluster, else defaults
-    (``HFAI_NATS_URL`` overrides the URL in every case)."""
-    from hfai.config import config_file, load_config
-
-    if config_file() is not None:  # the usual case: no need to import the local cluster's code
-        return load_config(None)
-    from hfai.cli.local import LocalCluster
-
-    local = LocalCluster.load()
-    return load_config(local.config_path if local is not None else None)
-
 
 #: ``--state`` values besides the ChainState ones: every state that is not final.
 ACTIVE = "active"
@@ -154,19 +134,6 @@ def try_plan(deadline_s: float, try_s: float, max_copies: int) -> tuple[tuple[fl
         plan.append((k * try_s, n))
         sent, k = sent + n, k + 1
     return tuple(plan)
-
-
-def creds_dir(config: Config) -> Path:
-    """Where users' credentials files are: ``[nats] creds_dir``, by default ``$HFAI_HOME/creds``."""
-    return Path(config.nats.creds_dir or hfai_home() / "creds")
-
-
-def creds_path(config: Config, user: str) -> Path:
-    """The credentials file a CLI of ``user`` presents: ``[nats] creds`` if set, else
-    ``<creds_dir>/<user>.creds`` (see :func:`creds_dir`)."""
-    if config.nats.creds:
-        return Path(config.nats.creds)
-    return creds_dir(config) / f"{names.check_token('user name', user)}.creds"
 
 
 def identity(creds: Path) -> tuple[str, bool]:
