@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hfai._clock import SYSTEM, Clock
 from hfai._daemon import SHUTDOWN_TIMEOUT_S, serve, setup_logging
 from hfai.config import Config, hfai_home
 from hfai.protocol import names
@@ -79,15 +80,17 @@ def agent_config(base: Config, node: str, state_root: str | os.PathLike, creds_d
 class Fleet:
     """Agents of ``nodes`` on the running event loop. :meth:`start` starts them, at most
     ``start_concurrency`` at a time; :meth:`close` stops them all (their jobs keep running, as
-    with a lone agent) and is safe to call twice."""
+    with a lone agent) and is safe to call twice. ``clock`` is every agent's, and times the starts."""
 
     def __init__(self, base: Config, nodes: list[str], state_root: str | os.PathLike,
-                 creds_dir: str | os.PathLike | None, start_concurrency: int = START_CONCURRENCY):
+                 creds_dir: str | os.PathLike | None, start_concurrency: int = START_CONCURRENCY,
+                 clock: Clock = SYSTEM):
         from hfai.agent.service import Agent
 
         if start_concurrency < 1:
             raise ValueError(f"start_concurrency must be at least 1, not {start_concurrency}")
-        self.agents = [Agent(agent_config(base, n, state_root, creds_dir)) for n in nodes]
+        self.clock = clock
+        self.agents = [Agent(agent_config(base, n, state_root, creds_dir), clock=clock) for n in nodes]
         self._start_concurrency = start_concurrency
         self._closed = False
         # serve() gives close() this long; agents close concurrently, so one agent's bound will do.
@@ -100,11 +103,11 @@ class Fleet:
         spread over it too, as those of nodes that booted at different times would be, rather
         than arriving in one burst per interval."""
         gate = asyncio.Semaphore(self._start_concurrency)
-        loop = asyncio.get_running_loop()
-        t0, n = loop.time(), max(1, len(self.agents))
+        clock = self.clock
+        t0, n = clock.monotonic(), max(1, len(self.agents))
 
         async def start_one(i: int, agent) -> None:
-            await asyncio.sleep(max(0.0, t0 + i * agent.ac.heartbeat_interval_s / n - loop.time()))
+            await clock.sleep(max(0.0, t0 + i * agent.ac.heartbeat_interval_s / n - clock.monotonic()))
             async with gate:
                 current_node.set(agent.node)  # this task's own context: its agent's tasks inherit it
                 await agent.start()
@@ -122,7 +125,7 @@ class Fleet:
         process then exits non-zero, as that agent's own process would. One process cannot
         restart one agent, so the fleet stops whole rather than go on with a dead node."""
         # Agents without failed() (before they were supervised) never fail this way.
-        waits = {asyncio.ensure_future(a.failed()): a for a in self.agents if hasattr(a, "failed")}
+        waits = {asyncio.create_task(a.failed()): a for a in self.agents if hasattr(a, "failed")}
         try:
             if not waits:
                 await asyncio.Event().wait()
@@ -132,6 +135,7 @@ class Fleet:
         finally:
             for w in waits:
                 w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def close(self) -> None:
         if self._closed:

@@ -92,8 +92,8 @@ class NvmlGpus:
     def close(self) -> None:
         try:
             self._nvml.nvmlShutdown()
-        except Exception:
-            pass
+        except Exception as e:  # the process is leaving NVML: only its handles are lost
+            log.warning("NVML did not shut down cleanly: %s", e)
 
 
 def open_gpu_source(kind: str = "auto", sim_gpus: int = GPUS_PER_NODE) -> GpuSource:

@@ -42,6 +42,7 @@ from pathlib import Path
 import psutil
 
 from hfai._atomic import write_atomic
+from hfai._clock import SYSTEM, Clock
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive
 from hfai.agent import safefs
@@ -76,8 +77,9 @@ class DiskFull(OSError):
 class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
                  run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = "",
-                 launcher: Launcher | None = None, log_cap_bytes: int = 0):
-        """``launcher``: how runs' launchers start (default: forked from the zygote)."""
+                 launcher: Launcher | None = None, log_cap_bytes: int = 0, clock: Clock = SYSTEM):
+        """``launcher``: how runs' launchers start (default: forked from the zygote); ``clock``:
+        the agent's, for the times the plan reads back (SIGTERM's)."""
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -98,6 +100,7 @@ class RunStore:
         self.log_cap_bytes = check_cap(log_cap_bytes)
         self.agent = agent_account()
         self.launcher = launcher if launcher is not None else make_launcher()
+        self.clock = clock
 
     # ------------------------------------------------------------------------------ inspect
 
@@ -304,13 +307,13 @@ class RunStore:
 
     def raise_suspend(self, key: str) -> None:
         # Created, never overwritten: the control directory is the job's (see safefs.py).
-        if not safefs.create_flag(self.control_dir(key), SUSPEND_FILE, f"{time.time()}\n".encode()):
+        if not safefs.create_flag(self.control_dir(key), SUSPEND_FILE, f"{self.clock.time()}\n".encode()):
             log.warning("could not raise the suspend flag of %s: something is already at its place", key)
 
     def signal(self, key: str, sig: int) -> None:
         d = self.dir(key)
         if sig == signal.SIGTERM and not (d / "term").exists():
-            write_state(d / "term", f"{time.time()}\n", durable=True)  # a full disk: its reserve
+            write_state(d / "term", f"{self.clock.time()}\n", durable=True)  # a full disk: its reserve
         pgid = _read_int(d / "child_pid")
         if pgid is None:
             # The launcher has not started the job yet: stop the launcher itself.

@@ -198,8 +198,10 @@ async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_p
     from hfai.agent.service import Agent, LocalStateError
     from hfai.config import AgentConfig, Config
 
+    # A round NATS refused is retried after a backoff capped at one heartbeat interval: short here.
     config = Config(agent=dataclasses.replace(AgentConfig(), node="n0", state_dir=str(tmp_path),
-                                              reconcile_interval_s=0.001, reconcile_failures_max=5))
+                                              reconcile_interval_s=0.001, reconcile_failures_max=5,
+                                              heartbeat_interval_s=0.01))
     agent = Agent(config)
     calls = []
 
