@@ -124,8 +124,7 @@ class Fleet:
         """Returns, naming the node, once one agent failed (its :meth:`Agent.failed`): the fleet
         process then exits non-zero, as that agent's own process would. One process cannot
         restart one agent, so the fleet stops whole rather than go on with a dead node."""
-        # Agents without failed() (before they were supervised) never fail this way.
-        waits = {asyncio.create_task(a.failed()): a for a in self.agents if hasattr(a, "failed")}
+        waits = {asyncio.create_task(a.failed()): a for a in self.agents}
         try:
             if not waits:
                 await asyncio.Event().wait()

@@ -1,8 +1,8 @@
 """Run-directory files that need not survive a power loss: written atomically, never fsynced.
 
-An fsync costs milliseconds on a busy or virtual disk (1-7 ms, median, on the 3-node bench), and
-the agent's event loop and each launcher used to pay seven per run (assignment, launch spec,
-launcher pid, job pid, exit status, two ``.sent`` markers), all on the run's path. What each buys:
+An fsync costs milliseconds on a busy or virtual disk (1-7 ms, median, on the 3-node bench), and a
+run writes seven files (assignment, launch spec, launcher pid, job pid, exit status, two ``.sent``
+markers), all on its path through the agent's event loop and its launcher. What each fsync buys:
 
 * A crash of the agent process loses nothing either way: written data is in the page cache.
 * After a power loss (or a kernel crash) every run of the node is dead, so a file whose only
@@ -18,11 +18,10 @@ agent reads back after a reboot, are fsynced by a child of the launcher once the
 (launcher.py), while the agent already reports the exit; a long run's assignment is written back
 by the kernel meanwhile. A crash of the host before that leaves either file whole or missing (or
 empty), never torn. A missing exit status reads as a run killed with its node; the window in which
-a crash loses one is the few milliseconds of that fsync, as when the launcher fsynced before it
-exited, and the agent reports the status in those same milliseconds. A run directory whose
-assignment is unreadable is recorded as a killed run when the plan asks for it again
-(RunStore.start), where the agent once retried the start forever. Fsynced before the
-rename as before (:func:`hfai._atomic.write_atomic`), off the hot path: ``term`` and ``fenced``
+a crash loses one is the few milliseconds of that fsync, and the agent reports the status in those
+same milliseconds. A run directory whose assignment is unreadable is recorded as a killed run when
+the plan asks for it again (RunStore.start), rather than started again. Fsynced before the
+rename (:func:`hfai._atomic.write_atomic`), off the hot path: ``term`` and ``fenced``
 (whether the platform stopped the run), failed starts, and the agent's ``fence``.
 
 Atomic all the same: a reader (the agent's snapshot, a launcher) sees the old file or the new one,
