@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-# ruff, then mypy on the hfai packages laid out as installed (see tools/typecheck.py), then pytest.
+# ruff, then mypy and the layer contract on the hfai packages laid out as installed (tools/typecheck.py,
+# tools/importlint.py; the contract is pyproject.toml's [tool.importlinter]), then pytest.
 lint: $(STAMP)
-	status=0; $(PY) -m ruff check . || status=1; $(PY) tools/typecheck.py || status=1; exit $$status
+	status=0; $(PY) -m ruff check . || status=1; $(PY) tools/typecheck.py || status=1; \
+	$(PY) tools/importlint.py || status=1; exit $$status
 
 test: lint
 	$(PY) -m pytest -q

@@ -44,7 +44,7 @@ async def usage(days: int, only_user: str, as_csv: bool, as_json: bool) -> None:
     async with common.api() as client:
         rows = await client.usage(since)
     if only_user:
-        rows = [r for r in rows if r.user == only_user]
+        rows = tuple(r for r in rows if r.user == only_user)
     if as_json:
         from hfai.cli import render
         from hfai.protocol.types import Priority
