@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 
 import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from hfai._clock import SYSTEM, Clock
 from hfai._daemon import CANCEL_TIMEOUT_S, cancel_and_wait, raise_if_cancelled
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import LeaderLease
@@ -43,8 +43,13 @@ def renewal_allowed(last_beat: float | None, now: float, stall_s: float) -> bool
 
 
 class LeaseElection:
-    def __init__(self, kv: KeyValue, holder: str, ttl_s: float, poll_s: float, stall_s: float = math.inf):
+    """One replica's campaign for the lease. Every reading of the time and every pause goes
+    through ``clock``, so the timing rules are tested on a :class:`hfai._clock.FakeClock`."""
+
+    def __init__(self, kv: KeyValue, holder: str, ttl_s: float, poll_s: float, stall_s: float = math.inf,
+                 clock: Clock = SYSTEM):
         self._kv = kv
+        self._clock = clock
         self.holder = holder
         self.ttl_s = ttl_s
         self.poll_s = poll_s
@@ -63,11 +68,11 @@ class LeaseElection:
 
     @property
     def is_leader(self) -> bool:
-        return self.token is not None and lease_valid(self._last_renewed, time.monotonic(), self.ttl_s)
+        return self.token is not None and lease_valid(self._last_renewed, self._clock.monotonic(), self.ttl_s)
 
     def beat(self) -> None:
         """The leader loop made progress: the lease may be renewed for another ``stall_s``."""
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock.monotonic()
 
     def start(self) -> asyncio.Task:
         """Campaign (and renew) in a task of its own, which is returned."""
@@ -79,7 +84,7 @@ class LeaseElection:
             raise_if_cancelled()  # an await in nats-py may have swallowed a cancellation
             try:
                 if self.token is None:
-                    if time.monotonic() >= self._campaign_after:
+                    if self._clock.monotonic() >= self._campaign_after:
                         await self._try_acquire()
                 else:
                     await self._renew()
@@ -87,11 +92,11 @@ class LeaseElection:
                 raise
             except Exception:  # never let one odd error end campaigning for good
                 log.exception("%s: lease round failed", self.holder)
-            await asyncio.sleep(self.poll_s if self.token is None else self.ttl_s / 3)
+            await self._clock.sleep(self.poll_s if self.token is None else self.ttl_s / 3)
 
     async def _try_acquire(self) -> None:
-        value = encode(LeaderLease(holder=self.holder, since=time.time()))
-        sent = time.monotonic()
+        value = encode(LeaderLease(holder=self.holder, since=self._clock.time()))
+        sent = self._clock.monotonic()
         try:
             rev = await self._kv.create(names.LEADER_KEY, value)
         except (TimeoutError, nats.js.errors.KeyWrongLastSequenceError, nats.errors.Error):
@@ -99,22 +104,22 @@ class LeaseElection:
         self.token = self._revision = rev
         # Counted from before the write: the key's TTL cannot have started earlier.
         self._last_renewed = sent
-        self._last_beat = time.monotonic()  # the new leader loop gets stall_s to show progress
+        self._last_beat = self._clock.monotonic()  # the new leader loop gets stall_s to show progress
         self._unconfirmed = None
         self.lost.clear()
         self.elected.set()
         log.info("%s is leader (fencing token %d)", self.holder, rev)
 
     async def _renew(self) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not renewal_allowed(self._last_beat, now, self.stall_s):
             log.warning("%s: the leader loop made no progress for %.1fs; releasing the lease for a standby",
                         self.holder, now - (self._last_beat or now))
             self._campaign_after = now + self.ttl_s
             await self._release()
             return
-        value = encode(LeaderLease(holder=self.holder, since=time.time()))
-        sent = time.monotonic()
+        value = encode(LeaderLease(holder=self.holder, since=self._clock.time()))
+        sent = self._clock.monotonic()
         try:
             self._revision = await self._kv.update(names.LEADER_KEY, value, last=self._revision)
             self._last_renewed = sent
@@ -127,7 +132,7 @@ class LeaseElection:
         except (TimeoutError, nats.errors.Error) as e:
             self._unconfirmed = (value, sent)
             # Keep trying until the lease would be invalid; then act no more.
-            if not lease_valid(self._last_renewed, time.monotonic(), self.ttl_s):
+            if not lease_valid(self._last_renewed, self._clock.monotonic(), self.ttl_s):
                 log.warning("%s could not renew the lease (%s); stepping down", self.holder, e)
                 self._step_down()
 

@@ -1,72 +1,195 @@
-"""Lease election: renewal gated on the leader loop's progress, and a renewal whose reply was
-lost is not mistaken for losing the lease (issue 11). Against an in-memory KV with the same
-compare-and-set semantics as a JetStream bucket; the live failovers are in test_fault_leader.py."""
+"""Lease election: renewal gated on the leader loop's progress, a renewal whose reply was lost is
+not mistaken for losing the lease, and a holder releases only a lease that is still its own
+(issue 11). On a FakeClock, against an in-memory KV that refuses a write or a delete at a wrong
+revision as a JetStream bucket does (checked against a real one here); the live failovers are in
+test_fault_leader.py and test_spine_failover.py."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
+import nats
 import nats.errors
 import nats.js.errors
+import pytest
+from nats.js.kv import KeyValue
 
+from hfai._clock import FakeClock
 from hfai.controller.election import LeaseElection, lease_valid, renewal_allowed
 from hfai.controller.service import leader_stuck
-from hfai.protocol import decode, names
+from hfai.protocol import decode, encode, names
 from hfai.protocol.types import LeaderLease
+
+#: JetStream's error code for "wrong last sequence" (nats-py's delete raises it as a BadRequestError).
+WRONG_LAST_SEQUENCE = 10071
 
 
 @dataclass
-class Entry:
-    key: str
+class _Message:
     value: bytes
     revision: int
+    op: str | None  # None: a value; "DEL" / "PURGE": a marker
+    written: float
 
 
 class FakeKV:
-    """create / update(last=) / get / delete(last=) of one KV bucket, with a revision counter.
+    """One KV bucket as nats-py's ``KeyValue`` presents it, compare-and-set included.
+
+    Every write takes the bucket's next revision (its stream sequence). ``update(last=)`` and
+    ``delete(last=)`` are refused unless ``last`` is the revision of the key's latest message (a
+    delete marker counts; a key never written, or expired: 0); ``update`` raises
+    KeyWrongLastSequenceError, ``delete`` the BadRequestError (an APIError) that nats-py passes
+    through. ``get`` of a deleted key raises KeyNotFoundError carrying the marker. With ``clock`` and ``ttl_s`` a
+    message older than the bucket's TTL is gone, as in a bucket with a max age.
+
     ``lose_next_reply``: the next update is applied but its caller gets a timeout, as when the
     reply is lost or arrives after the request timed out on an overloaded host."""
 
-    def __init__(self):
-        self.entries: dict[str, Entry] = {}
+    def __init__(self, clock: FakeClock | None = None, ttl_s: float | None = None):
+        self.clock = clock
+        self.ttl_s = ttl_s
+        self.messages: dict[str, _Message] = {}
         self.seq = 0
         self.lose_next_reply = False
         self.deletes = 0
 
-    def _put(self, key, value) -> int:
+    def _expire(self) -> None:
+        if self.clock is None or self.ttl_s is None:
+            return
+        now = self.clock.monotonic()
+        for key in [k for k, m in self.messages.items() if now - m.written >= self.ttl_s]:
+            del self.messages[key]
+
+    def _last(self, key: str) -> int:
+        self._expire()
+        m = self.messages.get(key)
+        return m.revision if m is not None else 0
+
+    def _put(self, key: str, value: bytes, op: str | None = None) -> int:
         self.seq += 1
-        self.entries[key] = Entry(key, value, self.seq)
+        self.messages[key] = _Message(value, self.seq, op, self.clock.monotonic() if self.clock else 0.0)
         return self.seq
 
-    async def create(self, key, value):
-        if key in self.entries:
-            raise nats.js.errors.KeyWrongLastSequenceError("wrong last sequence")
+    async def put(self, key: str, value: bytes) -> int:
         return self._put(key, value)
 
-    async def update(self, key, value, last=None):
-        if key not in self.entries or self.entries[key].revision != last:
-            raise nats.js.errors.KeyWrongLastSequenceError("wrong last sequence")
+    async def create(self, key: str, value: bytes) -> int:
+        self._expire()
+        m = self.messages.get(key)
+        if m is not None and m.op is None:
+            raise nats.js.errors.KeyWrongLastSequenceError(f"wrong last sequence: {m.revision}")
+        return self._put(key, value)  # nats-py writes over a delete marker at its revision
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        held = self._last(key)
+        if held != (last or 0):
+            raise nats.js.errors.KeyWrongLastSequenceError(f"wrong last sequence: {held}")
         rev = self._put(key, value)
         if self.lose_next_reply:
             self.lose_next_reply = False
             raise nats.errors.TimeoutError
         return rev
 
-    async def get(self, key):
-        if key not in self.entries:
+    async def get(self, key: str) -> KeyValue.Entry:
+        self._expire()
+        m = self.messages.get(key)
+        if m is None:
             raise nats.js.errors.KeyNotFoundError
-        return self.entries[key]
+        entry = KeyValue.Entry(bucket="fake", key=key, value=m.value, revision=m.revision, delta=None,
+                               created=None, operation=None)
+        if m.op is not None:
+            raise nats.js.errors.KeyNotFoundError(entry, m.op)
+        return entry
 
-    async def delete(self, key, last=None):
-        if key in self.entries and (last is None or self.entries[key].revision == last):
-            del self.entries[key]
-            self.deletes += 1
+    async def delete(self, key: str, last: int | None = None) -> bool:
+        held = self._last(key)
+        if last and last > 0 and held != last:
+            raise nats.js.errors.BadRequestError(code=400, err_code=WRONG_LAST_SEQUENCE,
+                                                 description=f"wrong last sequence: {held}")
+        self._put(key, b"", "DEL")
+        self.deletes += 1
+        return True
+
+    async def purge(self, key: str) -> bool:
+        self._put(key, b"", "PURGE")
+        return True
+
+    async def keys(self) -> list[str]:
+        self._expire()
+        live = [k for k, m in self.messages.items() if m.op is None]
+        if not live:
+            raise nats.js.errors.NoKeysError
+        return live
+
+    def expire_now(self, key: str) -> None:
+        """The key's message reached the bucket's TTL."""
+        self.messages.pop(key, None)
 
     def holder(self) -> str | None:
-        e = self.entries.get(names.LEADER_KEY)
-        return decode(e.value, LeaderLease).holder if e else None
+        m = self.messages.get(names.LEADER_KEY)
+        return decode(m.value, LeaderLease).holder if m is not None and m.op is None else None
+
+
+# ------------------------------------------------------------------------ the fake is faithful
+
+
+async def _kv_script(kv) -> list[str]:
+    """Compare-and-set moves of one key; what each returned or raised, with revisions relative to
+    the first write (a real bucket's sequence need not start at 1)."""
+    out: list[str] = []
+    base = 0
+
+    async def step(what: str, aw) -> int | None:
+        try:
+            result = await aw
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            code = getattr(e, "err_code", None)
+            rev = getattr(getattr(e, "entry", None), "revision", None)
+            out.append(f"{what}: {type(e).__name__}" + (f" {code}" if code else "") +
+                       (f" at +{rev - base}" if rev else ""))
+            return None
+        if isinstance(result, KeyValue.Entry):
+            out.append(f"{what}: {result.value!r} at +{result.revision - base}")
+            return result.revision
+        out.append(f"{what}: {result if isinstance(result, bool) else f'+{result - base}'}")
+        return result
+
+    base = (await kv.create("k", b"a")) - 1
+    out.append("create: +1")
+    await step("create again", kv.create("k", b"b"))
+    await step("update at a wrong revision", kv.update("k", b"b", last=base + 7))
+    await step("update", kv.update("k", b"b", last=base + 1))
+    await step("delete at a wrong revision", kv.delete("k", last=base + 1))
+    await step("get", kv.get("k"))
+    await step("delete", kv.delete("k", last=base + 2))
+    await step("get deleted", kv.get("k"))
+    await step("update deleted at 0", kv.update("k", b"c", last=0))
+    await step("create over the marker", kv.create("k", b"c"))
+    await step("update absent at 0", kv.update("other", b"x", last=0))
+    await step("delete absent at a revision", kv.delete("never", last=base + 1))
+    return out
+
+
+async def test_the_fake_kv_keeps_compare_and_set_like_jetstream(tmp_path):
+    from hfai.cli.local.nats_server import start_nats
+
+    server, url = start_nats(tmp_path / "js", tmp_path / "nats.log")
+    try:
+        nc = await nats.connect(url)
+        try:
+            real = await _kv_script(await nc.jetstream().create_key_value(bucket="fake_check", history=1))
+        finally:
+            await nc.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    fake = await _kv_script(FakeKV())
+    assert fake == real
+    assert "delete at a wrong revision: BadRequestError 10071" in fake  # the delete that used to succeed
+
+
+# ------------------------------------------------------------------------------- the rules
 
 
 def test_pure_rules():
@@ -76,75 +199,165 @@ def test_pure_rules():
     assert leader_stuck(1.0, 12.0, 10.0) and not leader_stuck(1.0, 10.0, 10.0)
 
 
-async def test_a_leader_whose_loop_beats_keeps_the_lease():
-    kv = FakeKV()
-    e = LeaseElection(kv, "a", ttl_s=0.6, poll_s=0.05, stall_s=0.3)
+TTL, POLL, STALL = 6.0, 0.5, 3.0
+
+
+def _elections(clock: FakeClock, kv: FakeKV, *holders: str, stall_s: float = STALL) -> list[LeaseElection]:
+    return [LeaseElection(kv, h, ttl_s=TTL, poll_s=POLL, stall_s=stall_s, clock=clock) for h in holders]
+
+
+async def _run_for(clock: FakeClock, seconds: float, step: float = 0.25, beating=()) -> None:
+    """Let ``seconds`` of fake time pass; the loops of ``beating`` show progress every step."""
+    for _ in range(round(seconds / step)):
+        for e in beating:
+            e.beat()
+        await clock.advance(step)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def test_a_leader_whose_loop_beats_keeps_the_lease(clock):
+    kv = FakeKV(clock, TTL)
+    (e,) = _elections(clock, kv, "a")
     e.start()
     try:
-        await asyncio.wait_for(e.elected.wait(), 2)
-        for _ in range(12):  # 1.2 s: two TTLs
-            e.beat()
-            await asyncio.sleep(0.1)
-        assert e.is_leader and kv.holder() == "a" and kv.entries[names.LEADER_KEY].revision > e.token
+        await clock.advance(0)
+        assert e.elected.is_set() and e.token == 1
+        await _run_for(clock, 2 * TTL, beating=[e])  # renewed every TTL/3, so the key never expires
+        assert e.is_leader and kv.holder() == "a" and kv.messages[names.LEADER_KEY].revision == 1 + 6
     finally:
         await e.close()
-    assert kv.holder() is None  # a graceful stop releases the lease
+    assert kv.holder() is None and kv.deletes == 1  # a graceful stop releases the lease at once
 
 
-async def test_a_leader_whose_loop_stalls_releases_the_lease_for_a_standby():
-    kv = FakeKV()
-    a = LeaseElection(kv, "a", ttl_s=0.6, poll_s=0.05, stall_s=0.3)
-    b = LeaseElection(kv, "b", ttl_s=0.6, poll_s=0.05, stall_s=0.3)
+async def test_a_leader_whose_loop_stalls_releases_the_lease_for_a_standby(clock):
+    kv = FakeKV(clock, TTL)
+    a, b = _elections(clock, kv, "a", "b")
     a.start()
-    await asyncio.wait_for(a.elected.wait(), 2)
+    await clock.advance(0)
     b.start()
     try:
-        # a's loop never beats (wedged); b's does. b must get the lease within stall + ttl/3 + poll.
-        t0 = time.monotonic()
-        while not b.elected.is_set():
-            b.beat()
-            await asyncio.sleep(0.02)
-            assert time.monotonic() - t0 < 0.3 + 0.2 + 0.5, "the stalled holder kept the lease"
-        assert kv.deletes == 1 and not a.is_leader and a.lost.is_set() and kv.holder() == "b"
-        # a does not campaign again at once: it leaves the next term to b.
-        for _ in range(10):
-            b.beat()
-            await asyncio.sleep(0.05)
+        # a's loop never beats (wedged); b's does. a renews at TTL/3 while its last beat is at most
+        # STALL old, then releases; b, polling, takes over within stall + TTL/3 + poll.
+        await _run_for(clock, STALL, beating=[b])
+        assert kv.holder() == "a" and kv.deletes == 0
+        await _run_for(clock, TTL / 3 + POLL, beating=[b])
+        assert kv.deletes == 1 and a.token is None and a.lost.is_set()
+        assert b.elected.is_set() and kv.holder() == "b" and not a.is_leader
+        # a does not campaign again at once: it leaves the next term (a TTL) to b, which keeps it.
+        await _run_for(clock, 2 * TTL, beating=[b])
         assert kv.holder() == "b" and b.is_leader and a.token is None
     finally:
         await a.close()
         await b.close()
 
 
-async def test_a_renewal_whose_reply_was_lost_is_not_taken_for_a_lost_lease():
-    kv = FakeKV()
-    e = LeaseElection(kv, "a", ttl_s=0.9, poll_s=0.05)
+async def test_a_dead_holder_is_replaced_once_the_bucket_ttl_ends_its_lease(clock):
+    kv = FakeKV(clock, TTL)
+    a, b = _elections(clock, kv, "a", "b")
+    task = a.start()
+    await clock.advance(0)
+    b.start()
+    try:
+        await _run_for(clock, 1.0, beating=[a, b])
+        task.cancel()  # kill -9: no release, the key stays until the bucket's TTL ends it
+        await _run_for(clock, TTL - 1.0 - POLL, beating=[b])
+        assert not b.elected.is_set() and kv.holder() == "a"
+        await _run_for(clock, 2 * POLL, beating=[b])
+        assert b.elected.is_set() and kv.holder() == "b" and b.token > a.token
+    finally:
+        await a.close()  # believes it holds the lease: its release at its old revision is refused
+        await b.close()
+
+
+async def test_a_renewal_whose_reply_was_lost_is_not_taken_for_a_lost_lease(clock):
+    kv = FakeKV(clock, TTL)
+    (e,) = _elections(clock, kv, "a")
     e.start()
     try:
-        await asyncio.wait_for(e.elected.wait(), 2)
+        await clock.advance(0)
         token = e.token
         kv.lose_next_reply = True  # applied, but we hear a timeout: our revision is now stale
-        for _ in range(12):  # the next renewal is refused for the stale revision, then recovers
-            await asyncio.sleep(0.1)
+        for _ in range(8):  # the next renewal is refused for the stale revision, then recovers
+            await _run_for(clock, 1.0, beating=[e])
             assert e.token == token, "stepped down although nobody else took the lease"
         assert e.is_leader and not e.lost.is_set() and not kv.lose_next_reply
     finally:
         await e.close()
+    assert kv.holder() is None  # released at the revision it learnt by reading the key back
 
 
-async def test_a_renewal_refused_because_another_holds_the_lease_steps_down():
-    kv = FakeKV()
-    e = LeaseElection(kv, "a", ttl_s=0.6, poll_s=0.05)
+async def test_a_renewal_refused_because_another_holds_the_lease_steps_down(clock):
+    kv = FakeKV(clock, TTL)
+    (e,) = _elections(clock, kv, "a")
     e.start()
     try:
-        await asyncio.wait_for(e.elected.wait(), 2)
+        await clock.advance(0)
         kv.lose_next_reply = True
-        await asyncio.sleep(0.25)  # one renewal with a lost reply
+        await _run_for(clock, TTL / 3 + 0.5, beating=[e])  # one renewal with a lost reply
         # Meanwhile the key expired and b took it: a's value is gone.
-        del kv.entries[names.LEADER_KEY]
-        await kv.create(names.LEADER_KEY, b"b's lease")
-        await asyncio.wait_for(e.lost.wait(), 2)
-        assert e.token is None and not e.is_leader
+        kv.expire_now(names.LEADER_KEY)
+        await kv.create(names.LEADER_KEY, encode(LeaderLease(holder="b", since=clock.time())))
+        await _run_for(clock, TTL / 3, beating=[e])
+        assert e.lost.is_set() and e.token is None and not e.is_leader
     finally:
         await e.close()
-    assert names.LEADER_KEY in kv.entries  # b's lease is not released by a
+    assert kv.holder() == "b" and kv.deletes == 0  # b's lease is not released by a
+
+
+async def test_a_stalled_holder_whose_lease_was_taken_meanwhile_deletes_nothing(clock):
+    """A frozen holder thaws with a stale revision and a stale beat: its release is refused by the
+    server (delete at a revision), so the standby that took over keeps the lease."""
+    kv = FakeKV(clock, TTL)
+    (a,) = _elections(clock, kv, "a")
+    a.start()
+    try:
+        await clock.advance(0)
+        await _run_for(clock, STALL)  # a never beats; its renewal at TTL/3 is still allowed
+        assert a.is_leader and kv.messages[names.LEADER_KEY].revision == 2
+        kv.expire_now(names.LEADER_KEY)
+        await kv.create(names.LEADER_KEY, encode(LeaderLease(holder="b", since=clock.time())))
+        await _run_for(clock, TTL / 3)  # the next renewal finds the beat too old: release
+        assert a.lost.is_set() and a.token is None
+        assert kv.holder() == "b" and kv.deletes == 0
+    finally:
+        await a.close()
+    assert kv.holder() == "b"
+
+
+async def test_closing_a_holder_whose_lease_was_taken_leaves_the_new_lease(clock):
+    kv = FakeKV(clock, TTL)
+    (a,) = _elections(clock, kv, "a")
+    a.start()
+    await clock.advance(0)
+    kv.expire_now(names.LEADER_KEY)
+    await kv.create(names.LEADER_KEY, encode(LeaderLease(holder="b", since=clock.time())))
+    await a.close()  # a still believes it holds the lease: it deletes at its own revision
+    assert kv.holder() == "b" and a.token is None
+
+
+# ------------------------------------------------------------- the leader's writes at a revision
+
+
+async def test_an_assignment_key_deleted_before_is_written_at_its_marker():
+    """A purged key (`hfai local up` forgets the nodes of an earlier, larger cluster; one may come
+    back) keeps a revision, its marker's: the leader's compare-and-set must name it, or that node
+    never gets work again."""
+    from fakes import FakeElection
+
+    from hfai.config import Config
+    from hfai.controller.leader import Leader
+    from hfai.kv import KVCache
+    from hfai.protocol.types import JobRecord, NodeAssignment
+
+    assign, jobs = FakeKV(), FakeKV()
+    await assign.put("n0", encode(NodeAssignment(node="n0", fence=3)))
+    await assign.purge("n0")
+    leader = Leader(Config(), None, jobs, assign, KVCache(jobs, JobRecord), None, FakeElection(token=7),
+                    asyncio.Event())
+    await leader._load_assignments()  # keys() does not list a purged key
+    await leader._write_assignment("n0", NodeAssignment(node="n0", fence=7))
+    assert decode((await assign.get("n0")).value, NodeAssignment).fence == 7
