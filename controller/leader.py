@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from dataclasses import dataclass
 
 import nats.errors
@@ -30,8 +29,10 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from hfai._daemon import bounded, cancel_and_wait, raise_if_cancelled
+from hfai._clock import SYSTEM, Clock
+from hfai._daemon import bounded, cancel_and_wait, raise_if_cancelled, wait_event
 from hfai._nats import events_subscription
+from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, same_work
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 EVENT_BATCH = 256
 STAMP_BATCH = 64  # records stamped at once at a takeover
 ASSIGN_ATTEMPTS = 4  # compare-and-set attempts of one assignment write
+#: Jittered waits before fetching or subscribing to the events again after NATS refused (every
+#: replica's leader loop meets a NATS restart at the same moment).
+EVENTS_RETRY_S, EVENTS_RETRY_CAP_S = 0.5, 5.0
 
 
 @dataclass
@@ -72,8 +76,9 @@ class ExplainClock:
 class Leader:
     def __init__(self, config: Config, js: JetStreamContext, jobs_kv: KeyValue, assign_kv: KeyValue,
                  jobs: KVCache[JobRecord], nodes: NodeTracker, election: LeaseElection, wake: asyncio.Event,
-                 settings: KVCache | None = None):
+                 settings: KVCache | None = None, clock: Clock = SYSTEM):
         self.config = config
+        self._clock = clock
         self.cc = config.controller
         self._js = js
         self._jobs_kv = jobs_kv
@@ -88,18 +93,18 @@ class Leader:
         self._assigned: dict[str, tuple[NodeAssignment | None, int]] = {}
         self._superseded = False  # a later term's write was seen: this loop leads no more
         self._lost_nodes: set[str] = set()
-        self._led_since = time.monotonic()  # when this loop began leading
+        self._led_since = self._clock.monotonic()  # when this loop began leading
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
         self.planner = Planner()  # this term's scheduling state (controller/plan.py)
         self._changed: set[str] | None = None  # job keys changed since the planner last caught up
         self._explain = ExplainClock(self.cc.explain_interval_s, self.cc.explain_new_interval_s)
-        self.last_beat = time.monotonic()
+        self.last_beat = self._clock.monotonic()
 
     def beat(self) -> None:
         """The loop made progress (a tick began, a decision or an assignment is being written): the
         lease may be renewed. Only the scheduling loop beats, never the event consumer: a loop
         that consumes events but schedules nothing must not keep the lease."""
-        self.last_beat = time.monotonic()
+        self.last_beat = self._clock.monotonic()
         self.election.beat()
 
     def leading(self) -> bool:
@@ -114,7 +119,7 @@ class Leader:
         try:
             await self._take_over()
             # Give every node a full heartbeat window after a takeover before calling it dead.
-            now = self._led_since = time.monotonic()
+            now = self._led_since = self._clock.monotonic()
             for name in self.nodes.cache.values:
                 self.nodes.cache.seen[name] = max(self.nodes.cache.seen.get(name, now), now)
             psub = await events_subscription(self._js, self.config)
@@ -128,10 +133,7 @@ class Leader:
                 # Clear before the tick: a wake-up that arrives during the tick must start another.
                 self.wake.clear()
                 await self.tick()
-                try:
-                    await bounded(self.wake.wait(), self.cc.schedule_interval_s)
-                except TimeoutError:
-                    pass
+                await wait_event(self.wake, self.cc.schedule_interval_s, self._clock)
         finally:
             if self._changed is not None:
                 self.jobs.untrack(self._changed)
@@ -158,14 +160,14 @@ class Leader:
         """Wait until the jobs copy has applied every write the bucket held when this term began
         (a record submitted a moment ago may still be on its way; an older leader may have seen it)."""
         last = (await self._jobs_kv.status()).stream_info.state.last_seq or 0
-        deadline = time.monotonic() + max(1.0, self.cc.lease_ttl_s)
+        deadline = self._clock.monotonic() + max(1.0, self.cc.lease_ttl_s)
         while self.jobs.high < last:
-            if time.monotonic() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 # Only a message gone from the stream (never delivered) keeps it short for so long.
                 log.warning("the jobs copy reached revision %d of %d; stamping what it holds", self.jobs.high, last)
                 return
             self.beat()
-            await asyncio.sleep(0.01)
+            await self._clock.sleep(0.01)
 
     async def _stamp_records(self) -> None:
         fence = self.fence
@@ -197,14 +199,14 @@ class Leader:
     async def tick(self) -> None:
         await self._plan_round()
         await self._publish_assignments()
-        if time.monotonic() >= self._next_gc:
-            self._next_gc = time.monotonic() + self.cc.gc_interval_s
+        if self._clock.monotonic() >= self._next_gc:
+            self._next_gc = self._clock.monotonic() + self.cc.gc_interval_s
             await self._forget_finished()
 
     async def _forget_finished(self) -> None:
         """Delete the records of jobs finished longer ago than the retention (a final record
         never changes again, so a plain purge races with nothing)."""
-        for job_id in transitions.expired(self.jobs.values.values(), time.time(), self.cc.finished_retention_s):
+        for job_id in transitions.expired(self.jobs.values.values(), self._clock.time(), self.cc.finished_retention_s):
             try:
                 await self._jobs_kv.purge(job_id)
             except nats.errors.Error as e:
@@ -222,7 +224,8 @@ class Leader:
         cluster). So the subscription is made anew after a failed fetch, and after quiet fetches
         whenever the consumer reports pending events (checked every ``event_stall_s``)."""
         fetch_s = 1.0
-        quiet_since = time.monotonic()
+        quiet_since = self._clock.monotonic()
+        backoff = Backoff(EVENTS_RETRY_S, EVENTS_RETRY_CAP_S)
         try:
             while True:
                 # A fetch or an ack can swallow our cancellation (3.11's wait_for inside nats-py
@@ -233,17 +236,19 @@ class Leader:
                     # Bounded from outside too: a fetch must never wait forever.
                     msgs = await bounded(psub.fetch(EVENT_BATCH, timeout=fetch_s), fetch_s + 5.0)
                 except (TimeoutError, nats.errors.TimeoutError):
-                    if time.monotonic() - quiet_since >= self.cc.event_stall_s:
-                        quiet_since = time.monotonic()
+                    backoff.reset()  # the server answered: nothing to fetch
+                    if self._clock.monotonic() - quiet_since >= self.cc.event_stall_s:
+                        quiet_since = self._clock.monotonic()
                         if await _pending(psub):
                             psub = await self._resubscribe(psub, "events are pending but none arrive")
                     continue
                 except nats.errors.Error as e:
                     log.warning("event fetch failed: %s", e)
-                    await asyncio.sleep(0.5)
+                    await self._clock.sleep(backoff.next())
                     psub = await self._resubscribe(psub, f"fetch failed ({type(e).__name__})")
                     continue
-                quiet_since = time.monotonic()
+                backoff.reset()
+                quiet_since = self._clock.monotonic()
                 for m in msgs:
                     await self._handle_event(m)
                 self.wake.set()
@@ -253,13 +258,15 @@ class Leader:
     async def _resubscribe(self, psub, why: str):
         log.warning("renewing the event subscription: %s", why)
         await _unsubscribe(psub)
+        backoff = Backoff(EVENTS_RETRY_S, EVENTS_RETRY_CAP_S)
         while True:
             raise_if_cancelled()
             try:
                 return await events_subscription(self._js, self.config)
             except (TimeoutError, nats.errors.Error) as e:
-                log.warning("event subscription failed (%s); retrying", e)
-                await asyncio.sleep(0.5)
+                wait_s = backoff.next()
+                log.warning("event subscription failed (%s); retrying in %.1fs", e, wait_s)
+                await self._clock.sleep(wait_s)
 
     async def _handle_event(self, m) -> None:
         try:
@@ -287,7 +294,7 @@ class Leader:
             if why is not None:
                 rejected.append(why)
                 return None
-            return transitions.apply_event(job, ev, time.time())
+            return transitions.apply_event(job, ev, self._clock.time())
 
         try:
             await self._update(ev.job_id, change)
@@ -314,15 +321,15 @@ class Leader:
         for name in sorted(lost - self._lost_nodes):
             log.warning("node %s is down", name)
         self._lost_nodes = lost
-        explain = self._explain.due(time.monotonic(), self.planner.unexplained())
-        for action in self.planner.plan(nodes, self._settings(explain), time.time()):
+        explain = self._explain.due(self._clock.monotonic(), self.planner.unexplained())
+        for action in self.planner.plan(nodes, self._settings(explain), self._clock.time()):
             if not self.election.is_leader:
                 return
             self.beat()  # a long round of writes is progress, not a stall
             if isinstance(action, Explain):  # a reason, not a decision: nothing to fence
-                await self._update(action.job_id, lambda j, a=action: a.apply(j, time.time()))
+                await self._update(action.job_id, lambda j, a=action: a.apply(j, self._clock.time()))
             else:
-                await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, time.time())))
+                await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, self._clock.time())))
 
     def _catch_up(self) -> None:
         """Bring the planner up to the records: all of them the first time in a term, then only
@@ -337,7 +344,7 @@ class Leader:
 
     def _node_states(self) -> list[PlanNode]:
         # Only live jobs hold nodes: the planner's records are those.
-        return plan_nodes(self.nodes, self.planner.records.values(), time.monotonic() - self._led_since)
+        return plan_nodes(self.nodes, self.planner.records.values(), self._clock.monotonic() - self._led_since)
 
     def _settings(self, explain: bool) -> PlanSettings:
         return plan_settings(self.cc, self.settings.values if self.settings is not None else {}, explain)
@@ -392,10 +399,10 @@ class Leader:
         """What the bucket holds for ``node`` and its revision (0: no such key)."""
         try:
             entry = await self._assign_kv.get(node)
-        except nats.js.errors.KeyDeletedError as e:
+        except (nats.js.errors.KeyDeletedError, nats.js.errors.KeyNotFoundError) as e:
+            # A deleted or purged key still has a revision (its marker's): the next write must name
+            # it. nats-py's get raises KeyNotFoundError for it, with the marker as ``entry``.
             return None, (e.entry.revision or 0) if e.entry is not None else 0
-        except nats.js.errors.KeyNotFoundError:
-            return None, 0
         try:
             return decode(entry.value, NodeAssignment), entry.revision or 0
         except ProtocolError as e:
@@ -464,13 +471,11 @@ async def _pending(psub) -> bool:
 async def _unsubscribe(psub) -> None:
     try:
         await psub.unsubscribe()
-    except Exception:  # the connection or the subscription may already be gone
-        pass
+    except Exception as e:  # the connection or the subscription may already be gone: nothing to undo
+        log.debug("event subscription not unsubscribed: %s", e)
 
 
 async def _keys(kv: KeyValue) -> list[str]:
-    import nats.js.errors
-
     try:
         return await kv.keys()
     except nats.js.errors.NoKeysError:

@@ -21,6 +21,7 @@ from nats.aio.subscription import Subscription
 from hfai import _nats
 from hfai._daemon import StuckTasksError, Supervisor, raise_if_cancelled
 from hfai._metrics import MetricsServer
+from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.controller.api import ApiService
 from hfai.controller.election import LeaseElection
@@ -133,6 +134,7 @@ class Controller:
     async def _lead_when_elected(self, js, buckets) -> None:
         election = self.election
         assert election is not None, "start() first"
+        backoff = Backoff(1.0, max(1.0, self.config.controller.lease_ttl_s))
         while True:
             raise_if_cancelled()
             await election.elected.wait()
@@ -142,14 +144,16 @@ class Controller:
                 self.metrics.time_rounds(self.leader)
             try:
                 await self.leader.run()
+                backoff.reset()
             except asyncio.CancelledError:
                 raise
             except StuckTasksError as e:
                 self._fail(f"the leader loop could not stop its tasks ({e})")
                 return
             except Exception:
-                log.exception("leader loop failed; retrying")
-                await asyncio.sleep(1.0)
+                wait_s = backoff.next()
+                log.exception("leader loop failed; retrying in %.1fs", wait_s)
+                await asyncio.sleep(wait_s)
             finally:
                 self.leader = None
 

@@ -1,5 +1,7 @@
-"""What the two daemon entry points share: logging setup, signal-driven two-phase shutdown,
-supervision of their long-lived tasks (:class:`Supervisor`), and cancellation that cannot hang.
+"""What the daemons share (``hfai-agent``, ``hfai-controller``, ``hfai-web``, ``hfai-storage``
+through :func:`run_daemon`, the agent fleet through :func:`serve`): logging setup, signal-driven
+two-phase shutdown, supervision of their long-lived tasks (:class:`Supervisor`), and
+cancellation that cannot hang.
 
 Python 3.11's ``asyncio.wait_for`` returns the inner result instead of raising when it is
 cancelled just as that result becomes ready (bpo-42130, fixed in 3.12). nats-py uses it inside
@@ -20,6 +22,8 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
+
+from hfai._clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +68,34 @@ async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
     try:
         done, _ = await asyncio.wait({inner}, timeout=timeout_s)
     except asyncio.CancelledError:
-        _abandon(inner)
+        abandon(inner)
         raise
     if not done:
-        _abandon(inner)
+        abandon(inner)
         raise TimeoutError
     return inner.result()
 
 
-def _abandon(task: asyncio.Future) -> None:
+async def wait_event(event: asyncio.Event, timeout_s: float, clock: Clock = SYSTEM) -> bool:
+    """Wait until ``event`` is set or ``timeout_s`` passed on ``clock``; whether it was set. Both
+    waits are this call's own tasks, finished before it returns or raises (a cancellation
+    propagates, as in :func:`bounded`)."""
+    if event.is_set():
+        return True
+    woken = asyncio.ensure_future(event.wait())
+    timer = asyncio.ensure_future(clock.sleep(timeout_s))
+    try:
+        await asyncio.wait({woken, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (woken, timer):
+            t.cancel()
+        await asyncio.gather(woken, timer, return_exceptions=True)
+    return event.is_set()
+
+
+def abandon(task: asyncio.Future) -> None:
+    """Cancel a task that its owner will not wait for (it may be stuck inside a library that holds
+    on to the cancellation) and retrieve its outcome whenever it comes."""
     task.cancel()
     # Retrieve its outcome whenever it comes, so asyncio never reports it as unretrieved.
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -201,6 +224,7 @@ async def serve(start: Callable[[], Awaitable[None]], close: Callable[[], Awaita
     finally:
         for w in watched:
             w.cancel()
+        await asyncio.gather(*watched, return_exceptions=True)
         wedged = await _close_within(close, shutdown_timeout_s, hard_exit)
     return EXIT_WEDGED if wedged else code
 
@@ -216,6 +240,7 @@ async def _close_within(close: Callable[[], Awaitable[None]], timeout_s: float,
         if error is not None:
             raise error
         return False
+    # ``closing`` is left running: the process ends now.
     log.critical("could not shut down cleanly (%s); exiting now", error or f"close took over {timeout_s:g}s")
     for h in logging.getLogger().handlers:
         h.flush()
@@ -229,8 +254,8 @@ class Daemon(Protocol):
     async def close(self) -> None: ...
 
 
-#: The daemons' two flags, documented alike by ``hfai-agent``/``hfai-controller`` and
-#: ``hfai agent``/``hfai controller``.
+#: The daemons' two flags, documented alike by each ``hfai-*`` daemon and by ``hfai agent`` /
+#: ``hfai controller``.
 CONFIG_HELP = ("TOML config file (default: $HFAI_CONFIG, else /etc/hfai/hfai.toml; systemd/hfai.toml.example "
                "documents every field); any field can be overridden with HFAI_<SECTION>_<FIELD>, e.g. "
                "HFAI_NATS_URL.")
@@ -240,7 +265,7 @@ LOG_LEVEL_HELP = ("Least severe messages logged to stderr: " + ", ".join(LOG_LEV
 
 
 def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], argv: list[str] | None = None) -> int:
-    """The shared ``main`` of ``hfai-agent`` and ``hfai-controller``: parse flags, load the config,
+    """The shared ``main`` of the ``hfai-*`` daemons: parse flags, load the config,
     build the daemon with ``make(config)``, serve until SIGTERM. Config errors exit 2, no traceback.
 
     A daemon may have ``async failed() -> str`` (returns, with the reason, when the daemon must
