@@ -51,7 +51,9 @@ from hfai import _nats
 from hfai.agent import fleet
 from hfai.api.client import ApiClient
 from hfai.auth.roles import Role
-from hfai.cli.local import LOCAL_AGENT, LOCAL_CONTROLLER, LocalCluster, start_nats
+from hfai.cli.local import LocalCluster
+from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER
+from hfai.cli.local.nats_server import start_nats
 from hfai.config import AgentConfig, Config, ControllerConfig
 from hfai.protocol import decode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, NodeRecord, NodesReply, NodesRequest, NodeState

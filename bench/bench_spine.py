@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from hfai.api.client import ApiClient
-from hfai.cli.local import LOCAL_AGENT, LOCAL_CONTROLLER, LocalCluster
+from hfai.cli.local import LocalCluster
+from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER
 from hfai.controller.policy import JobView, NodeView, PolicyConfig, decide
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority
 

@@ -42,8 +42,10 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     """
     import dataclasses
 
-    from hfai.cli.local import LOCAL_AGENT, LOCAL_CONTROLLER, LOCAL_METRICS_PORT, LocalCluster, free_port
-    from hfai.cli.supervision import SupervisePolicy
+    from hfai.cli.local import LocalCluster
+    from hfai.cli.local.daemons import free_port
+    from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER, LOCAL_METRICS_PORT
+    from hfai.cli.local.supervision import SupervisePolicy
     from hfai.config import WebConfig
 
     cc = dataclasses.replace(LOCAL_CONTROLLER, metrics_port=LOCAL_METRICS_PORT)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from hfai import _nats
 from hfai.api.client import ApiClient
-from hfai.cli.local import LocalCluster, start_nats
+from hfai.cli.local import LocalCluster
+from hfai.cli.local.nats_server import start_nats
 from hfai.config import AgentConfig, ControllerConfig
 from hfai.protocol import decode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease

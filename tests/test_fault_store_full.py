@@ -21,7 +21,7 @@ from spine_cluster import JOBS, Cluster
 
 from hfai.cli import render
 from hfai.cli.local import LocalCluster
-from hfai.cli.supervision import SupervisePolicy
+from hfai.cli.local.supervision import SupervisePolicy
 from hfai.controller.metrics import ControllerMetrics
 from hfai.controller.store_health import StoreWatch
 from hfai.protocol.types import ChainState, StoreHealth

@@ -37,7 +37,7 @@ from spine_cluster import JOBS, Cluster
 
 from hfai import _nats
 from hfai.api.client import ApiClient
-from hfai.cli.local import start_nats
+from hfai.cli.local.nats_server import start_nats
 from hfai.protocol import decode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease
 

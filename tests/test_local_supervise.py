@@ -1,6 +1,6 @@
 """`hfai local up` supervises its daemons (issue 26 §7): one that died is restarted with a backoff
 and a bound, `hfai local status` shows the restarts, and `hfai local down` stops everything for
-good. The decisions are pure (hfai.cli.supervision) and tested on a made-up clock; one live test
+good. The decisions are pure (hfai.cli.local.supervision) and tested on a made-up clock; one live test
 kills daemons of a real supervised cluster."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from spine_cluster import TEST_AGENT, TEST_CONTROLLER
 
 from hfai._proc import pid_alive
 from hfai.cli.local import LocalCluster
-from hfai.cli.supervision import Step, SupervisePolicy, Track, store_restart_due
+from hfai.cli.local.supervision import Step, SupervisePolicy, Track, store_restart_due
 
 POLICY = SupervisePolicy(first_delay_s=1.0, max_delay_s=8.0, burst=3, window_s=100.0, steady_s=20.0)
 

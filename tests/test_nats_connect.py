@@ -8,11 +8,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from hfai import _nats
-from hfai.cli.local import start_nats
+from hfai.cli.local.nats_server import start_nats
 from hfai.config import Config, NatsConfig
 from hfai.protocol.errors import Unavailable
 
@@ -59,3 +60,27 @@ def test_daemon_waits_for_nats_to_come_up(tmp_path, monkeypatch):
             server.wait(10)
 
     asyncio.run(go())
+
+
+def test_a_daemon_waiting_for_nats_retries_after_growing_jittered_waits():
+    """Not every 0.5 s in lockstep (a fleet that lost its server): each wait is drawn from half to
+    all of a ceiling that doubles up to RECONNECT_WAIT_CAP_S while the server stays away."""
+    config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{_free_port()}", connect_timeout_s=0.5))
+    failed: list[float] = []
+
+    async def on_error(_e: Exception) -> None:
+        failed.append(time.monotonic())
+
+    async def go():
+        attempt = asyncio.ensure_future(_nats.connect(config, "daemon", reconnect=True, on_error=on_error))
+        await asyncio.sleep(4.0)
+        attempt.cancel()
+        await asyncio.gather(attempt, return_exceptions=True)
+
+    asyncio.run(go())
+    waits = [b - a for a, b in zip(failed, failed[1:])]
+    base, cap = _nats.RECONNECT_WAIT_S, _nats.RECONNECT_WAIT_CAP_S
+    assert len(waits) >= 2, waits
+    for i, w in enumerate(waits):
+        ceiling = min(cap, base * 2 ** (i + 1))
+        assert ceiling / 2 - 0.05 <= w <= ceiling + 0.3, (i, waits)

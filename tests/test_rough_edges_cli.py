@@ -155,7 +155,8 @@ def test_the_demo_home_is_removed_on_sigterm(tmp_path):
 def test_readme_names_what_local_reset_keeps_and_where_local_creds_are(tmp_path, monkeypatch):
     import re
 
-    from hfai.cli.local import STATE_DIRS, LocalCluster
+    from hfai.cli.local import LocalCluster
+    from hfai.cli.local.layout import STATE_DIRS
 
     kept = ("envs", "workspaces", "datasets", "gc")
     for name in (*STATE_DIRS, *kept):

@@ -237,7 +237,7 @@ def test_write_atomic_mode_and_no_leftovers(tmp_path):
 def test_local_up_takes_the_usual_web_port_or_a_free_one():
     import socket
 
-    from hfai.cli.local import free_port
+    from hfai.cli.local.daemons import free_port
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -17,9 +17,10 @@ from spine_cluster import JOBS, REPO
 
 from hfai.api.client import ApiClient
 from hfai.api.config import current_user
-from hfai.cli.local import LocalCluster, down_actions, ghost_nodes
+from hfai.cli.local import LocalCluster
+from hfai.cli.local.cluster import ghost_nodes
 from hfai.controller.nodes import unknown_nodes
-from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunAssignment
+from hfai.protocol.types import ChainState, JobRecord, JobSpec
 
 STEPS = str(JOBS / "steps.py")
 
@@ -171,24 +172,6 @@ def test_ghost_and_unknown_nodes():
     # Held nodes nobody has a record of are down, after the heartbeat window a takeover gives.
     assert unknown_nodes([held, done], {"node-0", "node-1"}, 11.0, 10.0) == {"node-2"}
     assert unknown_nodes([held, done], {"node-0", "node-1"}, 9.0, 10.0) == set()
-
-
-def test_down_interrupts_each_live_run_as_the_platform_does():
-    from hfai.agent.plan import Act, LocalRun, RunPhase
-    from hfai.protocol.types import DesiredRun
-
-    ra = RunAssignment(job_id="j", run_id=1, name="j", user="u", group="default", priority=10, rank=0, world_size=1,
-                       master_addr="127.0.0.1", master_port=1, entrypoint=("true",), workdir="/",
-                       desired=DesiredRun.RUN)
-    fresh = LocalRun(key="j.1", assignment=ra, phase=RunPhase.ALIVE)
-    flagged = LocalRun(key="j.1", assignment=ra, phase=RunPhase.ALIVE, suspend_ts=100.0)
-    termed = LocalRun(key="j.1", assignment=ra, phase=RunPhase.ALIVE, suspend_ts=100.0, term_ts=130.0)
-    gone = LocalRun(key="j.1", assignment=ra, phase=RunPhase.EXITED, exit_code=0)
-    acts = lambda run, now: [a.act for a in down_actions({"j.1": run}, now, 30.0, 10.0)]  # noqa: E731
-    assert acts(fresh, 100.0) == [Act.RAISE_SUSPEND]
-    assert acts(flagged, 110.0) == [] and acts(flagged, 131.0) == [Act.TERMINATE]
-    assert acts(termed, 135.0) == [] and acts(termed, 141.0) == [Act.KILL]
-    assert acts(gone, 500.0) == []  # reports are the agent's
 
 
 @pytest.mark.slow

@@ -1,9 +1,9 @@
 """The local cluster's supervisor: the process `hfai local up` leaves running to keep its daemons
-alive, as systemd does on a production cluster (``python -m hfai.cli.local_supervisor ROOT``).
+alive, as systemd does on a production cluster (``python -m hfai.cli.local.supervisor ROOT``).
 
 Something must run while no CLI does, so `up` starts this one process (detached, its log in
 ``logs/supervisor.log``). Every ``tick_s`` it looks at each daemon of ``cluster.json`` and
-restarts the dead ones with a backoff and a bound (hfai.cli.supervision); it probes the NATS
+restarts the dead ones with a backoff and a bound (hfai.cli.local.supervision); it probes the NATS
 store as the controllers do and restarts nats-server, on the same port, when the store refuses
 writes while its disk has room. From the moment `up` hands over it is the only writer of
 ``cluster.json``: the daemons' pids, each one's restarts, the store's health. `hfai local down`
@@ -28,10 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hfai._proc import pid_alive
-from hfai.cli.local import LocalCluster, _terminate, start_nats
-from hfai.cli.supervision import Step, SupervisePolicy, Track, store_restart_due
+from hfai.cli.local.cluster import LocalCluster
+from hfai.cli.local.daemons import terminate
+from hfai.cli.local.layout import Layout
+from hfai.cli.local.nats_server import start_nats
+from hfai.cli.local.supervision import Step, SupervisePolicy, Track, store_restart_due
 
-log = logging.getLogger("hfai.cli.local_supervisor")
+log = logging.getLogger("hfai.cli.local.supervisor")
 
 #: How long it waits at its start for `up` to record it in cluster.json.
 HANDOVER_S = 30.0
@@ -72,8 +75,8 @@ class LocalSupervisor:
     def _start_nats(self) -> int:
         c = self.cluster
         port = int(c.url.rsplit(":", 1)[1])
-        conf = c.root / "nats.conf"
-        proc, _url = start_nats(c.root / "nats", c.root / "logs" / "nats.log", port=port,
+        conf = c.layout.nats_conf
+        proc, _url = start_nats(c.layout.nats_store, c.layout.log_path("nats"), port=port,
                                 config_file=conf if conf.exists() else None)
         c._procs["nats"] = proc
         return proc.pid
@@ -111,7 +114,7 @@ class LocalSupervisor:
             elif step is Step.GIVE_UP:
                 log.error("%s died %d times within %gs: not restarting it again (`hfai local down` then "
                           "`hfai local up`); see %s", name, len(track.restarts), self.policy.window_s,
-                          self.cluster.root / "logs" / f"{name}.log")
+                          self.cluster.layout.log_path(name))
                 changed = True
         return changed
 
@@ -128,7 +131,7 @@ class LocalSupervisor:
 
     def free_bytes(self) -> int | None:
         try:
-            return shutil.disk_usage(self.cluster.root / "nats").free
+            return shutil.disk_usage(self.cluster.layout.nats_store).free
         except OSError:
             return None
 
@@ -173,7 +176,7 @@ class LocalSupervisor:
         with self._lock:
             track = self.tracks["nats"]
             log.critical("the NATS store refuses writes (%s) and its disk has room: restarting nats-server", detail)
-            _terminate(self.cluster.pids.get("nats"), self.cluster._procs.get("nats"))
+            terminate(self.cluster.pids.get("nats"), self.cluster._procs.get("nats"))
             self.restart("nats", track, "its store refused writes")
             self.store_restarted = time.time()
             self.save()
@@ -238,10 +241,10 @@ def wait_for_handover(root: Path, timeout_s: float = HANDOVER_S) -> LocalCluster
 
 def spawn(root: Path, policy: SupervisePolicy) -> subprocess.Popen:
     """Start the supervisor of the cluster under ``root`` (detached; `up` then records its pid)."""
-    logf = open(root / "logs" / "supervisor.log", "ab")
+    logf = open(Layout(root).log_path("supervisor"), "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "hfai.cli.local_supervisor", str(root), "--policy", json.dumps(policy.to_json())],
+            [sys.executable, "-m", "hfai.cli.local.supervisor", str(root), "--policy", json.dumps(policy.to_json())],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     finally:
@@ -249,7 +252,7 @@ def spawn(root: Path, policy: SupervisePolicy) -> subprocess.Popen:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hfai.cli.local_supervisor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hfai.cli.local.supervisor", description=__doc__)
     parser.add_argument("root", type=Path)
     parser.add_argument("--policy", default="{}", help="SupervisePolicy fields, as JSON")
     args = parser.parse_args(argv)

@@ -1,0 +1,63 @@
+"""`hfai local down` interrupts the jobs through the agents (hfai.agent.operations), not a second
+executor: the agent suspends its runs with its own plan (the job checkpoints on its flag), the
+record shows an interruption by the platform, and `hfai local up` resumes the job from its
+checkpoint. Only operators may ask an agent to suspend its node."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_spine_local_restart import STEPS, hfai, job, job_id, ok, wait_for, wait_state
+
+from hfai.api.config import current_user
+from hfai.cli.local import LocalCluster
+from hfai.cli.local.interrupt import AgentOps
+from hfai.protocol.errors import Forbidden
+from hfai.protocol.types import ChainState, NodeSuspendRequest
+
+
+@pytest.fixture()
+def home(tmp_path):
+    h = tmp_path / "home"
+    yield h
+    local = LocalCluster.load(h / "local")
+    if local is not None:  # whatever the test left running
+        local.down()
+
+
+@pytest.mark.slow
+def test_down_has_the_agent_suspend_the_job_and_up_resumes_it(home, tmp_path):
+    ok(hfai(home, "local", "up", "--nodes", "1"))
+    jid = job_id(ok(hfai(home, "submit", "--name", "steps", "python", STEPS, "6000", "0.1", cwd=tmp_path)))
+    log = home / "local/agents/node-0/logs" / jid / "rank0.log"
+    wait_for(lambda: log.exists() and "starts at step 0" in log.read_text(), 60, "the job to start")
+
+    local = LocalCluster.load(home / "local")
+    assert local is not None
+    local.user_creds("bob")  # a user, not an operator
+
+    async def as_bob() -> None:
+        ops = AgentOps(local.config(), user="bob")
+        async with ops:
+            await ops.suspend("node-0", NodeSuspendRequest(ack_window_s=0.0, kill_window_s=0.0))
+
+    with pytest.raises(Forbidden, match="only operators"):
+        asyncio.run(as_bob())
+    assert job(home, jid).state is ChainState.RUNNING and "suspending" not in log.read_text()
+
+    down = ok(hfai(home, "local", "down"))
+    assert "interrupting 1 running job rank(s)" in down and "(1 job rank(s) interrupted)" in down
+    agent = (home / "local/logs/agent-node-0.log").read_text()
+    assert f"operator {current_user()} suspends every run on this node" in agent
+    assert f"asking {jid}.1 to suspend" in agent  # the agent's own interrupt, as for the leader's suspend
+    assert "suspending at step" in log.read_text() and (tmp_path / f"steps_{jid}_0.txt").exists()
+
+    ok(hfai(home, "local", "up", "--nodes", "1"))
+    resumed = wait_state(home, jid, ChainState.RUNNING)
+    assert resumed.run_id == 2 and resumed.suspend_count == 1
+    assert "failed" not in [h.state.value for h in resumed.history]
+    assert "stopped by the platform" in ok(hfai(home, "status", jid))
+    wait_for(lambda: "run 2 rank 0 of 1 starts at step" in log.read_text(), 30, "the job to resume")
+    assert "starts at step 0" not in log.read_text().split("run 2 rank 0")[1]  # from its checkpoint
+    ok(hfai(home, "local", "down", "--now"))
