@@ -21,7 +21,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.kv import KeyValue
 
-from hfai._daemon import raise_if_cancelled
+from hfai._daemon import CANCEL_TIMEOUT_S, abandon, cancel_and_wait, raise_if_cancelled
+from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.protocol import names
 from hfai.protocol.errors import Forbidden, Unavailable
@@ -33,6 +34,13 @@ EVENTS_MAX_AGE_S = 7 * 24 * 3600
 
 #: How often a daemon waiting for NATS to come up says so in its log.
 WAIT_LOG_INTERVAL_S = 30.0
+#: The wait before connecting again to a server just tried: jittered, doubling from the first to
+#: the second while the server stays away (a fleet that lost its server must not come back in
+#: lockstep), short again after a reconnect.
+RECONNECT_WAIT_S, RECONNECT_WAIT_CAP_S = 0.5, 2.0
+#: The longest wait between two tries of setting up (or finding) the buckets; the first is
+#: ``[nats] setup_retry_s``.
+SETUP_RETRY_CAP_S = 10.0
 
 
 def _identity(creds: str) -> dict:
@@ -83,10 +91,22 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
     servers to come up, logging every ``WAIT_LOG_INTERVAL_S`` while it waits.
     """
 
+    nc = Client()
+    reconnect_wait = Backoff(RECONNECT_WAIT_S, RECONNECT_WAIT_CAP_S)
+
     async def log_error(e: Exception) -> None:
         log.debug("nats error: %s", e)
+        if not nc.is_connected:
+            # A connection attempt failed. nats-py reads this option before each attempt at a
+            # server it tried a moment ago (first connection and reconnects alike).
+            nc.options["reconnect_time_wait"] = reconnect_wait.next()
         if on_error is not None:
             await on_error(e)
+
+    async def reconnected() -> None:
+        reconnect_wait.reset()
+        nc.options["reconnect_time_wait"] = reconnect_wait.next()
+        await _on_reconnected()
 
     servers = [u.strip() for u in config.nats.url.split(",") if u.strip()]  # a cluster: a list
     if any(u.startswith(("ws://", "wss://")) for u in servers):
@@ -95,15 +115,14 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
     identity = _identity(creds) if creds else {}
     # Our own Client rather than nats.connect(): a refused first connection (allow_reconnect off)
     # leaves its socket open, in CLOSE-WAIT until garbage collection, unless it is closed here.
-    nc = Client()
     options: dict[str, Any] = dict(  # Client.connect's annotations say int where floats work
         name=name,
         connect_timeout=config.nats.connect_timeout_s,
         allow_reconnect=reconnect,
         max_reconnect_attempts=-1 if reconnect else 0,
-        reconnect_time_wait=0.5,
+        reconnect_time_wait=reconnect_wait.next(),
         error_cb=log_error,
-        reconnected_cb=_on_reconnected,
+        reconnected_cb=reconnected,
         **identity,
         **tls_options(config),
     )
@@ -131,8 +150,8 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
             "(`hfai local up` starts a local one)"
         ) from e
     finally:
-        if not attempt.done():
-            attempt.cancel()  # our own task: never left behind, on timeout or cancellation
+        if not attempt.done():  # cancelled while waiting for NATS: our own task ends with us
+            await cancel_and_wait([attempt], CANCEL_TIMEOUT_S)
         if not nc.is_connected:
             await nc.close()
 
@@ -150,7 +169,7 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | N
     try:
         return await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
-        pass
+        pass  # made next
     try:
         return await js.create_key_value(bucket=name, history=1, ttl=ttl, replicas=replicas)
     except nats.js.errors.APIError as create_error:
@@ -215,8 +234,9 @@ def is_transient(e: BaseException) -> bool:
     return isinstance(e, nats.js.errors.APIError) and e.err_code in _TRANSIENT_ERR_CODES
 
 
-#: Pause before watching a KV key or bucket again after its watch failed or ended.
-REWATCH_S = 0.5
+#: Pause before watching a KV key or bucket again after its watch failed or ended: jittered,
+#: doubling up to the cap while the watches deliver nothing.
+REWATCH_S, REWATCH_CAP_S = 0.5, 5.0
 #: What a watch may fail with and watching anew may cure: NATS away, a server or stream leader lost.
 WATCH_ERRORS = (nats.errors.Error, asyncio.TimeoutError)
 
@@ -246,8 +266,11 @@ async def _next(it: Any, reconnected: asyncio.Event) -> Any:
             await asyncio.wait({nxt, again}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             again.cancel()
+            await asyncio.gather(again, return_exceptions=True)
             if not nxt.done():
-                nxt.cancel()
+                # Waits inside nats-py, which may hold on to a cancellation: not awaited here, it
+                # ends with the watch the caller stops next (its outcome is retrieved, and dropped).
+                abandon(nxt)
     if not nxt.done() or nxt.cancelled():
         raise_if_cancelled()
         raise _Reconnected()
@@ -264,7 +287,8 @@ async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[A
     ``open_watch`` opens one (``kv.watch(key)``, ``kv.watchall()``); ``watcher``, if given, is
     one already open, used first. ``on_watch`` runs before each watch delivers anything (what the
     caller tracks of one snapshot starts anew). NATS errors (:data:`WATCH_ERRORS`) are retried
-    every ``retry_s``; errors of ``on_entry`` end the task: a fault of our own is no reason to
+    after a jittered wait, ``retry_s`` at first and doubling up to :data:`REWATCH_CAP_S` until a
+    watch delivers again; errors of ``on_entry`` end the task: a fault of our own is no reason to
     watch again, and its daemon's :class:`hfai._daemon.Supervisor` stops the process."""
     reconnected = asyncio.Event()
     _RECONNECT_WAITERS.add(reconnected)
@@ -277,6 +301,7 @@ async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[A
 async def _follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[Any], None], what: str,
                   on_watch: Callable[[], None] | None, watcher: Any, retry_s: float,
                   reconnected: asyncio.Event) -> NoReturn:
+    backoff = Backoff(retry_s, max(retry_s, REWATCH_CAP_S))
     while True:
         raise_if_cancelled()  # opening a watch awaits inside nats-py, which may swallow a cancellation
         reconnected.clear()
@@ -285,7 +310,7 @@ async def _follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[
                 watcher = await open_watch()
             except WATCH_ERRORS as e:
                 log.warning("cannot watch %s yet (%s)", what, e or type(e).__name__)
-                await asyncio.sleep(retry_s)
+                await asyncio.sleep(backoff.next())
                 continue
         if on_watch is not None:
             on_watch()
@@ -296,6 +321,7 @@ async def _follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[
                     entry = await _next(it, reconnected)
                 except StopAsyncIteration:
                     break
+                backoff.reset()
                 on_entry(entry)
             log.warning("watch of %s ended; watching anew", what)
         except _Reconnected:
@@ -306,28 +332,36 @@ async def _follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[
             ended, watcher = watcher, None
             try:
                 await ended.stop()
-            except Exception:  # the subscription or connection may be gone already
-                pass
-        await asyncio.sleep(retry_s)
+            except Exception as e:  # the subscription or connection may be gone already: nothing to stop
+                log.debug("watch of %s not stopped: %s", what, e)
+        await asyncio.sleep(backoff.next())
 
 
 async def agent_buckets(js: JetStreamContext, config: Config) -> tuple[KeyValue, KeyValue]:
     """(nodes, assign): the two buckets an agent uses. Its permissions cannot create (or even look
     at) the others, so it waits, like :func:`ensure_shared_state`, until a controller made them."""
+    backoff = _setup_backoff(config)
     while True:
         try:
             return await _open(js, names.BUCKET_NODES), await _open(js, names.BUCKET_ASSIGN)
         except Exception as e:
             if not is_transient(e):
                 raise
-            log.warning("hfai's buckets are not ready (%s); retrying in %gs", e, config.nats.setup_retry_s)
-            await asyncio.sleep(config.nats.setup_retry_s)
+            wait_s = backoff.next()
+            log.warning("hfai's buckets are not ready (%s); retrying in %.1fs", e, wait_s)
+            await asyncio.sleep(wait_s)
+
+
+def _setup_backoff(config: Config) -> Backoff:
+    return Backoff(config.nats.setup_retry_s, max(config.nats.setup_retry_s, SETUP_RETRY_CAP_S))
 
 
 async def ensure_shared_state(js: JetStreamContext, config: Config) -> Buckets:
     """The buckets and the events stream, created if missing. A daemon started together with its
-    NATS cluster waits here, retrying every ``setup_retry_s``, while JetStream cannot place or
-    answer yet; other errors (a misconfiguration such as replicas the servers cannot have) raise."""
+    NATS cluster waits here, retrying (``setup_retry_s`` at first, then longer, jittered) while
+    JetStream cannot place or answer yet; other errors (a misconfiguration such as replicas the
+    servers cannot have) raise."""
+    backoff = _setup_backoff(config)
     while True:
         try:
             buckets = await ensure_buckets(js, config)
@@ -339,8 +373,9 @@ async def ensure_shared_state(js: JetStreamContext, config: Config) -> Buckets:
                                   f"(is [nats] replicas = {config.nats.replicas} right for these servers?)") from e
             if not is_transient(e):
                 raise
-            log.warning("JetStream not ready (%s); retrying in %gs", e, config.nats.setup_retry_s)
-            await asyncio.sleep(config.nats.setup_retry_s)
+            wait_s = backoff.next()
+            log.warning("JetStream not ready (%s); retrying in %.1fs", e, wait_s)
+            await asyncio.sleep(wait_s)
 
 
 async def events_subscription(js: JetStreamContext, config: Config) -> JetStreamContext.PullSubscription:

@@ -78,7 +78,7 @@ def test_a_daemon_waiting_for_nats_retries_after_growing_jittered_waits():
         await asyncio.gather(attempt, return_exceptions=True)
 
     asyncio.run(go())
-    waits = [b - a for a, b in zip(failed, failed[1:])]
+    waits = [b - a for a, b in zip(failed, failed[1:], strict=False)]
     base, cap = _nats.RECONNECT_WAIT_S, _nats.RECONNECT_WAIT_CAP_S
     assert len(waits) >= 2, waits
     for i, w in enumerate(waits):
