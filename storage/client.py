@@ -263,6 +263,7 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
                     await asyncio.sleep(ahead)
 
     senders = [asyncio.create_task(sender()) for _ in range(1 if bwlimit else IN_FLIGHT)]
+    put: asyncio.Future[None] | None = None
     try:
         for group in packs(lacking, sizes, request_bytes):
             put = asyncio.ensure_future(queue.put(group))
@@ -270,15 +271,15 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
             for t in done - {put}:
                 t.result()  # a sender failed: raise its error
             if not put.done():
-                put.cancel()
                 raise RuntimeError("every sender stopped")
         for _ in senders:
             await queue.put(None)
         await asyncio.gather(*senders)
     finally:
-        for t in senders:
-            t.cancel()
-        await asyncio.gather(*senders, return_exceptions=True)
+        owned: list[asyncio.Future[None]] = [*senders, *([put] if put else [])]  # a put waiting for room too
+        for waiting in owned:
+            waiting.cancel()
+        await asyncio.gather(*owned, return_exceptions=True)
     return sent
 
 

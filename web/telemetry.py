@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from hfai._daemon import raise_if_cancelled
+from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.protocol import decode, names
 from hfai.protocol.errors import ProtocolError
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Samples kept per node (one an hour at a 1 s heartbeat, more at slower ones).
 MAX_SAMPLES = 3600
+#: The longest wait between two looks for the stream (the first: ``[nats] setup_retry_s``).
+RETRY_CAP_S = 10.0
 
 
 class TelemetryHistory:
@@ -52,14 +55,16 @@ class TelemetryHistory:
     async def follow(self, nc: Client) -> None:
         """Read the history, then live heartbeats, until cancelled (waits for the stream to exist)."""
         js = nc.jetstream()
+        backoff = Backoff(self._retry_s, max(self._retry_s, RETRY_CAP_S))
         while True:
             raise_if_cancelled()
             try:
                 await js.stream_info(names.TELEMETRY_STREAM)
                 break
             except (nats.js.errors.NotFoundError, nats.errors.Error, TimeoutError) as e:
-                log.info("telemetry stream not there yet (%s); retrying", e or type(e).__name__)
-                await asyncio.sleep(self._retry_s)
+                wait_s = backoff.next()
+                log.info("telemetry stream not there yet (%s); retrying in %.1fs", e or type(e).__name__, wait_s)
+                await asyncio.sleep(wait_s)
         start = dt.datetime.fromtimestamp(time.time() - self.max_age_s, dt.UTC)
         cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start)
         sub = await js.subscribe(names.TELEMETRY_WILDCARD, stream=names.TELEMETRY_STREAM, ordered_consumer=True,
@@ -70,13 +75,14 @@ class TelemetryHistory:
         finally:
             try:
                 await sub.unsubscribe()
-            except Exception:
-                pass
+            except Exception as e:  # the connection may be gone already: nothing to undo
+                log.debug("telemetry subscription not unsubscribed: %s", e)
 
     async def _on_msg(self, msg) -> None:
         try:
             record = decode(msg.data, NodeRecord)
-        except ProtocolError:
+        except ProtocolError as e:
+            log.debug("dropping an unreadable telemetry sample on %s: %s", msg.subject, e)
             return
         if msg.subject == names.telemetry_subject(record.name):  # an agent reports only for itself
             self.add(record)
