@@ -392,7 +392,7 @@ class ApiService:
             if names.is_token(ref):
                 return decode((await self._kv.get(ref)).value, JobRecord)
         except nats.js.errors.KeyNotFoundError:
-            pass
+            pass  # no job has that id: it may be a name
         return pick_named([j for j in self._jobs.values.values() if j.spec.name == ref], user, ref)
 
 

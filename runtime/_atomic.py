@@ -25,5 +25,5 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o666) 
         try:  # leave no temp file behind (a full disk, ``path`` a directory, ...)
             os.unlink(tmp)
         except OSError:
-            pass
+            pass  # never made, or not removable: the error raised next is the one that matters
         raise

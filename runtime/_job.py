@@ -187,7 +187,7 @@ def get_whole_life_state() -> int:
             with open(os.path.join(cdir, WHOLE_LIFE_FILE)) as f:
                 return int(f.read().strip() or 0)
         except (FileNotFoundError, ValueError):
-            pass
+            pass  # never set in this chain (or not a number): the value the run was launched with
     return _env_int("HFAI_WHOLE_LIFE_STATE")
 
 

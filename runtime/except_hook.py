@@ -114,4 +114,4 @@ def _signal(p: Any, sig: int) -> None:
     try:
         p.send_signal(sig)
     except psutil.Error:
-        pass
+        pass  # the process is gone already: nothing left to signal

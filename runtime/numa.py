@@ -111,7 +111,7 @@ def gpu_numa_nodes(nprocs: int, pci_root: str | os.PathLike = SYSFS_PCI) -> list
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
-            pass
+            pass  # NVML never came up: nothing to shut down
 
 
 def _pci_numa_node(handle, pci_root: str | os.PathLike) -> int | None:

@@ -351,7 +351,7 @@ def _apply(d: Path, n: Path, new: Manifest, delete: tuple[str, ...], owner: pwd.
         try:
             os.unlink(d / rel)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            pass
+            pass  # not there as a file: nothing to delete
     prune_empty_dirs(d)
 
 
@@ -396,5 +396,5 @@ def clean_temporaries(base: Path) -> int:
                     os.unlink(os.path.join(dirpath, entry))
                     n += 1
                 except FileNotFoundError:
-                    pass
+                    pass  # removed meanwhile: what this sweep was for
     return n

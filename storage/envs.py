@@ -115,7 +115,7 @@ def _owner(d: Path) -> str:
         if isinstance(owner, str) and names.is_token(owner):
             return owner
     except (OSError, ValueError, AttributeError):
-        pass
+        pass  # no owner file that names one (an environment made before they were kept): see below
     try:
         return pwd.getpwuid(d.stat().st_uid).pw_name
     except KeyError:

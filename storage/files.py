@@ -52,7 +52,7 @@ def prune_empty_dirs(base: Path) -> None:
             try:
                 os.rmdir(dirpath)
             except OSError:
-                pass
+                pass  # filled or removed meanwhile: then it is not an empty directory to prune
 
 
 def remove_tree(path: Path) -> None:

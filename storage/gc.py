@@ -57,7 +57,7 @@ def newest_mtime(path: Path, own: float) -> float:
             try:
                 newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
             except OSError:
-                pass
+                pass  # gone since the walk listed it: it makes nothing newer
     return newest
 
 

@@ -160,7 +160,7 @@ class FileWriter:
         try:
             os.unlink(self._tmp_path)
         except FileNotFoundError:
-            pass
+            pass  # aborted before (safe to call twice): nothing left to remove
 
     def __enter__(self) -> FileWriter:
         return self

@@ -127,7 +127,7 @@ def unlink_name(name: str) -> None:
     try:
         _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:
-        pass
+        pass  # unlinked already, by this rank or another
     with _pending_lock:
         _pending_unlink.discard(name)
 
