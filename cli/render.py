@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfai.protocol.errors import InvalidRequest
+from hfai.protocol.reasons import describe
 from hfai.protocol.types import ChainState, JobRecord, NodeInfo, NodeState, Priority, QuotaTable, StoreHealth
 
 
@@ -108,7 +109,7 @@ JOB_COLUMNS: dict[str, Column] = {
     "where": Column("WHERE", "nodes held now", lambda j, now: clean(",".join(j.nodes)) if j.state.holds_nodes
                     and j.nodes else "-"),
     "command": Column("COMMAND", "what it runs", lambda j, now: clean(" ".join(j.spec.entrypoint))),
-    "why": Column("WHY", "the reason for its state", lambda j, now: clean(j.reason)),
+    "why": Column("WHY", "the reason for its state", lambda j, now: clean(describe(j))),
 }
 DEFAULT_COLUMNS = ("id", "name", "user", "nodes", "priority", "state", "suspends", "age", "why")
 
@@ -217,7 +218,7 @@ def job_details(j: JobRecord) -> str:
     lines = [
         f"job        {clean(s.name)} ({clean(j.id)})",
         f"user       {clean(s.user)}   group {clean(s.group)}   priority {Priority.label(s.priority)}",
-        f"state      {j.state.value}: {clean(j.reason)}",
+        f"state      {j.state.value}: {clean(describe(j))}",
         f"nodes      {f'{s.min_nodes}-{s.max_nodes} (elastic)' if s.elastic else s.nodes} requested; "
         f"{_where(j)}",
         f"runs       {j.run_id} (suspended {j.suspend_count} times, run time {age(run_seconds(j, time.time()))})   "
@@ -229,7 +230,8 @@ def job_details(j: JobRecord) -> str:
         "history:",
     ]
     for ev in j.history:
-        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(ev.ts))}  {ev.state.value:<11} {clean(ev.reason)}")
+        at = time.strftime('%H:%M:%S', time.localtime(ev.ts))
+        lines.append(f"  {at}  {ev.state.value:<11} {clean(describe(ev))}")
     return "\n".join(lines)
 
 
@@ -341,7 +343,7 @@ def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> d
     s = j.spec
     out: dict[str, Any] = {
         "id": j.id, "name": s.name, "user": s.user, "group": s.group,
-        "state": j.state.value, "reason": j.reason,
+        "state": j.state.value, "reason": describe(j),
         "priority": s.priority, "priority_name": Priority.label(s.priority),
         "nodes": s.nodes, "min_nodes": s.min_nodes or s.nodes, "max_nodes": s.max_nodes or s.nodes,
         "nodes_held": list(j.nodes) if j.state.holds_nodes else [], "last_nodes": list(j.last_nodes or j.nodes),
@@ -355,7 +357,7 @@ def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> d
         "array_id": str(getattr(s, "array_id", "")) or None, "array_index": _index(getattr(s, "array_index", -1)),
     }
     if history:
-        out["history"] = [{"ts": ev.ts, "state": ev.state.value, "reason": ev.reason} for ev in j.history]
+        out["history"] = [{"ts": ev.ts, "state": ev.state.value, "reason": describe(ev)} for ev in j.history]
     return out
 
 

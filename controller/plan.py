@@ -33,7 +33,6 @@ does no I/O, and a planner fed the same records plans the same actions as a fres
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +41,7 @@ from hfai.controller.assignments import pick_master_port
 from hfai.controller.policy import HFAI, QUIET_MARGIN_S, JobView, NodeView, Policy, PolicyConfig, Start, Suspend, Wait
 from hfai.controller.queues import JobIndex
 from hfai.controller.views import job_view
+from hfai.protocol.reasons import Reason, ReasonCode, reason
 from hfai.protocol.types import ChainState, JobRecord
 
 
@@ -123,24 +123,28 @@ class StartRun(Action):
 class StopRun(Action):
     """The platform ends the job: its time limit, or a dependency that can never be met."""
 
-    reason: str
+    why: Reason
+
+    @property
+    def reason(self) -> str:
+        return self.why.text()
 
     def apply(self, job: JobRecord, now: float) -> JobRecord | None:
-        return transitions.apply_platform_stop(job, now, self.reason)
+        return transitions.apply_platform_stop(job, now, self.why)
 
 
 @dataclass(frozen=True)
 class Explain(Action):
     """Why a waiting job waits (no state change, no history line)."""
 
-    reason: str
+    why: Reason
+
+    @property
+    def reason(self) -> str:
+        return self.why.text()
 
     def apply(self, job: JobRecord, now: float) -> JobRecord | None:
-        return transitions.apply_wait_reason(job, self.reason)
-
-
-def restricted_reason(why: str) -> str:
-    return f"restricted: {why}" if why else "restricted by an operator"
+        return transitions.apply_wait_reason(job, self.why)
 
 
 # ------------------------------------------------------------------------------------ planner
@@ -280,7 +284,7 @@ class Planner:
                 continue
             job = overlay.get(job_id, self.records[job_id])
             if n.alive:
-                d = Suspend(job_id, f"interrupted: node {n.name} reports a GPU error", for_job="")
+                d = Suspend(job_id, reason(ReasonCode.GPU_ERROR, node=n.name), for_job="")
                 after = transitions.apply_suspend(job, d, now)
                 if after is not None:
                     actions.append(Interrupt(job_id, d))
@@ -299,9 +303,10 @@ class Planner:
                 job = overlay.get(job_id, job)
                 if job.state.waiting:
                     hidden.append(job_id)
-                    self._explain(actions, job, restricted_reason(why), now, settings)
+                    self._explain(actions, job, reason(ReasonCode.RESTRICTED, why=why), now, settings)
                 else:
-                    d = Suspend(job_id, f"interrupted: user {job.spec.user!r} is {restricted_reason(why)}", for_job="")
+                    d = Suspend(job_id, reason(ReasonCode.RESTRICTED_INTERRUPT, user=job.spec.user, why=why),
+                                for_job="")
                     after = transitions.apply_suspend(job, d, now)
                     if after is not None:
                         actions.append(Interrupt(job_id, d))
@@ -310,10 +315,10 @@ class Planner:
             job = overlay.get(job_id, self.records[job_id])
             if transitions.time_limit_reached(job, now):
                 ran = job.run_s + now - job.started_ts
-                why = f"time limit reached: ran {_hms(ran)} of {_hms(job.spec.time_limit_s)}"
-                after = transitions.apply_platform_stop(job, now, why)
+                out_of_time = reason(ReasonCode.TIME_LIMIT, ran=_hms(ran), limit=_hms(job.spec.time_limit_s))
+                after = transitions.apply_platform_stop(job, now, out_of_time)
                 if after is not None:
-                    actions.append(StopRun(job_id, why))
+                    actions.append(StopRun(job_id, out_of_time))
                     overlay[job_id] = after
         arrays: dict[str, list[JobRecord]] = {}  # waiting members that passed the other gates
         for job_id in sorted(self._gated):
@@ -325,12 +330,12 @@ class Planner:
                 if job.spec.array_limit:
                     arrays.setdefault(job.spec.array_id, []).append(job)
                 continue
-            stop, why = gate
+            stop, gated = gate
             hidden.append(job_id)  # waits, or is stopped: not for the policy either way
             if stop:
-                actions.append(StopRun(job_id, why))
+                actions.append(StopRun(job_id, gated))
             else:
-                self._explain(actions, job, why, now, settings)
+                self._explain(actions, job, gated, now, settings)
         for array_id, members in arrays.items():
             # Only as many as the array may still start, in index order, go to the policy.
             limit = members[0].spec.array_limit
@@ -338,8 +343,8 @@ class Planner:
             members.sort(key=lambda j: (j.spec.array_index, j.id))
             for job in members[room:]:
                 hidden.append(job.id)
-                self._explain(actions, job, f"its job array {array_id} already runs {limit} member(s) "
-                              f"(--array ...%{limit})", now, settings)
+                self._explain(actions, job, reason(ReasonCode.ARRAY_LIMIT, array=array_id, limit=limit), now,
+                              settings)
         for after in overlay.values():
             index.put(job_view(after))
         for job_id in hidden:
@@ -350,7 +355,7 @@ class Planner:
             for job_id in (*overlay, *hidden):
                 index.put(self._views[job_id])
         picked: dict[str, set[int]] = {}  # master ports given this round, per address
-        unacked: dict[str, str | None] = {}  # group -> who holds up its released nodes (_unacked)
+        unacked: dict[str, Reason | None] = {}  # group -> who holds up its released nodes (_unacked)
         for decision in decisions:
             if isinstance(decision, Start):
                 addr = address.get(decision.nodes[0], "")
@@ -364,13 +369,13 @@ class Planner:
                 actions.append(Interrupt(decision.job_id, decision))
             elif isinstance(decision, Wait):
                 job = overlay.get(decision.job_id) or self.records[decision.job_id]
-                reason = decision.reason
-                if reason in _RELEASE_WAITS:
+                waits = decision.why
+                if waits.code in _RELEASE_WAITS:
                     group = job.spec.group
                     if group not in unacked:
                         unacked[group] = self._unacked(group, now, settings)
-                    reason = unacked[group] or reason
-                self._explain(actions, job, reason, now, settings)
+                    waits = unacked[group] or waits
+                self._explain(actions, job, waits, now, settings)
         if settings.policy.explain_waits:
             self._fresh.clear()
         return actions
@@ -391,7 +396,7 @@ class Planner:
                 t = min(t, now + left)
         return max(t, now)
 
-    def _unacked(self, group: str, now: float, settings: PlanSettings) -> str | None:
+    def _unacked(self, group: str, now: float, settings: PlanSettings) -> Reason | None:
         """The wait reason of a job counting on nodes being released in ``group`` while a job
         there has not acknowledged its interrupt (it may ignore the suspend flag): which one, and
         when the platform stops it. The longest-interrupted such job is named; None: none."""
@@ -406,38 +411,35 @@ class Planner:
             return None
         since, job_id = late
         stop_at, kill_at = since + settings.ack_window_s, since + settings.ack_window_s + settings.kill_window_s
-        if now < stop_at:
-            return (f"waiting for job {job_id} to release its nodes: it has not acknowledged its interrupt "
-                    f"(asked at {_utc(since)}); the platform stops it at {_utc(stop_at)} if it does not")
-        return (f"waiting for job {job_id} to release its nodes: it did not acknowledge its interrupt (asked at "
-                f"{_utc(since)}); stopped at {_utc(stop_at)}, killed at {_utc(kill_at)} if still running")
+        return reason(ReasonCode.UNACKED, job=job_id, since=since, stop_at=stop_at, kill_at=kill_at,
+                      late="" if now < stop_at else 1)
 
-    def _gate(self, job: JobRecord, settings: PlanSettings, now: float) -> tuple[bool, str] | None:
+    def _gate(self, job: JobRecord, settings: PlanSettings, now: float) -> tuple[bool, Reason] | None:
         """Why a waiting job may not start yet: (False, reason) to wait, (True, reason) to stop it
         for good; None: it may."""
         if job.hold:
             return False, transitions.held_reason(job)
         left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s)
         if left > 0:
-            return False, (f"retry {job.retried} of {job.spec.retries} after a failed run: backing off, "
-                           f"starts again in ~{max(1, round(left))} s")
+            return False, reason(ReasonCode.RETRY_BACKOFF, retried=job.retried, retries=job.spec.retries,
+                                 seconds=max(1, round(left)))
         for entry in job.spec.after:
             dep, _, kind = entry.partition(":")
             if dep in self.records:
-                return False, f"waiting for job {dep} to end ({'succeed' if kind != 'any' else 'end'})"
+                return False, reason(ReasonCode.AFTER, job=dep, until="succeed" if kind != "any" else "end")
             ended = self.ended.get(dep)
             # A dependency we never saw end is long gone (purged after its retention): met.
             if ended is not None and kind != "any" and ended is not ChainState.SUCCEEDED:
-                return True, f"dependency never satisfied: job {dep} {ended.value}, this job needed it to succeed"
+                return True, reason(ReasonCode.DEPENDENCY_FAILED, job=dep, state=ended.value)
         return None
 
-    def _explain(self, actions: list[Action], job: JobRecord, reason: str, now: float,
+    def _explain(self, actions: list[Action], job: JobRecord, why: Reason, now: float,
                  settings: PlanSettings) -> None:
-        if job.reason == reason or not transitions.wait_reason_due(
-                job, reason, self.explained.get(job.id), now, settings.wait_reason_interval_s):
+        if job.why == why or not transitions.wait_reason_due(
+                job, why, self.explained.get(job.id), now, settings.wait_reason_interval_s):
             return
         self.explained[job.id] = now
-        actions.append(Explain(job.id, reason))
+        actions.append(Explain(job.id, why))
 
     def _node_views(self, nodes: Sequence[PlanNode]) -> tuple[list[NodeView], dict[str, str], list[PlanNode]]:
         """The policy's node views, the nodes' addresses and the nodes that are down or faulty
@@ -475,12 +477,7 @@ class _InUse:
 
 
 #: The policy's reasons for a job that counts on nodes other jobs are releasing.
-_RELEASE_WAITS = frozenset({"waiting for nodes that are being released",
-                            "waiting for preempted jobs to checkpoint and release their nodes"})
-
-
-def _utc(ts: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))
+_RELEASE_WAITS = frozenset({ReasonCode.RELEASING, ReasonCode.PREEMPTING})
 
 
 def _hms(seconds: float) -> str:

@@ -7,12 +7,11 @@ a redelivered event (same node, same run) changes nothing the second time.
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Iterable
 
-from hfai.controller.policy import TIME_SLICE_WAIT, Start, Suspend
+from hfai.controller.policy import Start, Suspend
 from hfai.protocol.errors import IllegalTransition
+from hfai.protocol.reasons import Reason, ReasonCode, reason
 from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
 from hfai.protocol.types import evolve as replace  # fast: records have no __post_init__
 
@@ -107,25 +106,25 @@ def _all_exited(job: JobRecord, now: float) -> JobRecord:
         if all(c == 0 for c in codes.values()) and not job.acked:
             # It finished its work before it saw the suspend request.
             return _finish(job, ChainState.SUCCEEDED, now, "finished while being suspended")
-        how = "acknowledged" if len(job.acked) == len(job.nodes) else "stopped after the interrupt windows"
-        return requeue(job, now, f"{job.reason}; {how}")
+        how = ReasonCode.ACKNOWLEDGED if len(job.acked) == len(job.nodes) else ReasonCode.NOT_ACKNOWLEDGED
+        return requeue(job, now, reason(how, cause=job.reason))
     if job.state is ChainState.STOPPING:
-        return _finish(job, ChainState.STOPPED, now, job.reason or "stopped")
+        return _finish(job, ChainState.STOPPED, now, job.why or job.reason or "stopped")
     if all(c == 0 for c in codes.values()):
         return _finish(job, ChainState.SUCCEEDED, now, "all ranks exited 0")
     return _finish(job, ChainState.FAILED, now, f"exit codes {codes}")
 
 
-def _finish(job: JobRecord, state: ChainState, now: float, reason: str) -> JobRecord:
-    return job.transition(state, now, reason, ended_ts=now)
+def _finish(job: JobRecord, state: ChainState, now: float, why: str | Reason) -> JobRecord:
+    return job.transition(state, now, why, ended_ts=now)
 
 
-def requeue(job: JobRecord, now: float, reason: str) -> JobRecord:
+def requeue(job: JobRecord, now: float, why: str | Reason) -> JobRecord:
     """Back in line (SUSPENDED) keeping the original submit time; never counted as a failure. A
     run that failed and is retried (``retry_ts`` set) counts in ``retried``, not as a suspension."""
     suspensions = job.suspend_count if job.retry_ts else job.suspend_count + 1
     return job.transition(
-        ChainState.SUSPENDED, now, reason,
+        ChainState.SUSPENDED, now, why,
         suspend_count=suspensions, nodes=(), exits={}, acked=(), master_addr="", master_port=0,
         run_s=job.run_s + max(0.0, now - job.started_ts), queued_ts=now,
     )
@@ -134,10 +133,9 @@ def requeue(job: JobRecord, now: float, reason: str) -> JobRecord:
 def apply_start(job: JobRecord, d: Start, now: float, master_addr: str, master_port: int) -> JobRecord | None:
     if not job.state.waiting:
         return None
-    resumed = job.run_id > 0
-    reason = f"resumed on {', '.join(d.nodes)}" if resumed else f"started on {', '.join(d.nodes)}"
+    why = reason(ReasonCode.RESUMED if job.run_id > 0 else ReasonCode.STARTED, nodes=", ".join(d.nodes))
     return job.transition(
-        ChainState.RUNNING, now, reason,
+        ChainState.RUNNING, now, why,
         run_id=job.run_id + 1, nodes=d.nodes, last_nodes=d.nodes, exits={}, acked=(), started_ts=now,
         master_addr=master_addr, master_port=master_port, retry_ts=0.0,
     )
@@ -162,19 +160,19 @@ def apply_suspend(job: JobRecord, d: Suspend, now: float) -> JobRecord | None:
     if job.state is not ChainState.RUNNING:
         return None
     turns = job.slice_turns + 1 if d.sliced else job.slice_turns
-    return job.transition(ChainState.SUSPENDING, now, d.reason, slice_turns=turns)
+    return job.transition(ChainState.SUSPENDING, now, d.why, slice_turns=turns)
 
 
-def apply_platform_stop(job: JobRecord, now: float, reason: str) -> JobRecord | None:
+def apply_platform_stop(job: JobRecord, now: float, why: Reason) -> JobRecord | None:
     """The platform ends the job (time limit, a dependency that can never be met): a waiting job
     stops at once, a running one through the stop protocol (it may save what it has)."""
     if job.state.final or job.state is ChainState.STOPPING:
         return None
     if job.state.waiting:
-        return _finish(job, ChainState.STOPPED, now, reason)
+        return _finish(job, ChainState.STOPPED, now, why)
     if job.state is ChainState.SUSPENDING:
         return None  # its run is ending anyway; the next round stops the waiting job
-    return job.transition(ChainState.STOPPING, now, reason)
+    return job.transition(ChainState.STOPPING, now, why)
 
 
 def time_limit_reached(job: JobRecord, now: float) -> bool:
@@ -190,12 +188,15 @@ def apply_hold(job: JobRecord, by: str, hold: bool) -> JobRecord:
         raise IllegalTransition(f"job {job.id} is {job.state.value}: only a waiting job can be "
                                 f"{'held' if hold else 'released'} (hfai requeue interrupts a running one)")
     if hold:
-        return replace(job, hold=by, reason=held_reason(job, by)) if job.hold != by else job
-    return replace(job, hold="", reason="released") if job.hold else job
+        if job.hold == by:
+            return job
+        why = held_reason(job, by)
+        return replace(job, hold=by, reason=why.text(), why=why)
+    return replace(job, hold="", reason="released", why=None) if job.hold else job
 
 
-def held_reason(job: JobRecord, by: str | None = None) -> str:
-    return f"held by {by or job.hold} (hfai release {job.id})"
+def held_reason(job: JobRecord, by: str | None = None) -> Reason:
+    return reason(ReasonCode.HELD, by=by or job.hold, job=job.id)
 
 
 def apply_requeue(job: JobRecord, now: float, by: str) -> JobRecord:
@@ -219,34 +220,24 @@ def apply_update(job: JobRecord, priority: int | None, nodes: int | None) -> Job
     return replace(job, spec=spec)
 
 
-def apply_wait_reason(job: JobRecord, reason: str) -> JobRecord | None:
-    if not job.state.waiting or job.reason == reason:
+def apply_wait_reason(job: JobRecord, why: Reason) -> JobRecord | None:
+    if not job.state.waiting or job.why == why:
         return None
     # A wait reason is not a state change: no history entry, or the history would fill with noise.
-    return replace(job, reason=reason)
+    return replace(job, reason=why.text(), why=why)
 
 
-@functools.lru_cache(maxsize=4096)  # a queue repeats the same few reasons thousands of times a round
-def wait_gist(reason: str) -> str:
-    """What a wait reason says, without the detail that changes from round to round: the text
-    before its first ':' or ',' with numbers blanked. "waiting for nodes: the group is full, ..."
-    and "waiting for nodes: the free nodes are reserved for jobs ahead of it, ..." say the same.
-    A time-slice wait is a countdown ("next turn in ~N min"): its figure is the news, so it is
-    kept, and the shown turn follows the clock (still at most once per wait_reason_interval_s)."""
-    if reason.startswith(TIME_SLICE_WAIT):
-        return reason
-    return re.sub(r"\d+", "#", re.split(r"[:,]", reason, maxsplit=1)[0]).strip()
-
-
-def wait_reason_due(job: JobRecord, reason: str, last_written: float | None, now: float,
+def wait_reason_due(job: JobRecord, why: Reason, last_written: float | None, now: float,
                     interval_s: float) -> bool:
-    """Should the leader write ``reason`` into this waiting job's record now?
+    """Should the leader write ``why`` into this waiting job's record now?
 
-    Only when its gist differs from the reason the record holds, and at most once per
+    Only when its gist (:meth:`Reason.gist`: the code, not the figures that change from round
+    to round, except a time-slice turn's countdown) differs from the reason the record holds
+    (a record with a text reason only: always), and at most once per
     ``interval_s`` per job (``last_written``: when this leader last wrote one, None: never), so a
     job torn between two gists does not flap either. Rewriting each round's wording cost a CAS
     write per waiting job per round: hundreds of writes per job on a busy queue (issue 11)."""
-    if not job.state.waiting or wait_gist(reason) == wait_gist(job.reason):
+    if not job.state.waiting or (job.why is not None and why.gist() == job.why.gist()):
         return False
     return last_written is None or now - last_written >= interval_s
 

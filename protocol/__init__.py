@@ -2,6 +2,7 @@
 
 * :mod:`hfai.protocol.types`    - enums and frozen message dataclasses (each has a ``kind`` tag)
 * :mod:`hfai.protocol.codec`    - the one msgpack codec, with a versioned envelope
+* :mod:`hfai.protocol.reasons`  - why a job is where it is, as a typed value, and its words
 * :mod:`hfai.protocol.names`    - every subject, stream, bucket and consumer name
 * :mod:`hfai.protocol.errors`   - the typed error tree shared by all components
 """

@@ -30,7 +30,8 @@ import msgpack
 from hfai.protocol import types as t
 from hfai.protocol.errors import ProtocolError
 
-PROTOCOL_VERSION = (1, 2)  # 1.1: paged list and nodes replies; 1.2: dependencies, arrays, holds, limits
+PROTOCOL_VERSION = (1, 3)  # 1.1: paged list and nodes replies; 1.2: dependencies, arrays, holds, limits;
+# 1.3: typed reasons (JobRecord.why, JobEvent.why)
 
 # NATS delivers at most max_payload bytes (1 MiB by default; 8 MiB is the most NATS recommends),
 # so nothing larger is a message we ever sent.

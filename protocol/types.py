@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar, dataclass_transform
 
 from hfai.protocol.errors import IllegalTransition, InvalidRequest
+from hfai.protocol.reasons import Reason, render
 
 _T = TypeVar("_T")
 
@@ -234,6 +235,8 @@ class JobEvent:
     ts: float
     state: ChainState
     reason: str = ""
+    # Protocol 1.3: the reason as a typed value (hfai.protocol.reasons); None in older records.
+    why: Reason | None = None
 
 
 @message("job_record")
@@ -279,14 +282,23 @@ class JobRecord:
     # other ranks stop, kept while the job waits out its backoff, cleared when it starts again;
     # a retry is its own count (``retried``), never a suspension.
     retry_ts: float = 0.0
+    # Protocol 1.3: ``reason`` as a typed value (hfai.protocol.reasons), when the controller gave
+    # one; None in older records and for reasons that are only text (an exit code, a user's stop).
+    why: Reason | None = None
 
     HISTORY_LIMIT: ClassVar[int] = 50
 
-    def transition(self, state: ChainState, ts: float, reason: str = "", **changes) -> JobRecord:
-        """A copy in ``state`` (checked against ChainState's edges) with the event appended."""
+    def transition(self, state: ChainState, ts: float, reason: str | Reason = "", **changes) -> JobRecord:
+        """A copy in ``state`` (checked against ChainState's edges) with the event appended; a
+        typed ``reason`` is kept as ``why`` beside its words."""
         self.state.check(state)
-        history = (*self.history, JobEvent(ts=ts, state=state, reason=reason))[-self.HISTORY_LIMIT :]
-        return evolve(self, state=state, reason=reason, history=history, **changes)
+        if isinstance(reason, Reason):
+            why: Reason | None = reason
+            text = render(reason)
+        else:
+            why, text = None, reason
+        history = (*self.history, JobEvent(ts=ts, state=state, reason=text, why=why))[-self.HISTORY_LIMIT :]
+        return evolve(self, state=state, reason=text, why=why, history=history, **changes)
 
 
 @message("gpu_stat")

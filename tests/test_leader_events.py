@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from fakes import FakeElection, FakeMsg
 from test_leader_election import FakeKV
 
 from hfai.config import Config
@@ -15,6 +16,7 @@ from hfai.controller.leader import Leader
 from hfai.controller.policy import Start
 from hfai.kv import KVCache
 from hfai.protocol import decode, encode, names
+from hfai.protocol.reasons import ReasonCode, reason
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
 
 SPEC = JobSpec(name="train", entrypoint=("python", "t.py"), workdir="/w", nodes=2, user="bob")
@@ -44,23 +46,24 @@ def test_an_event_must_come_from_the_node_it_names_and_that_holds_the_run():
     assert "holds no nodes" in tr.event_rejection(done, exited("n0"), "n0")
 
 
+FULL, RESERVED = reason(ReasonCode.NO_NODES, reserved=""), reason(ReasonCode.NO_NODES, reserved=1)
+
+
 def test_wait_gist_drops_the_wording_that_changes_every_round():
-    full = "waiting for nodes: the group is full, and no running job may be preempted for it"
-    reserved = "waiting for nodes: the free nodes are reserved for jobs ahead of it, and no running job may be"
-    assert tr.wait_gist(full) == tr.wait_gist(reserved) == "waiting for nodes"
-    assert tr.wait_gist("needs 4 nodes, group 'a' has 3 usable") == tr.wait_gist("needs 5 nodes, group 'a' has 2")
-    assert tr.wait_gist(full) != tr.wait_gist("waiting for preempted jobs to checkpoint and release their nodes")
+    assert FULL.gist() == RESERVED.gist() and FULL.text() != RESERVED.text()
+    assert (reason(ReasonCode.TOO_BIG, need=4, group="a", usable=3).gist()
+            == reason(ReasonCode.TOO_BIG, need=5, group="a", usable=2).gist())
+    assert FULL.gist() != reason(ReasonCode.PREEMPTING).gist()
 
 
 def test_a_wait_reason_is_written_when_its_gist_changes_at_most_once_per_interval():
-    full = "waiting for nodes: the group is full, and no running job may be preempted for it"
-    reserved = "waiting for nodes: the free nodes are reserved for jobs ahead of it, and no running job may be"
+    full, reserved = FULL, RESERVED
     queued = JobRecord(id="q", spec=SPEC, state=ChainState.QUEUED, submit_ts=1.0, reason="queued")
     assert tr.wait_reason_due(queued, full, None, 100.0, 30.0)  # the first explanation: at once
     explained = tr.apply_wait_reason(queued, full)
     assert not tr.wait_reason_due(explained, reserved, 100.0, 100.5, 30.0)  # same gist: never
     assert not tr.wait_reason_due(explained, reserved, None, 1e9, 30.0)
-    preempting = "waiting for preempted jobs to checkpoint and release their nodes"
+    preempting = reason(ReasonCode.PREEMPTING)
     assert not tr.wait_reason_due(explained, preempting, 100.0, 110.0, 30.0)  # too soon after the last
     assert tr.wait_reason_due(explained, preempting, 100.0, 130.0, 30.0)
     assert not tr.wait_reason_due(bobs_job(), full, None, 0.0, 30.0)  # running jobs do not wait
@@ -73,32 +76,15 @@ def test_a_queue_that_churns_writes_each_waiting_reason_once():
     last: dict[str, float] = {}
     writes = 0
     for rnd in range(100):
-        why = "the group is full" if rnd % 2 else "the free nodes are reserved for jobs ahead of it"
-        reason = f"waiting for nodes: {why}, and no running job may be preempted for it"
+        why = FULL if rnd % 2 else RESERVED
         for job_id, j in jobs.items():
-            if tr.wait_reason_due(j, reason, last.get(job_id), rnd * 0.2, 30.0):
-                jobs[job_id], last[job_id] = tr.apply_wait_reason(j, reason), rnd * 0.2
+            if tr.wait_reason_due(j, why, last.get(job_id), rnd * 0.2, 30.0):
+                jobs[job_id], last[job_id] = tr.apply_wait_reason(j, why), rnd * 0.2
                 writes += 1
     assert writes == len(jobs)
 
 
 # --------------------------------------------------------------------- the leader's handler
-
-
-class FakeElection:
-    token = 3
-    is_leader = True
-
-    def beat(self) -> None:
-        pass
-
-
-class Msg:
-    def __init__(self, subject: str, ev: RunEvent):
-        self.subject, self.data, self.acked = subject, encode(ev), False
-
-    async def ack(self) -> None:
-        self.acked = True
 
 
 async def _leader_with(job: JobRecord) -> tuple[Leader, FakeKV]:
@@ -112,9 +98,9 @@ async def test_forged_events_are_acked_dropped_and_logged_once(caplog):
     leader, kv = await _leader_with(bobs_job())
     caplog.set_level(logging.INFO, logger="hfai.controller.leader")
     forged = [
-        Msg(names.event_subject("mallory"), exited("n0")),       # another node's name, own subject
-        Msg(names.event_subject("mallory"), exited("mallory")),  # own name, but not bob's node
-        Msg(names.event_subject("n0"), exited("n0", run=7)),     # a run that is not running
+        FakeMsg(names.event_subject("mallory"), exited("n0")),       # another node's name, own subject
+        FakeMsg(names.event_subject("mallory"), exited("mallory")),  # own name, but not bob's node
+        FakeMsg(names.event_subject("n0"), exited("n0", run=7)),     # a run that is not running
     ]
     for m in forged:
         await leader._handle_event(m)
@@ -124,7 +110,7 @@ async def test_forged_events_are_acked_dropped_and_logged_once(caplog):
     drops = [r for r in caplog.records if "dropping" in r.getMessage()]
     assert len(drops) == 3, [r.getMessage() for r in caplog.records]
 
-    genuine = [Msg(names.event_subject(n), exited(n)) for n in ("n0", "n1")]
+    genuine = [FakeMsg(names.event_subject(n), exited(n)) for n in ("n0", "n1")]
     for m in genuine:
         await leader._handle_event(m)
     record = decode((await kv.get("j1")).value, JobRecord)

@@ -10,7 +10,10 @@ from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
 from hfai.controller.policy import PolicyConfig, Start
+from hfai.protocol.reasons import Reason, ReasonCode, reason
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
+
+_PREEMPTED = reason(ReasonCode.PREEMPTED, job="w", priority="HIGH", victim_priority="NORMAL")
 
 NOW = 1_000_000.0
 SETTINGS = PlanSettings(policy=PolicyConfig(slice_s=1800.0), retry_backoff_s=30.0, retry_backoff_max_s=100.0)
@@ -58,7 +61,7 @@ def test_a_retried_run_counts_as_a_retry_not_a_suspension():
     # A real preemption of the retried job still counts as one.
     again = start(once, NOW + 100)
     assert again.retry_ts == 0.0
-    sus = transitions.apply_suspend(again, transitions.Suspend("r", "preempted", for_job="x"), NOW + 200)
+    sus = transitions.apply_suspend(again, transitions.Suspend("r", _PREEMPTED, for_job="x"), NOW + 200)
     done = transitions.requeue(sus, NOW + 201, "acknowledged")
     assert (done.suspend_count, done.retried) == (1, 1)
 
@@ -103,16 +106,20 @@ def test_the_backoff_end_bounds_a_quiet_planner():
 
 def _suspending(id: str, since: float, acked: tuple[str, ...] = ()) -> JobRecord:
     job = start(queued(id, user="v", priority=20), since - 600)
-    job = transitions.apply_suspend(job, transitions.Suspend(id, "preempted by job w", for_job="w"), since)
+    job = transitions.apply_suspend(job, transitions.Suspend(id, _PREEMPTED, for_job="w"), since)
     return transitions.replace(job, acked=acked)
 
 
-def _reason(records, now: float) -> str:
+def _why(records, now: float) -> Reason:
     planner = Planner()
     for r in records:
         planner.observe(r)
     settings = PlanSettings(policy=PolicyConfig(slice_s=1800.0), ack_window_s=60.0, kill_window_s=30.0)
-    return {a.job_id: a.reason for a in planner.plan(cluster(1), settings, now) if isinstance(a, Explain)}["w"]
+    return {a.job_id: a.why for a in planner.plan(cluster(1), settings, now) if isinstance(a, Explain)}["w"]
+
+
+def _reason(records, now: float) -> str:
+    return _why(records, now).text()
 
 
 def test_a_job_waiting_on_a_victim_that_ignores_its_interrupt_says_which_and_when_it_is_stopped():
@@ -130,8 +137,8 @@ def test_a_job_waiting_on_a_victim_that_ignores_its_interrupt_says_which_and_whe
     assert _reason([_suspending("good", since, acked=("n0",)), waiting], since + 10) == (
         "waiting for nodes that are being released")
     # The gist changes (so the leader writes it) when the waiting job first learns who holds it up.
-    assert transitions.wait_gist("waiting for nodes that are being released") != transitions.wait_gist(
-        _reason([_suspending("lazy", since), waiting], since + 10))
+    assert _why([_suspending("good", since, acked=("n0",)), waiting], since + 10).gist() != _why(
+        [_suspending("lazy", since), waiting], since + 10).gist()
 
 
 # ------------------------------------------------------------- item 12: no quota by default

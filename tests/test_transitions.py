@@ -5,7 +5,10 @@ from __future__ import annotations
 from hfai.controller import transitions as tr
 from hfai.controller.assignments import desired_assignments, pick_master_port
 from hfai.controller.policy import Start, Suspend
+from hfai.protocol.reasons import ReasonCode, reason
 from hfai.protocol.types import ChainState, DesiredRun, JobRecord, JobSpec, RunEvent, RunEventKind
+
+PREEMPTED = reason(ReasonCode.PREEMPTED, job="x", priority="HIGH", victim_priority="LOW")
 
 SPEC = JobSpec(name="j", entrypoint=("python", "t.py"), workdir="/w", nodes=2, user="alice")
 
@@ -40,7 +43,7 @@ def test_one_failing_rank_fails_the_gang_and_events_are_idempotent():
 
 
 def test_suspend_cycle_requeues_without_counting_failure():
-    j = tr.apply_suspend(running(), Suspend("j1", "preempted", "x", sliced=True), 3.0)
+    j = tr.apply_suspend(running(), Suspend("j1", PREEMPTED, "x", sliced=True), 3.0)
     assert j.state is ChainState.SUSPENDING and j.slice_turns == 1
     j = tr.apply_event(j, RunEvent(event=RunEventKind.SUSPEND_ACKED, node="n0", job_id="j1", run_id=1, ts=4.0), 4.0)
     j = tr.apply_event(j, RunEvent(event=RunEventKind.SUSPEND_ACKED, node="n1", job_id="j1", run_id=1, ts=4.0), 4.0)
@@ -55,7 +58,7 @@ def test_suspend_cycle_requeues_without_counting_failure():
 def test_an_exit_that_says_it_acked_counts_as_the_ack():
     """The agent publishes a plan's events together: an EXITED event saying the run acknowledged
     requeues the job even when its SUSPEND_ACKED was lost or comes later (it is then ignored)."""
-    j = tr.apply_suspend(running(), Suspend("j1", "preempted", "x", sliced=True), 3.0)
+    j = tr.apply_suspend(running(), Suspend("j1", PREEMPTED, "x", sliced=True), 3.0)
     for node in ("n0", "n1"):
         ev = RunEvent(event=RunEventKind.EXITED, node=node, job_id="j1", run_id=1, ts=5.0, exit_code=0, acked=True)
         j = tr.apply_event(j, ev, 5.0)
@@ -63,7 +66,7 @@ def test_an_exit_that_says_it_acked_counts_as_the_ack():
     late = RunEvent(event=RunEventKind.SUSPEND_ACKED, node="n0", job_id="j1", run_id=1, ts=5.0)
     assert tr.apply_event(j, late, 6.0) is None
     # Without the ack the same exits mean the job finished its work before it saw the request.
-    j = tr.apply_suspend(running(), Suspend("j1", "preempted", "x", sliced=True), 3.0)
+    j = tr.apply_suspend(running(), Suspend("j1", PREEMPTED, "x", sliced=True), 3.0)
     for node in ("n0", "n1"):
         j = tr.apply_event(j, exited(node, 0), 5.0)
     assert j.state is ChainState.SUCCEEDED
@@ -86,7 +89,7 @@ def test_node_loss_requeues_and_stop_paths():
 
 def test_assignments_are_derived_from_records():
     j = running()
-    susp = tr.apply_suspend(j, Suspend("j1", "p", "x"), 3.0)
+    susp = tr.apply_suspend(j, Suspend("j1", PREEMPTED, "x"), 3.0)
     a = desired_assignments([susp], ["n0", "n1", "n2"], fence=7, ack_window_s=5, kill_window_s=2)
     assert a["n2"].runs == () and a["n0"].fence == 7
     r0, r1 = a["n0"].runs[0], a["n1"].runs[0]
@@ -115,9 +118,10 @@ def test_expired_finished_jobs_are_forgotten_after_the_retention():
 def test_a_time_slice_countdown_is_rewritten_as_it_runs_down():
     """Its gist keeps the minutes, so the shown turn follows the clock (at most once per interval)."""
     queued = JobRecord(id="q", spec=SPEC, state=ChainState.QUEUED, submit_ts=1.0, reason="queued")
-    ten, nine = ("waiting for its time slice, next turn in ~10 min", "waiting for its time slice, next turn in ~9 min")
+    ten, nine = reason(ReasonCode.TIME_SLICE_WAIT, minutes=10), reason(ReasonCode.TIME_SLICE_WAIT, minutes=9)
     explained = tr.apply_wait_reason(queued, ten)
-    assert tr.wait_gist(ten) != tr.wait_gist(nine)
+    assert explained.reason == "waiting for its time slice, next turn in ~10 min"
+    assert ten.gist() != nine.gist()
     assert not tr.wait_reason_due(explained, ten, 100.0, 500.0, 30.0)  # the same figure: nothing to write
     assert not tr.wait_reason_due(explained, nine, 100.0, 110.0, 30.0)  # not more often than the interval
     assert tr.wait_reason_due(explained, nine, 100.0, 160.0, 30.0)
@@ -140,7 +144,7 @@ def test_ranks_exited_is_every_rank_s_events_applied():
     base = tr.apply_start(JobRecord(id="j", spec=JobSpec(name="x", entrypoint=("true",), workdir="/", nodes=5),
                                     state=ChainState.QUEUED, submit_ts=1.0), Start("j", nodes), 10.0, "n0", 29500)
     assert base is not None
-    suspending = tr.apply_suspend(base, Suspend("j", "preempted", for_job="k"), 20.0)
+    suspending = tr.apply_suspend(base, Suspend("j", PREEMPTED, for_job="k"), 20.0)
     stopping = base.transition(ChainState.STOPPING, 20.0, "stopped by its user")
     one = tr.apply_start(JobRecord(id="j", spec=JobSpec(name="x", entrypoint=("true",), workdir="/", nodes=1),
                                    state=ChainState.QUEUED, submit_ts=1.0), Start("j", ("n0",)), 10.0, "n0", 29500)

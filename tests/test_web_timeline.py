@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hfai.controller.policy import Start, Suspend
 from hfai.controller.transitions import apply_start, apply_suspend, requeue
+from hfai.protocol.reasons import Reason, ReasonCode, reason
 from hfai.protocol.types import ChainState, JobEvent, JobRecord, JobSpec, QuotaEntry, QuotaTable, evolve
 from hfai.web import views
 from hfai.web.timeline import PALETTE, MarkKind, job_timeline, mark_kind, timeline
@@ -22,15 +23,16 @@ def preempted_and_resumed() -> JobRecord:
     """Built with the controller's own transitions, so the reasons are the ones it writes."""
     j = apply_start(record(), Start("j1", ("n1", "n2")), T0 + 10, "n1", 1)
     assert j is not None
-    j = apply_suspend(j, Suspend("j1", "preempted by job h (priority HIGH > LOW)", for_job="h"), T0 + 100)
+    j = apply_suspend(j, Suspend("j1", reason(ReasonCode.PREEMPTED, job="h", priority="HIGH", victim_priority="LOW"),
+                                 for_job="h"), T0 + 100)
     assert j is not None
-    j = requeue(j, T0 + 104, f"{j.reason}; acknowledged")
+    j = requeue(j, T0 + 104, reason(ReasonCode.ACKNOWLEDGED, cause=j.reason))
     j = apply_start(j, Start("j1", ("n3", "n1")), T0 + 200, "n3", 1)
     assert j is not None
-    j = apply_suspend(j, Suspend("j1", "time slice: yields to job k of equal priority and less service so far "
-                                       "after 1.0 min", for_job="k", sliced=True), T0 + 260)
+    j = apply_suspend(j, Suspend("j1", reason(ReasonCode.TIME_SLICE, job="k", minutes="1.0"), for_job="k",
+                                 sliced=True), T0 + 260)
     assert j is not None
-    return requeue(j, T0 + 275, f"{j.reason}; stopped after the interrupt windows")
+    return requeue(j, T0 + 275, reason(ReasonCode.NOT_ACKNOWLEDGED, cause=j.reason))
 
 
 def test_runs_become_bars_on_the_nodes_the_controller_named():
@@ -53,10 +55,10 @@ def test_a_running_job_is_drawn_up_to_now_and_unknown_reasons_still_show():
     assert j is not None
     segs, _ = job_timeline(j, now=T0 + 50)
     assert [(s.start, s.end, s.ongoing) for s in segs] == [(T0 + 10, T0 + 50, True)]
-    assert mark_kind(SG, "requeued by alice") is MarkKind.INTERRUPTED
-    assert mark_kind(SG, "some reason of a later controller") is MarkKind.INTERRUPTED
-    assert mark_kind(SD, "rank 0 on n1 stopped by the platform: x; requeued") is None  # marked when interrupted
-    assert mark_kind(R, "started on n1") is None
+    assert mark_kind(SG, None, "requeued by alice") is MarkKind.INTERRUPTED
+    assert mark_kind(SG, Reason("a_code_of_a_later_controller"), "its words") is MarkKind.INTERRUPTED
+    assert mark_kind(SD, None, "rank 0 on n1 stopped by the platform: x; requeued") is None  # marked when interrupted
+    assert mark_kind(R, reason(ReasonCode.STARTED, nodes="n1")) is None
 
 
 def test_a_history_cut_inside_a_run_keeps_that_run_on_the_latest_nodes():

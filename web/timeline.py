@@ -2,13 +2,13 @@
 it (preemptions, time slices, suspend acknowledgements, resumes), rebuilt from the job records'
 histories alone.
 
-A record's history says when each run started and on which nodes (the controller writes
-"started on a, b" / "resumed on a, b" as the RUNNING event's reason), why a run was interrupted
-(the SUSPENDING event's reason: "preempted by job …", "time slice: …", "requeued by …") and how
-it ended (the SUSPENDED event's reason ends in "acknowledged" when every rank acknowledged the
-suspend request, "stopped after the interrupt windows" when some did not). Those reasons are the
-controller's own wording (controller/transitions.py, controller/policy.py); a reason this module
-does not know still shows, as a plain interruption, never as nothing."""
+A record's history says when each run started and on which nodes (the RUNNING event's typed
+reason, :mod:`hfai.protocol.reasons`: STARTED or RESUMED with its nodes), why a run was
+interrupted (the SUSPENDING event's: PREEMPTED, TIME_SLICE, or anything else: a plain
+interruption) and how it ended (the SUSPENDED event's: ACKNOWLEDGED when every rank acknowledged
+the suspend request, NOT_ACKNOWLEDGED when some did not). Events written before protocol 1.3 carry
+only the words: they are read by the controller's wording of that time. A reason this module does
+not know still shows, as a plain interruption, never as nothing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from hfai.protocol.types import ChainState, JobRecord
+from hfai.protocol.reasons import Reason, ReasonCode, describe
+from hfai.protocol.types import ChainState, JobEvent, JobRecord
 
 #: One colour per job, in the order jobs first appear in the window (repeats after 20 jobs).
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -56,28 +57,45 @@ class Mark:
     reason: str
 
 
-def mark_kind(state: ChainState, reason: str) -> MarkKind | None:
-    """The mark an event makes on the timeline, or None (a start, a stop, an end: the bar shows those)."""
-    if state is ChainState.SUSPENDING:
-        if reason.startswith("preempted by"):
-            return MarkKind.PREEMPTED
-        if reason.startswith("time slice"):
-            return MarkKind.TIME_SLICE
+_MARKS: dict[ChainState, dict[str, MarkKind]] = {
+    ChainState.SUSPENDING: {ReasonCode.PREEMPTED: MarkKind.PREEMPTED, ReasonCode.TIME_SLICE: MarkKind.TIME_SLICE},
+    ChainState.SUSPENDED: {ReasonCode.ACKNOWLEDGED: MarkKind.ACKNOWLEDGED,
+                           ReasonCode.NOT_ACKNOWLEDGED: MarkKind.NOT_ACKNOWLEDGED},
+}
+
+
+def mark_kind(state: ChainState, why: Reason | None, reason: str = "") -> MarkKind | None:
+    """The mark an event makes on the timeline, or None (a start, a stop, an end: the bar shows
+    those). ``why``: the event's typed reason; ``reason``: its words, read only without one."""
+    if state not in _MARKS:
+        return None
+    code = why.code if why is not None else _old_code(state, reason)
+    found = _MARKS[state].get(code) if code is not None else None
+    if found is None and state is ChainState.SUSPENDING:
         return MarkKind.INTERRUPTED
-    if state is ChainState.SUSPENDED:
-        if reason.endswith("; acknowledged"):
-            return MarkKind.ACKNOWLEDGED
-        if reason.endswith("stopped after the interrupt windows"):
-            return MarkKind.NOT_ACKNOWLEDGED
-        return None  # requeued at once (a node lost, every rank had exited): the interruption is marked
-    return None
+    return found  # SUSPENDED, requeued at once (a node lost, every rank had exited): the interruption is marked
 
 
-def _start_nodes(reason: str) -> tuple[str, ...] | None:
-    for head in ("started on ", "resumed on "):
-        if reason.startswith(head):
-            return tuple(n.strip() for n in reason[len(head):].split(",") if n.strip())
-    return None
+def _old_code(state: ChainState, reason: str) -> str | None:
+    """The code of a pre-1.3 event's reason, by the words the controller wrote then."""
+    if state is ChainState.SUSPENDING:
+        return (ReasonCode.PREEMPTED if reason.startswith("preempted by") else
+                ReasonCode.TIME_SLICE if reason.startswith("time slice") else None)
+    if reason.endswith("; acknowledged"):
+        return ReasonCode.ACKNOWLEDGED
+    return ReasonCode.NOT_ACKNOWLEDGED if reason.endswith("stopped after the interrupt windows") else None
+
+
+def _start_nodes(e: JobEvent) -> tuple[str, ...] | None:
+    """The nodes a RUNNING event names (rank order), or None."""
+    if e.why is not None:
+        listed = e.why.params.get("nodes") if e.why.code in (ReasonCode.STARTED, ReasonCode.RESUMED) else None
+    else:  # pre-1.3
+        head = next((h for h in ("started on ", "resumed on ") if e.reason.startswith(h)), None)
+        listed = e.reason[len(head):] if head is not None else None
+    if listed is None:
+        return None
+    return tuple(n.strip() for n in listed.split(",") if n.strip())
 
 
 def job_timeline(job: JobRecord, now: float) -> tuple[list[Segment], list[Mark]]:
@@ -98,14 +116,14 @@ def job_timeline(job: JobRecord, now: float) -> tuple[list[Segment], list[Mark]]
         if e.state is ChainState.RUNNING:
             run += 1
             is_latest = run == job.run_id
-            nodes = _start_nodes(e.reason) or ((job.nodes or job.last_nodes) if is_latest else ())
+            nodes = _start_nodes(e) or ((job.nodes or job.last_nodes) if is_latest else ())
             start = e.ts
             if run > 1:
-                marks.append(Mark(job.id, e.ts, MarkKind.RESUMED, nodes, e.reason))
+                marks.append(Mark(job.id, e.ts, MarkKind.RESUMED, nodes, describe(e)))
             continue
-        kind = mark_kind(e.state, e.reason)
+        kind = mark_kind(e.state, e.why, e.reason)
         if kind is not None:
-            marks.append(Mark(job.id, e.ts, kind, nodes, e.reason))
+            marks.append(Mark(job.id, e.ts, kind, nodes, describe(e)))
         if not e.state.holds_nodes and start is not None:
             if nodes:
                 segments.append(Segment(job.id, run, nodes, start, e.ts, ongoing=False))

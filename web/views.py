@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
+from hfai.protocol.reasons import describe
 from hfai.protocol.types import JobRecord, NodeInfo, NodeState, Priority, QuotaTable
 
 SORT_KEYS = {
@@ -23,7 +24,7 @@ SORT_KEYS = {
 def job_row(j: JobRecord) -> dict:
     return {"id": j.id, "name": j.spec.name, "user": j.spec.user, "group": j.spec.group,
             "priority": Priority.label(j.spec.priority), "state": j.state.value, "nodes": j.spec.nodes,
-            "on": list(j.nodes), "suspends": j.suspend_count, "submitted": j.submit_ts, "reason": j.reason}
+            "on": list(j.nodes), "suspends": j.suspend_count, "submitted": j.submit_ts, "reason": describe(j)}
 
 
 def job_rows(jobs: Iterable[JobRecord], user: str = "", state: str = "", priority: str = "", name: str = "",
@@ -48,7 +49,7 @@ def job_detail(j: JobRecord) -> dict:
                                    "env": dict(s.env)},
             "run_id": j.run_id, "last_nodes": list(j.last_nodes), "ranks": len(j.nodes or j.last_nodes),
             "started": j.started_ts, "ended": j.ended_ts, "waiting": j.state.waiting,
-            "history": [{"ts": e.ts, "state": e.state.value, "reason": e.reason} for e in j.history]}
+            "history": [{"ts": e.ts, "state": e.state.value, "reason": describe(e)} for e in j.history]}
 
 
 def node_row(info: NodeInfo, now: float, names: dict[str, str] | None = None) -> dict:

@@ -42,7 +42,7 @@ order), :mod:`~hfai.controller.policy.victims` (the victim pool: rules 4, 5 and 
 """
 
 from hfai.controller.policy.interface import FunctionPolicy, Policy
-from hfai.controller.policy.rounds import HFAI, QUIET_MARGIN_S, TIME_SLICE_WAIT, decide, quiet_until
+from hfai.controller.policy.rounds import HFAI, QUIET_MARGIN_S, decide, quiet_until
 from hfai.controller.policy.rules import effective_priority, indexed, ordering, quota_usage, resolve_auto, service_band
 from hfai.controller.policy.views import (
     ANY,
@@ -58,7 +58,7 @@ from hfai.controller.policy.views import (
 )
 
 __all__ = [
-    "ANY", "HFAI", "QUIET_MARGIN_S", "TIME_SLICE_WAIT", "Decision", "FunctionPolicy", "JobView", "NodeView", "Policy",
+    "ANY", "HFAI", "QUIET_MARGIN_S", "Decision", "FunctionPolicy", "JobView", "NodeView", "Policy",
     "PolicyConfig", "Quotas", "Resize", "Start", "Suspend", "Wait", "decide", "effective_priority", "indexed",
     "ordering", "quiet_until", "quota_usage", "resolve_auto", "service_band",
 ]

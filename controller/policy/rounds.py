@@ -14,11 +14,9 @@ from hfai.controller.policy.rules import ABOVE_NORMAL, BAND_WEIGHT, indexed, ord
 from hfai.controller.policy.victims import Victim, VictimPool, drop_unneeded
 from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize, Start, Suspend, Wait
 from hfai.controller.queues import GroupJobs, JobIndex, Key, Level
+from hfai.protocol.reasons import Reason, ReasonCode, reason
 from hfai.protocol.types import Priority
 
-#: How the wait reason of a job that only time slicing can serve begins (the leader keeps its
-#: countdown current: see transitions.wait_gist).
-TIME_SLICE_WAIT = "waiting for its time slice"
 
 def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: float,
            config: PolicyConfig) -> list[Decision]:
@@ -104,7 +102,7 @@ class GroupRound:
         self.stuck_users: set[str] = set()  # of the level being walked: see walk()
         self.failed_size: dict[str, int] = {}
         self.ready: dict[tuple[int, str, int, int], tuple[list[float], list[int]]] = {}  # see ready_times
-        self.reasons: dict[tuple, str] = {}  # skip's reasons this round, while nothing changed
+        self.reasons: dict[tuple, Reason] = {}  # skip's reasons this round, while nothing changed
 
     # -- helpers
 
@@ -123,9 +121,9 @@ class GroupRound:
             return None
         return limit - self.used.get((job.user, job.priority, self.group), 0)
 
-    def wait(self, job: JobView, reason: str, *, quiet: bool = False) -> None:
+    def wait(self, job: JobView, why: Reason, *, quiet: bool = False) -> None:
         if self.config.explain_waits or not quiet:
-            self.out.append(Wait(job.id, reason))
+            self.out.append(Wait(job.id, why))
 
     def cap(self, p: int) -> int:
         """At most how many nodes a job at priority ``p`` could still get this round: free, being
@@ -193,10 +191,10 @@ class GroupRound:
                     self.reserve(p)
                     # A long tail repeats a few situations: the reason depends only on these.
                     memo = (p, job.lo, job.user, job.priority, band, state)
-                    reason = reasons.get(memo)
-                    if reason is None:
-                        reason = reasons[memo] = self.skip_reason(job, p)
-                    out.append(Wait(job_id, reason))
+                    why = reasons.get(memo)
+                    if why is None:
+                        why = reasons[memo] = self.skip_reason(job, p)
+                    out.append(Wait(job_id, why))
                 else:
                     self.place(job)
             return
@@ -253,33 +251,40 @@ class GroupRound:
             return 0
         return job.lo
 
-    def skip_reason(self, job: JobView, p: int) -> str:
+    def skip_reason(self, job: JobView, p: int) -> Reason:
         lo = job.lo
         room = self.room(job)
         if lo > self.usable:
-            return f"needs {lo} nodes, group {self.group!r} has {self.usable} usable"
+            return self.too_big(job)
         if room is not None and room < lo:
             return self.over_quota(job, room)
         need = lo - self.n_free() - self.leaving
-        if self.hopeless(p):
-            fallback = f"waiting for nodes: {self.why_no_free()}, and no running job may be preempted for it"
-        else:
-            fallback = f"waiting for {need} more node(s), held by jobs it may not preempt"
+        fallback = self.no_nodes() if self.hopeless(p) else reason(ReasonCode.NOT_PREEMPTIBLE, need=need)
         return self.slice_wait(job, need - self.pool.lower_nodes(p) - self.slices(job, p)) or fallback
 
-    def over_quota(self, job: JobView, room: int) -> str:
+    # -- wait reasons that both walks give (the explaining walk's skip_reason, and place)
+
+    def too_big(self, job: JobView) -> Reason:
+        return reason(ReasonCode.TOO_BIG, need=job.lo, group=self.group, usable=self.usable)
+
+    def over_quota(self, job: JobView, room: int) -> Reason:
         held = self.used.get((job.user, job.priority, self.group), 0)
         if self.config.quotas.closed_by_default(job.user, job.priority, self.group, job.exempt):
-            return (f"over quota: {Priority.label(job.priority)} needs a quota and user {job.user!r} has none "
-                    f"in group {self.group!r} (levels above {Priority.label(self.config.quotas.closed_above or 0)} "
-                    f"are closed until an operator sets one; or hfai update {job.id} -p NORMAL)")
-        return (f"over quota: user {job.user!r} holds {held} of {room + held} node(s) at "
-                f"{Priority.label(job.priority)} in group {self.group!r}, job needs {job.lo}")
+            return reason(ReasonCode.QUOTA_CLOSED, user=job.user, priority=Priority.label(job.priority),
+                          group=self.group, closed_above=Priority.label(self.config.quotas.closed_above or 0),
+                          job=job.id)
+        return reason(ReasonCode.OVER_QUOTA, user=job.user, held=held, limit=room + held,
+                      priority=Priority.label(job.priority), group=self.group, need=job.lo)
+
+    def no_nodes(self) -> Reason:
+        """No free node is left for a job and it can preempt nothing: some were pinned for a
+        blocked job ahead of it, or there were none, or this round's starts took them."""
+        return _RESERVED if self.pinned else _FULL
 
     def place(self, job: JobView) -> None:
         lo = job.lo
         if lo > self.usable:
-            self.wait(job, f"needs {lo} nodes, group {self.group!r} has {self.usable} usable")
+            self.wait(job, self.too_big(job))
             return
         room = self.room(job)
         if room is not None and room < lo:
@@ -295,9 +300,7 @@ class GroupRound:
         if self.hopeless(self.prio[job.id]):
             # Cheap path for the long tail of a full cluster: nothing this job could do.
             if self.config.explain_waits:
-                self.wait(job, self.slice_wait(job, job.lo) or
-                          f"waiting for nodes: {self.why_no_free()}, and no running job may be preempted for it",
-                          quiet=True)
+                self.wait(job, self.slice_wait(job, job.lo) or self.no_nodes(), quiet=True)
             self.reserve(self.prio[job.id])
             return
         self.claim(job)
@@ -309,15 +312,14 @@ class GroupRound:
             # Whatever it freed (free nodes, victims) would go to that job ahead of it: preempting
             # for it would only churn (victims restarting on nodes this job may not use).
             self.stuck_users.add(job.user)
-            self.wait(job, "waiting behind an earlier job of the same user and priority that waits for nodes",
-                      quiet=True)
+            self.wait(job, _BEHIND_OWN_JOB, quiet=True)
             return
         need = job.lo - self.n_free()
         from_leaving = min(need, self.leaving)
         if need - from_leaving <= 0:
             self.leaving -= from_leaving
             self.pin_free(job)
-            self.wait(job, "waiting for nodes that are being released", quiet=True)
+            self.wait(job, _RELEASING, quiet=True)
             return
         victims = self.choose_victims(job, need - from_leaving)
         if victims is None:
@@ -325,8 +327,7 @@ class GroupRound:
                 p = self.prio[job.id]
                 short = need - from_leaving - self.pool.lower_nodes(p) - self.slices(job, p)
                 self.wait(job, self.slice_wait(job, short) or
-                          f"waiting for {need - from_leaving} more node(s), held by jobs it may not preempt",
-                          quiet=True)
+                          reason(ReasonCode.NOT_PREEMPTIBLE, need=need - from_leaving), quiet=True)
             self.reserve(self.prio[job.id])
             # Free and preemptible nodes only shrink this round: the user's later, not smaller,
             # jobs here (same band or higher: fewer victims) cannot gather theirs either.
@@ -338,9 +339,9 @@ class GroupRound:
             self.pool.take(v.job)
             self.out.append(self.victim_decision(job, v))
         self.turns.clear()  # victims are no longer anybody's turn
-        self.wait(job, "waiting for preempted jobs to checkpoint and release their nodes")
+        self.wait(job, _PREEMPTING)
 
-    def slice_wait(self, job: JobView, short: int) -> str | None:
+    def slice_wait(self, job: JobView, short: int) -> Reason | None:
         """The wait reason of a job that time slicing will serve, or None: other users' jobs of
         its priority that may not be sliced for it yet (held their nodes less than a slice, or
         have had no more service than it) hold at least the ``short`` nodes it lacks beyond what
@@ -355,7 +356,7 @@ class GroupRound:
         turn = self.turns[key]
         if turn is None:
             return None
-        return f"{TIME_SLICE_WAIT}, next turn in ~{max(1, math.ceil(turn / 60))} min"
+        return reason(ReasonCode.TIME_SLICE_WAIT, minutes=max(1, math.ceil(turn / 60)))
 
     def slice_turn(self, p: int, user: str, short: int, band: int) -> float | None:
         """Seconds until running jobs of priority ``p`` and other users than ``user`` will have
@@ -404,21 +405,18 @@ class GroupRound:
         self.pinned += len(self.free) - self.fi
         self.fi = len(self.free)
 
-    def why_no_free(self) -> str:
-        """Why no free node is left for a job (the round has none left): some were pinned for a
-        blocked job ahead of it, or there were none, or this round's starts took them."""
-        return "the free nodes are reserved for jobs ahead of it" if self.pinned else "the group is full"
-
     def victim_decision(self, job: JobView, v: Victim) -> Suspend:
         vp, jp = self.prio[v.job.id], self.prio[job.id]
+        size = len(v.job.held) - v.gives if v.shrink else 0
+        shrinks = {"size": str(size)} if v.shrink else {}
         if v.sliced:
-            why = (f"time slice: yields to job {job.id} of equal priority and less service so far after "
-                   f"{(self.now - v.job.started_ts) / 60:.1f} min")
+            held_min = f"{(self.now - v.job.started_ts) / 60:.1f}"
+            why = Reason(ReasonCode.TIME_SLICE.value, {"job": job.id, "minutes": held_min, **shrinks})
         else:
-            why = f"preempted by job {job.id} (priority {_label(jp)} > {_label(vp)})"
+            why = Reason(ReasonCode.PREEMPTED.value, {"job": job.id, "priority": _label(jp),
+                                                      "victim_priority": _label(vp), **shrinks})
         if v.shrink:
-            size = len(v.job.held) - v.gives
-            return Resize(v.job.id, f"{why}: shrinks to {size} node(s)", for_job=job.id, sliced=v.sliced, size=size)
+            return Resize(v.job.id, why, for_job=job.id, sliced=v.sliced, size=size)
         return Suspend(v.job.id, why, for_job=job.id, sliced=v.sliced)
 
     def choose_victims(self, job: JobView, need: int) -> list[Victim] | None:
@@ -485,8 +483,8 @@ class GroupRound:
             self.take_free(extra)  # set aside for its restart
             self.used[(job.user, job.priority, self.group)] += extra
             size = len(job.held) + extra
-            self.out.append(Resize(job.id, f"grows from {len(job.held)} to {size} nodes into idle nodes",
-                                   for_job="", size=size))
+            self.out.append(Resize(job.id, reason(ReasonCode.GROWS, held=len(job.held), size=size), for_job="",
+                                   size=size))
 
 
 @functools.cache
@@ -495,6 +493,12 @@ def _label(priority: int) -> str:
     return Priority.label(priority)
 
 
+
+_FULL = reason(ReasonCode.NO_NODES, reserved="")
+_RESERVED = reason(ReasonCode.NO_NODES, reserved=1)
+_BEHIND_OWN_JOB = reason(ReasonCode.BEHIND_OWN_JOB)
+_RELEASING = reason(ReasonCode.RELEASING)
+_PREEMPTING = reason(ReasonCode.PREEMPTING)
 
 #: hfai's policy, as the leader runs it (and the simulator under the name "hfai").
 HFAI: Policy = FunctionPolicy("hfai", decide, ordering, quiet_until)

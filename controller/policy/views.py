@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hfai.protocol.reasons import Reason, render
 from hfai.protocol.types import ChainState
 
 #: Wildcard for the user or group part of a quota key.
@@ -142,10 +143,14 @@ class Suspend:
     """Interrupt the job (checkpoint, release the nodes) and requeue it keeping its place."""
 
     job_id: str
-    reason: str
+    why: Reason
     for_job: str
     # True when the job yields to an equal-priority job (it then moves back in the round-robin).
     sliced: bool = False
+
+    @property
+    def reason(self) -> str:
+        return render(self.why)
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,11 @@ class Resize(Suspend):
 @dataclass(frozen=True)
 class Wait:
     job_id: str
-    reason: str
+    why: Reason
+
+    @property
+    def reason(self) -> str:
+        return render(self.why)
 
 
 Decision = Start | Suspend | Wait

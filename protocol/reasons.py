@@ -1,0 +1,174 @@
+"""Why a job is where it is, as a typed value: a :class:`Reason` is a code and its parameters.
+
+The scheduler produces these (controller/policy/, controller/plan.py, controller/transitions.py)
+and stores one in the job record next to the text (``JobRecord.why`` and ``JobEvent.why``, protocol
+1.3); what a reason *says* is decided here once, by :func:`render`, and read at the edges (the CLI,
+the web pages). Code that needs to know what a reason means compares its ``code`` and reads its
+``params``; nothing parses the words back. A record written before protocol 1.3 has only the text
+(``why`` is None): :func:`describe` shows that as it is.
+
+Parameters are strings on the wire (numbers as written by ``str``), so a reader never meets a type
+it did not expect; a code this side does not know (a newer controller's) renders as the text the
+record carries.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class ReasonCode(enum.StrEnum):
+    # -- the policy: why a job waits
+    TOO_BIG = "too_big"  # need, group, usable
+    OVER_QUOTA = "over_quota"  # user, priority, group, held, limit, need
+    QUOTA_CLOSED = "quota_closed"  # user, priority, group, closed_above, job
+    NO_NODES = "no_nodes"  # reserved ("1": the free nodes are pinned for jobs ahead, "": the group is full)
+    NOT_PREEMPTIBLE = "not_preemptible"  # need
+    TIME_SLICE_WAIT = "time_slice_wait"  # minutes (to the next turn)
+    BEHIND_OWN_JOB = "behind_own_job"
+    RELEASING = "releasing"
+    PREEMPTING = "preempting"
+    # -- the policy: why a running job is interrupted or resized
+    PREEMPTED = "preempted"  # job, priority, victim_priority [, size: shrinks to]
+    TIME_SLICE = "time_slice"  # job, minutes (held so far) [, size: shrinks to]
+    GROWS = "grows"  # held, size
+    # -- the plan: gates and the platform's own interruptions
+    UNACKED = "unacked"  # job, since, stop_at, kill_at, late ("1": past stop_at)
+    RESTRICTED = "restricted"  # why ("" : by an operator)
+    RESTRICTED_INTERRUPT = "restricted_interrupt"  # user, why
+    GPU_ERROR = "gpu_error"  # node
+    HELD = "held"  # by, job
+    RETRY_BACKOFF = "retry_backoff"  # retried, retries, seconds
+    AFTER = "after"  # job, until ("succeed" or "end")
+    ARRAY_LIMIT = "array_limit"  # array, limit
+    TIME_LIMIT = "time_limit"  # ran, limit (H:MM:SS)
+    DEPENDENCY_FAILED = "dependency_failed"  # job, state (how it ended)
+    # -- transitions: how runs begin and end (the timeline reads these)
+    STARTED = "started"  # nodes (", "-separated, rank order)
+    RESUMED = "resumed"  # nodes
+    ACKNOWLEDGED = "acknowledged"  # cause (the interruption's text): every rank acknowledged
+    NOT_ACKNOWLEDGED = "not_acknowledged"  # cause: some rank was stopped after the interrupt windows
+    # -- a reason that is only words (the simulator's baseline policies give these)
+    TEXT = "text"  # text
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One reason: ``code`` (a :class:`ReasonCode` value) and its parameters."""
+
+    code: str
+    params: dict[str, str] = field(default_factory=dict)
+
+    def text(self) -> str:
+        return render(self)
+
+    def gist(self) -> tuple[str, ...]:
+        """What the reason says without the detail that changes from round to round (the leader
+        rewrites a waiting job's reason only when this changes): the code, and for a countdown
+        (a time-slice turn) its figure, which is the news."""
+        keep = _GIST_PARAMS.get(self.code, ())
+        return (self.code, *(self.params.get(k, "") for k in keep))
+
+
+def reason(code: ReasonCode, **params: object) -> Reason:
+    """A :class:`Reason` with its parameters written as strings."""
+    return Reason(code.value, {k: v if type(v) is str else str(v) for k, v in params.items()})
+
+
+def _utc(ts: str) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(float(ts)))
+
+
+def _shrinks(p: Mapping[str, str]) -> str:
+    return f": shrinks to {p['size']} node(s)" if p.get("size") else ""
+
+
+def _unacked(p: Mapping[str, str]) -> str:
+    since, stop_at = _utc(p["since"]), _utc(p["stop_at"])
+    if not p.get("late"):
+        return (f"waiting for job {p['job']} to release its nodes: it has not acknowledged its interrupt "
+                f"(asked at {since}); the platform stops it at {stop_at} if it does not")
+    return (f"waiting for job {p['job']} to release its nodes: it did not acknowledge its interrupt (asked at "
+            f"{since}); stopped at {stop_at}, killed at {_utc(p['kill_at'])} if still running")
+
+
+_NO_PREEMPTION = ", and no running job may be preempted for it"
+
+#: The words of each code (``p``: its parameters).
+RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
+    ReasonCode.TOO_BIG: lambda p: f"needs {p['need']} nodes, group {p['group']!r} has {p['usable']} usable",
+    ReasonCode.OVER_QUOTA: lambda p: (f"over quota: user {p['user']!r} holds {p['held']} of {p['limit']} node(s) at "
+                                      f"{p['priority']} in group {p['group']!r}, job needs {p['need']}"),
+    ReasonCode.QUOTA_CLOSED: lambda p: (f"over quota: {p['priority']} needs a quota and user {p['user']!r} has none "
+                                        f"in group {p['group']!r} (levels above {p['closed_above']} are closed "
+                                        f"until an operator sets one; or hfai update {p['job']} -p NORMAL)"),
+    ReasonCode.NO_NODES: lambda p: ("waiting for nodes: " + ("the free nodes are reserved for jobs ahead of it"
+                                                             if p.get("reserved") else "the group is full")
+                                    + _NO_PREEMPTION),
+    ReasonCode.NOT_PREEMPTIBLE: lambda p: f"waiting for {p['need']} more node(s), held by jobs it may not preempt",
+    ReasonCode.TIME_SLICE_WAIT: lambda p: f"waiting for its time slice, next turn in ~{p['minutes']} min",
+    ReasonCode.BEHIND_OWN_JOB: lambda p: ("waiting behind an earlier job of the same user and priority that waits "
+                                          "for nodes"),
+    ReasonCode.RELEASING: lambda p: "waiting for nodes that are being released",
+    ReasonCode.PREEMPTING: lambda p: "waiting for preempted jobs to checkpoint and release their nodes",
+    ReasonCode.PREEMPTED: lambda p: (f"preempted by job {p['job']} (priority {p['priority']} > "
+                                     f"{p['victim_priority']}){_shrinks(p)}"),
+    ReasonCode.TIME_SLICE: lambda p: (f"time slice: yields to job {p['job']} of equal priority and less service so "
+                                      f"far after {p['minutes']} min{_shrinks(p)}"),
+    ReasonCode.GROWS: lambda p: f"grows from {p['held']} to {p['size']} nodes into idle nodes",
+    ReasonCode.UNACKED: _unacked,
+    ReasonCode.RESTRICTED: lambda p: f"restricted: {p['why']}" if p.get("why") else "restricted by an operator",
+    ReasonCode.RESTRICTED_INTERRUPT: lambda p: (f"interrupted: user {p['user']!r} is "
+                                                f"{RENDER[ReasonCode.RESTRICTED](p)}"),
+    ReasonCode.GPU_ERROR: lambda p: f"interrupted: node {p['node']} reports a GPU error",
+    ReasonCode.HELD: lambda p: f"held by {p['by']} (hfai release {p['job']})",
+    ReasonCode.RETRY_BACKOFF: lambda p: (f"retry {p['retried']} of {p['retries']} after a failed run: backing off, "
+                                         f"starts again in ~{p['seconds']} s"),
+    ReasonCode.AFTER: lambda p: f"waiting for job {p['job']} to end ({p['until']})",
+    ReasonCode.ARRAY_LIMIT: lambda p: (f"its job array {p['array']} already runs {p['limit']} member(s) "
+                                       f"(--array ...%{p['limit']})"),
+    ReasonCode.TIME_LIMIT: lambda p: f"time limit reached: ran {p['ran']} of {p['limit']}",
+    ReasonCode.DEPENDENCY_FAILED: lambda p: (f"dependency never satisfied: job {p['job']} {p['state']}, this job "
+                                             f"needed it to succeed"),
+    ReasonCode.STARTED: lambda p: f"started on {p['nodes']}",
+    ReasonCode.RESUMED: lambda p: f"resumed on {p['nodes']}",
+    ReasonCode.ACKNOWLEDGED: lambda p: f"{p['cause']}; acknowledged",
+    ReasonCode.NOT_ACKNOWLEDGED: lambda p: f"{p['cause']}; stopped after the interrupt windows",
+    ReasonCode.TEXT: lambda p: p["text"],
+}
+
+#: Parameters that are part of a code's gist (see :meth:`Reason.gist`).
+_GIST_PARAMS: dict[str, tuple[str, ...]] = {ReasonCode.TIME_SLICE_WAIT: ("minutes",)}
+
+
+def render(why: Reason, fallback: str = "") -> str:
+    """The words of a reason; ``fallback`` (the record's text) for a code this side does not know
+    or parameters it lacks (a newer controller's)."""
+    words = RENDER.get(why.code)
+    if words is None:
+        return fallback or why.code
+    try:
+        return words(why.params)
+    except (KeyError, ValueError):
+        return fallback or why.code
+
+
+class Explained(Protocol):
+    """A job record or one of its history events."""
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def why(self) -> Reason | None: ...
+
+
+def describe(item: Explained) -> str:
+    """What a record or a history event says about itself: its typed reason rendered here, or
+    its text (a record written before protocol 1.3 has only the text)."""
+    why = item.why
+    return item.reason if why is None else render(why, item.reason)
