@@ -39,7 +39,8 @@ class NatsConfig:
     request_try_s: float = 1.0
     # At most this many copies of one such request; each retry doubles the copies sent so far.
     request_copies: int = 16
-    # A daemon retries creating buckets/streams this often while JetStream is not ready.
+    # A daemon retries creating buckets/streams after this long at first (then longer, jittered, up
+    # to 10 s) while JetStream is not ready.
     setup_retry_s: float = 1.0
     # Replicas of KV buckets and streams: 1 on a single server, 3 on a production cluster.
     replicas: int = 1
