@@ -9,8 +9,9 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned to the CPU wheel: a loose range can pull several GB of CUDA packages.
-	$(PY) -m pip install -q "torch==2.13.0" -e ".[test,kernels,plot]"
+	# torch is pinned to the CPU wheel: a loose range can pull several GB of CUDA packages. The
+	# platform extra brings the daemons' dependencies (the tests start local clusters).
+	$(PY) -m pip install -q "torch==2.13.0" -e ".[platform,test,kernels,plot]"
 	touch $(STAMP)
 
 demo: $(STAMP)

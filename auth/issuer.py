@@ -21,13 +21,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import nkeys
-
 from hfai._atomic import write_atomic
+from hfai._extras import PLATFORM_INSTALL, MissingExtra
 from hfai.auth import jwt
 from hfai.auth.roles import Permissions, Role, nats_claims, permissions
 from hfai.protocol import names
 from hfai.protocol.errors import Conflict, InvalidRequest, NotFound
+
+try:
+    import nkeys
+except ModuleNotFoundError as e:  # a job's environment: credentials are issued on the operators' hosts
+    raise MissingExtra(f"issuing NATS credentials needs the platform extra (nkeys not installed): "
+                       f"{PLATFORM_INSTALL}") from e
 
 ACCOUNT_NAME = "HFAI"
 SYSTEM_NAME = "SYS"

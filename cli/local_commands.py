@@ -42,12 +42,14 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     """
     import dataclasses
 
+    from hfai._extras import require_platform
     from hfai.cli.local import LocalCluster
     from hfai.cli.local.daemons import free_port
     from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER, LOCAL_METRICS_PORT
     from hfai.cli.local.supervision import SupervisePolicy
     from hfai.config import WebConfig
 
+    require_platform("hfai local up", nats_server=True)
     cc = dataclasses.replace(LOCAL_CONTROLLER, metrics_port=LOCAL_METRICS_PORT)
     cc = cc if slice_s is None else dataclasses.replace(cc, slice_s=slice_s)
     web = WebConfig()

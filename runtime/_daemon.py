@@ -266,10 +266,12 @@ LOG_LEVEL_HELP = ("Least severe messages logged to stderr: " + ", ".join(LOG_LEV
 
 def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], argv: list[str] | None = None) -> int:
     """The shared ``main`` of the ``hfai-*`` daemons: parse flags, load the config,
-    build the daemon with ``make(config)``, serve until SIGTERM. Config errors exit 2, no traceback.
+    build the daemon with ``make(config)``, serve until SIGTERM. Config errors and a missing
+    platform extra (hfai._extras) exit 2 with one line, no traceback.
 
     A daemon may have ``async failed() -> str`` (returns, with the reason, when the daemon must
     stop: the process then exits EXIT_FAILED) and ``shutdown_timeout_s``."""
+    from hfai._extras import require_platform
     from hfai.config import load_config
     from hfai.protocol.errors import HfaiError
 
@@ -280,6 +282,7 @@ def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], ar
     args = p.parse_args(argv)
     setup_logging(args.log_level)
     try:
+        require_platform()
         daemon = make(load_config(args.config))
         return asyncio.run(_serve_daemon(daemon))
     except HfaiError as e:
