@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hfai._daemon import raise_if_cancelled
 from hfai.api.client import ApiClient
 from hfai.config import Config
 from hfai.protocol.errors import HfaiError, InvalidRequest
@@ -116,6 +117,7 @@ class Sessions:
     async def sweep_forever(self) -> None:
         """:meth:`expire` every ``[web] session_sweep_s``, until cancelled (hfai-web owns the task)."""
         while True:
+            raise_if_cancelled()  # closing sessions awaits inside nats-py, which may swallow a cancellation
             await asyncio.sleep(self._config.web.session_sweep_s)
             ended = await self.expire()
             if ended:
