@@ -61,3 +61,22 @@ def test_down_has_the_agent_suspend_the_job_and_up_resumes_it(home, tmp_path):
     wait_for(lambda: "run 2 rank 0 of 1 starts at step" in log.read_text(), 30, "the job to resume")
     assert "starts at step 0" not in log.read_text().split("run 2 rank 0")[1]  # from its checkpoint
     ok(hfai(home, "local", "down", "--now"))
+
+
+def test_an_agent_that_does_not_answer_is_reported_silent(tmp_path):
+    """No agent serves node-0: `down` learns it at once (no responders) and falls back to
+    stopping that node's jobs itself."""
+    from hfai.cli.local.interrupt import suspend_nodes
+    from hfai.cli.local.nats_server import start_nats
+    from hfai.config import Config, NatsConfig
+
+    server, url = start_nats(tmp_path / "nats", tmp_path / "nats.log")
+    try:
+        config = Config(nats=NatsConfig(url=url, creds_dir=str(tmp_path / "creds")))
+        announced: list[int] = []
+        done = asyncio.run(suspend_nodes(config, "root", ["node-0"], 0.0, 2.0, 5.0,
+                                         lambda runs, _ack: announced.append(runs)))
+        assert done.silent == ("node-0",) and done.runs == 0 and not announced
+    finally:
+        server.kill()
+        server.wait()
