@@ -13,18 +13,11 @@ import asyncio
 import sys
 
 import pytest
+from fakes import FakeElection
 
 from hfai._daemon import EXIT_FAILED, EXIT_WEDGED, StuckTasksError, bounded, cancel_and_wait, raise_if_cancelled, serve
 from hfai.config import Config
 from hfai.controller.leader import Leader
-
-
-class FakeElection:
-    token = 7
-    is_leader = True
-
-    def beat(self) -> None:
-        pass
 
 
 class ReadyAsCancelledPsub:

@@ -9,9 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+from fakes import FakeMsg
 
 from hfai.config import Config, StorageConfig
-from hfai.protocol import decode, encode
+from hfai.protocol import decode
 from hfai.protocol import storage as s
 from hfai.protocol.errors import InvalidRequest
 from hfai.storage import commit as commit_mod
@@ -110,16 +111,6 @@ def test_the_quick_check_rereads_a_file_replaced_with_the_same_size_and_mtime(tm
     assert again.files[0].chunks == (chunk_hash(b"new!"),)
 
 
-class _Msg:
-    """A request as the service's subscription hands it over (subject, data, a reply to send)."""
-
-    def __init__(self, subject: str, request, replies: asyncio.Queue):
-        self.subject, self.data, self.reply, self._replies = subject, encode(request), "_INBOX.x", replies
-
-    async def respond(self, data: bytes) -> None:
-        await self._replies.put(data)
-
-
 def test_the_service_answers_while_another_request_is_still_being_served(tmp_path: Path):
     """nats-py awaits a subscription's callback before handing over the next message: a commit
     served inside it held up its own client's liveness pings (reported as a hung service)."""
@@ -139,8 +130,8 @@ def test_the_service_answers_while_another_request_is_still_being_served(tmp_pat
         svc._handlers[s.VERB_WS_LIST] = (s.ListWorkspaces, slow)
         replies: asyncio.Queue = asyncio.Queue()
         # Bounded: before the fix the first call itself waited for the slow handler.
-        await asyncio.wait_for(svc.handle(_Msg("hfai.storage.alice.ws_list", s.ListWorkspaces(), replies)), 10)
-        await svc.handle(_Msg("hfai.storage.alice.ws_commit_status", s.WorkspaceRequest(workspace="w"), replies))
+        await asyncio.wait_for(svc.handle(FakeMsg("hfai.storage.alice.ws_list", s.ListWorkspaces(), replies)), 10)
+        await svc.handle(FakeMsg("hfai.storage.alice.ws_commit_status", s.WorkspaceRequest(workspace="w"), replies))
         first = decode(await asyncio.wait_for(replies.get(), 10), s.CommitStatus)
         assert first == s.CommitStatus(workspace="w", committing=False)
         release.set()
