@@ -1,6 +1,10 @@
-"""Settings that must hold before any test module imports the libraries they steer."""
+"""Settings that must hold before any test module imports the libraries they steer, and the
+fixtures tests share (plain fakes are in tests/fakes.py, the local cluster in tests/spine_cluster.py,
+the in-process CLI in tests/hfai_cli.py)."""
 
 import os
+
+import pytest
 
 # hfai.nn's Triton kernels run on the CPU under Triton's interpreter. Triton reads TRITON_INTERPRET
 # once, when it is first imported, and torch imports it on the side (torch.distributed.pipelining,
@@ -8,3 +12,13 @@ import os
 # a GPU machine compiles the kernels for real.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def nats_url(tmp_path):
+    """The URL of a lone JetStream nats-server of this test's own, stopped when it ends."""
+    # Imported here: the cluster harness pulls in the local cluster's code, which most tests never need.
+    from spine_cluster import nats_server
+
+    with nats_server(tmp_path) as url:
+        yield url

@@ -159,24 +159,21 @@ async def test_follow_lets_its_handlers_errors_end_it():
 
 # ---------------------------------------------------------------------- a controller, wired up
 
-async def test_a_controller_whose_cache_or_lease_task_dies_fails(tmp_path):
+async def test_a_controller_whose_cache_or_lease_task_dies_fails(nats_url):
     """Each long-lived task a controller relies on is watched, its KV caches' and lease's too."""
-    from spine_cluster import nats_server
-
     from hfai.config import Config, ControllerConfig, NatsConfig
     from hfai.controller.service import Controller
 
-    with nats_server(tmp_path) as url:
-        for victim in ("jobs", "lease"):
-            c = Controller(Config(nats=NatsConfig(url=url), controller=ControllerConfig(id="c0", lease_ttl_s=2.0)))
-            await c.start()
-            try:
-                task = c.jobs.task if victim == "jobs" else c.election._task
-                task.cancel()  # as if it had ended on its own
-                reason = await asyncio.wait_for(c.failed(), 5.0)
-            finally:
-                await c.close()
-            assert reason == f"task {task.get_name()} was cancelled", reason
+    for victim in ("jobs", "lease"):
+        c = Controller(Config(nats=NatsConfig(url=nats_url), controller=ControllerConfig(id="c0", lease_ttl_s=2.0)))
+        await c.start()
+        try:
+            task = c.jobs.task if victim == "jobs" else c.election._task
+            task.cancel()  # as if it had ended on its own
+            reason = await asyncio.wait_for(c.failed(), 5.0)
+        finally:
+            await c.close()
+        assert reason == f"task {task.get_name()} was cancelled", reason
 
 
 def test_a_failure_streak_ends_at_its_limit_and_a_success_resets_it():

@@ -7,7 +7,6 @@ import asyncio
 
 import nats
 import pytest
-from spine_cluster import nats_server
 
 from hfai.kv import KVCache
 from hfai.protocol import encode
@@ -17,7 +16,7 @@ from hfai.protocol.types import StopRequest
 pytestmark = pytest.mark.slow
 
 
-def test_cache_rewatches_after_its_watch_ends(tmp_path):
+def test_cache_rewatches_after_its_watch_ends(nats_url):
     async def go(url):
         nc = await nats.connect(url)
         js = nc.jetstream()
@@ -57,5 +56,4 @@ def test_cache_rewatches_after_its_watch_ends(tmp_path):
         await cache.stop()
         await nc.close()
 
-    with nats_server(tmp_path) as url:
-        asyncio.run(go(url))
+    asyncio.run(go(nats_url))

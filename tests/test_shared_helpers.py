@@ -17,7 +17,6 @@ import nats.js.errors
 import psutil
 import pytest
 from click.testing import CliRunner
-from spine_cluster import nats_server
 
 from hfai._atomic import write_atomic
 from hfai._proc import pid_alive
@@ -30,7 +29,7 @@ from hfai.protocol.types import DrainedNodes
 # ---------------------------------------------------------------------------- compare-and-set
 
 
-def test_cas_value_creates_updates_retries_and_gives_up(tmp_path):
+def test_cas_value_creates_updates_retries_and_gives_up(nats_url):
     async def go(url):
         nc = await nats.connect(url)
         kv = await nc.jetstream().create_key_value(bucket="t", history=1)
@@ -92,8 +91,7 @@ def test_cas_value_creates_updates_retries_and_gives_up(tmp_path):
         assert decode((await kv.get("fresh")).value, DrainedNodes).nodes == {"a": "r", "b": "r"}
         await nc.close()
 
-    with nats_server(tmp_path) as url:
-        asyncio.run(go(url))
+    asyncio.run(go(nats_url))
 
 
 # ------------------------------------------------------------------------------ CLI errors

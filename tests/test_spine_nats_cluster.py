@@ -15,10 +15,11 @@ from pathlib import Path
 
 import nats
 import pytest
-from spine_cluster import JOBS, Cluster, nats_server
+from spine_cluster import JOBS, Cluster
 
 from hfai import _nats
-from hfai.cli.local import LocalCluster, nats_server_binary
+from hfai.cli.local import LocalCluster
+from hfai.cli.local.nats_server import nats_server_binary
 from hfai.config import Config, NatsConfig
 from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
@@ -194,7 +195,7 @@ def test_setup_waits_for_the_nats_cluster_to_form(tmp_path):
         cluster.__exit__()
 
 
-def test_setup_reports_replicas_a_single_server_cannot_have(tmp_path):
+def test_setup_reports_replicas_a_single_server_cannot_have(nats_url):
     async def go(url):
         config = Config(nats=NatsConfig(url=url, replicas=3, setup_retry_s=0.2))
         nc = await nats.connect(url)
@@ -204,5 +205,4 @@ def test_setup_reports_replicas_a_single_server_cannot_have(tmp_path):
         finally:
             await nc.close()
 
-    with nats_server(tmp_path) as url:
-        asyncio.run(go(url))
+    asyncio.run(go(nats_url))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import nats
-from spine_cluster import nats_server
 
 from hfai.kv import cas_value
 from hfai.protocol import decode, encode
@@ -17,7 +16,7 @@ def _drain(node):
     return lambda d: DrainedNodes(nodes={**d.nodes, node: "r"})
 
 
-def test_a_current_copy_saves_the_read_and_a_stale_one_costs_only_a_retry(tmp_path):
+def test_a_current_copy_saves_the_read_and_a_stale_one_costs_only_a_retry(nats_url):
     async def go(url):
         nc = await nats.connect(url)
         kv = await nc.jetstream().create_key_value(bucket="t", history=1)
@@ -64,5 +63,4 @@ def test_a_current_copy_saves_the_read_and_a_stale_one_costs_only_a_retry(tmp_pa
         assert reads == ["d"] and changed and value.nodes == {"n0": "r", "n2": "r"}
         await nc.close()
 
-    with nats_server(tmp_path) as url:
-        asyncio.run(go(url))
+    asyncio.run(go(nats_url))
