@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import hfai_cli
+
 from hfai import _nats
 from hfai.api.client import ApiClient
 from hfai.cli.local import LocalCluster
@@ -35,6 +37,23 @@ OPERATORS = {"root"}
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+def wait_for(cond, timeout: float, what: str, poll: float = 0.1):
+    """``cond()``'s first true value, polled every ``poll`` s; an AssertionError naming ``what``
+    after ``timeout`` s. An exception from ``cond`` counts as not yet (the API is briefly
+    unavailable during a failover) and is named in the error."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = cond()
+            if value:
+                return value
+        except Exception as e:
+            last_error = e
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
 
 
 @contextlib.contextmanager
@@ -98,17 +117,7 @@ class Cluster:
         return self.run(lambda api: api.status(ref))
 
     def wait(self, cond, timeout: float, what: str, poll: float = 0.1):
-        deadline = time.monotonic() + timeout
-        last_error = None
-        while time.monotonic() < deadline:
-            try:
-                value = cond()
-                if value:
-                    return value
-            except Exception as e:  # e.g. the API is briefly unavailable during a failover
-                last_error = e
-            time.sleep(poll)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
+        return wait_for(cond, timeout, what, poll)
 
     def wait_state(self, ref: str, state: ChainState, timeout: float = 60.0) -> JobRecord:
         def check():
@@ -147,12 +156,26 @@ class Cluster:
         return self.local.service_creds("controller-0", Role.CONTROLLER)
 
     def cli(self, *args: str, cwd: Path | None = None, user: str = "tester") -> subprocess.CompletedProcess:
+        """``hfai ARGS`` as ``user`` (credentials issued on first use), run in this process
+        (tests/hfai_cli.py); it answers as a finished process does."""
         self.creds(user)
         return self.cli_env({"HFAI_USER": user}, *args, cwd=cwd)
 
-    def cli_env(self, extra: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        """The CLI with these environment variables (issues no credentials)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
-        env.update(HFAI_CONFIG=str(self.local.config_path), **extra)
-        return subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=cwd or REPO, env=env,
+    def cli_env(self, extra: dict[str, str | None], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """The CLI in this process with these environment variables (issues no credentials)."""
+        return hfai_cli.run(args, env=self._cli_environ(extra), cwd=cwd or REPO)
+
+    def cli_process(self, *args: str, cwd: Path | None = None, user: str = "tester") -> subprocess.CompletedProcess:
+        """``hfai ARGS`` as ``user`` in a real process of its own, for what only a process shows
+        (its start and exit, how long it takes from the outside)."""
+        self.creds(user)
+        env = {**os.environ, **self._cli_environ({"HFAI_USER": user})}
+        return subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=cwd or REPO,
+                              env={k: v for k, v in env.items() if v is not None},
                               capture_output=True, text=True, timeout=60)
+
+    def _cli_environ(self, extra: dict[str, str | None]) -> dict[str, str | None]:
+        """The CLI's environment changes: this cluster's config, none of the test's own NATS settings."""
+        env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
+        env.update(HFAI_CONFIG=str(self.local.config_path), **extra)
+        return env

@@ -28,7 +28,7 @@ def _ps_while_frozen(c: Cluster, name: str) -> list[tuple[int, float, str]]:
         out = []
         for _ in range(CALLS):
             t0 = time.monotonic()
-            done = c.cli("ps")
+            done = c.cli_process("ps")
             out.append((done.returncode, time.monotonic() - t0, done.stderr.strip()))
         return out
     finally:
@@ -39,7 +39,7 @@ def test_hfai_ps_never_fails_while_either_controller_replica_is_frozen(tmp_path)
     with Cluster(tmp_path, nodes=1, controllers=2) as c:
         leader = c.wait(c.leader, 15, "a leader")
         standby = next(n for n in ("controller-0", "controller-1") if n != leader)
-        c.cli("ps")  # the first CLI run issues tester's credentials
+        c.cli_process("ps")  # the first CLI run issues tester's credentials
         for name in (standby, leader):
             calls = _ps_while_frozen(c, name)
             failed = [(rc, err) for rc, _, err in calls if rc != 0]

@@ -29,17 +29,11 @@ def cluster(tmp_path_factory):
 
 
 def hfai(cluster, *args: str, user: str = "tester", columns: str = ""):
-    """The CLI in this process (click's runner around the real `hfai` command and its NATS calls):
-    most checks here run through it, to spare a Python start per command on a busy machine; the
-    user mistakes, `--tail` and `-f` run as real subprocesses (cluster.cli)."""
-    from click.testing import CliRunner
-
-    from hfai.cli.main import main
-
+    """The stdout of `hfai ARGS` run as ``user`` in this process (cluster.cli), which must succeed.
+    A few checks run the real console script in a process of its own (cluster.cli_process)."""
     cluster.creds(user)
-    env = {"HFAI_CONFIG": str(cluster.local.config_path), "HFAI_USER": user, "COLUMNS": columns or None}
-    r = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
-    assert r.exit_code == 0, r.output
+    r = cluster.cli_env({"HFAI_USER": user, "COLUMNS": columns or None}, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
 
@@ -68,7 +62,7 @@ def _json(cluster, *args: str, user: str = "tester"):
 
 
 def test_ps_json_is_the_cluster_s_records(cluster, jobs):
-    r = cluster.cli("ps", "-a", "--json")  # a real subprocess
+    r = cluster.cli_process("ps", "-a", "--json")  # a real process
     assert r.returncode == 0, r.stderr
     listed = {j["id"]: j for j in json.loads(r.stdout)}
     records = {j.id: j for j in cluster.run(lambda api: api.list())}
@@ -168,7 +162,7 @@ def test_quota_shows_my_limits_next_to_my_use(cluster, jobs):
                                                "limit": 2, "used": 1, "waiting": 1}
         assert rows[("LOW", "default")]["limit"] == 5 and rows[("LOW", "default")]["used"] == 0
         assert ("HIGH", "default") not in rows  # no quota there and nothing of mine
-        table = cluster.cli("quota", "show").stdout  # a real subprocess
+        table = cluster.cli_process("quota", "show").stdout  # a real process
         assert "quotas of tester" in table
         assert any(line.split() == ["NORMAL", "default", "2", "1", "1", "1"] for line in table.splitlines()), table
         alice = {r["priority_name"]: r for r in _json(cluster, "quota", user="alice")}
@@ -182,7 +176,7 @@ def test_logs_tail_returns_exactly_the_last_lines(cluster, jobs):
     printer = jobs["printer"]
     lines = cluster.log(printer).splitlines()  # the job's 3,000 lines between the agent's run lines
     assert len(lines) == len(LINES) + 2 and lines[1:-1] == LINES
-    r = cluster.cli("logs", printer, "--tail", "2000")  # a real subprocess
+    r = cluster.cli_process("logs", printer, "--tail", "2000")  # a real process
     assert r.returncode == 0 and r.stdout.splitlines() == lines[-2000:], r.stderr
     for n in (1, 7):
         assert hfai(cluster, "logs", printer, "--tail", str(n)).splitlines() == lines[-n:]
@@ -205,8 +199,9 @@ def test_logs_tail_with_follow_prints_the_tail_then_what_follows(cluster, jobs):
     r = cluster.cli("submit", "-p", "HIGH", "--name", "pauser", "python", "pause.py", cwd=jobs["work"])
     assert r.returncode == 0, r.stderr
     job_id = _job_id(r.stdout)
-    cluster.wait(lambda: "pause" in cluster.log(job_id) if cluster.job(job_id).last_nodes else False, 60,
-                 "the first lines")
+    # The line "pause" itself: the agent's header line names the job, "pauser", before the job prints.
+    cluster.wait(lambda: "pause" in cluster.log(job_id).splitlines() if cluster.job(job_id).last_nodes else False,
+                 60, "the first lines")
     followed = cluster.cli("logs", job_id, "--tail", "2", "-f")
     assert followed.returncode == 0, followed.stderr
     lines = cluster.log(job_id).splitlines()

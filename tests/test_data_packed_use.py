@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import hfai_cli
 import pytest
 
 from hfai.data import FileWriter
@@ -23,7 +24,7 @@ def packed(tmp_path) -> str:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], capture_output=True, text=True, timeout=60)
+    return hfai_cli.run(args)
 
 
 def test_a_packed_folder_as_a_dataset_holds_the_files_only(packed):

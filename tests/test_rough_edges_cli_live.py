@@ -21,16 +21,10 @@ def cluster(tmp_path_factory):
 
 
 def hfai(cluster, *args: str, user: str = "tester", ok: bool = True):
-    """The real `hfai` command in this process (click's runner), as ``user``."""
-    from click.testing import CliRunner
-
-    from hfai.cli.main import main
-
-    cluster.creds(user)
-    env = {"HFAI_CONFIG": str(cluster.local.config_path), "HFAI_USER": user}
-    r = CliRunner().invoke(main, list(args), env=env)
-    assert (r.exit_code == 0) == ok, r.output
-    return r.output
+    """What `hfai ARGS` run as ``user`` in this process (cluster.cli) writes, stdout then stderr."""
+    r = cluster.cli(*args, user=user)
+    assert (r.returncode == 0) == ok, r.stdout + r.stderr
+    return r.stdout + r.stderr
 
 
 def test_after_takes_a_job_name(cluster):

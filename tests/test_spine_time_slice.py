@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import hfai_cli
 import pytest
 from spine_cluster import JOBS, Cluster
 
@@ -55,8 +56,7 @@ def test_a_job_waiting_for_its_time_slice_says_when_its_turn_comes(cluster, tmp_
 
 
 def test_the_slice_option_and_how_to_try_it_are_documented():
-    out = subprocess.run([sys.executable, "-m", "hfai.cli.main", "local", "up", "--help"], capture_output=True,
-                         text=True, timeout=60)
+    out = hfai_cli.run(["local", "up", "--help"])
     text = " ".join(out.stdout.split())
     assert "among equal priorities" not in text
     assert "same priority and another user" in text and "HFAI_USER=bob" in text and "hfai admin user add bob" in text
@@ -84,11 +84,15 @@ def test_the_controller_logs_each_state_change_once(cluster, tmp_path):
 @pytest.mark.parametrize("command", [["-m", "hfai.cli.main", "agent"], ["-m", "hfai.cli.main", "controller"],
                                      ["-m", "hfai.agent"], ["-m", "hfai.controller"]])
 def test_the_daemons_flags_are_documented(command):
-    out = subprocess.run([sys.executable, *command, "--help"], capture_output=True, text=True, timeout=60)
+    def run(*args: str) -> subprocess.CompletedProcess:
+        if command[:2] == ["-m", "hfai.cli.main"]:  # the hfai command: in this process
+            return hfai_cli.run([*command[2:], *args])
+        return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, timeout=60)
+
+    out = run("--help")
     text = " ".join(out.stdout.split())
     assert out.returncode == 0, out.stderr
     assert "--config" in text and "$HFAI_CONFIG" in text and "HFAI_<SECTION>_<FIELD>" in text
     assert "--log-level" in text and "DEBUG, INFO, WARNING, ERROR, CRITICAL" in text
-    bad = subprocess.run([sys.executable, *command, "--log-level", "chatty"], capture_output=True, text=True,
-                         timeout=60)
+    bad = run("--log-level", "chatty")
     assert bad.returncode == 2 and "chatty" in bad.stderr.lower() and "Traceback" not in bad.stderr
