@@ -3,7 +3,7 @@
 ``hfai --help``, ``hfai ps`` and ``hfai status ID`` (a submitted job's) are each started ``--runs``
 times as a fresh process, as a user at a terminal or a ``watch``/script loop starts them; the
 wall time from start to exit is taken, start-up and imports included. Printed: the median and the
-spread of each, the ratio to the target (0.15 s: a squeue-like answer, issue 23), and the ratio
+spread of each, the ratio to the target (0.15 s: a squeue-like answer), and the ratio
 to the floor measured in the same run, ``python -c pass`` of the same interpreter (what no
 Python CLI can beat). With ``--imports``, what each command imports that costs most
 (``python -X importtime``).

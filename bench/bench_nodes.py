@@ -1,10 +1,10 @@
 """`hfai nodes` at cluster scale, in one process: the controller's pages of nodes and the
 client's decoding and table, against the controller's old way measured in the same run.
 
-The old way (kept below as ``old_pages``, as controller/api.py did it until issue 11) built the
-info of every node for every page, encoded each remaining node to size the page, then encoded
-the page again. Now each page is spliced from packed items (controller/paging.py), a node's
-heartbeat record packed once while it is current (controller/node_pages.py): "new records" is a
+The old way (kept below as ``old_pages``, the baseline) builds the info of every node for every
+page, encodes each remaining node to size the page, then encodes the page again. The controller
+splices each page from packed items (controller/paging.py), a node's heartbeat record packed
+once while it is current (controller/node_pages.py): "new records" is a
 request after every node sent a heartbeat (each record packed once), "unchanged" one right after
 another.
 
@@ -105,7 +105,7 @@ def old_first_page(items: list, budget_bytes: int) -> tuple[tuple, bool]:
 
 
 def old_pages(c: Cluster) -> list[bytes]:
-    """Every page as the controller answered them before issue 11's change."""
+    """Every page as the old way builds them (the baseline)."""
     out: list[bytes] = []
     jobs = c.api._jobs.values
     after = ""

@@ -8,7 +8,7 @@ loop, each with its own node name, state, credentials and NATS connection, simul
   1. Throughput: N one-node `true` jobs submitted at once on 3 and on 100 nodes (one fleet
      process, the `hfai local` windows); jobs/s from the first submit to the last end, and KV
      writes per job (bench_throughput.py's measurement, imported), against Slurm's 2.4 jobs/s
-     measured on this machine (issue 11).
+     measured on this machine (docs/performance.md).
   2. 1,000 nodes in a few fleet processes with production heartbeats (5 s, timeout 30 s), on a
      nats-server whose per-stream consumer cap is lifted (see NO_CONSUMER_CAP; --stock-nats keeps
      it, to show what it does):
@@ -61,7 +61,7 @@ from hfai.protocol.types import ChainState, JobRecord, JobSpec, NodeRecord, Node
 USER = "bench"  # submits as a plain user; it has no Unix account here, so jobs run as the agents' account
 
 #: nats-server 2.15 caps every stream at 1,000 consumers unless its configuration lifts the cap
-#: (a stream's max_consumers = -1 no longer means unlimited), and every agent holds one consumer
+#: (a stream's max_consumers = -1 does not lift it), and every agent holds one consumer
 #: on hfai_assign, its assignment watch: from about 1,000 nodes on, agents are left without one
 #: (they log "maximum consumers limit reached" and never learn their assignment).
 NO_CONSUMER_CAP = "\njetstream { limits { default_max_consumers: -1 } }\n"

@@ -3,7 +3,7 @@
 Submits N one-node `true` jobs at once to a local cluster of 3 nodes (real nats-server,
 controller and agents as processes, the `hfai local` windows) and prints, in one run:
   * jobs/s from the first submit to the last job finished, and the ratio against Slurm's
-    2.4 jobs/s measured before on the same kind of machine (the figure issue 11 names);
+    2.4 jobs/s measured on the same kind of machine (docs/performance.md);
   * KV writes per job: revisions added to the jobs bucket and to the assignments bucket while
     the batch ran (every revision is one JetStream write, replicated on a real cluster).
 

@@ -66,8 +66,8 @@ def _run(job: JobRecord, rank: int, desired: DesiredRun, ack_window_s: float, ki
 def same_work(a: NodeAssignment | None, b: NodeAssignment) -> bool:
     """True if ``a`` (what the bucket holds) is ``b``: the same runs under the same fence. A value
     of an older fence is always written again, so a new leader's first round stamps its term
-    on every node (issue 26: an old leader's value left in place could be replaced by that old
-    leader's late write, which the node then accepted)."""
+    on every node: an old leader's value left in place could be replaced by that old leader's
+    late write, which the node would accept."""
     return a is not None and a.fence == b.fence and a.runs == b.runs
 
 

@@ -3,8 +3,9 @@
 A reply holds at most ``api_reply_bytes`` (NATS refuses a message over its max_payload), so a
 long list goes out a page at a time. Each item is packed once (``codec.pack``) and the page is the
 items' bytes spliced into the reply: sizing a page by encoding every item and then encoding the
-reply again cost each item twice (issue 11: `hfai nodes` at 1,000 nodes). Items come from an
-iterator, so those after the page are never built: only the first that does not fit.
+reply again would encode each item twice (2,000 node records for `hfai nodes` at 1,000 nodes).
+Items come from an iterator, so those after the page are never built: only the first that does
+not fit.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Is the NATS store taking writes? A probe write, repeated, judged by a small pure state machine.
 
 nats-server keeps a stream broken after a write error on its store (a full disk: "Critical write
-error"): its puts get no answer, even once the disk has room again, until the server restarts
-(issue 26 §7). Every daemon stays connected and nothing else fails loudly, so the controller
+error"): its puts get no answer, even once the disk has room again, until the server restarts.
+Every daemon stays connected and nothing else fails loudly, so the controller
 probes: every ``store_probe_s`` it writes a value of its own to the ``hfai_health`` bucket, a file
 stream like the jobs' and nodes', and calls the store not writable after ``store_probe_failures``
 failed writes in a row. A probe stream that met the error stays broken as the others do, so the

@@ -2,9 +2,9 @@
 
 Everything a spec holds ends up in an ``execve`` on some node (argv, environment, working
 directory) or on somebody's terminal (the name). A spec that cannot be launched — a NUL in an
-argument or a variable, ``=`` in a variable name — used to be accepted and then failed on the
-node with a Python ``ValueError``, recorded as a mysterious exit. It is refused here instead, with
-an ``InvalidRequest`` whose one-line message names the field and says what to fix.
+argument or a variable, ``=`` in a variable name — would be accepted and then fail on the node
+with a Python ``ValueError``, recorded as a mysterious exit. It is refused here instead, with an
+``InvalidRequest`` whose one-line message names the field and says what to fix.
 
 :func:`check_spec` looks at the spec alone; :func:`check_placement` at the spec and the nodes of
 its group; :func:`validate_spec` does both, static checks first, so a spec is never refused for

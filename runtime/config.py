@@ -83,7 +83,7 @@ class ControllerConfig:
     # Largest list/nodes reply (encoded bytes); clients page past it. NATS refuses messages above
     # its max_payload (1 MiB by default), so keep this well under that.
     api_reply_bytes: int = 512 * 1024
-    # Watchdog of the leader loop (issue 11). The lease is renewed only while the loop showed
+    # Watchdog of the leader loop. The lease is renewed only while the loop showed
     # progress within leader_stall_s; past it the holder releases the lease for a standby. A loop
     # stuck for leader_exit_s (or tasks that ignore cancellation for cancel_timeout_s) makes the
     # controller exit non-zero, for systemd to restart it; shutdown_timeout_s bounds a clean stop.
@@ -92,7 +92,7 @@ class ControllerConfig:
     cancel_timeout_s: float = 10.0
     shutdown_timeout_s: float = 30.0
     # A waiting job's reason is written to its record only when its gist changes, and at most
-    # this often per job: rewriting every round's wording cost hundreds of writes per job (issue 11).
+    # this often per job: rewriting every round's wording would cost hundreds of writes per job.
     wait_reason_interval_s: float = 30.0
     # Working out why every waiting job waits costs O(queue): rounds between do only what changes
     # something (controller/plan.py), and one round this often also explains (and when a job waits
@@ -140,7 +140,7 @@ class AgentConfig:
     env_root: str = "/opt/hfai/envs"
     # A job that acknowledged a suspend normally exits by itself (go_suspend() exits); after this
     # long it gets SIGTERM. Seconds: a job with spawned workers acks before its workers and then
-    # its parent have finished (issue 13). go_suspend(exit=False) asks to be stopped at once.
+    # its parent have finished. go_suspend(exit=False) asks to be stopped at once.
     ack_exit_grace_s: float = 15.0
     # Job logs on this node are deleted this long after their last write, unless the job still
     # has a run here (0: keep forever); checked every log_gc_interval_s.

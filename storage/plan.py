@@ -1,4 +1,5 @@
-"""The storage service's decisions, as pure functions (the I/O lives in workspace.py, gc.py, rules.py).
+"""The storage service's decisions, as pure functions (the I/O lives in commit.py, gc.py, service.py
+and client.py).
 
 Nothing here touches a file or NATS: given manifests, usage figures, listings and the time, each
 function says what to do, so every rule is tested table-driven.
