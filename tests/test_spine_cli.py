@@ -52,10 +52,16 @@ def test_ps_status_nodes_and_stop(cluster, tmp_path):
     status = cluster.cli("status", "sleepy")
     assert status.returncode == 0 and f"sleepy ({job_id})" in status.stdout and "history:" in status.stdout
 
-    nodes = cluster.cli("nodes")
-    lines = {line.split()[0]: line.split() for line in nodes.stdout.splitlines()[1:]}
     busy_node = cluster.job(job_id).nodes[0]
-    assert lines[busy_node][2] == "up" and lines[busy_node][3] == "8/8" and job_id in lines[busy_node][-1]
+
+    def busy_row() -> list[str] | None:
+        nodes = cluster.cli("nodes")
+        row = {line.split()[0]: line.split() for line in nodes.stdout.splitlines()[1:]}[busy_node]
+        return row if row[3] == "8/8" else None
+
+    # A node's GPUs in use are its agent's figures: they come with its next heartbeat.
+    row = cluster.wait(busy_row, 10, f"{busy_node}'s heartbeat to count the job's GPUs")
+    assert row[2] == "up" and job_id in row[-1]
 
     stop = cluster.cli("stop", "sleepy")
     assert stop.returncode == 0
