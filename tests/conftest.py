@@ -22,3 +22,16 @@ def nats_url(tmp_path):
 
     with nats_server(tmp_path) as url:
         yield url
+
+
+@pytest.fixture
+def home(tmp_path):
+    """An HFAI_HOME for `hfai local` commands; a local cluster the test left running there is
+    brought down afterwards."""
+    from hfai.cli.local import LocalCluster
+
+    h = tmp_path / "home"
+    yield h
+    local = LocalCluster.load(h / "local")
+    if local is not None:
+        local.down()

@@ -8,22 +8,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_spine_local_restart import STEPS, hfai, job, job_id, ok, wait_for, wait_state
+from spine_cluster import wait_for
+from test_spine_local_restart import STEPS, hfai, job, job_id, ok, wait_state
 
 from hfai.api.config import current_user
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.interrupt import AgentOps
 from hfai.protocol.errors import Forbidden
 from hfai.protocol.types import ChainState, NodeSuspendRequest
-
-
-@pytest.fixture()
-def home(tmp_path):
-    h = tmp_path / "home"
-    yield h
-    local = LocalCluster.load(h / "local")
-    if local is not None:  # whatever the test left running
-        local.down()
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import os
 import signal
 import time
 
-from spine_cluster import TEST_AGENT, TEST_CONTROLLER
+from spine_cluster import TEST_AGENT, TEST_CONTROLLER, wait_for
 
 from hfai._proc import pid_alive
 from hfai.cli.local import LocalCluster
@@ -66,16 +66,6 @@ def test_the_nats_server_is_restarted_for_its_store_only_when_the_disk_has_room(
     assert store_restart_due(False, 10**9, p, 100.0, 107.0)
 
 
-def _wait(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _restarted(local: LocalCluster, name: str, old_pid: int):
     def check():
         loaded = LocalCluster.load(local.root)
@@ -97,7 +87,7 @@ def test_a_supervised_local_cluster_restarts_what_died_and_down_stops_it_for_goo
         for name in ("agent-node-0", "controller-0"):
             old = local.pids[name]
             os.kill(old, signal.SIGKILL)
-            loaded = _wait(_restarted(local, name, old), 20.0, f"{name} restarted")
+            loaded = wait_for(_restarted(local, name, old), 20.0, f"{name} restarted")
         loaded.wait_ready()
         status = "\n".join(loaded.status_lines())
         assert "agent-node-0     running, restarted 1x" in status, status
@@ -106,16 +96,16 @@ def test_a_supervised_local_cluster_restarts_what_died_and_down_stops_it_for_goo
         # The NATS server too, on the same URL: the daemons reconnect and the API answers.
         old = loaded.pids["nats"]
         os.kill(old, signal.SIGKILL)
-        loaded = _wait(_restarted(local, "nats", old), 20.0, "nats restarted")
+        loaded = wait_for(_restarted(local, "nats", old), 20.0, "nats restarted")
         assert loaded.url == local.url
         loaded.wait_ready()
         # Bound: the agent's second death within the window is its last restart (burst=2) and
         # the third is given up on.
         old = LocalCluster.load(local.root).pids["agent-node-0"]
         os.kill(old, signal.SIGKILL)
-        _wait(_restarted(local, "agent-node-0", old), 20.0, "agent restarted")
+        wait_for(_restarted(local, "agent-node-0", old), 20.0, "agent restarted")
         os.kill(LocalCluster.load(local.root).pids["agent-node-0"], signal.SIGKILL)
-        _wait(lambda: "dead (given up on)" in "\n".join(LocalCluster.load(local.root).status_lines()), 20.0,
+        wait_for(lambda: "dead (given up on)" in "\n".join(LocalCluster.load(local.root).status_lines()), 20.0,
               "the agent given up on")
         agent = next(line for line in LocalCluster.load(local.root).status_lines() if "agent-node-0" in line)
         # Its last process was the supervisor's child: how it ended is known.

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from spine_cluster import JOBS, REPO
+from spine_cluster import JOBS, REPO, wait_for
 
 from hfai.api.client import ApiClient
 from hfai.api.config import current_user
@@ -53,16 +53,6 @@ def job(home: Path, ref: str) -> JobRecord:
     return asyncio.run(go())
 
 
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def wait_state(home: Path, ref: str, state: ChainState, timeout: float = 60.0) -> JobRecord:
     seen: list[JobRecord] = []
 
@@ -74,15 +64,6 @@ def wait_state(home: Path, ref: str, state: ChainState, timeout: float = 60.0) -
         return wait_for(check, timeout, f"job {ref} to be {state.value}")
     except AssertionError as e:
         raise AssertionError(f"{e}; it is {seen[0].state.value}: {seen[0].reason}") from None
-
-
-@pytest.fixture()
-def home(tmp_path):
-    h = tmp_path / "home"
-    yield h
-    local = LocalCluster.load(h / "local")
-    if local is not None:  # whatever the test left running
-        local.down()
 
 
 @pytest.mark.slow
