@@ -153,3 +153,9 @@ def parse_agent_op_subject(subject: str) -> tuple[str, str, str]:
     if ".".join(parts[:2]) != AGENT_PREFIX or len(parts) != 6 or parts[3] != OPERATOR_TOKEN:
         raise InvalidRequest(f"not an agent operation's subject: {subject[:200]}")
     return parts[2], parts[4], parts[5]
+
+
+def agent_dev_subject(node: str) -> str:
+    """Where hfai-web asks one node's agent for a development session's address (only hfai-web
+    and the controllers may publish there, hfai.auth.roles)."""
+    return f"{AGENT_PREFIX}.{check_token('node name', node)}.dev"

@@ -190,6 +190,12 @@ def message(kind: str) -> Callable[[type[_T]], type[_T]]:
     return wrap
 
 
+#: JobSpec.kind: a batch job, or a development session.
+JOB_BATCH = "batch"
+JOB_DEV = "dev"
+JOB_KINDS = (JOB_BATCH, JOB_DEV)
+
+
 @message("job_spec")
 class JobSpec:
     """What a user asks for. ``entrypoint`` is an argv list run in ``workdir`` on every node."""
@@ -221,6 +227,9 @@ class JobSpec:
     # Submitted by an operator (set by the controller from the caller's credentials, never taken
     # from the client): the priority levels closed by default are open to it (issue 24 item 12).
     by_operator: bool = False
+    # What kind of job: JOB_BATCH, or JOB_DEV, a development session (JupyterLab, docs/dev.md),
+    # which the scheduler never time-slices and limits per user (docs/scheduling.md).
+    kind: str = "batch"
 
     @property
     def elastic(self) -> bool:
@@ -760,3 +769,27 @@ class NodeSuspendReply:
     node: str
     interrupted: tuple[str, ...] = ()
     unsettled: tuple[str, ...] = ()
+
+
+# ----------------------------------------------------------------- development sessions
+
+@message("dev_session_request")
+class DevSessionRequest:
+    """hfai-web asks the agent of a session's node where the session's JupyterLab listens, for
+    ``user`` (checked against the run's owner)."""
+
+    KIND: ClassVar[str]
+    job_id: str
+    user: str
+
+
+@message("dev_session_reply")
+class DevSessionReply:
+    """Where the session's JupyterLab listens and the token it was started with (``ready`` False:
+    the run is not on the node, or JupyterLab has not written its address yet)."""
+
+    KIND: ClassVar[str]
+    ready: bool = False
+    address: str = ""
+    port: int = 0
+    token: str = ""

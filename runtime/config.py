@@ -221,16 +221,31 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class DevConfig:
+    """Development sessions (``hfai dev``, docs/dev.md)."""
+
+    # On the shared filesystem: <notebooks_root>/<user>/notebooks is a session's root (0700);
+    # "" is $HFAI_HOME/jupyter of the user the session runs as.
+    notebooks_root: str = ""
+    # Sessions a user may have queued or running at once (the controller refuses more at submit).
+    max_per_user: int = 1
+    # A session without a request, kernel activity or terminal for this long ends itself
+    # (JupyterLab's own culling; 0: never).
+    idle_s: float = 4 * 3600.0
+
+
+@dataclass(frozen=True)
 class Config:
     nats: NatsConfig = field(default_factory=NatsConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     web: WebConfig = field(default_factory=WebConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    dev: DevConfig = field(default_factory=DevConfig)
 
 
 _SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "web": WebConfig,
-             "storage": StorageConfig}
+             "storage": StorageConfig, "dev": DevConfig}
 
 
 def config_file(env: Mapping[str, str] = os.environ) -> str | os.PathLike | None:
