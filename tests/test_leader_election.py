@@ -7,12 +7,12 @@ test_fault_leader.py and test_spine_failover.py."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from fakes import FakeKV
 from nats.js.kv import KeyValue
 
 from hfai._clock import FakeClock
@@ -20,116 +20,6 @@ from hfai.controller.election import LeaseElection, lease_valid, renewal_allowed
 from hfai.controller.service import leader_stuck
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import LeaderLease
-
-#: JetStream's error code for "wrong last sequence" (nats-py's delete raises it as a BadRequestError).
-WRONG_LAST_SEQUENCE = 10071
-
-
-@dataclass
-class _Message:
-    value: bytes
-    revision: int
-    op: str | None  # None: a value; "DEL" / "PURGE": a marker
-    written: float
-
-
-class FakeKV:
-    """One KV bucket as nats-py's ``KeyValue`` presents it, compare-and-set included.
-
-    Every write takes the bucket's next revision (its stream sequence). ``update(last=)`` and
-    ``delete(last=)`` are refused unless ``last`` is the revision of the key's latest message (a
-    delete marker counts; a key never written, or expired: 0); ``update`` raises
-    KeyWrongLastSequenceError, ``delete`` the BadRequestError (an APIError) that nats-py passes
-    through. ``get`` of a deleted key raises KeyNotFoundError carrying the marker. With ``clock`` and ``ttl_s`` a
-    message older than the bucket's TTL is gone, as in a bucket with a max age.
-
-    ``lose_next_reply``: the next update is applied but its caller gets a timeout, as when the
-    reply is lost or arrives after the request timed out on an overloaded host."""
-
-    def __init__(self, clock: FakeClock | None = None, ttl_s: float | None = None):
-        self.clock = clock
-        self.ttl_s = ttl_s
-        self.messages: dict[str, _Message] = {}
-        self.seq = 0
-        self.lose_next_reply = False
-        self.deletes = 0
-
-    def _expire(self) -> None:
-        if self.clock is None or self.ttl_s is None:
-            return
-        now = self.clock.monotonic()
-        for key in [k for k, m in self.messages.items() if now - m.written >= self.ttl_s]:
-            del self.messages[key]
-
-    def _last(self, key: str) -> int:
-        self._expire()
-        m = self.messages.get(key)
-        return m.revision if m is not None else 0
-
-    def _put(self, key: str, value: bytes, op: str | None = None) -> int:
-        self.seq += 1
-        self.messages[key] = _Message(value, self.seq, op, self.clock.monotonic() if self.clock else 0.0)
-        return self.seq
-
-    async def put(self, key: str, value: bytes) -> int:
-        return self._put(key, value)
-
-    async def create(self, key: str, value: bytes) -> int:
-        self._expire()
-        m = self.messages.get(key)
-        if m is not None and m.op is None:
-            raise nats.js.errors.KeyWrongLastSequenceError(f"wrong last sequence: {m.revision}")
-        return self._put(key, value)  # nats-py writes over a delete marker at its revision
-
-    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
-        held = self._last(key)
-        if held != (last or 0):
-            raise nats.js.errors.KeyWrongLastSequenceError(f"wrong last sequence: {held}")
-        rev = self._put(key, value)
-        if self.lose_next_reply:
-            self.lose_next_reply = False
-            raise nats.errors.TimeoutError
-        return rev
-
-    async def get(self, key: str) -> KeyValue.Entry:
-        self._expire()
-        m = self.messages.get(key)
-        if m is None:
-            raise nats.js.errors.KeyNotFoundError
-        entry = KeyValue.Entry(bucket="fake", key=key, value=m.value, revision=m.revision, delta=None,
-                               created=None, operation=None)
-        if m.op is not None:
-            raise nats.js.errors.KeyNotFoundError(entry, m.op)
-        return entry
-
-    async def delete(self, key: str, last: int | None = None) -> bool:
-        held = self._last(key)
-        if last and last > 0 and held != last:
-            raise nats.js.errors.BadRequestError(code=400, err_code=WRONG_LAST_SEQUENCE,
-                                                 description=f"wrong last sequence: {held}")
-        self._put(key, b"", "DEL")
-        self.deletes += 1
-        return True
-
-    async def purge(self, key: str) -> bool:
-        self._put(key, b"", "PURGE")
-        return True
-
-    async def keys(self) -> list[str]:
-        self._expire()
-        live = [k for k, m in self.messages.items() if m.op is None]
-        if not live:
-            raise nats.js.errors.NoKeysError
-        return live
-
-    def expire_now(self, key: str) -> None:
-        """The key's message reached the bucket's TTL."""
-        self.messages.pop(key, None)
-
-    def holder(self) -> str | None:
-        m = self.messages.get(names.LEADER_KEY)
-        return decode(m.value, LeaderLease).holder if m is not None and m.op is None else None
-
 
 # ------------------------------------------------------------------------ the fake is faithful
 
@@ -171,19 +61,12 @@ async def _kv_script(kv) -> list[str]:
     return out
 
 
-async def test_the_fake_kv_keeps_compare_and_set_like_jetstream(tmp_path):
-    from hfai.cli.local.nats_server import start_nats
-
-    server, url = start_nats(tmp_path / "js", tmp_path / "nats.log")
+async def test_the_fake_kv_keeps_compare_and_set_like_jetstream(nats_url):
+    nc = await nats.connect(nats_url)
     try:
-        nc = await nats.connect(url)
-        try:
-            real = await _kv_script(await nc.jetstream().create_key_value(bucket="fake_check", history=1))
-        finally:
-            await nc.close()
+        real = await _kv_script(await nc.jetstream().create_key_value(bucket="fake_check", history=1))
     finally:
-        server.terminate()
-        server.wait(10)
+        await nc.close()
     fake = await _kv_script(FakeKV())
     assert fake == real
     assert "delete at a wrong revision: BadRequestError 10071" in fake  # the delete that used to succeed

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fakes import FakeElection, FakeMsg
-from test_leader_election import FakeKV
+from fakes import FakeElection, FakeKV, FakeMsg
 
 from hfai.config import Config
 from hfai.controller import transitions as tr
