@@ -27,7 +27,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGHUP)
 @contextlib.contextmanager
 def isolated(cwd: str | Path | None = None) -> Iterator[None]:
     """Run a command in ``cwd`` and undo what it may change in the process afterwards."""
-    old_cwd = os.getcwd()
+    old_cwd, old_environ = os.getcwd(), dict(os.environ)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     handlers_of = {sig: signal.getsignal(sig) for sig in _SIGNALS}
@@ -46,6 +46,9 @@ def isolated(cwd: str | Path | None = None) -> Iterator[None]:
     finally:
         os.execv = execv
         os.chdir(old_cwd)
+        if os.environ != old_environ:  # CliRunner puts back only the variables it was given
+            os.environ.clear()
+            os.environ.update(old_environ)
         for h in root.handlers[:]:
             if h not in handlers:
                 root.removeHandler(h)
