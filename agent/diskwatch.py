@@ -1,7 +1,7 @@
 """Whether this node's state directory has room for the agent's work, and if not, why.
 
 A full state directory must not kill the agent (ENOSPC writing its liveness stamp) nor record the
-runs it cannot follow as killed (issue 26 §7): the agent degrades instead. While the
+runs it cannot follow as killed: the agent degrades instead. While the
 directory is full or nearly (``[agent] state_min_free_bytes``) it drains its own node, with the
 reason in its heartbeat (``NodeRecord.drain_reason``, shown by ``hfai nodes``), so the leader
 gives it no new work, and it takes work again by itself once space is back. Decided by

@@ -22,7 +22,7 @@ So the launcher records ``RUN_DIR/fenced`` (the platform stopped the job: an int
 failure), SIGTERMs the job's group and SIGKILLs it once the stamp is ``fence_kill_s`` old, which the
 leader chose to fall inside its heartbeat timeout. ``fence_s`` 0 (or absent): no fencing.
 
-Nothing outlives its run (issue 26 §6): whichever way the job ends (it exits, the agent stops
+Nothing outlives its run: whichever way the job ends (it exits, the agent stops
 it, the launcher fences it), the launcher then SIGKILLs what is left of the job's process group
 and every other process the job started, before it records the exit status: a child that
 ignored SIGTERM, and one that left the group (``setsid``, a double fork), which the kernel

@@ -418,8 +418,8 @@ def settle_exit(first: int | None, launcher_alive: bool, second: int | None) -> 
     The launcher writes the status and then exits, so a status read after the launcher was seen
     gone is the final word: only when that read finds nothing either did the launcher die
     without recording the job's status (killed), which reads as SIGKILL. Deciding "killed" from
-    the first read alone recorded jobs that exited 0 as "exited with code -9" whenever the
-    launcher wrote its status between the two looks (issue 26 §2)."""
+    the first read alone would record jobs that exited 0 as "exited with code -9" whenever the
+    launcher wrote its status between the two looks."""
     if first is not None:
         return RunPhase.EXITED, first
     if launcher_alive:

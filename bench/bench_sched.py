@@ -68,7 +68,8 @@ def bench_decision(reps: int) -> None:
     jobs, nodes = cluster_snapshot(NODES, 5000, 1000)
     now = 1e5
     print(f"one decision, {NODES} nodes x (5000 waiting + 1000 running), median of {reps}:")
-    # Before issue 12 every round rebuilt and sorted all views: what decide() on a plain list does.
+    # The baseline: every round rebuilding and sorting all views, which is what decide() on a plain
+    # list does.
     loud, quiet = PolicyConfig(), PolicyConfig(explain_waits=False)
     scratch, _ = _median_ms(lambda: decide(jobs, nodes, now, loud), reps)
     index = indexed(jobs, ordering(loud))

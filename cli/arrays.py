@@ -1,4 +1,4 @@
-"""Job arrays as a whole in the CLI (issue 24 item 2): ``hfai status/stop/hold/release/update``
+"""Job arrays as a whole in the CLI: ``hfai status/stop/hold/release/update``
 take an array's id (``HFAI_ARRAY_ID``) or its name (``sweep`` for the members ``sweep[0]``, ...)
 wherever they take a job, and several jobs at once.
 

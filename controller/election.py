@@ -9,7 +9,7 @@ expire, so two leaders never act at once.
 Holding the lease is not enough: the lease is renewed only while the leader loop shows progress
 (:meth:`LeaseElection.beat`, at least every ``stall_s``). A holder whose loop is stuck releases
 the lease, so a standby takes over, instead of renewing it for ever while scheduling nothing
-(issue 11: a wedged leader kept every job queued for minutes).
+(a wedged leader would keep every job queued for minutes).
 """
 
 from __future__ import annotations

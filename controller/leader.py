@@ -4,7 +4,7 @@ write per-node assignments — a thin executor around pure functions.
 Every write is a compare-and-set on a job record, and assignments are derived from the records
 alone (see assignments.py), so a new leader continues exactly where the old one stopped.
 
-No stale writer wins (issue 26; docs/architecture.md, "Fencing"): every assignment write is a
+No stale writer wins (docs/architecture.md, "Fencing" and "No stale writer wins"): every assignment write is a
 compare-and-set on the revision this term read or wrote, onto a value whose fence is at most this
 term's; every decision is a compare-and-set on a record whose ``term`` is at most this term's,
 and stamps it with this term. Before its first decision a new leader stamps its term on every
@@ -230,7 +230,7 @@ class Leader:
             while True:
                 # A fetch or an ack can swallow our cancellation (3.11's wait_for inside nats-py
                 # returns a result that is ready as the cancellation arrives): test for it each
-                # round, or the leader waits for this task for ever (issue 11).
+                # round, or the leader waits for this task for ever.
                 raise_if_cancelled()
                 try:
                     # Bounded from outside too: a fetch must never wait forever.

@@ -1,5 +1,5 @@
 """The leader's decision for one round, without I/O: job records, node states, settings and the
-time in; record changes out (issue 12).
+time in; record changes out.
 
 The leader is a thin executor of it (controller/leader.py: write each change with compare-and-set,
 then publish the assignments derived from the records), and the simulator executes the very same

@@ -1,4 +1,4 @@
-"""The live jobs as the policy reads them, kept between scheduling rounds (issue 12).
+"""The live jobs as the policy reads them, kept between scheduling rounds.
 
 Rebuilding and sorting every job each round made a decision O((W + R) log(W + R)) for W waiting
 and R running jobs: ~35 ms at 6,000 jobs, and a replay of an overloaded trace, whose queue grows

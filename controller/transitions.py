@@ -235,8 +235,8 @@ def wait_reason_due(job: JobRecord, why: Reason, last_written: float | None, now
     to round, except a time-slice turn's countdown) differs from the reason the record holds
     (a record with a text reason only: always), and at most once per
     ``interval_s`` per job (``last_written``: when this leader last wrote one, None: never), so a
-    job torn between two gists does not flap either. Rewriting each round's wording cost a CAS
-    write per waiting job per round: hundreds of writes per job on a busy queue (issue 11)."""
+    job torn between two gists does not flap either. Rewriting each round's wording would cost a CAS
+    write per waiting job per round: hundreds of writes per job on a busy queue."""
     if not job.state.waiting or (job.why is not None and why.gist() == job.why.gist()):
         return False
     return last_written is None or now - last_written >= interval_s

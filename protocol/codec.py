@@ -181,8 +181,8 @@ def decode(data: bytes | bytearray | memoryview | None, expect: type | tuple[typ
 # ------------------------------------------------------------------------------------ internals
 
 # Encoders and decoders are built once per type (the first message of a kind pays for reading its
-# type hints); a node record used to cost ~1.2 ms to encode and decode through a walk that asked
-# typing about every field of every message (issue 11: `hfai nodes` at 1,000 nodes).
+# type hints); walking the type hints of every field of every message instead costs ~1.2 ms per
+# node record, which a 1,000-node `hfai nodes` pays on every call (figures: docs/performance.md).
 
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 _ENCODERS: dict[type, Any] = {}

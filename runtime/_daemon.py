@@ -6,7 +6,8 @@ cancellation that cannot hang.
 Python 3.11's ``asyncio.wait_for`` returns the inner result instead of raising when it is
 cancelled just as that result becomes ready (bpo-42130, fixed in 3.12). nats-py uses it inside
 ``fetch``, ``request`` and ``next_msg``, so any task of ours can swallow a cancellation and keep
-looping; one did, and wedged the leader (issue 11). Hence: long-lived loops test
+looping (the leader's event consumer doing so keeps the leader waiting for it for ever while the
+lease is renewed). Hence: long-lived loops test
 :func:`raise_if_cancelled` every iteration, bounded waits use :func:`bounded` (built on
 ``asyncio.wait``, which does not swallow), :func:`cancel_and_wait` gives up after a bound, and a
 daemon whose tasks will not stop exits non-zero for systemd to restart it.
@@ -143,8 +144,8 @@ class FailureStreak:
 class Supervisor:
     """A daemon's long-lived tasks, watched: each is meant to run until the daemon stops it, so one
     that ends first (an error, a return, a cancellation nobody asked for) has stopped doing its
-    part while the process goes on looking healthy (issue 12: an agent whose assignment watch
-    died kept heartbeating and never ran new work). It then fails the daemon: :meth:`failed`
+    part while the process goes on looking healthy (an agent whose assignment watch
+    died would keep heartbeating and never run new work). It then fails the daemon: :meth:`failed`
     returns the reason, :func:`serve` closes the daemon and the process exits EXIT_FAILED, for
     systemd to restart it. The first reason wins."""
 

@@ -243,7 +243,7 @@ WATCH_ERRORS = (nats.errors.Error, asyncio.TimeoutError)
 
 # Watches to renew after a reconnect. A KV watch is an ephemeral consumer on the server: after a
 # server restart it is gone, yet nats-py reports nothing until two idle heartbeats are missed
-# (10-20 s), during which agents would miss assignments and the leader heartbeats (issue 11).
+# (10-20 s), during which agents would miss assignments and the leader heartbeats.
 _RECONNECT_WAITERS: set[asyncio.Event] = set()
 
 

@@ -1,7 +1,7 @@
 """A live agent that can no longer do its work stops, for systemd to restart it (issue 12).
 
-Before, its assignment watch died silently when the ``fence`` file could not be written, while the
-heartbeats went on: the node looked healthy and never ran new work. Now every task of the agent is
+Otherwise its assignment watch could die silently when the ``fence`` file cannot be written, while the
+heartbeats go on: the node would look healthy and never run new work. So every task of the agent is
 supervised and the process exits EXIT_FAILED. Tests run as root, so permission bits would not stop
 a write: a directory stands where the agent writes a file."""
 

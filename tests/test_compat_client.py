@@ -204,8 +204,8 @@ _RANK0_ASKS = """
 
 @pytest.mark.slow
 def test_the_originals_positional_timeout_is_not_a_collective(tmp_path, monkeypatch):
-    # receive_suspend_command(500) used to mean sync=True: an all-reduce, which hangs (or fails)
-    # when only rank 0 calls it. Now it is the local flag, and the keyword is the collective.
+    # A positional 500 (the original's timeout) must not mean sync=True: an all-reduce hangs (or
+    # fails) when only rank 0 calls it. It reads the local flag; the keyword is the collective.
     pytest.importorskip("torch")
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(_RANK0_ASKS))

@@ -1,8 +1,8 @@
 """The NATS store's disk full (issue 26 §7): the controllers' probe sees JetStream refuse writes
 and says so (`hfai nodes`, the metrics), and on a supervised local cluster nats-server is
 restarted once the disk has room, after which the cluster recovers: the queued job starts, the
-running one's record ends as its run did, a new submission runs. Before, nothing noticed: with
-every daemon alive, submits timed out and queued jobs never started until someone restarted
+running one's record ends as its run did, a new submission runs. Without the probe nothing notices: with
+every daemon alive, submits time out and queued jobs never start until someone restarts
 nats-server by hand.
 
 The store lives on a small tmpfs (this test mounts one: root only) filled by a file it deletes.

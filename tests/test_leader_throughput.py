@@ -1,7 +1,8 @@
-"""KV writes per job on a real cluster (issue 11): 2,000 trivial jobs once cost ~664 writes each,
-because every waiting job's reason was rewritten whenever its wording changed, every round. A
-job's life is a handful of writes: submitted, (explained,) started, finished — and its nodes'
-assignments. Throughput itself is measured by bench/bench_throughput.py, never asserted here."""
+"""KV writes per job on a real cluster (issue 11): rewriting every waiting job's reason whenever its
+wording changes, every round, would cost hundreds of writes per job (docs/performance.md, "Write
+amplification"). A job's life is a handful of writes: submitted, (explained,) started, finished —
+and its nodes' assignments. Throughput itself is measured by bench/bench_throughput.py, never
+asserted here."""
 
 from __future__ import annotations
 
