@@ -279,7 +279,7 @@ class Agent:
         # An equal fence is the same leader's next write. That a stale leader cannot write one
         # (it could: a node cut off NATS keeps the old term's fence) is the server's guarantee,
         # not this check's: a leader writes each assignment by compare-and-set on a value of its
-        # term or older, and stamps every node at a takeover (controller/leader.py, issue 26).
+        # term or older, and stamps every node at a takeover (controller/leader.py).
         if a.fence < self._fence:
             return self._refuse(f"ignoring assignment with stale fence {a.fence} (newest seen {self._fence})")
         if a.fence > self._fence:
@@ -386,13 +386,13 @@ class Agent:
             except Exception as e:
                 if isinstance(e, OSError) and self._disk_full(e):
                     # A full disk does not count: the node drains itself meanwhile, and works
-                    # again once space is back (issue 26 §7).
+                    # again once space is back.
                     log.warning("reconcile met a full disk: %s", e)
                 else:
                     # A disk that stays read-only (or any local fault) does not heal by retrying:
                     # past the bound the agent stops (systemd restarts it, and meanwhile the leader
                     # moves the work) rather than heartbeating as a healthy node that never runs
-                    # anything (issue 12).
+                    # anything.
                     log.exception("reconcile failed (%d in a row); retrying", streak.count + 1)
                     if streak.failed():
                         raise LocalStateError(f"reconcile failed {streak.count} times in a row: {e}") from e

@@ -162,7 +162,7 @@ MESSAGE_TYPES: dict[str, type] = {}
 
 def evolve(obj: _T, **changes) -> _T:
     """``dataclasses.replace`` for messages without ``__post_init__``, three times faster: the
-    simulator replays hundreds of thousands of record changes (issue 12). Unknown field names
+    simulator replays hundreds of thousands of record changes. Unknown field names
     raise TypeError, as with ``replace``."""
     names = obj.__dataclass_fields__  # type: ignore[attr-defined]
     for k in changes:
@@ -213,7 +213,7 @@ class JobSpec:
     # Elastic jobs run on min_nodes..max_nodes (``nodes`` = max_nodes); 0 means a fixed size.
     min_nodes: int = 0
     max_nodes: int = 0
-    # Protocol 1.2 (issue 13). Start only after these jobs ended: "ID:ok" (succeeded) or "ID:any".
+    # Protocol 1.2. Start only after these jobs ended: "ID:ok" (succeeded) or "ID:any".
     after: tuple[str, ...] = ()
     # Stopped by the platform once it has run this long over all its runs (0: no limit).
     time_limit_s: float = 0.0
@@ -225,7 +225,7 @@ class JobSpec:
     array_index: int = -1
     array_limit: int = 0
     # Submitted by an operator (set by the controller from the caller's credentials, never taken
-    # from the client): the priority levels closed by default are open to it (issue 24 item 12).
+    # from the client): the priority levels closed by default are open to it.
     by_operator: bool = False
     # What kind of job: JOB_BATCH, or JOB_DEV, a development session (JupyterLab, docs/dev.md),
     # which the scheduler never time-slices and limits per user (docs/scheduling.md).
@@ -285,7 +285,7 @@ class JobRecord:
     hold: str = ""
     retried: int = 0
     # The fencing token (lease term) of the leader that last decided on this record; a leader
-    # takes no decision on a record a later term has written (controller/leader.py, issue 26).
+    # takes no decision on a record a later term has written (controller/leader.py).
     term: int = 0
     # When the current run failed and a --retry was granted (0: no retry pending). Set while the
     # other ranks stop, kept while the job waits out its backoff, cleared when it starts again;
