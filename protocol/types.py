@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import ClassVar, TypeVar, dataclass_transform
 
+from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import IllegalTransition, InvalidRequest
 from hfai.protocol.reasons import Reason, render
 
@@ -180,7 +181,7 @@ def message(kind: str) -> Callable[[type[_T]], type[_T]]:
     """Register a frozen dataclass as a wire message with the tag ``kind``."""
 
     def wrap(cls: type[_T]) -> type[_T]:
-        cls = dataclass(frozen=True)(cls)
+        cls = frozen_dataclass(cls)  # its methods made on first use (hfai.protocol._lazy)
         cls.KIND = kind  # type: ignore[attr-defined]  # every message class declares KIND: ClassVar[str]
         if kind in MESSAGE_TYPES:
             raise TypeError(f"duplicate message kind {kind!r}")
