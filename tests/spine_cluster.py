@@ -168,11 +168,18 @@ class Cluster:
     def cli_process(self, *args: str, cwd: Path | None = None, user: str = "tester") -> subprocess.CompletedProcess:
         """``hfai ARGS`` as ``user`` in a real process of its own, for what only a process shows
         (its start and exit, how long it takes from the outside)."""
+        return subprocess.run(**self._process(args, cwd, user), capture_output=True, text=True, timeout=60)
+
+    def cli_popen(self, *args: str, cwd: Path | None = None, user: str = "tester", **popen) -> subprocess.Popen:
+        """``hfai ARGS`` as ``user`` started in a process of its own and left running (to be
+        stopped or killed midway); ``popen``: subprocess.Popen's other arguments."""
+        return subprocess.Popen(**self._process(args, cwd, user), **popen)
+
+    def _process(self, args: tuple[str, ...], cwd: Path | None, user: str) -> dict:
         self.creds(user)
         env = {**os.environ, **self._cli_environ({"HFAI_USER": user})}
-        return subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=cwd or REPO,
-                              env={k: v for k, v in env.items() if v is not None},
-                              capture_output=True, text=True, timeout=60)
+        return {"args": [sys.executable, "-m", "hfai.cli.main", *args], "cwd": cwd or REPO,
+                "env": {k: v for k, v in env.items() if v is not None}}
 
     def _cli_environ(self, extra: dict[str, str | None]) -> dict[str, str | None]:
         """The CLI's environment changes: this cluster's config, none of the test's own NATS settings."""

@@ -5,10 +5,8 @@ succeeds, also when the push only moved content between files."""
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -64,10 +62,7 @@ def _leftovers(cluster: Cluster) -> list[str]:
 
 
 def _push_in_background(cluster: Cluster, ws: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
-    env.update(HFAI_CONFIG=str(cluster.local.config_path), HFAI_USER="tester")
-    return subprocess.Popen([sys.executable, "-m", "hfai.cli.main", "workspace", "push"], cwd=ws, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return cluster.cli_popen("workspace", "push", cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _stopped(pid: int) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -88,11 +87,9 @@ def test_a_killed_push_resumes(cluster, tmp_path):
     (ws / "weights.bin").write_bytes(data)
     assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
     before = _staged_messages(cluster)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
-    env.update(HFAI_CONFIG=str(cluster.local.config_path), HFAI_USER="tester")
     # 40 chunks at 256 KB/s: ~10 s; killed once a few requests are staged.
-    proc = subprocess.Popen([sys.executable, "-m", "hfai.cli.main", "workspace", "push", "--bwlimit", "256"],
-                            cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = cluster.cli_popen("workspace", "push", "--bwlimit", "256", cwd=ws, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
     try:
         cluster.wait(lambda: _staged_messages(cluster) >= before + 4, 30, "part of the push to be staged", poll=0.05)
     finally:
