@@ -1,27 +1,75 @@
-"""Importing this module imports nats-py without the aiohttp it loads for its WebSocket transport.
+"""Importing this module imports nats-py's core client without what it loads and a CLI call never uses.
 
-nats-py's ``nats.aio.transport`` imports aiohttp (and, through it, builds an SSL context) at import
-time, in a ``try`` that leaves the WebSocket transport unavailable when the import fails. That is
-0.13-0.2 s of every ``hfai`` call, for a transport the CLI never uses: hfai's NATS URLs are
-``nats://``/``tls://``. So the client (hfai.api.client) imports this first: aiohttp is hidden while nats-py
-loads, then visible again (anything else in the process may still import it). A ``ws://`` URL
-gets the transport back at connect (:func:`hfai._nats.connect`).
+Three of ``nats.aio.client``'s imports cost more than everything else an ``hfai ps`` does:
+
+* ``nats.aio.transport`` imports aiohttp (and, through it, builds an SSL context), in a ``try``
+  that leaves the WebSocket transport unavailable when the import fails: 0.13-0.2 s, for a
+  transport hfai's ``nats://``/``tls://`` URLs never use. aiohttp is hidden while nats-py loads,
+  then visible again (anything else in the process may still import it); a ``ws://`` URL gets
+  the transport back at connect (:func:`hfai._nats.connect`).
+* ``import nats.js``, the JetStream client (its API dataclasses, the KV and object stores, the
+  email parser): 50-80 ms. The core client reads one enum from it, and only for a message with
+  headers (a no-responders status). ``nats.js`` is loaded lazily (``importlib.util.LazyLoader``):
+  the module is in place at once and runs on its first attribute access, so the controller,
+  the agents and a ``hfai logs`` that use JetStream get all of it.
+* ``importlib.metadata``, for nats-py's own version string (sent in CONNECT): 10-40 ms. It is
+  hidden too, and the version is read from the name of nats-py's ``.dist-info`` folder.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+import os
 import sys
+
+_HIDDEN = ("aiohttp", "importlib.metadata")
+
+
+class _LazyJetStream:
+    """A meta path finder (not an ``importlib.abc`` subclass: that module imports importlib.resources,
+    tempfile and shutil) that finds ``nats.js`` as the path finder does, with its loader made lazy."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "nats.js":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+def _dist_version(package_dir: str, dist: str) -> str | None:
+    prefix = f"{dist}-"
+    try:
+        with os.scandir(os.path.dirname(package_dir)) as entries:
+            for e in entries:
+                if e.name.startswith(prefix) and e.name.endswith(".dist-info"):
+                    return e.name[len(prefix):-len(".dist-info")]
+    except OSError:
+        pass  # no version to find: nats-py's own fallback ("0.0.0") stays
+    return None
 
 
 def _import_nats() -> None:
-    if "nats" in sys.modules or "aiohttp" in sys.modules:
-        return  # already loaded either way: nothing to spare
-    sys.modules["aiohttp"] = None  # type: ignore[assignment]  # `import aiohttp` now raises ImportError
+    if "nats" in sys.modules:
+        return  # already loaded: nothing to spare
+    hidden = [name for name in _HIDDEN if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # `import name` now raises ImportError
+    finder = _LazyJetStream()
+    sys.meta_path.insert(0, finder)
     try:
-        import nats.aio.client  # noqa: F401
+        import nats.aio.client as client
     finally:
-        if "aiohttp" in sys.modules and sys.modules["aiohttp"] is None:
-            del sys.modules["aiohttp"]
+        sys.meta_path.remove(finder)
+        for name in hidden:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+    if "importlib.metadata" in hidden:
+        version = _dist_version(os.path.dirname(os.path.dirname(client.__file__)), "nats_py")
+        if version:
+            client.__version__ = version
 
 
 _import_nats()

@@ -2,7 +2,8 @@
 
 Connecting, making sure the JetStream buckets and the events stream exist, and following a KV
 watch through failures (:func:`follow`). Creation is idempotent and any component may do it first:
-a fresh cluster needs no setup step.
+a fresh cluster needs no setup step. The JetStream client (``nats.js``) is imported where it is
+used: a CLI call that only asks the controller does without it (``hfai.api._light_nats``).
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import nats
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
-from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
-from nats.js.kv import KeyValue
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+    from nats.js.kv import KeyValue
 
 from hfai._daemon import CANCEL_TIMEOUT_S, abandon, cancel_and_wait, raise_if_cancelled
 from hfai._retry import Backoff
@@ -166,6 +167,8 @@ class Buckets:
 
 
 async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | None = None) -> KeyValue:
+    import nats.js.errors
+
     try:
         return await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
@@ -183,6 +186,8 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | N
 
 async def _open(js: JetStreamContext, bucket: str) -> KeyValue:
     """A bucket that must exist; a missing one is transient (a controller creates it)."""
+    import nats.js.errors
+
     try:
         return await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
@@ -202,6 +207,9 @@ async def ensure_buckets(js: JetStreamContext, config: Config) -> Buckets:
 
 
 async def ensure_events_stream(js: JetStreamContext, config: Config) -> None:
+    import nats.js.errors
+    from nats.js.api import StreamConfig
+
     cfg = StreamConfig(
         name=names.EVENTS_STREAM,
         subjects=[names.EVENTS_WILDCARD],
@@ -229,6 +237,8 @@ _TRANSIENT_ERR_CODES = {10005, 10008}
 
 
 def is_transient(e: BaseException) -> bool:
+    import nats.js.errors
+
     if isinstance(e, (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError)):
         return True
     return isinstance(e, nats.js.errors.APIError) and e.err_code in _TRANSIENT_ERR_CODES
@@ -361,6 +371,8 @@ async def ensure_shared_state(js: JetStreamContext, config: Config) -> Buckets:
     NATS cluster waits here, retrying (``setup_retry_s`` at first, then longer, jittered) while
     JetStream cannot place or answer yet; other errors (a misconfiguration such as replicas the
     servers cannot have) raise."""
+    import nats.js.errors
+
     backoff = _setup_backoff(config)
     while True:
         try:
@@ -380,6 +392,8 @@ async def ensure_shared_state(js: JetStreamContext, config: Config) -> Buckets:
 
 async def events_subscription(js: JetStreamContext, config: Config) -> JetStreamContext.PullSubscription:
     """The leader's durable pull consumer on the events stream (explicit acks)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
     await ensure_events_stream(js, config)
     return await js.pull_subscribe(
         names.EVENTS_WILDCARD,

@@ -1,6 +1,7 @@
 """What the CLI imports on its way to an answer (every import is wall time of every `hfai` call):
 not aiohttp (nats-py's WebSocket transport, 0.13-0.2 s), which stays importable for anything else,
-and a ws:// URL still gets its transport back. Timings themselves are in bench/bench_cli.py."""
+and a ws:// URL still gets its transport back; nats-py's JetStream client only when used, and no
+importlib.metadata; `hfai --help` no command's module. Timings themselves are in bench/bench_cli.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,51 @@ def test_the_cli_client_loads_nats_without_aiohttp(module):
     assert r.returncode == 0, r.stderr
     loaded = eval(r.stdout)
     assert "nats.aio.client" in loaded and not [m for m in loaded if m.startswith("aiohttp")]
+
+
+def test_the_cli_client_leaves_jetstream_unloaded_and_still_names_nats_pys_version():
+    code = """
+import sys, hfai.api.client, nats.aio.client
+print(repr(sorted(m for m in sys.modules if m.startswith("nats.js"))))
+print(repr("importlib.metadata" in sys.modules))
+print(repr(nats.aio.client.__version__))
+import importlib.metadata
+print(repr(importlib.metadata.version("nats-py")))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    js_modules, metadata, version, real = map(eval, r.stdout.splitlines())
+    assert js_modules == ["nats.js"]  # in place, lazily: not run
+    assert metadata is False
+    assert version == real != "0.0.0"
+
+
+def test_jetstream_and_no_responders_work_after_the_light_import(nats_url):
+    """The core client reads nats.js.api.Header on a reply with headers (no responders); the
+    daemons' KV use imports all of nats.js: both against a real nats-server."""
+    code = f"""
+import asyncio, sys
+import hfai.api.client
+import nats, nats.errors
+
+async def main():
+    nc = await nats.connect({nats_url!r})
+    try:
+        await nc.request("nobody.listens.here", b"", timeout=5)
+    except nats.errors.NoRespondersError:
+        print("NO RESPONDERS")
+    assert "nats.js.api" in sys.modules
+    js = nc.jetstream()
+    kv = await js.create_key_value(bucket="light")
+    await kv.put("k", b"v")
+    print("KV", (await kv.get("k")).value.decode())
+    await nc.close()
+
+asyncio.run(main())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["NO RESPONDERS", "KV v"]
 
 
 def test_aiohttp_stays_importable_and_a_websocket_url_gets_its_transport_back():
