@@ -1,7 +1,8 @@
 """The ``hfai`` command: the group, and where each of its commands lives.
 
-Light on purpose: every command's module is imported only when that command runs (or its help is
-shown), so ``hfai --help`` never imports torch, nor nats. User mistakes end with one line on
+Light on purpose: every command's module is imported only when that command runs (or its own help
+is shown); ``hfai --help`` lists the commands from :data:`SUMMARIES` and imports none of them (no
+protocol, asyncio, nats or torch: a third of its time otherwise). User mistakes end with one line on
 stderr and a non-zero exit, not a traceback (hfai.cli.errors).
 
     cli/submit.py     hfai submit, hfai python
@@ -51,10 +52,69 @@ LAZY_COMMANDS = {
     "env": ("hfai.cli.env", "env"),
 }
 
+#: command name -> the first sentence of its help, which ``hfai --help`` shortens to the terminal's
+#: width as click does (tests/test_cli_latency.py checks each against the command's own help).
+SUMMARIES = {
+    "python": "Run FILE with python: on the cluster if hfai options follow `--`, else here.",
+    "submit": "Submit any COMMAND (python file.py ..., bash file.sh, an executable) as a job.",
+    "ps": "List jobs (the active ones, by default everyone's): id, name, user, nodes (an elastic job: held of "
+          "MIN-MAX), priority, state, suspend count, age, why.",
+    "status": "Show one job (by id or name): state, why, nodes, run time, hold, dependencies, limits, history.",
+    "stop": "Stop jobs (each by id or name, or a whole job array by its id or name): waiting jobs at once, running "
+            "ones through their nodes' agents.",
+    "nodes": "Nodes: state, GPUs busy, utilisation, memory, jobs, and why a node is drained or down (a down node's "
+             "figures, in parentheses, are from its last heartbeat).",
+    "logs": "Print a job's output (stdout and stderr of one rank, all its runs).",
+    "exec": "Run COMMAND in the running JOB's environment and workdir, as its user, on the node of RANK.",
+    "shell": "An interactive shell (or COMMAND) under a terminal in the running JOB, on the node of RANK.",
+    "hold": "Keep waiting JOBs (ids or names; a job array by its id or name: its waiting members) from starting "
+            "until `hfai release`.",
+    "release": "Let held JOBs (or a job array's held members) start again (they keep their place in line).",
+    "requeue": "Interrupt a running JOB like a preemption (it checkpoints) and put it back in line.",
+    "update": "Change waiting JOBs' priority or node count (checked like a new submission); a job array (its id or "
+              "name): its waiting members.",
+    "estimate": "When the waiting jobs would start if every job ran exactly its time limit (-t) and nothing new "
+                "arrived: a forward replay of the live policy (priorities, slices, holds, dependencies).",
+    "admin": "Operators: issue and revoke credentials (needs the issuer keys: $HFAI_ISSUER).",
+    "quota": "Node quotas per (user, priority, group).",
+    "node": "Take nodes out of service and back (operators).",
+    "controller": "Run a controller replica (same as `hfai-controller`): it serves the API, and schedules while it "
+                  "holds the lease.",
+    "agent": "Run this node's agent (same as `hfai-agent`): it runs the jobs the leader assigns to the node ([agent] "
+             "node, default the host name) and reports them.",
+    "local": "A whole cluster on this machine: NATS, a controller, N agents with simulated GPUs.",
+    "data": "Pack, inspect, verify and convert ffrecord datasets (.ffr files and directories of them).",
+    "sim": "Replay a job trace in virtual time through the live scheduling policy and baselines.",
+    "usage": "GPU-hours per day, user, group and priority (everyone's, like the queue).",
+    "workspace": "Sync a project directory to the cluster; jobs submitted from it run in the cluster's copy.",
+    "dataset": "Public and group-private datasets, read-only to jobs.",
+    "env": "Virtualenvs in the nodes' environment root (the original's haienv).",
+    "dev": "Development sessions: JupyterLab on the cluster, opened through hfai-web.",
+}
+
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def format_commands(self, ctx, formatter):
+        """click's listing, from :data:`SUMMARIES` where it has the command (click itself would import
+        every command's module for its help); a command without one is imported for it."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            if name in LAZY_COMMANDS and name in SUMMARIES:
+                rows.append((name, click.Command(name, help=SUMMARIES[name]).get_short_help_str(limit)))
+                continue
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def get_command(self, ctx, name):
         if name in LAZY_COMMANDS:

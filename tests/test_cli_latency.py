@@ -93,3 +93,41 @@ def test_help_imports_neither_nats_nor_aiohttp():
     assert r.returncode == 0 and "Usage" in r.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if "|" in line}
     assert not {"nats", "torch", "aiohttp"} & imported
+
+
+def test_help_imports_no_commands_module():
+    code = ("import sys; from click.testing import CliRunner; from hfai.cli.main import main; "
+            "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in sys.modules if m.startswith(('hfai.cli.', 'hfai.protocol', 'asyncio'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert eval(r.stdout) == ["hfai.cli.main"]
+
+
+@pytest.mark.parametrize("width", [50, 80, 200])
+def test_help_lists_each_command_as_clicks_own_listing_would(width):
+    """The summaries in cli/main.py stand in for each command's own help: a command added or
+    reworded without its summary fails here."""
+    import click
+    from click.testing import CliRunner
+
+    from hfai.cli import main as cli_main
+
+    ctx = click.Context(cli_main.main)
+    for name in cli_main.LAZY_COMMANDS:
+        cmd = cli_main.main.get_command(ctx, name)
+        assert cmd is not None and not cmd.hidden, name
+        assert name in cli_main.SUMMARIES, f"cli/main.py SUMMARIES has no {name!r}"
+        for limit in (20, 45, 70, 150):
+            ours = click.Command(name, help=cli_main.SUMMARIES[name]).get_short_help_str(limit)
+            assert ours == cmd.get_short_help_str(limit), name
+
+    class ClicksOwn(cli_main.LazyGroup):
+        format_commands = click.Group.format_commands
+
+    own = ClicksOwn(name="hfai", callback=cli_main.main.callback, params=cli_main.main.params,
+                    help=cli_main.main.help, context_settings=cli_main.main.context_settings)
+    ours = CliRunner().invoke(cli_main.main, ["--help"], prog_name="hfai", terminal_width=width)
+    theirs = CliRunner().invoke(own, ["--help"], prog_name="hfai", terminal_width=width)
+    assert ours.exit_code == theirs.exit_code == 0
+    assert ours.output == theirs.output
