@@ -54,7 +54,10 @@ def job_command(ra: RunAssignment, who: JobIdentity, *, node: str, control_dir: 
 def base_environment(run_as: str) -> dict[str, str]:
     """What a job inherits from the agent's environment."""
     if run_as != RUN_AS_SUBMITTER:
-        return dict(os.environ)  # the job is the agent's own account: nothing to hold back
+        # The job is the agent's own account: nothing to hold back but the agent's credentials,
+        # so that the job's hfai commands act as its user ([nats] creds_dir/<user>.creds, as any
+        # CLI finds them), never as the node.
+        return {k: v for k, v in os.environ.items() if k != "HFAI_NATS_CREDS"}
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("HFAI_", "SUDO_")) and k not in _AGENT_ONLY}
 

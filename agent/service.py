@@ -38,6 +38,7 @@ from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
 from hfai._version import __version__
 from hfai.agent import safefs
+from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.identity import check_run_as
@@ -115,6 +116,7 @@ class Agent:
         self._refused_in_snapshot = False
         self._wake = asyncio.Event()
         self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s)
+        self.dev = DevSessions(self.node, self.store)
         self._trash = asyncio.Event()  # set when a run's directories were moved to the trash
         self._supervisor = Supervisor()
         self._nc: Client | None = None
@@ -131,6 +133,7 @@ class Agent:
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self._log_sub = await nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
         await self.ops.serve(nc)
+        await self.dev.serve(nc)
         await self._start_metrics()
         await self._first_heartbeat()
         spawn = self._supervisor.spawn

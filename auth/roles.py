@@ -98,6 +98,7 @@ def _web(name: str, inbox: str) -> Permissions:
         f"{js}.CONSUMER.DELETE.{stream}.>",
         f"{js}.CONSUMER.INFO.{stream}.>",
         f"$JS.FC.{stream}.>",
+        f"{names.AGENT_PREFIX}.*.dev",  # where a development session listens (the agent checks its owner)
     )
     return Permissions(pub=pub, sub=(f"{inbox}.>",))
 

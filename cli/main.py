@@ -10,7 +10,7 @@ stderr and a non-zero exit, not a traceback (hfai.cli.errors).
     cli/control.py    hfai hold, release, requeue, update, estimate
     cli/admin.py      hfai admin (credentials), quota, node, and the daemons: controller, agent
     cli/local_commands.py   hfai local
-    cli/<group>.py    hfai data, sim, usage, workspace, dataset, env
+    cli/<group>.py    hfai data, sim, usage, workspace, dataset, env, dev
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ LAZY_COMMANDS = {
     "workspace": ("hfai.cli.workspace", "workspace"),
     "dataset": ("hfai.cli.dataset", "dataset"),
     "env": ("hfai.cli.env", "env"),
+    "dev": ("hfai.cli.dev", "dev"),
 }
 
 #: command name -> the first sentence of its help, which ``hfai --help`` shortens to the terminal's

@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from hfai import _nats
-from hfai.config import ControllerConfig
+from hfai.config import ControllerConfig, DevConfig
 from hfai.controller import transitions
 from hfai.controller.node_pages import NodePages
 from hfai.controller.nodes import NodeTracker
@@ -36,6 +36,7 @@ from hfai.protocol.codec import Encoded, pack
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_for_code
 from hfai.protocol.types import (
     AUTO_PRIORITY,
+    JOB_DEV,
     ChainState,
     DrainedNodes,
     DrainRequest,
@@ -94,7 +95,8 @@ class ApiService:
     def __init__(self, jobs_kv: KeyValue, jobs: KVCache[JobRecord], nodes: NodeTracker,
                  on_submit: Callable[[], None] | None = None, settings_kv: KeyValue | None = None,
                  settings: KVCache | None = None, config: ControllerConfig | None = None,
-                 request: Callable[[str, bytes, float], Awaitable[bytes]] | None = None):
+                 request: Callable[[str, bytes, float], Awaitable[bytes]] | None = None,
+                 dev: DevConfig | None = None):
         self._kv = jobs_kv
         self._jobs = jobs
         self._nodes = nodes
@@ -103,6 +105,7 @@ class ApiService:
         self._settings_kv = settings_kv
         self._settings = settings
         self._config = config or ControllerConfig()
+        self._dev = dev or DevConfig()
         self._request = request  # NATS request/reply, to relay log requests to the agents
         # Each handler takes the request type it is listed with (hence Any).
         self._handlers: dict[str, tuple[type, Callable[[Caller, Any], Awaitable[object]]]] = {
@@ -143,7 +146,7 @@ class ApiService:
 
     async def submit(self, caller: Caller, req: SubmitRequest) -> JobReply:
         user = caller.user
-        from hfai.controller.validate import check_quota
+        from hfai.controller.validate import check_dev_limit, check_quota
 
         restricted = self._setting(names.RESTRICTED_KEY, RestrictedUsers).users.get(user)
         if restricted is not None:
@@ -154,6 +157,12 @@ class ApiService:
             views = [job_view(j) for j in self._jobs.values.values() if not j.state.final]
             spec = replace(spec, priority=resolve_auto(user, spec.group, spec.nodes, views, quotas))
         check_quota(spec, quotas)
+        if spec.kind == JOB_DEV:
+            if req.array:
+                raise InvalidRequest("a development session cannot be a job array")
+            live = sum(1 for j in self._jobs.values.values()
+                       if j.spec.user == user and j.spec.kind == JOB_DEV and not j.state.final)
+            check_dev_limit(spec, live, self._dev.max_per_user)
         if not req.force:
             for j in self._jobs.values.values():
                 if j.spec.user == user and j.spec.name == spec.name and not j.state.final:

@@ -76,7 +76,7 @@ class Controller:
         self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s, self.settings)
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
                               settings_kv=buckets.users, settings=self.settings, config=self.config.controller,
-                              request=self._relay)
+                              request=self._relay, dev=self.config.dev)
         cc = self.config.controller
         # Probes as this replica (the key is a KV token: no dots in an id made of a host name).
         self.store_probe = StoreProbe(js, _probe_key(self.id), self.config.nats.replicas, cc.store_probe_s,

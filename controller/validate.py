@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 from hfai.controller.policy import Quotas
 from hfai.protocol import encode, names
-from hfai.protocol.errors import InvalidRequest
-from hfai.protocol.types import AUTO_PRIORITY, JobSpec, NodeRecord, Priority
+from hfai.protocol.errors import Conflict, InvalidRequest
+from hfai.protocol.types import AUTO_PRIORITY, JOB_DEV, JOB_KINDS, JobSpec, NodeRecord, Priority
 
 MAX_NAME = 128
 # Far above any cluster we can imagine, far below what breaks arithmetic or memory in the policy.
@@ -112,10 +112,27 @@ def check_sizes(spec: JobSpec) -> None:
                                  f"(got {spec.min_nodes}:{spec.max_nodes}, nodes {spec.nodes})")
 
 
+def check_kind(spec: JobSpec) -> None:
+    """A known kind; a development session runs on one node, at a fixed size."""
+    if spec.kind not in JOB_KINDS:
+        raise InvalidRequest(f"unknown job kind {show(spec.kind)}: use one of {', '.join(JOB_KINDS)}")
+    if spec.kind == JOB_DEV and (spec.nodes != 1 or spec.elastic):
+        raise InvalidRequest(f"a development session runs on 1 node, not {spec.nodes}")
+
+
+def check_dev_limit(spec: JobSpec, live: int, max_per_user: int) -> None:
+    """Refuse a development session over ``[dev] max_per_user`` (``live``: the user's sessions
+    queued or running now)."""
+    if spec.kind == JOB_DEV and live >= max_per_user:
+        raise Conflict(f"{spec.user} already has {live} development session{'s' if live != 1 else ''} "
+                       f"(at most {max_per_user} at once): stop one first (hfai dev list, hfai dev stop NAME)")
+
+
 def check_spec(spec: JobSpec) -> JobSpec:
     """Everything about a spec that does not depend on the cluster; returns it unchanged."""
     check_name(spec.name)
     check_sizes(spec)
+    check_kind(spec)
     if spec.priority not in _PRIORITIES:
         raise InvalidRequest(f"unknown priority {spec.priority}: use {Priority.choices()}")
     if not names.is_token(spec.group):

@@ -44,6 +44,9 @@ function query(){const p=new URLSearchParams({sort:sort, desc:desc?'1':'0'});
 async function load(){const b=await getJSON('/api/jobs?'+query()); const tb=document.getElementById('rows');
   tb.replaceChildren(...b.jobs.map(j=>{const tr=el('tr'); tr.dataset.id=j.id; tr.dataset.state=j.state;
     const a=el('a',j.name); a.href='/jobs/'+encodeURIComponent(j.id); const td=el('td'); td.append(a);
+    if(j.kind==='dev' && j.user===ME && j.state==='running'){  // a development session: JupyterLab
+      const o=el('a','Open','open'); o.href='/dev/'+encodeURIComponent(j.id)+'/'; o.target='_blank';
+      td.append(' ', o);}
     tr.append(el('td',j.id), td, el('td',j.user), el('td',j.priority), el('td',j.state,'state-'+j.state),
       el('td',String(j.nodes)), el('td',String(j.suspends)), el('td',ago(j.submitted)), el('td',j.reason));
     return tr;}));
@@ -224,7 +227,9 @@ def jobs_page(user: str, poll_s: float) -> str:
         ("id", "id"), ("name", "name"), ("user", "user"), ("priority", "priority"), ("state", "state"),
         ("nodes", "nodes"), ("suspends", "suspends"), ("submitted", "age"))) + "<th>why</th>"
     body = _filters() + f"<table id='jobs'><thead><tr>{heads}</tr></thead><tbody id='rows'></tbody></table>"
-    return layout("Jobs", body, user, JOBS_JS, poll_s)
+    import json
+
+    return layout("Jobs", body, user, f"const ME={json.dumps(user)};" + JOBS_JS, poll_s)
 
 
 def job_page(user: str, job_id: str, poll_s: float, name: str = "", owner: str = "", may_act: bool = False) -> str:

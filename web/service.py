@@ -21,6 +21,7 @@ from hfai.controller.usage import csv_lines, totals
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable
 from hfai.protocol.types import ListRequest, UsageRow
 from hfai.web import assets, pages, views
+from hfai.web.devproxy import DevProxy
 from hfai.web.series import cluster_series, gpu_lines, heat_map, job_gpu
 from hfai.web.sessions import COOKIE, Session, Sessions
 from hfai.web.telemetry import TelemetryHistory
@@ -49,6 +50,7 @@ class WebService:
         self._supervisor = Supervisor()
         self._runner: web.AppRunner | None = None
         self._nc: Client | None = None
+        self.devproxy = DevProxy(lambda: self._nc, _session, COOKIE)
         self.port = 0
         self._closed = False
 
@@ -78,6 +80,7 @@ class WebService:
         await self._supervisor.stop()
         await self.sessions.close()
         await self.assets.close()
+        await self.devproxy.close()
         if self._nc is not None:
             await self._nc.close()
 
@@ -103,6 +106,7 @@ class WebService:
         r.add_get("/api/nodes", self.api_nodes)
         r.add_get("/api/cluster", self.api_cluster)
         r.add_get("/api/usage", self.api_usage)
+        self.devproxy.add_routes(r)  # /dev/<session>/...: development sessions (web/devproxy.py)
         return app
 
     async def home(self, _request: web.Request) -> web.StreamResponse:

@@ -24,7 +24,8 @@ SORT_KEYS = {
 def job_row(j: JobRecord) -> dict:
     return {"id": j.id, "name": j.spec.name, "user": j.spec.user, "group": j.spec.group,
             "priority": Priority.label(j.spec.priority), "state": j.state.value, "nodes": j.spec.nodes,
-            "on": list(j.nodes), "suspends": j.suspend_count, "submitted": j.submit_ts, "reason": describe(j)}
+            "on": list(j.nodes), "suspends": j.suspend_count, "submitted": j.submit_ts, "reason": describe(j),
+            "kind": j.spec.kind}
 
 
 def job_rows(jobs: Iterable[JobRecord], user: str = "", state: str = "", priority: str = "", name: str = "",

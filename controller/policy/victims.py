@@ -55,7 +55,9 @@ class VictimPool:
             level.jobs.append(j)
             n = len(j.held)
             level.nodes += n
-            if j.started_ts <= cutoff:
+            if j.dev:
+                pass  # a development session is never time-sliced: only a higher priority takes it
+            elif j.started_ts <= cutoff:
                 level.sliceable.append(j)
                 level.slice_nodes += n
             else:

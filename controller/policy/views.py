@@ -105,6 +105,8 @@ class JobView:
     queued_ts: float = 0.0
     #: Submitted by an operator: the levels closed by default (Quotas.closed_above) are open to it.
     exempt: bool = False
+    #: A development session (JobSpec.kind "dev"): never time-sliced (docs/scheduling.md).
+    dev: bool = False
     # Worked out once per view (a round reads them millions of times in a replay):
     lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
     hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use
