@@ -79,7 +79,8 @@ class Operations:
 
     async def serve(self, nc) -> None:
         """Answer this node's operation requests on ``nc`` (until it is drained)."""
-        await nc.subscribe(names.agent_ops_wildcard(self.node), cb=self._on_request)
+        for verb in names.AGENT_OPS:
+            await nc.subscribe(names.agent_op_wildcard(self.node, verb), cb=self._on_request)
 
     def wanted(self, desired: dict[str, RunAssignment], local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
         """What the agent's plan works from: ``desired`` itself, or every run suspended under a hold."""

@@ -1,7 +1,8 @@
 """The node agent: heartbeats with telemetry, watches its node's desired state, reconciles.
 
 Tasks (all owned, all cancelled on close): heartbeat, assignment watch, reconcile loop, log
-clean-up and trash; requests for logs are served by a subscription. The tasks are supervised: one
+clean-up, trash and the exec sessions' watch; requests for logs, operator operations and exec
+sessions (agent/exec.py) are served by subscriptions. The tasks are supervised: one
 that ends before close (a fault of our own, such as a state file it cannot write) fails the agent,
 which then exits non-zero for systemd to restart it, rather than heartbeat on while doing nothing.
 Events go to the durable stream with a ``Nats-Msg-Id`` so a retried publish is never counted twice;
@@ -40,6 +41,7 @@ from hfai._version import __version__
 from hfai.agent import safefs
 from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
+from hfai.agent.exec import ExecService
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
@@ -116,6 +118,9 @@ class Agent:
         self._refused_in_snapshot = False
         self._wake = asyncio.Event()
         self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s)
+        self.execs = ExecService(self.node, self.store, idle_s=self.ac.exec_idle_s, drain_s=self.ac.exec_drain_s,
+                                 chunk_bytes=self.ac.exec_chunk_bytes, window=self.ac.exec_window,
+                                 poll_s=self.ac.exec_poll_s, clock=clock)
         self.dev = DevSessions(self.node, self.store)
         self._trash = asyncio.Event()  # set when a run's directories were moved to the trash
         self._supervisor = Supervisor()
@@ -133,6 +138,7 @@ class Agent:
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self._log_sub = await nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
         await self.ops.serve(nc)
+        await self.execs.serve(nc)
         await self.dev.serve(nc)
         await self._start_metrics()
         await self._first_heartbeat()
@@ -142,6 +148,7 @@ class Agent:
         spawn(self._reconcile_loop(), "reconcile")
         spawn(self._log_gc_loop(), "log-gc")
         spawn(self._trash_loop(), "trash")
+        spawn(self.execs.watch(), "exec-watch")
         adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
         log.info("agent %s up (gpus: %s, address %s)%s", self.node, self.gpus.name, self.address,
                  f"; adopted running runs {adopted}" if adopted else "")
@@ -165,6 +172,7 @@ class Agent:
             return
         self._closed = True
         await self._supervisor.stop()
+        await self.execs.close()  # while the connection can still tell their callers
         loop = asyncio.get_running_loop()
         for fd in list(self._pidfds):
             loop.remove_reader(fd)

@@ -47,11 +47,13 @@ def permissions(role: Role, name: str) -> Permissions:
     names.check_token("name", name)
     inbox = names.inbox_prefix(role.value, name)
     if role in (Role.USER, Role.OPERATOR):
-        pub = [names.api_subject(name, "*"), names.storage_subject(name, "*")]
+        exec_ = f"{names.AGENT_PREFIX}.*.{names.EXEC_TOKEN}.{name}"  # hfai exec on any node, under their name
+        pub = [names.api_subject(name, "*"), names.storage_subject(name, "*"), exec_,
+               f"{exec_}.*.{names.EXEC_IN}"]
         if role is Role.OPERATOR:
             pub += [names.api_subject(name, "*", operator=True), names.storage_subject(name, "*", operator=True),
                     f"{names.AGENT_PREFIX}.*.{names.OPERATOR_TOKEN}.{name}.*"]  # any node's agent operations
-        return Permissions(pub=tuple(pub), sub=(f"{inbox}.>",))
+        return Permissions(pub=tuple(pub), sub=(f"{inbox}.>", f"{exec_}.*.{names.EXEC_OUT}"))
     if role is Role.AGENT:
         return _agent(name, inbox)
     if role is Role.WEB:
@@ -62,7 +64,8 @@ def permissions(role: Role, name: str) -> Permissions:
 def _agent(node: str, inbox: str) -> Permissions:
     """A node's agent: its own heartbeat, telemetry and events; read access to the assignment
     bucket (ordered consumers on it cannot be filtered by permissions, so it may read other
-    nodes' assignments, never write them); requests for its log service."""
+    nodes' assignments, never write them); requests for its log service and exec sessions, and
+    the output of those sessions."""
     assign, nodes_kv = _kv(names.BUCKET_ASSIGN), _kv(names.BUCKET_NODES)
     js = "$JS.API"
     pub = (
@@ -80,6 +83,7 @@ def _agent(node: str, inbox: str) -> Permissions:
         f"{js}.DIRECT.GET.{assign}.>",
         f"{js}.STREAM.MSG.GET.{assign}",
         f"$JS.FC.{assign}.>",
+        f"{names.AGENT_PREFIX}.{node}.{names.EXEC_TOKEN}.*.*.{names.EXEC_OUT}",  # its exec sessions' output
     )
     return Permissions(pub=pub, sub=(f"{inbox}.>", f"{names.AGENT_PREFIX}.{node}.>"), responses=True)
 

@@ -8,6 +8,7 @@ stderr and a non-zero exit, not a traceback (hfai.cli.errors).
     cli/submit.py     hfai submit, hfai python
     cli/jobs.py       hfai ps, status, stop, nodes, logs
     cli/control.py    hfai hold, release, requeue, update, estimate
+    cli/exec.py       hfai exec, shell
     cli/admin.py      hfai admin (credentials), quota, node, and the daemons: controller, agent
     cli/local_commands.py   hfai local
     cli/<group>.py    hfai data, sim, usage, workspace, dataset, env, dev
@@ -30,6 +31,9 @@ LAZY_COMMANDS = {
     "stop": ("hfai.cli.jobs", "stop"),
     "nodes": ("hfai.cli.jobs", "nodes"),
     "logs": ("hfai.cli.jobs", "logs"),
+    # Commands inside a running job (cli/exec.py).
+    "exec": ("hfai.cli.exec", "exec_cmd"),
+    "shell": ("hfai.cli.exec", "shell"),
     # Changing jobs after submit (cli/control.py).
     "hold": ("hfai.cli.control", "hold"),
     "release": ("hfai.cli.control", "release"),

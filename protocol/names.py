@@ -142,9 +142,10 @@ def agent_op_subject(node: str, user: str, verb: str) -> str:
     return f"{AGENT_PREFIX}.{check_token('node name', node)}.{OPERATOR_TOKEN}.{check_token('user name', user)}.{verb}"
 
 
-def agent_ops_wildcard(node: str) -> str:
-    """What one node's agent subscribes to for operator operations."""
-    return f"{AGENT_PREFIX}.{node}.{OPERATOR_TOKEN}.*.*"
+def agent_op_wildcard(node: str, verb: str) -> str:
+    """What one node's agent subscribes to for the operator operation ``verb`` (one subscription
+    per verb: each verb has its own server in the agent)."""
+    return f"{AGENT_PREFIX}.{node}.{OPERATOR_TOKEN}.*.{verb}"
 
 
 def parse_agent_op_subject(subject: str) -> tuple[str, str, str]:
@@ -159,3 +160,44 @@ def agent_dev_subject(node: str) -> str:
     """Where hfai-web asks one node's agent for a development session's address (only hfai-web
     and the controllers may publish there, hfai.auth.roles)."""
     return f"{AGENT_PREFIX}.{check_token('node name', node)}.dev"
+
+
+# Commands in a running job's processes (hfai exec, hfai shell; agent/exec.py). A user asks on
+# hfai.agent.<node>.exec.<user>, which every user may publish under their own name (the agent
+# admits the job's owner alone); an operator on the operator operation hfai.agent.<node>.op.<user>.exec
+# (any job). A session's bytes travel on hfai.agent.<node>.exec.<user>.<session>.out (agent to
+# caller) and .in (caller to agent), named after the caller, whom NATS alone lets subscribe to
+# the one and publish on the other: nobody else reads or types into a session.
+AGENT_OP_EXEC = "exec"
+EXEC_TOKEN = "exec"
+EXEC_OUT = "out"
+EXEC_IN = "in"
+
+
+def agent_exec_subject(node: str, user: str) -> str:
+    """Where a user asks ``node``'s agent for a command in a job's processes."""
+    return f"{AGENT_PREFIX}.{check_token('node name', node)}.{EXEC_TOKEN}.{check_token('user name', user)}"
+
+
+def agent_exec_wildcard(node: str) -> str:
+    """What one node's agent subscribes to for users' exec requests."""
+    return f"{AGENT_PREFIX}.{node}.{EXEC_TOKEN}.*"
+
+
+def parse_agent_exec_subject(subject: str) -> tuple[str, str, bool]:
+    """(node, user, operator) of an exec request's subject; raises InvalidRequest for anything else."""
+    parts = subject.split(".")
+    if ".".join(parts[:2]) == AGENT_PREFIX and len(parts) == 5 and parts[3] == EXEC_TOKEN:
+        return parts[2], parts[4], False
+    node, user, verb = parse_agent_op_subject(subject)
+    if verb != AGENT_OP_EXEC:
+        raise InvalidRequest(f"not an exec request's subject: {subject[:200]}")
+    return node, user, True
+
+
+def exec_stream_subject(node: str, user: str, session: str, direction: str) -> str:
+    """The subject of one direction (EXEC_OUT or EXEC_IN) of ``user``'s exec session on ``node``."""
+    if direction not in (EXEC_OUT, EXEC_IN):
+        raise InvalidRequest(f"an exec session has no direction {direction!r}")
+    return (f"{AGENT_PREFIX}.{check_token('node name', node)}.{EXEC_TOKEN}.{check_token('user name', user)}."
+            f"{check_token('exec session', session)}.{direction}")

@@ -794,3 +794,84 @@ class DevSessionReply:
     address: str = ""
     port: int = 0
     token: str = ""
+
+
+# ------------------------------------------------------- commands in a job's processes (hfai exec)
+
+@message("exec_request")
+class ExecRequest:
+    """Run ``argv`` on this node as the job's user, in its workdir and environment, next to rank
+    ``rank`` of job ``job_id`` (agent/exec.py). Empty ``argv``: the user's shell. ``tty``: under a
+    pseudo-terminal of ``rows`` x ``cols`` with ``TERM=term`` (stdin always forwarded); else with
+    pipes, stdin forwarded only if ``stdin``. ``session`` names the session's subjects
+    (protocol.names.exec_stream_subject); the caller subscribes to its output before asking."""
+
+    KIND: ClassVar[str]
+    job_id: str
+    rank: int
+    session: str
+    argv: tuple[str, ...] = ()
+    tty: bool = False
+    stdin: bool = False
+    rows: int = 24
+    cols: int = 80
+    term: str = "xterm"
+
+
+@message("exec_started")
+class ExecStarted:
+    """The agent's answer: the session runs (``pid`` on ``node``, beside run ``run``). The caller
+    keeps it alive with an :class:`ExecInput` at least every ``idle_s`` (it sends one every third
+    of it), and acknowledges output so that no more than ``window`` chunks are unacknowledged
+    (the agent stops reading the command's output meanwhile)."""
+
+    KIND: ClassVar[str]
+    session: str
+    node: str
+    run: str
+    pid: int
+    idle_s: float
+    window: int
+
+
+@message("exec_output")
+class ExecOutput:
+    """Bytes the command wrote (``stream`` 1: stdout or the terminal, 2: stderr), numbered from 0
+    in the order sent. Empty ``data``: the agent is alive, the command quiet."""
+
+    KIND: ClassVar[str]
+    session: str
+    seq: int
+    data: bytes = b""
+    stream: int = 1
+
+
+@message("exec_exit")
+class ExecExit:
+    """The command ended with ``exit_code`` (128+N: killed by signal N) after ``seq`` output chunks
+    (0..seq-1); ``reason`` says why the platform ended it, if it did (the job's run ended, the
+    caller went silent)."""
+
+    KIND: ClassVar[str]
+    session: str
+    seq: int
+    exit_code: int
+    reason: str = ""
+
+
+@message("exec_input")
+class ExecInput:
+    """From the caller: ``data`` for the command's stdin (``eof``: no more), a new terminal size
+    (``rows``/``cols``, 0: unchanged), a signal for the command's process group (0: none),
+    ``acked`` the newest output chunk received (-1: none yet), ``close``: the caller is leaving
+    (the command is killed). Empty, it only says the caller is still there."""
+
+    KIND: ClassVar[str]
+    session: str
+    data: bytes = b""
+    eof: bool = False
+    rows: int = 0
+    cols: int = 0
+    signal: int = 0
+    acked: int = -1
+    close: bool = False

@@ -167,6 +167,16 @@ class AgentConfig:
     # With less free than this in state_dir's filesystem (or a write there refused for space) the
     # agent drains its node itself, saying why; it takes work again once 1.5 times this is free.
     state_min_free_bytes: int = 64 * 1024 * 1024
+    # hfai exec / hfai shell (agent/exec.py): a session whose caller sent nothing for exec_idle_s
+    # is killed (the caller sends something every third of it); after the command exits its
+    # output is read for up to exec_drain_s more (a background process may hold it open); output
+    # goes in chunks of at most exec_chunk_bytes (below NATS's max_payload), at most exec_window
+    # of them unacknowledged; every exec_poll_s the agent kills what sessions left of runs that ended.
+    exec_idle_s: float = 30.0
+    exec_drain_s: float = 0.5
+    exec_chunk_bytes: int = 64 * 1024
+    exec_window: int = 64
+    exec_poll_s: float = 1.0
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]

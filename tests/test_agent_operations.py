@@ -71,7 +71,7 @@ def test_the_subject_names_node_operator_and_verb_and_only_operators_may_publish
     with pytest.raises(InvalidRequest):
         names.agent_op_subject("node.0", "root", names.AGENT_OP_SUSPEND)
     assert "hfai.agent.*.op.root.*" in permissions(Role.OPERATOR, "root").pub
-    assert not any(p.startswith(names.AGENT_PREFIX) for p in permissions(Role.USER, "bob").pub)
+    assert not any(f".{names.OPERATOR_TOKEN}." in p for p in permissions(Role.USER, "bob").pub)
     assert "hfai.agent.node-0.>" in permissions(Role.AGENT, "node-0").sub  # the agent hears them
     req = NodeSuspendRequest(ack_window_s=0.0, kill_window_s=2.0, wait_s=45.0)
     assert decode(encode(req), NodeSuspendRequest) == req and NodeSuspendRequest().ack_window_s is None
