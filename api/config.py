@@ -7,7 +7,6 @@ same file ``hfai.cli.local.LocalCluster`` writes, without importing the local cl
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 from pathlib import Path
@@ -38,7 +37,11 @@ def read_local_state(root: Path | None = None) -> dict[str, Any] | None:
 
 
 def current_user() -> str:
-    return os.environ.get("HFAI_USER") or getpass.getuser()
+    if user := os.environ.get("HFAI_USER"):
+        return user
+    import getpass  # here: it imports termios, which no other part of a CLI call needs
+
+    return getpass.getuser()
 
 
 def cli_config() -> Config:

@@ -35,8 +35,8 @@ def api() -> ApiClient:
 
 def terminal_width() -> int | None:
     """Columns of the terminal the output goes to ($COLUMNS wins), or None for a file or pipe."""
-    import shutil
-
     if os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty():
+        import shutil  # here: a pipe or file, as for most scripted calls, does without it
+
         return shutil.get_terminal_size().columns
     return None

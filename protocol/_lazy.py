@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
 _T = TypeVar("_T")
 
@@ -44,6 +44,7 @@ class _Pending:
         return getattr(self.owner if obj is None else obj, self.name)
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 def frozen_dataclass(cls: type[_T]) -> type[_T]:
     """``dataclass(frozen=True)(cls)``, done at the first use of the class rather than now."""
     pending = {name: _Pending(cls, name) for name in _NAMES if name not in cls.__dict__}

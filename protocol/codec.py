@@ -28,6 +28,7 @@ from typing import Any, TypeVar, overload
 import msgpack
 
 from hfai.protocol import types as t
+from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import ProtocolError
 
 PROTOCOL_VERSION = (1, 3)  # 1.1: paged list and nodes replies; 1.2: dependencies, arrays, holds, limits;
@@ -64,7 +65,7 @@ def encode(msg: Any) -> bytes:
 # encode_packed() wraps such a body in the envelope. The bytes are those encode() writes.
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen_dataclass
 class Encoded:
     """A message already encoded (by :func:`encode_packed`), which :func:`encode` hands on as it
     is: a handler may return it wherever its reply would be encoded."""

@@ -17,8 +17,10 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
+
+from hfai.protocol._lazy import frozen_dataclass
 
 
 class ReasonCode(enum.StrEnum):
@@ -56,7 +58,7 @@ class ReasonCode(enum.StrEnum):
     TEXT = "text"  # text
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Reason:
     """One reason: ``code`` (a :class:`ReasonCode` value) and its parameters."""
 
