@@ -4,8 +4,11 @@ A session (``hfai dev start``, a job of kind ``dev``) runs ``python -m hfai.agen
 its user, like any job: :func:`main` makes the user's notebooks directory
 (``<[dev] notebooks_root>/<user>/notebooks``, 0700), picks a free port on the node's address,
 makes a token, writes the three to ``dev.json`` in the run's control directory (0600, the user's
-and the agent's alone) and execs JupyterLab with them; the token reaches JupyterLab in its
-environment, never on a command line that ``ps`` shows to the node's other users.
+and the agent's alone) and runs JupyterLab with them in its own process; the token reaches
+JupyterLab in its environment, never on a command line that ``ps`` shows to the node's other users.
+A JupyterLab that stopped itself after ``[dev] idle_s`` without activity ends the process with
+:data:`~hfai.protocol.types.DEV_IDLE_EXIT`, so the controller records the session as stopped for
+idleness rather than succeeded (:func:`run_lab`).
 
 hfai-web proxies ``/dev/<job>/`` to that address: it asks the agent of the session's node on
 ``hfai.agent.<node>.dev`` (:class:`DevSessions`, only hfai-web and the controllers may publish
@@ -102,7 +105,42 @@ def main() -> None:
     print(f"hfai: development session {job_id} of {user}: JupyterLab on {address}:{port}, notebooks in {root}",
           flush=True)
     argv = jupyter_argv(sys.executable, address, port, job_id, root, config.dev.idle_s)
-    os.execv(argv[0], argv)
+    sys.exit(run_lab(argv[3:]))
+
+
+def run_lab(options: list[str]) -> int:
+    """Run JupyterLab (``python -m jupyterlab OPTIONS``) in this process until its server stops;
+    the exit status: :data:`~hfai.protocol.types.DEV_IDLE_EXIT` when the server stopped itself for
+    inactivity, 0 for any other stop (a signal, File > Shut Down).
+
+    Only jupyter_server's idle check (``shutdown_no_activity``, which stops the server once
+    ``shutdown_no_activity_timeout`` passed without kernels, terminals or requests) counts: a stop
+    called while that check runs is the idle one. Reading the server's log for its words would
+    break with any rewording; its exit status is 0 for every stop."""
+    from jupyter_server.serverapp import ServerApp
+    from jupyterlab.labapp import LabApp
+
+    from hfai.protocol.types import DEV_IDLE_EXIT
+
+    idle = {"checking": False, "stopped": False}
+
+    class SessionServer(ServerApp):
+        def shutdown_no_activity(self) -> None:
+            idle["checking"] = True
+            try:
+                super().shutdown_no_activity()
+            finally:
+                idle["checking"] = False
+
+        def stop(self, from_signal: bool = False) -> None:
+            if idle["checking"] and not from_signal:
+                idle["stopped"] = True
+            super().stop(from_signal)
+
+    # LabApp itself, not a subclass: an extension app names its package from its class's module.
+    LabApp.serverapp_class = SessionServer
+    LabApp.launch_instance(options)
+    return DEV_IDLE_EXIT if idle["stopped"] else 0
 
 
 class DevSessions:

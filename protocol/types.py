@@ -195,6 +195,10 @@ def message(kind: str) -> Callable[[type[_T]], type[_T]]:
 JOB_BATCH = "batch"
 JOB_DEV = "dev"
 JOB_KINDS = (JOB_BATCH, JOB_DEV)
+#: The exit status of a development session whose JupyterLab stopped itself after ``[dev] idle_s``
+#: without activity (hfai.agent.devsession.run_lab): the controller ends it as stopped for
+#: idleness. 75 is EX_TEMPFAIL, a status no Python or shell gives on its own.
+DEV_IDLE_EXIT = 75
 
 
 @message("job_spec")
