@@ -34,6 +34,7 @@ from hfai.kv import KVCache, cas_update, cas_value
 from hfai.protocol import decode, encode, names
 from hfai.protocol.codec import Encoded, pack
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_for_code
+from hfai.protocol.reasons import ReasonCode, reason
 from hfai.protocol.types import (
     AUTO_PRIORITY,
     JOB_DEV,
@@ -185,9 +186,10 @@ class ApiService:
         return JobReply(job=created[0], array_ids=tuple(r.id for r in created))
 
     async def _create(self, spec: JobSpec, user: str, now: float) -> JobRecord:
+        queued, submitted = reason(ReasonCode.QUEUED), reason(ReasonCode.SUBMITTED, by=user)
         record = JobRecord(
-            id=uuid.uuid4().hex[:10], spec=spec, state=ChainState.QUEUED, submit_ts=now, reason="queued",
-            history=(JobEvent(ts=now, state=ChainState.QUEUED, reason=f"submitted by {user}"),),
+            id=uuid.uuid4().hex[:10], spec=spec, state=ChainState.QUEUED, submit_ts=now, reason=queued.text(),
+            why=queued, history=(JobEvent(ts=now, state=ChainState.QUEUED, reason=submitted.text(), why=submitted),),
         )
         rev = await self._kv.create(record.id, encode(record))
         self._jobs.put_local(record.id, record, rev)

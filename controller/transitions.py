@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from hfai.controller.policy import Start, Suspend
 from hfai.protocol.errors import IllegalTransition
-from hfai.protocol.reasons import Reason, ReasonCode, reason
+from hfai.protocol.reasons import Reason, ReasonCode, describe, reason
 from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
 from hfai.protocol.types import evolve as replace  # fast: records have no __post_init__
 
@@ -35,7 +35,8 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
             return None
         return replace(job, acked=(*job.acked, ev.node))
     if ev.event is RunEventKind.START_FAILED:
-        return _finish(job, ChainState.FAILED, now, f"could not start on {ev.node}: {ev.message}")
+        return _finish(job, ChainState.FAILED, now,
+                       reason(ReasonCode.START_FAILED, node=ev.node, message=ev.message))
     # EXITED
     if ev.node in job.exits:
         return None
@@ -49,25 +50,25 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
     job = replace(job, exits=exits, whole_life_state=wls, acked=acked)
     rank = job.nodes.index(ev.node)
     if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
-        why = f"rank {rank} on {ev.node} exited with code {code}"
         if job.retried < job.spec.retries:
             # --retry: like an interruption, the other ranks are asked to stop first and the
             # job is requeued once every rank has exited (no rank outlives its restart).
-            why = f"{why}; retry {job.retried + 1} of {job.spec.retries}"
+            why = reason(ReasonCode.EXITED, rank=rank, node=ev.node, code=code, retry=job.retried + 1,
+                         retries=job.spec.retries)
             job = replace(job, retried=job.retried + 1, retry_ts=now)
             if len(exits) == len(job.nodes):
                 return requeue(job, now, why)
             return job.transition(ChainState.SUSPENDING, now, why)
         # One rank failing fails the gang; the other nodes lose the run from their assignment.
-        return _finish(job, ChainState.FAILED, now, why)
+        return _finish(job, ChainState.FAILED, now, reason(ReasonCode.EXITED, rank=rank, node=ev.node, code=code))
     if job.state is ChainState.RUNNING and ev.platform_stopped:
         # The platform stopped a rank (its launcher fenced the job when its agent went silent):
         # an interruption, never the user's failure. The other ranks are asked to suspend, and
         # the job is requeued once every rank has exited, so no rank outlives its restart.
-        why = f"rank {rank} on {ev.node} stopped by the platform: {ev.message or 'interrupted'}"
+        stopped = {"rank": rank, "node": ev.node, "message": ev.message}
         if len(exits) == len(job.nodes):
-            return requeue(job, now, f"{why}; requeued")
-        return job.transition(ChainState.SUSPENDING, now, why)
+            return requeue(job, now, reason(ReasonCode.PLATFORM_STOPPED, **stopped, requeued=1))
+        return job.transition(ChainState.SUSPENDING, now, reason(ReasonCode.PLATFORM_STOPPED, **stopped))
     if len(exits) < len(job.nodes):
         return job
     return _all_exited(job, now)
@@ -105,14 +106,15 @@ def _all_exited(job: JobRecord, now: float) -> JobRecord:
     if job.state is ChainState.SUSPENDING:
         if all(c == 0 for c in codes.values()) and not job.acked:
             # It finished its work before it saw the suspend request.
-            return _finish(job, ChainState.SUCCEEDED, now, "finished while being suspended")
+            return _finish(job, ChainState.SUCCEEDED, now, reason(ReasonCode.FINISHED_SUSPENDING))
         how = ReasonCode.ACKNOWLEDGED if len(job.acked) == len(job.nodes) else ReasonCode.NOT_ACKNOWLEDGED
-        return requeue(job, now, reason(how, cause=job.reason))
+        return requeue(job, now, reason(how, cause=describe(job)))
     if job.state is ChainState.STOPPING:
         return _finish(job, ChainState.STOPPED, now, job.why or job.reason or "stopped")
     if all(c == 0 for c in codes.values()):
-        return _finish(job, ChainState.SUCCEEDED, now, "all ranks exited 0")
-    return _finish(job, ChainState.FAILED, now, f"exit codes {codes}")
+        return _finish(job, ChainState.SUCCEEDED, now, reason(ReasonCode.SUCCEEDED))
+    listed = ", ".join(f"{n}={codes[n]}" for n in job.nodes if n in codes)
+    return _finish(job, ChainState.FAILED, now, reason(ReasonCode.EXIT_CODES, codes=listed))
 
 
 def _finish(job: JobRecord, state: ChainState, now: float, why: str | Reason) -> JobRecord:
@@ -192,7 +194,10 @@ def apply_hold(job: JobRecord, by: str, hold: bool) -> JobRecord:
             return job
         why = held_reason(job, by)
         return replace(job, hold=by, reason=why.text(), why=why)
-    return replace(job, hold="", reason="released", why=None) if job.hold else job
+    if not job.hold:
+        return job
+    why = reason(ReasonCode.RELEASED, by=by)
+    return replace(job, hold="", reason=why.text(), why=why)
 
 
 def held_reason(job: JobRecord, by: str | None = None) -> Reason:
@@ -203,7 +208,7 @@ def apply_requeue(job: JobRecord, now: float, by: str) -> JobRecord:
     """Interrupt a running job through the normal protocol; it keeps its place in line."""
     if job.state is not ChainState.RUNNING:
         raise IllegalTransition(f"job {job.id} is {job.state.value}: only a running job can be requeued")
-    return job.transition(ChainState.SUSPENDING, now, f"requeued by {by}")
+    return job.transition(ChainState.SUSPENDING, now, reason(ReasonCode.REQUEUED_BY, by=by))
 
 
 def apply_update(job: JobRecord, priority: int | None, nodes: int | None) -> JobRecord:
@@ -260,17 +265,18 @@ def apply_node_lost(job: JobRecord, node: str, now: float) -> JobRecord | None:
     if not job.state.holds_nodes or node not in job.nodes:
         return None
     if job.state is ChainState.STOPPING:
-        return _finish(job, ChainState.STOPPED, now, f"{job.reason}; node {node} lost")
-    return requeue(job, now, f"node {node} lost (no heartbeat); requeued")
+        return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.NODE_LOST, node=node, cause=describe(job)))
+    return requeue(job, now, reason(ReasonCode.NODE_LOST, node=node))
 
 
 def apply_stop(job: JobRecord, now: float, by: str) -> JobRecord | None:
     """A user's stop: waiting jobs stop at once, running ones are asked to stop."""
     if job.state.final or job.state is ChainState.STOPPING:
         return None
+    why = reason(ReasonCode.STOPPED_BY, by=by)
     if job.state.waiting:
-        return _finish(job, ChainState.STOPPED, now, f"stopped by {by}")
-    return job.transition(ChainState.STOPPING, now, f"stopped by {by}")
+        return _finish(job, ChainState.STOPPED, now, why)
+    return job.transition(ChainState.STOPPING, now, why)
 
 
 def expired(jobs: Iterable[JobRecord], now: float, retention_s: float) -> list[str]:

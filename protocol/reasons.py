@@ -54,6 +54,19 @@ class ReasonCode(enum.StrEnum):
     RESUMED = "resumed"  # nodes
     ACKNOWLEDGED = "acknowledged"  # cause (the interruption's text): every rank acknowledged
     NOT_ACKNOWLEDGED = "not_acknowledged"  # cause: some rank was stopped after the interrupt windows
+    NODE_LOST = "node_lost"  # node [, cause: the stop it ended; without one the job is requeued]
+    PLATFORM_STOPPED = "platform_stopped"  # rank, node, message [, requeued "1": every rank had exited]
+    EXITED = "exited"  # rank, node, code (not 0) [, retry, retries: the retry it gets]
+    START_FAILED = "start_failed"  # node, message
+    FINISHED_SUSPENDING = "finished_suspending"  # every rank exited 0 before it saw the interrupt
+    SUCCEEDED = "succeeded"
+    EXIT_CODES = "exit_codes"  # codes ("node=code, ...", rank order)
+    # -- people: who did what to the job
+    SUBMITTED = "submitted"  # by
+    QUEUED = "queued"
+    STOPPED_BY = "stopped_by"  # by
+    REQUEUED_BY = "requeued_by"  # by
+    RELEASED = "released"  # by
     # -- a reason that is only words (the simulator's baseline policies give these)
     TEXT = "text"  # text
 
@@ -76,7 +89,7 @@ class Reason:
         return (self.code, *(self.params.get(k, "") for k in keep))
 
 
-def reason(code: ReasonCode, **params: object) -> Reason:
+def reason(code: ReasonCode, /, **params: object) -> Reason:
     """A :class:`Reason` with its parameters written as strings."""
     return Reason(code.value, {k: v if type(v) is str else str(v) for k, v in params.items()})
 
@@ -140,6 +153,22 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
     ReasonCode.RESUMED: lambda p: f"resumed on {p['nodes']}",
     ReasonCode.ACKNOWLEDGED: lambda p: f"{p['cause']}; acknowledged",
     ReasonCode.NOT_ACKNOWLEDGED: lambda p: f"{p['cause']}; stopped after the interrupt windows",
+    ReasonCode.NODE_LOST: lambda p: (f"{p['cause']}; node {p['node']} lost" if p.get("cause")
+                                     else f"node {p['node']} lost (no heartbeat); requeued"),
+    ReasonCode.PLATFORM_STOPPED: lambda p: (f"rank {p['rank']} on {p['node']} stopped by the platform: "
+                                            f"{p.get('message') or 'interrupted'}"
+                                            + ("; requeued" if p.get("requeued") else "")),
+    ReasonCode.EXITED: lambda p: (f"rank {p['rank']} on {p['node']} exited with code {p['code']}"
+                                  + (f"; retry {p['retry']} of {p['retries']}" if p.get("retry") else "")),
+    ReasonCode.START_FAILED: lambda p: f"could not start on {p['node']}: {p['message']}",
+    ReasonCode.FINISHED_SUSPENDING: lambda p: "finished while being suspended",
+    ReasonCode.SUCCEEDED: lambda p: "all ranks exited 0",
+    ReasonCode.EXIT_CODES: lambda p: f"exit codes {p['codes']}",
+    ReasonCode.SUBMITTED: lambda p: f"submitted by {p['by']}",
+    ReasonCode.QUEUED: lambda p: "queued",
+    ReasonCode.STOPPED_BY: lambda p: f"stopped by {p['by']}",
+    ReasonCode.REQUEUED_BY: lambda p: f"requeued by {p['by']}",
+    ReasonCode.RELEASED: lambda p: f"released by {p['by']}" if p.get("by") else "released",
     ReasonCode.TEXT: lambda p: p["text"],
 }
 

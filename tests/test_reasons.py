@@ -13,7 +13,7 @@ from hfai.controller import transitions
 from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Wait, decide
 from hfai.protocol import decode, encode
 from hfai.protocol.reasons import RENDER, Reason, ReasonCode, describe, reason, render
-from hfai.protocol.types import ChainState, JobEvent, JobRecord, JobSpec
+from hfai.protocol.types import ChainState, JobEvent, JobRecord, JobSpec, RunEvent, RunEventKind
 from hfai.web.timeline import MarkKind, job_timeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +48,18 @@ SAMPLES: dict[ReasonCode, dict[str, object]] = {
     ReasonCode.RESUMED: {"nodes": "n2, n1"},
     ReasonCode.ACKNOWLEDGED: {"cause": "preempted by job h (priority HIGH > LOW)"},
     ReasonCode.NOT_ACKNOWLEDGED: {"cause": "requeued by bob"},
+    ReasonCode.NODE_LOST: {"node": "n7"},
+    ReasonCode.PLATFORM_STOPPED: {"rank": 3, "node": "n4", "message": "fenced", "requeued": 1},
+    ReasonCode.EXITED: {"rank": 2, "node": "n5", "code": -9, "retry": 2, "retries": 4},
+    ReasonCode.START_FAILED: {"node": "n6", "message": "no such file"},
+    ReasonCode.FINISHED_SUSPENDING: {},
+    ReasonCode.SUCCEEDED: {},
+    ReasonCode.EXIT_CODES: {"codes": "n1=0, n2=137"},
+    ReasonCode.SUBMITTED: {"by": "alice"},
+    ReasonCode.QUEUED: {},
+    ReasonCode.STOPPED_BY: {"by": "ana"},
+    ReasonCode.REQUEUED_BY: {"by": "bob"},
+    ReasonCode.RELEASED: {"by": "carol"},
     ReasonCode.TEXT: {"text": "las: class 1 yields to jobs with less attained service"},
 }
 
@@ -67,6 +79,16 @@ def test_every_code_has_words_and_renders_its_parameters():
     assert texts[ReasonCode.UNACKED].endswith("killed at 15:08:10 UTC if still running")
     assert reason(ReasonCode.NO_NODES, reserved="").text() == (
         "waiting for nodes: the group is full, and no running job may be preempted for it")
+    # The words old clients and the tests of other areas read stay those of the text-only days.
+    assert texts[ReasonCode.EXITED] == "rank 2 on n5 exited with code -9; retry 2 of 4"
+    assert reason(ReasonCode.EXITED, rank=0, node="n1", code=1).text() == "rank 0 on n1 exited with code 1"
+    assert texts[ReasonCode.PLATFORM_STOPPED] == "rank 3 on n4 stopped by the platform: fenced; requeued"
+    assert reason(ReasonCode.PLATFORM_STOPPED, rank=0, node="n1", message="").text() == (
+        "rank 0 on n1 stopped by the platform: interrupted")
+    assert texts[ReasonCode.NODE_LOST] == "node n7 lost (no heartbeat); requeued"
+    assert reason(ReasonCode.NODE_LOST, node="n7", cause="stopped by ana").text() == "stopped by ana; node n7 lost"
+    assert texts[ReasonCode.STOPPED_BY] == "stopped by ana" and texts[ReasonCode.REQUEUED_BY] == "requeued by bob"
+    assert texts[ReasonCode.SUBMITTED] == "submitted by alice" and texts[ReasonCode.QUEUED] == "queued"
 
 
 def test_a_code_or_parameters_this_side_does_not_know_render_as_the_records_words():
@@ -91,6 +113,77 @@ def test_the_policy_gives_typed_reasons_and_the_record_keeps_them_on_the_wire():
     back = decode(encode(started), JobRecord)
     assert back == started and back.why == reason(ReasonCode.STARTED, nodes="n1, n2")
     assert back.history[-1].why == back.why and describe(back.history[-1]) == "started on n1, n2"
+
+
+def _running(on: tuple[str, ...] = ("n1", "n2"), retries: int = 0) -> JobRecord:
+    queued = JobRecord(id="j", spec=transitions.replace(SPEC, nodes=len(on), retries=retries),
+                       state=ChainState.QUEUED, submit_ts=T0, reason="queued")
+    started = transitions.apply_start(queued, Start("j", on), T0 + 10, on[0], 1)
+    assert started is not None
+    return started
+
+
+def _exit(job: JobRecord, node: str, code: int, **kw: object) -> JobRecord:
+    after = transitions.apply_event(job, RunEvent(job_id=job.id, run_id=job.run_id, node=node,
+                                                  event=RunEventKind.EXITED, ts=T0 + 50, exit_code=code, **kw), T0 + 50)
+    assert after is not None
+    return after
+
+
+def _code(job: JobRecord) -> tuple[ChainState, str | None, dict[str, str]]:
+    assert job.history[-1].why == job.why and job.history[-1].reason == job.reason  # the text is still written
+    assert job.why is None or describe(job) == job.reason
+    return job.state, job.why.code if job.why else None, dict(job.why.params) if job.why else {}
+
+
+def test_every_transition_gives_its_code_and_still_writes_its_words():
+    now = T0 + 60
+    assert _code(_exit(_running(), "n2", 3)) == (ChainState.FAILED, "exited", {"rank": "1", "node": "n2", "code": "3"})
+    retried = _exit(_running(retries=2), "n1", 1)
+    assert _code(retried) == (ChainState.SUSPENDING, "exited",
+                              {"rank": "0", "node": "n1", "code": "1", "retry": "1", "retries": "2"})
+    assert _code(_exit(retried, "n2", -15)) == (ChainState.SUSPENDED, "not_acknowledged",
+                                                {"cause": "rank 0 on n1 exited with code 1; retry 1 of 2"})
+    at_once = _exit(_running(("n1",), retries=1), "n1", 1)
+    assert _code(at_once)[:2] == (ChainState.SUSPENDED, "exited")
+    fenced = _exit(_running(("n1",)), "n1", -9, platform_stopped=True, message="fenced")
+    assert _code(fenced) == (ChainState.SUSPENDED, "platform_stopped",
+                             {"rank": "0", "node": "n1", "message": "fenced", "requeued": "1"})
+    assert _code(_exit(_running(), "n1", -9, platform_stopped=True))[:2] == (ChainState.SUSPENDING, "platform_stopped")
+    done = _exit(_exit(_running(), "n1", 0), "n2", 0)
+    assert _code(done) == (ChainState.SUCCEEDED, "succeeded", {})
+    no_start = RunEvent(job_id="j", run_id=1, node="n2", event=RunEventKind.START_FAILED, ts=now, message="no file")
+    failed = transitions.apply_event(_running(), no_start, now)
+    assert failed is not None and _code(failed) == (ChainState.FAILED, "start_failed",
+                                                    {"node": "n2", "message": "no file"})
+    lost = transitions.apply_node_lost(_running(), "n2", now)
+    assert lost is not None and _code(lost) == (ChainState.SUSPENDED, "node_lost", {"node": "n2"})
+    stopping = transitions.apply_stop(_running(), now, "ana")
+    assert stopping is not None and _code(stopping) == (ChainState.STOPPING, "stopped_by", {"by": "ana"})
+    lost_stopping = transitions.apply_node_lost(stopping, "n1", now)
+    assert lost_stopping is not None and _code(lost_stopping) == (
+        ChainState.STOPPED, "node_lost", {"node": "n1", "cause": "stopped by ana"})
+    stopped = _exit(_exit(stopping, "n1", 0), "n2", 0)
+    assert _code(stopped) == (ChainState.STOPPED, "stopped_by", {"by": "ana"})
+    queued = JobRecord(id="q", spec=SPEC, state=ChainState.QUEUED, submit_ts=T0, reason="queued")
+    stopped_waiting = transitions.apply_stop(queued, now, "ana")
+    assert stopped_waiting is not None and _code(stopped_waiting) == (ChainState.STOPPED, "stopped_by", {"by": "ana"})
+    assert _code(transitions.apply_requeue(_running(), now, "bob")) == (ChainState.SUSPENDING, "requeued_by",
+                                                                        {"by": "bob"})
+    held = transitions.apply_hold(queued, "carol", True)
+    assert held.why == reason(ReasonCode.HELD, by="carol", job="q")
+    released = transitions.apply_hold(held, "carol", False)
+    assert released.why == reason(ReasonCode.RELEASED, by="carol") and released.reason == "released by carol"
+
+
+def test_a_requeue_at_once_marks_the_timeline_by_its_code_and_a_loss_while_suspending_marks_once():
+    at_once = transitions.apply_node_lost(_running(), "n2", T0 + 60)
+    assert at_once is not None
+    assert [m.kind for m in job_timeline(at_once, T0 + 100)[1]] == [MarkKind.INTERRUPTED]
+    asked = transitions.apply_requeue(_running(), T0 + 40, "bob")
+    lost = transitions.apply_node_lost(asked, "n2", T0 + 60)
+    assert lost is not None and lost.why is not None and lost.why.code == ReasonCode.NODE_LOST
+    assert [m.kind for m in job_timeline(lost, T0 + 100)[1]] == [MarkKind.INTERRUPTED]
 
 
 def _old_record_bytes() -> bytes:

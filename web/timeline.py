@@ -6,9 +6,12 @@ A record's history says when each run started and on which nodes (the RUNNING ev
 reason, :mod:`hfai.protocol.reasons`: STARTED or RESUMED with its nodes), why a run was
 interrupted (the SUSPENDING event's: PREEMPTED, TIME_SLICE, or anything else: a plain
 interruption) and how it ended (the SUSPENDED event's: ACKNOWLEDGED when every rank acknowledged
-the suspend request, NOT_ACKNOWLEDGED when some did not). Events written before protocol 1.3 carry
-only the words: they are read by the controller's wording of that time. A reason this module does
-not know still shows, as a plain interruption, never as nothing."""
+the suspend request, NOT_ACKNOWLEDGED when some did not). A run requeued without being asked to
+suspend first (a node lost, a rank that failed and is retried, one the platform stopped, when
+every rank had already exited) goes straight from RUNNING to SUSPENDED: that event's code
+(NODE_LOST, EXITED, PLATFORM_STOPPED) marks the interruption. Events written before protocol 1.3
+carry only the words: they are read by the controller's wording of that time. A reason this module
+does not know still shows, as a plain interruption, never as nothing."""
 
 from __future__ import annotations
 
@@ -60,7 +63,9 @@ class Mark:
 _MARKS: dict[ChainState, dict[str, MarkKind]] = {
     ChainState.SUSPENDING: {ReasonCode.PREEMPTED: MarkKind.PREEMPTED, ReasonCode.TIME_SLICE: MarkKind.TIME_SLICE},
     ChainState.SUSPENDED: {ReasonCode.ACKNOWLEDGED: MarkKind.ACKNOWLEDGED,
-                           ReasonCode.NOT_ACKNOWLEDGED: MarkKind.NOT_ACKNOWLEDGED},
+                           ReasonCode.NOT_ACKNOWLEDGED: MarkKind.NOT_ACKNOWLEDGED,
+                           ReasonCode.NODE_LOST: MarkKind.INTERRUPTED, ReasonCode.EXITED: MarkKind.INTERRUPTED,
+                           ReasonCode.PLATFORM_STOPPED: MarkKind.INTERRUPTED},
 }
 
 
@@ -73,7 +78,7 @@ def mark_kind(state: ChainState, why: Reason | None, reason: str = "") -> MarkKi
     found = _MARKS[state].get(code) if code is not None else None
     if found is None and state is ChainState.SUSPENDING:
         return MarkKind.INTERRUPTED
-    return found  # SUSPENDED, requeued at once (a node lost, every rank had exited): the interruption is marked
+    return found  # SUSPENDED: the end of an interruption marked when it began, or a requeue at once
 
 
 def _old_code(state: ChainState, reason: str) -> str | None:
@@ -112,7 +117,9 @@ def job_timeline(job: JobRecord, now: float) -> tuple[list[Segment], list[Mark]]
         later_start = any(e.state is ChainState.RUNNING for e in history)
         nodes = () if later_start else (job.nodes or job.last_nodes)
         start = min(job.started_ts or history[0].ts, history[0].ts)
+    previous: ChainState | None = None
     for e in history:
+        after, previous = previous, e.state
         if e.state is ChainState.RUNNING:
             run += 1
             is_latest = run == job.run_id
@@ -122,6 +129,8 @@ def job_timeline(job: JobRecord, now: float) -> tuple[list[Segment], list[Mark]]
                 marks.append(Mark(job.id, e.ts, MarkKind.RESUMED, nodes, describe(e)))
             continue
         kind = mark_kind(e.state, e.why, e.reason)
+        if kind is MarkKind.INTERRUPTED and after is ChainState.SUSPENDING:
+            kind = None  # a node lost while suspending: the interruption was marked when it began
         if kind is not None:
             marks.append(Mark(job.id, e.ts, kind, nodes, describe(e)))
         if not e.state.holds_nodes and start is not None:
