@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hfai.protocol.errors import InvalidRequest, NotFound
+from hfai.protocol.reasons import describe
 from hfai.protocol.types import JobRecord
 
 
@@ -118,6 +119,6 @@ async def apply_each(targets: Sequence[Target], act, what: str, applies) -> None
                 click.echo(f"job {clean(j.spec.name)} ({clean(j.id)}): not {what}: {clean(str(e))}", err=True)
                 continue
             click.echo(f"job {clean(done.spec.name)} ({clean(done.id)}) {what}: {clean(done.state.value)}"
-                       + (f", {clean(done.reason)}" if done.reason else ""))
+                       + (f", {clean(describe(done))}" if done.reason else ""))
     if failed:
         raise click.ClickException(f"{failed} job(s) not {what} (see above)")

@@ -13,6 +13,7 @@ from hfai.api.spec import parse_duration
 from hfai.cli import common, render
 from hfai.cli.errors import user_errors
 from hfai.protocol.errors import InvalidRequest
+from hfai.protocol.reasons import describe
 from hfai.protocol.types import Priority
 
 run_async = user_errors()
@@ -62,7 +63,7 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int]:
 
 def _show(job, what: str) -> None:
     click.echo(f"job {render.clean(job.spec.name)} ({render.clean(job.id)}) {what}: {render.clean(job.state.value)}"
-               + (f", {render.clean(job.reason)}" if job.reason else ""))
+               + (f", {render.clean(describe(job))}" if job.reason else ""))
 
 
 async def _call(verb: str, request):

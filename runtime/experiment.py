@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hfai.protocol.errors import InvalidRequest, Timeout
+from hfai.protocol.reasons import describe
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ class Experiment:
 
     @property
     def reason(self) -> str:
-        return self.record.reason
+        return describe(self.record)
 
     @property
     def suspend_count(self) -> int:
