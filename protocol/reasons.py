@@ -1,11 +1,11 @@
 """Why a job is where it is, as a typed value: a :class:`Reason` is a code and its parameters.
 
-The scheduler produces these (controller/policy/, controller/plan.py, controller/transitions.py)
-and stores one in the job record next to the text (``JobRecord.why`` and ``JobEvent.why``, protocol
-1.3); what a reason *says* is decided here once, by :func:`render`, and read at the edges (the CLI,
-the web pages). Code that needs to know what a reason means compares its ``code`` and reads its
-``params``; nothing parses the words back. A record written before protocol 1.3 has only the text
-(``why`` is None): :func:`describe` shows that as it is.
+The controller produces these (controller/policy/, controller/plan.py, controller/transitions.py,
+controller/api.py at submit) and stores one in the job record next to the text (``JobRecord.why``
+and ``JobEvent.why``, protocol 1.3); what a reason *says* is decided here once, by :func:`render`,
+and read at the edges (the CLI, the web pages). Code that needs to know what a reason means
+compares its ``code`` and reads its ``params``; nothing parses the words back. A record written
+before protocol 1.3 has only the text (``why`` is None): :func:`describe` shows that as it is.
 
 Parameters are strings on the wire (numbers as written by ``str``), so a reader never meets a type
 it did not expect; a code this side does not know (a newer controller's) renders as the text the
