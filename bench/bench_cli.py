@@ -2,11 +2,13 @@
 
 ``hfai --help``, ``hfai ps`` and ``hfai status ID`` (a submitted job's) are each started ``--runs``
 times as a fresh process, as a user at a terminal or a ``watch``/script loop starts them; the
-wall time from start to exit is taken, start-up and imports included. Printed: the median and the
-spread of each, the ratio to the target (0.15 s: a squeue-like answer), and the ratio
-to the floor measured in the same run, ``python -c pass`` of the same interpreter (what no
-Python CLI can beat). With ``--imports``, what each command imports that costs most
-(``python -X importtime``).
+wall time from start to exit is taken, start-up and imports included, and the process's CPU time
+(user + system: steadier than the wall time on a shared machine, and what the client's own code
+decides). Printed: the median and the spread of each, its median CPU time, the ratio to the target
+(0.15 s: a squeue-like answer), and the ratio to the floor measured in the same run, ``python -c
+pass`` of the same interpreter (what no Python CLI can beat). The commands take turns, run by
+run, so that a change of the machine's load falls on all of them alike. With ``--imports``, what
+each command imports that costs most (``python -X importtime``).
 
     python bench/bench_cli.py [--runs 15] [--imports]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -29,17 +32,16 @@ from hfai.cli.local import LocalCluster
 TARGET_S = 0.15
 
 
-def timed_runs(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
-    out = []
-    for i in range(runs + 1):  # the first warms the page cache and the .pyc files: not counted
-        t = time.perf_counter()
-        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        took = time.perf_counter() - t
-        if r.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
-        if i:
-            out.append(took)
-    return out
+def timed_run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run of ``cmd`` as a whole process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    took = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
+    return took, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def top_imports(cmd: list[str], env: dict[str, str], n: int = 6) -> list[tuple[int, str]]:
@@ -84,15 +86,25 @@ def main() -> int:
         env["HFAI_CONFIG"] = str(cluster.config_path)
         job = submit_one(cluster, base)
         hfai = [sys.executable, "-m", "hfai.cli.main"]
+        load = os.getloadavg()[0]
         cases = [("python -c pass", [sys.executable, "-c", "pass"]), ("hfai --help", [*hfai, "--help"]),
                  ("hfai ps", [*hfai, "ps"]), ("hfai status ID", [*hfai, "status", job])]
-        times = {label: timed_runs(cmd, env, args.runs) for label, cmd in cases}
+        times: dict[str, list[float]] = {label: [] for label, _ in cases}
+        cpu: dict[str, list[float]] = {label: [] for label, _ in cases}
+        for i in range(args.runs + 1):  # the first warms the page cache and the .pyc files: not counted
+            for label, cmd in cases:
+                wall, used = timed_run(cmd, env)
+                if i:
+                    times[label].append(wall)
+                    cpu[label].append(used)
         floor = statistics.median(times["python -c pass"])
-        print(f"hfai CLI wall time as whole processes, local cluster, {args.runs} runs each (median, min-max); "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"hfai CLI wall time as whole processes, local cluster, {args.runs} runs each (median, min-max; "
+              f"median CPU); load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
+              f"{os.cpu_count()} cores")
         for label, cmd in cases:
             med, lo, hi = statistics.median(times[label]), min(times[label]), max(times[label])
-            line = f"  {label:<15} {med * 1000:7.1f} ms  ({lo * 1000:.0f}-{hi * 1000:.0f})"
+            line = f"  {label:<15} {med * 1000:7.1f} ms  ({lo * 1000:.0f}-{hi * 1000:.0f})  cpu " \
+                   f"{statistics.median(cpu[label]) * 1000:5.1f} ms"
             if label != "python -c pass":
                 line += f"   ratio to the {TARGET_S:.2f} s target {med / TARGET_S:5.2f}   to python -c pass " \
                         f"{med / floor:5.2f}"
