@@ -294,7 +294,7 @@ class Leader:
             if why is not None:
                 rejected.append(why)
                 return None
-            return transitions.apply_event(job, ev, self._clock.time())
+            return transitions.apply_event(job, ev, self._clock.time(), self.config.dev.idle_s)
 
         try:
             await self._update(ev.job_id, change)

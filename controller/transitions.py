@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from hfai.controller.policy import Start, Suspend
 from hfai.protocol.errors import IllegalTransition
 from hfai.protocol.reasons import Reason, ReasonCode, describe, reason
-from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
+from hfai.protocol.types import DEV_IDLE_EXIT, JOB_DEV, ChainState, JobRecord, RunEvent, RunEventKind
 from hfai.protocol.types import evolve as replace  # fast: records have no __post_init__
 
 
@@ -22,8 +22,9 @@ def changes_nothing(ev: RunEvent) -> bool:
     return ev.event is RunEventKind.STARTED
 
 
-def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
-    """The record after one agent event, or None if the event is stale or already applied."""
+def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.0) -> JobRecord | None:
+    """The record after one agent event, or None if the event is stale or already applied.
+    ``dev_idle_s``: ``[dev] idle_s``, the figure a session stopped for idleness gives."""
     if ev.job_id != job.id or ev.run_id != job.run_id or job.state.final or not job.state.holds_nodes:
         return None
     if ev.node not in job.nodes:
@@ -49,6 +50,16 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float) -> JobRecord | None:
     acked = (*job.acked, ev.node) if ev.acked and ev.node not in job.acked else job.acked
     job = replace(job, exits=exits, whole_life_state=wls, acked=acked)
     rank = job.nodes.index(ev.node)
+    dev = job.spec.kind == JOB_DEV  # one node: its one exit ends the run
+    if dev and job.state is ChainState.RUNNING and not ev.platform_stopped and code == DEV_IDLE_EXIT:
+        # Its JupyterLab stopped itself after [dev] idle_s without activity (agent/devsession.py):
+        # the session ended as configured, neither the user's success nor a failure to retry.
+        return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.DEV_IDLE, idle_s=f"{dev_idle_s:g}"))
+    if dev and job.state is ChainState.RUNNING and ev.platform_stopped:
+        # Its launcher fenced it or its end went unrecorded: a session is never requeued
+        # (apply_node_lost says why).
+        return _finish(job, ChainState.STOPPED, now,
+                       reason(ReasonCode.DEV_NODE_LOST, node=ev.node, message=ev.message or "interrupted"))
     if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
         if job.retried < job.spec.retries:
             # --retry: like an interruption, the other ranks are asked to stop first and the
@@ -261,11 +272,17 @@ def event_rejection(job: JobRecord, ev: RunEvent, subject_node: str) -> str | No
 
 
 def apply_node_lost(job: JobRecord, node: str, now: float) -> JobRecord | None:
-    """A node of the job stopped heartbeating: requeue (or finish a stop); not a user failure."""
+    """A node of the job stopped heartbeating: requeue (or finish a stop); not a user failure.
+
+    A running development session ends instead: what it was, its kernels and terminals, is gone
+    with the node, and a requeued one would wait in line holding its user's [dev] max_per_user
+    and come back, unasked, as an empty JupyterLab the user's open page quietly reconnects to."""
     if not job.state.holds_nodes or node not in job.nodes:
         return None
     if job.state is ChainState.STOPPING:
         return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.NODE_LOST, node=node, cause=describe(job)))
+    if job.spec.kind == JOB_DEV and job.state is ChainState.RUNNING:
+        return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.DEV_NODE_LOST, node=node))
     return requeue(job, now, reason(ReasonCode.NODE_LOST, node=node))
 
 

@@ -69,6 +69,9 @@ class ReasonCode(enum.StrEnum):
     RELEASED = "released"  # by
     # -- a reason that is only words (the simulator's baseline policies give these)
     TEXT = "text"  # text
+    # -- development sessions (docs/dev.md): how one ends that the user did not stop
+    DEV_IDLE = "dev_idle"  # idle_s: its JupyterLab stopped itself after that long without activity
+    DEV_NODE_LOST = "dev_node_lost"  # node [, message: the platform stopped it there]; never requeued
 
 
 @frozen_dataclass
@@ -109,6 +112,20 @@ def _unacked(p: Mapping[str, str]) -> str:
                 f"(asked at {since}); the platform stops it at {stop_at} if it does not")
     return (f"waiting for job {p['job']} to release its nodes: it did not acknowledge its interrupt (asked at "
             f"{since}); stopped at {stop_at}, killed at {_utc(p['kill_at'])} if still running")
+
+
+def _span(seconds: str) -> str:
+    """``14400`` as ``4 h``, ``5400`` as ``1.5 h``, ``600`` as ``10 min``."""
+    s = float(seconds)
+    if s >= 3600:
+        return f"{round(s / 3600, 1):g} h"
+    return f"{round(s / 60, 1):g} min" if s >= 60 else f"{s:g} s"
+
+
+def _dev_lost(p: Mapping[str, str]) -> str:
+    if p.get("message"):
+        return f"the platform stopped it on {p['node']}: {p['message']}"
+    return f"node {p['node']} lost (no heartbeat)"
 
 
 _NO_PREEMPTION = ", and no running job may be preempted for it"
@@ -170,6 +187,10 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
     ReasonCode.REQUEUED_BY: lambda p: f"requeued by {p['by']}",
     ReasonCode.RELEASED: lambda p: f"released by {p['by']}" if p.get("by") else "released",
     ReasonCode.TEXT: lambda p: p["text"],
+    ReasonCode.DEV_IDLE: lambda p: (f"stopped: idle for {_span(p['idle_s'])}" if float(p.get("idle_s") or 0) > 0
+                                    else "stopped: idle (JupyterLab's [dev] idle_s)"),
+    ReasonCode.DEV_NODE_LOST: lambda p: (f"stopped: {_dev_lost(p)}; start a new session with hfai dev start "
+                                         "(the notebooks are kept)"),
 }
 
 #: Parameters that are part of a code's gist (see :meth:`Reason.gist`).

@@ -73,7 +73,8 @@ class ChainState(enum.Enum):
     """Lifecycle of a job chain (one job, possibly many runs).
 
     QUEUED     -> RUNNING, STOPPED, FAILED
-    RUNNING    -> SUSPENDING, STOPPING, SUSPENDED (node lost), SUCCEEDED, FAILED
+    RUNNING    -> SUSPENDING, STOPPING, SUSPENDED (node lost), SUCCEEDED, FAILED,
+                  STOPPED (a development session whose one run ended idle or with its node)
     SUSPENDING -> SUSPENDED, STOPPING, SUCCEEDED, FAILED
     SUSPENDED  -> RUNNING, STOPPED, FAILED
     STOPPING   -> STOPPED, SUCCEEDED, FAILED
@@ -110,7 +111,8 @@ _FINAL = frozenset({ChainState.SUCCEEDED, ChainState.FAILED, ChainState.STOPPED}
 _EDGES: dict[ChainState, frozenset[ChainState]] = {
     ChainState.QUEUED: frozenset({ChainState.RUNNING, ChainState.STOPPED, ChainState.FAILED}),
     ChainState.RUNNING: frozenset(
-        {ChainState.SUSPENDING, ChainState.STOPPING, ChainState.SUSPENDED, ChainState.SUCCEEDED, ChainState.FAILED}
+        {ChainState.SUSPENDING, ChainState.STOPPING, ChainState.SUSPENDED, ChainState.SUCCEEDED, ChainState.FAILED,
+         ChainState.STOPPED}
     ),
     ChainState.SUSPENDING: frozenset(
         {ChainState.SUSPENDED, ChainState.STOPPING, ChainState.SUCCEEDED, ChainState.FAILED}

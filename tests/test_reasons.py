@@ -61,6 +61,8 @@ SAMPLES: dict[ReasonCode, dict[str, object]] = {
     ReasonCode.REQUEUED_BY: {"by": "bob"},
     ReasonCode.RELEASED: {"by": "carol"},
     ReasonCode.TEXT: {"text": "las: class 1 yields to jobs with less attained service"},
+    ReasonCode.DEV_IDLE: {"idle_s": 14400.0},  # written as "4 h"
+    ReasonCode.DEV_NODE_LOST: {"node": "n8", "message": "fenced"},
 }
 
 
