@@ -25,7 +25,7 @@ from hfai.controller.validate import check_dev_limit, check_spec
 from hfai.protocol.errors import Conflict, InvalidRequest
 from hfai.protocol.reasons import ReasonCode, describe
 from hfai.protocol.types import DEV_IDLE_EXIT, JOB_DEV, ChainState, JobRecord, JobSpec, Priority, RunEvent, RunEventKind
-from hfai.web.devproxy import request_headers, response_headers, status_page, strip_cookie
+from hfai.web.devproxy import ended_words, request_headers, response_headers, status_page, strip_cookie
 
 NORMAL, HIGH = Priority.NORMAL.value, Priority.HIGH.value
 NOW = 100_000.0
@@ -145,6 +145,13 @@ def test_a_session_whose_node_is_lost_ends_with_the_reason_and_is_never_requeued
     fenced = tr.apply_event(_session(), _exit(-1, stopped=True, message="fenced"), 9.0)
     assert fenced.state is ChainState.STOPPED and fenced.why.code == ReasonCode.DEV_NODE_LOST
     assert "the platform stopped it on n0: fenced" in fenced.reason
+    # The session's page says so once, and what to do.
+    assert ended_words(lost) == ("Development session lab (s1) is stopped: node n0 lost (no heartbeat); start a "
+                                 "new session with hfai dev start (the notebooks are kept).")
+    idle = tr.apply_event(_session(), _exit(DEV_IDLE_EXIT), 9.0, dev_idle_s=3600)
+    assert ended_words(idle).startswith("Development session lab (s1) is stopped: idle for 1 h. Start a new one")
+    failed = tr.apply_event(_session(), _exit(1), 9.0)
+    assert "is failed: rank 0 on n0 exited with code 1." in ended_words(failed)
     # A session preempted by a higher priority goes back in line as documented, node lost or not.
     preempted = tr.apply_suspend(_session(), Suspend("s1", "preempted", for_job="h"), 5.0)
     assert tr.apply_node_lost(preempted, "n0", 9.0).state is ChainState.SUSPENDED

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Forbidden, HfaiError, NotFound, error_for_code
+from hfai.protocol.reasons import ReasonCode, describe
 from hfai.protocol.types import JOB_DEV, ChainState, DevSessionReply, DevSessionRequest, ErrorReply, JobRecord
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,16 @@ def strip_cookie(header: str, name: str) -> str:
 def response_headers(headers) -> list[tuple[str, str]]:
     """What is relayed back to the browser: all but the hop-by-hop headers."""
     return [(k, v) for k, v in headers.items() if k.lower() not in HOP_HEADERS]
+
+
+def ended_words(job: JobRecord) -> str:
+    """What an ended session's page says: its state and reason ("is stopped: idle for 4 h"), and
+    how to go on unless the reason says it already (a session whose node was lost)."""
+    why = describe(job)
+    words = why if why.startswith(job.state.value) else f"{job.state.value}: {why}"
+    hint = "" if job.why is not None and job.why.code == ReasonCode.DEV_NODE_LOST else (
+        " Start a new one with: hfai dev start. Your notebooks are kept.")
+    return f"Development session {job.spec.name} ({job.id}) is {words}.{hint}"
 
 
 def status_page(title: str, text: str, refresh_s: int = 0) -> str:
@@ -139,9 +150,7 @@ class DevProxy:
             return _page(403, "Forbidden", f"Development session {job_id} belongs to {job.spec.user}; "
                                            "only its owner may open it.")
         if job.state.final:
-            return _page(410, "Session stopped",
-                         f"Development session {job.spec.name} ({job.id}) is {job.state.value}: {job.reason}. "
-                         "Start a new one with: hfai dev start. Your notebooks are kept.")
+            return _page(410, "Session stopped", ended_words(job))
         if job.state is not ChainState.RUNNING or not job.nodes:
             return _page(503, "Session not running",
                          f"Development session {job.spec.name} ({job.id}) is {job.state.value}; "
