@@ -118,7 +118,7 @@ def run_lab(options: list[str]) -> int:
     called while that check runs is the idle one. Reading the server's log for its words would
     break with any rewording; its exit status is 0 for every stop."""
     from jupyter_server.serverapp import ServerApp
-    from jupyterlab.labapp import LabApp
+    from jupyterlab.labapp import LabApp  # type: ignore[import-untyped]
 
     from hfai.protocol.types import DEV_IDLE_EXIT
 
