@@ -8,15 +8,18 @@ decides). Printed: the median and the spread of each, its median CPU time, the r
 (0.15 s: a squeue-like answer), and the ratio to the floor measured in the same run, ``python -c
 pass`` of the same interpreter (what no Python CLI can beat). The commands take turns, run by
 run, so that a change of the machine's load falls on all of them alike. With ``--imports``, what
-each command imports that costs most (``python -X importtime``).
+each command imports that costs most (``python -X importtime``); with ``--stages``, where the time
+of an ``hfai status ID`` goes after the interpreter's start: each group of imports in the order a
+call makes them, then the command itself (medians of fresh processes, timed inside them).
 
-    python bench/bench_cli.py [--runs 15] [--imports]
+    python bench/bench_cli.py [--runs 15] [--imports] [--stages]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import shutil
@@ -57,6 +60,46 @@ def top_imports(cmd: list[str], env: dict[str, str], n: int = 6) -> list[tuple[i
     return sorted(rows, reverse=True)[:n]
 
 
+#: Run in a fresh interpreter: the imports of a call in its order, grouped, then the command itself.
+STAGES = r"""
+import sys, time, json
+marks = [("start", time.perf_counter())]
+def mark(what): marks.append((what, time.perf_counter()))
+import hfai; mark("hfai (runtime/__init__: _job, watchdog, logging, typing)")
+import click; mark("click")
+import hfai.cli.main; mark("cli/main.py")
+import asyncio; mark("asyncio")
+import hfai.protocol.codec; mark("hfai.protocol (codec, types, reasons, msgpack)")
+import hfai.cli.common; mark("cli/common.py, errors.py, render.py")
+import hfai.api._light_nats; mark("nats-py's core client")
+import hfai.config; mark("hfai.config (tomllib, the config dataclasses)")
+import hfai.api.client; mark("hfai.api.client (hfai._nats, _daemon, protocol.names, api.config)")
+import hfai.cli.jobs; mark("cli/jobs.py, arrays.py")
+import nkeys; mark("nkeys and PyNaCl (signing the server's nonce with the creds)")
+from hfai.cli.main import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+mark("the command: config, credentials, connect, request, decode, print")
+print(json.dumps([(what, (t - marks[i][1]) * 1000) for i, (what, t) in enumerate(marks[1:])]), file=sys.stderr)
+"""
+
+
+def stages(cmd_args: list[str], env: dict[str, str], runs: int) -> list[tuple[str, float]]:
+    """(stage, median milliseconds) of ``hfai *cmd_args`` over ``runs`` fresh processes."""
+    got: dict[str, list[float]] = {}
+    for i in range(runs + 1):
+        r = subprocess.run([sys.executable, "-c", STAGES, *cmd_args], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            sys.exit(f"stages of hfai {' '.join(cmd_args)} failed: {r.stderr.strip()[-500:]}")
+        if i:
+            for what, ms in json.loads(r.stderr.strip().splitlines()[-1]):
+                got.setdefault(what, []).append(ms)
+    return [(what, statistics.median(ms)) for what, ms in got.items()]
+
+
 def submit_one(cluster: LocalCluster, workdir: Path) -> str:
     from hfai.api.client import ApiClient
     from hfai.protocol.types import JobSpec
@@ -74,6 +117,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--imports", action="store_true", help="also list each command's costliest imports")
+    p.add_argument("--stages", action="store_true", help="also time the stages of an `hfai status ID`")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="hfai-bench-cli-"))
     cluster = LocalCluster(root=base / "cluster", nodes=1)
@@ -111,6 +155,12 @@ def main() -> int:
             print(line)
             if args.imports and label != "python -c pass":
                 print("      " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in top_imports(cmd, env)))
+        if args.stages:
+            rows = stages(["status", job], env, args.runs)
+            print(f"hfai status ID after the interpreter's start, by stage (median of {args.runs} processes):")
+            for what, ms in rows:
+                print(f"  {ms:6.1f} ms  {what}")
+            print(f"  {sum(ms for _, ms in rows):6.1f} ms  in all")
     finally:
         cluster.down()
         shutil.rmtree(base, ignore_errors=True)
