@@ -26,9 +26,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hfai.protocol import decode, encode, names
+from hfai.protocol import decode, names
 from hfai.protocol.errors import Forbidden, InvalidRequest
-from hfai.protocol.types import DevSessionReply, DevSessionRequest, ErrorReply
+from hfai.protocol.types import DevSessionReply, DevSessionRequest
 
 if TYPE_CHECKING:  # the session's own process and the CLI need none of the agent's machinery
     from hfai.agent.runs import RunStore
@@ -179,18 +179,14 @@ class DevSessions:
         return DevSessionReply()
 
     async def _on_request(self, msg) -> None:
-        reply: DevSessionReply | ErrorReply
-        try:
-            if msg.subject != names.agent_dev_subject(self.node):
-                raise InvalidRequest(f"not this node's session subject: {msg.subject[:200]}")
-            reply = self.lookup(decode(msg.data, DevSessionRequest))
-        except Exception as e:
-            reply = ErrorReply(code=getattr(e, "code", "invalid"), message=str(e))
-        if msg.reply:
-            try:
-                await msg.respond(encode(reply))
-            except Exception as e:  # a reply NATS refuses must not vanish without a trace
-                log.warning("could not answer a session request: %s", e)
+        from hfai._nats import answer  # here: the session's own process imports this module, not NATS
+
+        async def dispatch(subject: str, data: bytes) -> DevSessionReply:
+            if subject != names.agent_dev_subject(self.node):
+                raise InvalidRequest(f"not this node's session subject: {subject[:200]}")
+            return self.lookup(decode(data, DevSessionRequest))
+
+        await answer(msg, dispatch, "agent")
 
 
 if __name__ == "__main__":

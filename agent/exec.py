@@ -42,6 +42,7 @@ from pathlib import Path
 import psutil
 from nats.aio.client import Client
 
+from hfai import _nats
 from hfai._clock import SYSTEM, Clock
 from hfai._daemon import raise_if_cancelled
 from hfai.agent.identity import Account, decide, lookup_account
@@ -51,7 +52,7 @@ from hfai.agent.runs import RunStore
 from hfai.agent.trust import short
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from hfai.protocol.types import ErrorReply, ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted
+from hfai.protocol.types import ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted
 
 log = logging.getLogger(__name__)
 
@@ -227,22 +228,13 @@ class ExecService:
     # ---------------------------------------------------------------------------- requests
 
     async def _on_request(self, msg) -> None:
-        reply: ExecStarted | ErrorReply
-        try:
-            node, user, operator = names.parse_agent_exec_subject(msg.subject)
-            if node != self.node:
-                raise InvalidRequest(f"no exec on node {short(node)} here")
-            reply = await self.open(user, operator, decode(msg.data, ExecRequest))
-        except Exception as e:
-            if not hasattr(e, "code"):
-                log.exception("could not start an exec session")
-            reply = ErrorReply(code=getattr(e, "code", "invalid"), message=str(e))
-        if not msg.reply:
-            return
-        try:
-            await msg.respond(encode(reply))
-        except Exception as e:  # a reply NATS refuses must not vanish without a trace
-            log.warning("could not answer an exec request: %s", e)
+        await _nats.answer(msg, self._dispatch, "agent exec")
+
+    async def _dispatch(self, subject: str, data: bytes) -> ExecStarted:
+        node, user, operator = names.parse_agent_exec_subject(subject)
+        if node != self.node:
+            raise InvalidRequest(f"no exec on node {short(node)} here")
+        return await self.open(user, operator, decode(data, ExecRequest))
 
     async def open(self, user: str, operator: bool, req: ExecRequest) -> ExecStarted:
         """Start ``req`` for ``user`` (an operator if ``operator``); raises the typed refusal."""

@@ -16,13 +16,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hfai import _nats
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.runs import RunStore
-from hfai.protocol import decode, encode, names
+from hfai.protocol import decode, names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import (
     DesiredRun,
-    ErrorReply,
     NodeSuspendReply,
     NodeSuspendRequest,
     RunAssignment,
@@ -87,20 +87,13 @@ class Operations:
         return desired if self.hold is None else held(self.hold, desired, local)
 
     async def _on_request(self, msg) -> None:
-        reply: NodeSuspendReply | ErrorReply
-        try:
-            node, user, verb = names.parse_agent_op_subject(msg.subject)
-            if node != self.node or verb not in names.AGENT_OPS:
-                raise InvalidRequest(f"no operation {verb!r} on node {node!r} here")
-            reply = await self.suspend(user, decode(msg.data, NodeSuspendRequest))
-        except Exception as e:
-            reply = ErrorReply(code=getattr(e, "code", "invalid"), message=str(e))
-        if not msg.reply:
-            return
-        try:
-            await msg.respond(encode(reply))
-        except Exception as e:  # a reply NATS refuses must not vanish without a trace
-            log.warning("could not answer an operation request: %s", e)
+        await _nats.answer(msg, self._dispatch, "agent operation")
+
+    async def _dispatch(self, subject: str, data: bytes) -> NodeSuspendReply:
+        node, user, verb = names.parse_agent_op_subject(subject)
+        if node != self.node or verb not in names.AGENT_OPS:
+            raise InvalidRequest(f"no operation {verb!r} on node {node!r} here")
+        return await self.suspend(user, decode(data, NodeSuspendRequest))
 
     async def suspend(self, operator: str, req: NodeSuspendRequest) -> NodeSuspendReply:
         """Hold the node suspended (the windows of the newest request) and answer once its runs are

@@ -55,7 +55,6 @@ from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import ProtocolError
 from hfai.protocol.types import (
-    ErrorReply,
     HostStat,
     LogChunk,
     LogRequest,
@@ -582,17 +581,10 @@ class Agent:
     # --------------------------------------------------------------------------------- logs
 
     async def _serve_logs(self, msg) -> None:
-        reply: LogChunk | ErrorReply
-        try:
-            reply = self.read_log(decode(msg.data, LogRequest))
-        except Exception as e:
-            reply = ErrorReply(code=getattr(e, "code", "invalid"), message=str(e))
-        if not msg.reply:
-            return
-        try:
-            await msg.respond(encode(reply))
-        except Exception as e:  # a reply NATS refuses must not vanish without a trace
-            log.warning("could not answer a log request: %s", e)
+        async def dispatch(_subject: str, data: bytes) -> LogChunk:
+            return self.read_log(decode(data, LogRequest))
+
+        await _nats.answer(msg, dispatch, "agent", local_error=str)
 
     def read_log(self, req: LogRequest) -> LogChunk:
         """A slice of one rank's log, at most trust.LOG_CHUNK_MAX bytes (the client pages)."""
