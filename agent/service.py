@@ -11,7 +11,7 @@ an event is marked sent only after JetStream acknowledged it.
 One discipline for the loops: each reads the time and sleeps through the agent's :class:`Clock`
 (a FakeClock in timing tests), tests ``Task.cancelling()`` every round (``raise_if_cancelled``:
 nats-py can swallow a cancellation), waits for its wake-up event or its period with
-:func:`_wait_event` (never 3.11's ``asyncio.wait_for``), and retries what NATS refused after a
+:func:`hfai._daemon.wait_event` (never 3.11's ``asyncio.wait_for``), and retries what NATS refused after a
 jittered backoff (``hfai._retry``), so a thousand agents do not retry in the same instant after a
 NATS restart. The one time not read from the clock is the liveness stamp of the launchers: other
 processes compare it with the host's CLOCK_MONOTONIC (see :meth:`Agent._heartbeat_once`).
@@ -34,7 +34,7 @@ from nats.aio.client import Client
 from hfai import _nats
 from hfai._atomic import write_atomic
 from hfai._clock import SYSTEM, Clock
-from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled
+from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled, wait_event
 from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
 from hfai._version import __version__
@@ -211,7 +211,7 @@ class Agent:
     async def _heartbeat_loop(self) -> None:
         while True:
             raise_if_cancelled()
-            await _wait_event(self._beat_now, self.ac.heartbeat_interval_s, self.clock)
+            await wait_event(self._beat_now, self.ac.heartbeat_interval_s, self.clock)
             self._beat_now.clear()
             try:
                 await self._heartbeat_once()
@@ -411,7 +411,7 @@ class Agent:
             else:
                 backoff.reset()
                 delay = self.ac.reconcile_interval_s
-            await _wait_event(self._wake, delay, self.clock)
+            await wait_event(self._wake, delay, self.clock)
 
     async def reconcile(self) -> None:
         """Carry out the plan: first what changes the node (start, signal, clean up), in plan
@@ -599,22 +599,6 @@ class Agent:
             offset = min(req.offset, size)
             f.seek(offset)
             return LogChunk(data=f.read(req.max_bytes), offset=offset, size=size)
-
-
-async def _wait_event(event: asyncio.Event, timeout_s: float, clock: Clock) -> bool:
-    """Wait until ``event`` is set or ``timeout_s`` passed on ``clock``; True if it was set. Built
-    on ``asyncio.wait``, which lets a cancellation through (3.11's ``wait_for`` can swallow one);
-    both waits are this call's own and end with it."""
-    if event.is_set():
-        return True
-    waits = (asyncio.create_task(event.wait()), asyncio.create_task(clock.sleep(timeout_s)))
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
-    return event.is_set()
 
 
 def _host_stat() -> HostStat:

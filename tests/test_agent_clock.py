@@ -15,10 +15,11 @@ from types import SimpleNamespace
 import pytest
 
 from hfai._clock import FakeClock
+from hfai._daemon import wait_event
 from hfai._job import SUSPEND_FILE
 from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
-from hfai.agent.service import Agent, _wait_event
+from hfai.agent.service import Agent
 from hfai.config import AgentConfig, Config
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment, RunEventKind
@@ -168,7 +169,7 @@ async def test_heartbeats_come_each_interval_and_at_once_when_asked(tmp_path):
 async def test_a_cancelled_wait_ends_with_nothing_left_running():
     clock = FakeClock()
     event = asyncio.Event()
-    waiter = asyncio.create_task(_wait_event(event, 10.0, clock))
+    waiter = asyncio.create_task(wait_event(event, 10.0, clock))
     await clock.settle()
     assert clock.sleepers == 1
     event.set()
@@ -176,8 +177,8 @@ async def test_a_cancelled_wait_ends_with_nothing_left_running():
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert asyncio.all_tasks() == {asyncio.current_task()}
-    assert await _wait_event(event, 10.0, clock) is True
+    assert await wait_event(event, 10.0, clock) is True
     event.clear()
-    timed_out = asyncio.create_task(_wait_event(event, 10.0, clock))
+    timed_out = asyncio.create_task(wait_event(event, 10.0, clock))
     await clock.advance(10.0)
     assert timed_out.done() and timed_out.result() is False
