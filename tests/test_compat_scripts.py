@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ports import free_port
 from spine_cluster import JOBS, Cluster
 
 from hfai.protocol.types import ChainState, Priority
@@ -27,11 +27,6 @@ Image = pytest.importorskip("PIL.Image")
 
 HFAI = str(Path(sys.executable).with_name("hfai"))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _imagenet_source(root: Path) -> Path:
@@ -64,7 +59,7 @@ def _convert(*args: str) -> None:
 
 def _reference(script: str, args: list[str], work: Path, data_dir: Path) -> None:
     """The same training, uninterrupted, outside the platform (one node of two workers)."""
-    env = dict(os.environ, HFAI_DATASETS_DIR=str(data_dir), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    env = dict(os.environ, HFAI_DATASETS_DIR=str(data_dir), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE="1", RANK="0")
     env.pop("HFAI_CONTROL_DIR", None)
     done = subprocess.run([sys.executable, script, *args], cwd=work, env=env, capture_output=True, text=True,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import stat
 import urllib.parse
 import uuid
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium
+from ports import free_port
 from spine_cluster import Cluster
 
 from hfai.config import WebConfig
@@ -29,11 +29,6 @@ pytestmark = pytest.mark.slow
 aiohttp = pytest.importorskip("aiohttp")
 pytest.importorskip("jupyterlab")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

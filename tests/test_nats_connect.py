@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from ports import free_port
 
 from hfai import _nats
 from hfai.cli.local.nats_server import start_nats
@@ -18,15 +18,9 @@ from hfai.config import Config, NatsConfig
 from hfai.protocol.errors import Unavailable
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_without_a_cluster_fails_fast_with_a_clear_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_")}
-    env.update(HFAI_HOME=str(tmp_path), HFAI_NATS_URL=f"nats://127.0.0.1:{_free_port()}",
+    env.update(HFAI_HOME=str(tmp_path), HFAI_NATS_URL=f"nats://127.0.0.1:{free_port()}",
                HFAI_NATS_CONNECT_TIMEOUT_S="0.5")  # fmt: skip
     # Before the bound in _nats.connect this waited forever: the subprocess timeout would trip.
     r = subprocess.run([sys.executable, "-m", "hfai.cli.main", "ps"], env=env, cwd=tmp_path,
@@ -36,14 +30,14 @@ def test_cli_without_a_cluster_fails_fast_with_a_clear_error(tmp_path):
 
 
 def test_cli_connect_raises_unavailable():
-    config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{_free_port()}", connect_timeout_s=0.3))
+    config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{free_port()}", connect_timeout_s=0.3))
     with pytest.raises(Unavailable, match="cannot reach NATS"):
         asyncio.run(asyncio.wait_for(_nats.connect(config, "t", reconnect=False), 30))
 
 
 def test_daemon_waits_for_nats_to_come_up(tmp_path, monkeypatch):
     monkeypatch.setattr(_nats, "WAIT_LOG_INTERVAL_S", 0.2)  # the waiting branch loops, logging
-    port = _free_port()
+    port = free_port()
     config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{port}", connect_timeout_s=0.5))
 
     async def go():
@@ -65,7 +59,7 @@ def test_daemon_waits_for_nats_to_come_up(tmp_path, monkeypatch):
 def test_a_daemon_waiting_for_nats_retries_after_growing_jittered_waits():
     """Not every 0.5 s in lockstep (a fleet that lost its server): each wait is drawn from half to
     all of a ceiling that doubles up to RECONNECT_WAIT_CAP_S while the server stays away."""
-    config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{_free_port()}", connect_timeout_s=0.5))
+    config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{free_port()}", connect_timeout_s=0.5))
     failed: list[float] = []
 
     async def on_error(_e: Exception) -> None:

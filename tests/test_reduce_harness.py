@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import signal
-import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 import torch.multiprocessing as mp
+from ports import free_port
 
 # Starts processes (a cluster or torch workers): seconds each; `make test-fast` leaves it out.
 pytestmark = pytest.mark.slow
@@ -34,11 +34,6 @@ class Outcome:
     message: str = ""
     exitcode: int | None = None
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(fn, rank, world, port, results, args) -> None:
@@ -73,7 +68,7 @@ def run_ranks(fn, world: int, *args, deadline_s: float = 60.0) -> dict[int, Outc
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_entry, args=(fn, r, world, port, results, args), daemon=True)
         for r in range(world)

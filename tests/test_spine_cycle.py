@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from ports import free_port
 from spine_cluster import JOBS, REPO, Cluster
 
 from hfai.protocol.types import ChainState, Priority
@@ -21,15 +21,10 @@ TRAIN = str(REPO / "examples" / "train.py")
 TRAIN_ARGS = ["--steps", "40", "--step-time", "0.05", "--seed", "7"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _reference_run(workdir, out) -> None:
     """The same 2-rank training, uninterrupted, outside the platform."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
         env = dict(os.environ, WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)

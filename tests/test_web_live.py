@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import urllib.error
 import urllib.parse
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium
+from ports import free_port
 from spine_cluster import Cluster
 
 from hfai.config import WebConfig
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.slow
 
 STEPS = [sys.executable, str(Path(__file__).parent / "jobs" / "steps.py")]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from browser import chromium
+from ports import free_port
 from spine_cluster import Cluster
 
 from hfai.agent import fleet
@@ -40,11 +40,6 @@ return [...document.querySelectorAll('.js-plotly-plot')].map(p=>{
           legend:texts('.legend .legendtext'), colorbar:texts('.colorbar .cbtitle text')};});
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Site:
