@@ -222,12 +222,22 @@ class Rig:
                       key=lambda j: (j.submit_ts, j.id))
 
     async def records(self) -> dict[str, JobRecord]:
-        """Every job record, read from the bucket itself (not through the watch)."""
+        """Every job record, read from the bucket itself (not through the watch): the bucket's keys
+        and every job this rig submitted or saw, each read by key. nats-py's ``keys()`` is a watch
+        that ends at the first entry with nothing pending, and under load it has come back without
+        a key the bucket holds; a job missing here is then one the bucket really lost, which
+        ``check_none_lost_or_concurrent`` reports by name."""
         try:
-            keys = await self.jobs_kv.keys()
+            keys = set(await self.jobs_kv.keys())
         except nats.js.errors.NoKeysError:
-            return {}
-        return {k: decode((await self.jobs_kv.get(k)).value, JobRecord) for k in keys}
+            keys = set()
+        records = {}
+        for k in sorted(keys | set(self.submitted) | set(self.jobs)):
+            try:
+                records[k] = decode((await self.jobs_kv.get(k)).value, JobRecord)
+            except nats.js.errors.KeyNotFoundError:
+                pass
+        return records
 
     async def until(self, cond, timeout: float, what: str, poll: float = 0.05):
         deadline = time.monotonic() + timeout
@@ -358,6 +368,8 @@ def check_starts_and_summarize(what: str, cycles: list[Cycle], records: dict[str
     new leader's decision to start them (record) and their processes' start, per cycle the
     slowest of its jobs."""
     runs = runs_by_job(log)
+    lost = sorted({j for cy in cycles for j in cy.fits if j not in records})
+    assert not lost, f"jobs that waited at a fault have no record: {lost}"
     took, decided, started, after = [], [], [], []
     late = []
     for k, cy in enumerate(cycles):
