@@ -9,10 +9,10 @@ import dataclasses
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import hfai_cli
+from waits import wait_for
 
 from hfai import _nats
 from hfai.api.client import ApiClient
@@ -37,23 +37,6 @@ OPERATORS = {"root"}
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
-
-
-def wait_for(cond, timeout: float, what: str, poll: float = 0.1):
-    """``cond()``'s first true value, polled every ``poll`` s; an AssertionError naming ``what``
-    after ``timeout`` s. An exception from ``cond`` counts as not yet (the API is briefly
-    unavailable during a failover) and is named in the error."""
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as e:
-            last_error = e
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
 
 
 @contextlib.contextmanager

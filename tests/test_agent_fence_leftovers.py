@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waits import wait_for_file
 
 from hfai.agent.launcher import LAUNCH_FILE
 
@@ -80,21 +81,12 @@ def _launch(tmp_path: Path, how: str, fence: bool) -> tuple[subprocess.Popen, Pa
     return launcher, run_dir, pids, mark
 
 
-def _wait_for(path: Path, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return path.read_text()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never appeared")
-
-
 @pytest.mark.parametrize("fence", [False, True], ids=["no-fence", "fence"])
 @pytest.mark.parametrize("how", ["exits", "stopped"])
 def test_no_process_of_a_run_outlives_it(tmp_path, how, fence):
     launcher, run_dir, pids, mark = _launch(tmp_path, "exit" if how == "exits" else "wait", fence)
     try:
-        job, stubborn, daemon = (int(p) for p in _wait_for(pids).split())
+        job, stubborn, daemon = (int(p) for p in wait_for_file(pids).split())
         assert {stubborn, daemon} <= set(_marked(mark)), "the job did not leave its two processes"
         assert os.getpgid(daemon) != job  # it did leave the job's group
         if how == "stopped":

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from spine_cluster import wait_for
 from test_spine_local_restart import STEPS, hfai, job, job_id, ok, wait_state
+from waits import wait_for
 
 from hfai.api.config import current_user
 from hfai.cli.local import LocalCluster

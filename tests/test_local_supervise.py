@@ -9,7 +9,8 @@ import os
 import signal
 import time
 
-from spine_cluster import TEST_AGENT, TEST_CONTROLLER, wait_for
+from spine_cluster import TEST_AGENT, TEST_CONTROLLER
+from waits import wait_for
 
 from hfai._proc import pid_alive
 from hfai.cli.local import LocalCluster

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waits import wait_for_file
 
 from hfai.agent.launcher import FENCED_FILE, LAUNCH_FILE
 from hfai.agent.plan import RunPhase, platform_stopped
@@ -74,15 +75,6 @@ def _launch(tmp_path: Path, code: str, fence_s: float | None = FENCE_S) -> tuple
     return launcher, run_dir, pids
 
 
-def _wait_for(path: Path, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return path.read_text()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never appeared")
-
-
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -110,7 +102,7 @@ def test_stale_stamp_kills_the_whole_group_within_the_bound(tmp_path, cleanup):
     _stamp(alive)
     launcher, run_dir, pids = _launch(tmp_path, STUBBORN)
     cleanup.append((launcher, run_dir))
-    job_pid, sleeper_pid = map(int, _wait_for(pids).split())
+    job_pid, sleeper_pid = map(int, wait_for_file(pids).split())
     # The agent's last accepted heartbeat: from now on nobody confirms it is alive.
     _stamp(alive)
     silent_since = time.monotonic()
@@ -128,7 +120,7 @@ def test_a_polite_job_ends_on_the_term(tmp_path, cleanup):
     _stamp(alive)
     launcher, run_dir, pids = _launch(tmp_path, POLITE)
     cleanup.append((launcher, run_dir))
-    int(_wait_for(pids))
+    int(wait_for_file(pids))
     launcher.wait(timeout=KILL_S + SLACK_S + 10)
     assert (run_dir / FENCED_FILE).exists()
     assert int((run_dir / "exit_code").read_text()) == -signal.SIGTERM
@@ -139,7 +131,7 @@ def test_fresh_stamps_leave_the_job_alone(tmp_path, cleanup):
     _stamp(alive)
     launcher, run_dir, pids = _launch(tmp_path, POLITE)
     cleanup.append((launcher, run_dir))
-    job_pid = int(_wait_for(pids))
+    job_pid = int(wait_for_file(pids))
     stop = threading.Event()
 
     def heartbeat():  # an agent heartbeating every 0.2 s
@@ -167,7 +159,7 @@ def test_without_a_bound_a_stale_stamp_changes_nothing(tmp_path, cleanup):
     _stamp(tmp_path / "alive", time.monotonic() - 3600)
     launcher, run_dir, pids = _launch(tmp_path, POLITE, fence_s=None)
     cleanup.append((launcher, run_dir))
-    job_pid = int(_wait_for(pids))
+    job_pid = int(wait_for_file(pids))
     time.sleep(2 * KILL_S)
     assert not _gone(job_pid) and not (run_dir / FENCED_FILE).exists()
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from spine_cluster import JOBS, REPO, wait_for
+from spine_cluster import JOBS, REPO
+from waits import wait_for
 
 from hfai.api.client import ApiClient
 from hfai.api.config import current_user
