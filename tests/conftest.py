@@ -35,3 +35,12 @@ def home(tmp_path):
     local = LocalCluster.load(h / "local")
     if local is not None:
         local.down()
+
+
+@pytest.fixture(scope="module")
+def users():
+    """The two Unix test users of tests/unix_users.py, ``{name: pwd entry}``, created for a module
+    where missing and removed after it (needs root)."""
+    from unix_users import create_users
+
+    yield from create_users()

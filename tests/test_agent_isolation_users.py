@@ -5,17 +5,13 @@ directories. Needs root (to create the users and to switch to them); skipped oth
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import pwd
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
+from unix_users import ATTEMPT, GROUP, USERS, group_gid, passable_tmp, probe, python_for_everyone, run_log
+from waits import wait_for
 
 from hfai.agent.plan import RunPhase
 from hfai.agent.runs import RunStore
@@ -24,18 +20,10 @@ from hfai.protocol.types import DesiredRun, RunAssignment
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
                                 reason="needs root and useradd to create test users")
 
-USERS = ("hfaitest_a", "hfaitest_b")
-GROUP = "hfaitest_g"  # a supplementary group of hfaitest_a
-
 # The job: report who it is, then try the other job's directories (paths in its environment).
 PROBE = r"""
 import json, os, sys
-def attempt(fn):
-    try:
-        fn()
-        return "ok"
-    except OSError as e:
-        return type(e).__name__
+""" + ATTEMPT + r"""
 def write_suspend():
     with open(os.path.join(os.environ["OTHER_CONTROL"], "suspend"), "w") as f:
         f.write("forged")
@@ -60,55 +48,32 @@ if os.environ.get("LINGER"):
 """
 
 
-@pytest.fixture(scope="module")
-def users():
-    created_group = _ensure(["groupadd", "--system", GROUP], lambda: _group_exists(GROUP))
-    created = []
-    for name in USERS:
-        if _ensure(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                    name], lambda name=name: _user_exists(name)):
-            created.append(name)
-    subprocess.run(["usermod", "-a", "-G", GROUP, USERS[0]], check=True, capture_output=True)
-    try:
-        yield {name: pwd.getpwnam(name) for name in USERS}
-    finally:
-        for name in created:
-            subprocess.run(["userdel", name], check=False, capture_output=True)
-        if created_group:
-            subprocess.run(["groupdel", GROUP], check=False, capture_output=True)
-
-
 @pytest.fixture()
 def store():
-    # Under /tmp, not pytest's tmp_path: job users must pass through every parent directory.
-    base = Path(tempfile.mkdtemp(prefix="hfai-isolation-"))
-    base.chmod(0o711)
-    try:
+    with passable_tmp("hfai-isolation-") as base:
         yield RunStore(base / "state", "n0", base / "envs", run_as="submitter")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_jobs_run_as_their_submitters_and_cannot_touch_each_other(users, store):
     b = _ra("jobb", USERS[1], env={"LINGER": "60"})
     store.start(b)
     try:
-        _wait_for(lambda: "PROBE" in _log(store, b))
+        wait_for(lambda: "PROBE" in run_log(store, b), 30, "jobb's probe", poll=0.05)
         a = _ra("joba", USERS[0], env={
             "OTHER_CONTROL": str(store.control_dir(b.key)), "OTHER_LOG": str(store.log_path("jobb", 0)),
             "RUNS_DIR": str(store.runs_dir), "OTHER_RUN": str(store.dir(b.key)),
             "HFAI_RUN_DIR": str(store.dir("joba.1")),
         })
         store.start(a)
-        _wait_for(lambda: store.snapshot()[a.key].phase is RunPhase.EXITED)
-        seen_a, seen_b = _probe(store, a), _probe(store, b)
+        wait_for(lambda: store.snapshot()[a.key].phase is RunPhase.EXITED, 30, "joba to exit", poll=0.05)
+        seen_a, seen_b = probe(store, a), probe(store, b)
     finally:
         store.signal(b.key, 9)
     for seen, user in ((seen_a, users[USERS[0]]), (seen_b, users[USERS[1]])):
         assert (seen["uid"], seen["euid"], seen["gid"]) == (user.pw_uid, user.pw_uid, user.pw_gid)
         assert seen["groups"] == sorted(os.getgrouplist(user.pw_name, user.pw_gid)) and 0 not in seen["groups"]
         assert (seen["home"], seen["user"]) == (user.pw_dir, user.pw_name)
-    assert _group_gid(GROUP) in seen_a["groups"]
+    assert group_gid(GROUP) in seen_a["groups"]
     denied = ("list_other_control", "write_other_suspend", "list_other_logs", "read_other_log", "list_runs",
               "read_other_run", "forge_exit_code")
     assert {k: seen_a[k] for k in denied} == dict.fromkeys(denied, "PermissionError")
@@ -130,10 +95,11 @@ def test_a_job_enters_its_workdir_as_its_user(users, store):
     refused = dataclasses.replace(_ra("jobv", USERS[0]), workdir=str(private))
     for ra in (ok, refused):
         store.start(ra)
-    _wait_for(lambda: all(store.snapshot()[ra.key].phase is RunPhase.EXITED for ra in (ok, refused)))
-    assert store.snapshot()[ok.key].exit_code == 0 and _probe(store, ok)["cwd"] == str(mine)
+    wait_for(lambda: all(store.snapshot()[ra.key].phase is RunPhase.EXITED for ra in (ok, refused)), 30,
+             "both runs to exit", poll=0.05)
+    assert store.snapshot()[ok.key].exit_code == 0 and probe(store, ok)["cwd"] == str(mine)
     assert store.snapshot()[refused.key].exit_code == 127
-    assert f"cannot enter workdir {private}" in _log(store, refused) and "PROBE" not in _log(store, refused)
+    assert f"cannot enter workdir {private}" in run_log(store, refused) and "PROBE" not in run_log(store, refused)
 
 
 def test_a_user_unknown_on_the_node_never_runs(users, store):
@@ -159,61 +125,5 @@ def _assert_modes(store: RunStore, ra: RunAssignment, user) -> None:
 def _ra(job_id: str, user: str, env: dict[str, str] | None = None) -> RunAssignment:
     return RunAssignment(job_id=job_id, run_id=1, name=job_id, user=user, group="default", priority=10, rank=0,
                          world_size=1, master_addr="127.0.0.1", master_port=20000,
-                         entrypoint=(_python_for_everyone(), "-c", PROBE), workdir="/", desired=DesiredRun.RUN,
+                         entrypoint=(python_for_everyone(), "-c", PROBE), workdir="/", desired=DesiredRun.RUN,
                          env=env or {})
-
-
-def _python_for_everyone() -> str:
-    """A Python the test users may run (the test's own may live under root's 0700 home)."""
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        real = Path(candidate).resolve()
-        if real.is_file() and all(p.stat().st_mode & 0o001 for p in (real, *real.parents)):
-            return str(real)
-    pytest.skip("no Python on this machine that other users may run")
-
-
-def _log(store: RunStore, ra: RunAssignment) -> str:
-    return store.log_path(ra.job_id, ra.rank).read_text(errors="replace")
-
-
-def _probe(store: RunStore, ra: RunAssignment) -> dict:
-    text = _log(store, ra)
-    line = next((ln for ln in text.splitlines() if ln.startswith("PROBE ")), None)
-    assert line, f"the job printed no probe; its log:\n{text}"
-    return json.loads(line[len("PROBE "):])
-
-
-def _wait_for(cond, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def _ensure(cmd: list[str], exists) -> bool:
-    """Run ``cmd`` unless ``exists()``; True if this call created the thing (and must remove it)."""
-    if exists():
-        return False
-    subprocess.run(cmd, check=True, capture_output=True)
-    return True
-
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
-
-
-def _group_exists(name: str) -> bool:
-    return _group_gid(name) is not None
-
-
-def _group_gid(name: str) -> int | None:
-    import grp
-
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        return None

@@ -4,14 +4,12 @@ path (RunStore, launcher) as their submitters. Needs root (users, switching); sk
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
-from test_agent_isolation_users import GROUP, USERS, _log, _python_for_everyone, _wait_for, users  # noqa: F401
+from unix_users import ATTEMPT, GROUP, USERS, passable_tmp, probe, python_for_everyone
+from waits import wait_for
 
 from hfai.agent.plan import RunPhase
 from hfai.agent.runs import RunStore
@@ -24,12 +22,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd")
 PROBE = r"""
 import json, os
 root = os.environ["HFAI_DATASETS_DIR"]
-def attempt(fn):
-    try:
-        fn()
-        return "ok"
-    except OSError as e:
-        return type(e).__name__
+""" + ATTEMPT + r"""
 out = {}
 for name in ("open", "secret"):
     out["read_" + name] = attempt(lambda: open(os.path.join(root, name, "part0")).read())
@@ -41,16 +34,11 @@ print("PROBE " + json.dumps(out), flush=True)
 
 @pytest.fixture()
 def base():
-    # Under /tmp: job users must pass through every parent directory.
-    d = Path(tempfile.mkdtemp(prefix="hfai-datasets-"))
-    d.chmod(0o711)
-    try:
+    with passable_tmp("hfai-datasets-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_private_dataset_unreadable_to_another_group(users, base):  # noqa: F811
+def test_private_dataset_unreadable_to_another_group(users, base):
     root = base / "datasets"
     for name in ("open", "secret"):
         (base / "src" / name).mkdir(parents=True)
@@ -65,11 +53,10 @@ def test_private_dataset_unreadable_to_another_group(users, base):  # noqa: F811
     for i, user in enumerate(USERS):  # USERS[0] is in GROUP, USERS[1] is not
         ra = RunAssignment(job_id=f"ds{i}", run_id=1, name="probe", user=user, group="default", priority=10, rank=0,
                            world_size=1, master_addr="127.0.0.1", master_port=20000,
-                           entrypoint=(_python_for_everyone(), "-c", PROBE), workdir="/", desired=DesiredRun.RUN)
+                           entrypoint=(python_for_everyone(), "-c", PROBE), workdir="/", desired=DesiredRun.RUN)
         store.start(ra)
-        _wait_for(lambda ra=ra: store.snapshot()[ra.key].phase is RunPhase.EXITED)
-        line = next(x for x in _log(store, ra).splitlines() if x.startswith("PROBE "))
-        seen[user] = json.loads(line[len("PROBE "):])
+        wait_for(lambda ra=ra: store.snapshot()[ra.key].phase is RunPhase.EXITED, 30, f"{ra.job_id} to exit", poll=0.05)
+        seen[user] = probe(store, ra)
     member, other = seen[USERS[0]], seen[USERS[1]]
     assert member["read_open"] == other["read_open"] == "ok"
     assert member["read_secret"] == "ok"
