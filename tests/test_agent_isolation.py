@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from waits import wait_for
 
 from hfai.agent import safefs
 from hfai.agent.identity import Account, decide
@@ -236,7 +237,7 @@ def test_a_restarted_agent_seeing_only_a_stale_assignment_keeps_its_adopted_runs
     first._on_assignment(_entry(NodeAssignment(node="n0", fence=10, runs=(_ra(entrypoint=("sleep", "60")),))))
     launched = first.store.start(first._desired["job1.1"])
     try:
-        _wait_for(lambda: (first.store.dir("job1.1") / "child_pid").exists())
+        wait_for(lambda: (first.store.dir("job1.1") / "child_pid").exists(), 10, "job1's child", poll=0.05)
         agent = _agent(tmp_path, run_as="agent")  # restarted; KV holds an older leader's entry
         sent = _recorder(agent)
         agent._on_assignment(_entry(NodeAssignment(node="n0", fence=9, runs=())))
@@ -257,10 +258,3 @@ def test_an_empty_kv_still_means_nothing_is_wanted(tmp_path):
     agent = _agent(tmp_path)
     agent._on_snapshot_end()
     assert agent._have_assignment and agent._desired == {}
-
-
-def _wait_for(cond, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)

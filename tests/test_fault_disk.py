@@ -11,11 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from waits import wait_for
 
 from hfai.agent.launcher import read_stamp
 from hfai.agent.launchers import LAUNCH_EXEC, ExecLauncher
@@ -65,17 +65,9 @@ def ra(tmp_path: Path, job_id: str, code: str = "pass") -> RunAssignment:
                          entrypoint=(sys.executable, "-c", code), workdir=str(tmp_path), desired=DesiredRun.RUN)
 
 
-def wait_for(cond, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while not (value := cond()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
-
-
 def exited(store: RunStore, key: str):
     return wait_for(lambda: (r := store.snapshot().get(key)) is not None and r.phase is RunPhase.EXITED and r,
-                    f"{key} to exit")
+                    WAIT_S, f"{key} to exit", poll=0.02)
 
 
 # Waits for the file named by argv[1], then (after printing argv[2] bytes) for argv[3], then exits 0.
@@ -127,7 +119,7 @@ def test_a_job_printing_onto_a_full_disk_is_not_hurt_and_its_log_says_what_was_l
     store.start(r)
     filler = fill(state_dir)
     go.touch()
-    wait_for(lambda: Path(f"{go}.printed").exists(), "the job to print onto the full disk")
+    wait_for(lambda: Path(f"{go}.printed").exists(), WAIT_S, "the job to print onto the full disk", poll=0.02)
     filler.unlink()
     room.touch()
     run = exited(store, r.key)
@@ -240,14 +232,14 @@ def test_a_run_whose_end_a_full_disk_kept_from_record_is_not_the_users_failure(t
     r, go = waiter(tmp_path, "j6", 0)
     assign(agent, r)
     asyncio.run(agent.reconcile())
-    child = wait_for(lambda: (agent.store.dir(r.key) / "child_pid").exists(), "the job to start") and int(
-        (agent.store.dir(r.key) / "child_pid").read_text())
+    wait_for(lambda: (agent.store.dir(r.key) / "child_pid").exists(), WAIT_S, "the job to start", poll=0.02)
+    child = int((agent.store.dir(r.key) / "child_pid").read_text())
     launcher = int((agent.store.dir(r.key) / "launcher_pid").read_text().split()[0])
     fill(state_dir)
     heartbeat(agent)
     os.kill(launcher, signal.SIGKILL)  # what a launcher that could not write its status leaves
     os.killpg(child, signal.SIGKILL)
-    wait_for(lambda: agent.store.snapshot()[r.key].phase is RunPhase.EXITED, "the run to end")
+    wait_for(lambda: agent.store.snapshot()[r.key].phase is RunPhase.EXITED, WAIT_S, "the run to end", poll=0.02)
     asyncio.run(agent.reconcile())
     ends = [f for k, kind, f in sent if kind is RunEventKind.EXITED]
     assert len(ends) == 1 and ends[0]["platform_stopped"] is True
