@@ -1,6 +1,7 @@
 """hfai: the in-job runtime of the hfai time-sharing platform.
 
-``import hfai`` stays light (no torch, no nats): the suspend/resume API below is plain Python.
+``import hfai`` stays light (no torch, no nats): the suspend/resume API below is plain Python,
+its functions loaded from ``hfai._job`` and ``hfai.watchdog`` at first use.
 Heavier subpackages (``hfai.nn``, ``hfai.reduce``, ``hfai.data``, ``hfai.distributed``, ...)
 are imported lazily on first attribute access, so existing scripts that do ``import hfai`` and
 then call ``hfai.nn.to_hfai(model)`` or ``hfai.client.go_suspend()`` keep working.
@@ -9,16 +10,29 @@ then call ``hfai.nn.to_hfai(model)`` or ``hfai.client.go_suspend()`` keep workin
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
-from hfai._job import (
-    get_whole_life_state,
-    go_suspend,
-    receive_suspend_command,
-    set_whole_life_state,
-)
 from hfai._version import __version__
-from hfai.watchdog import set_watchdog_time
+
+if TYPE_CHECKING:
+    from hfai._job import get_whole_life_state, go_suspend, receive_suspend_command, set_whole_life_state
+    from hfai.watchdog import set_watchdog_time
+
+# The job API's functions, from their modules at first use: every `hfai` command imports this
+# package, and a CLI call needs none of them (nor hashlib, json and logging at this point).
+_LAZY_FUNCTIONS = {
+    "get_whole_life_state": "hfai._job",
+    "go_suspend": "hfai._job",
+    "receive_suspend_command": "hfai._job",
+    "set_whole_life_state": "hfai._job",
+    "set_watchdog_time": "hfai.watchdog",
+}
+
+# A simulated suspend chain resumes at `import hfai` (hfai._job sets the run's suspend count and
+# whole-life state as it loads), before the script reads them from the environment.
+if os.environ.get("HFAI_SIMULATE_SUSPEND_S"):
+    importlib.import_module("hfai._job")
 
 _LAZY_SUBMODULES = frozenset(
     {
@@ -51,8 +65,16 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_FUNCTIONS:
+        value = getattr(importlib.import_module(_LAZY_FUNCTIONS[name]), name)
+        globals()[name] = value
+        return value
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f"hfai.{name}")
         globals()[name] = module
         return module
     raise AttributeError(f"module 'hfai' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_FUNCTIONS})
