@@ -12,6 +12,7 @@ import typing
 
 import msgpack
 import pytest
+from fuzzing import mutate
 
 from hfai.protocol import ProtocolError, codec, decode, encode
 from hfai.protocol import types as t
@@ -129,34 +130,13 @@ def check(data: bytes):
     return msg
 
 
-def mutate(rng: random.Random, obj):
-    """Replace one random node of a wire tree with something hostile, or drop a key."""
-    if isinstance(obj, dict) and obj and rng.random() < 0.8:
-        key = rng.choice(list(obj))
-        out = dict(obj)
-        roll = rng.random()
-        if roll < 0.1:
-            del out[key]
-        elif roll < 0.5:
-            out[key] = rng.choice(HOSTILE)
-        else:
-            out[key] = mutate(rng, obj[key])
-        return out
-    if isinstance(obj, list) and obj and rng.random() < 0.8:
-        i = rng.randrange(len(obj))
-        out = list(obj)
-        out[i] = mutate(rng, obj[i]) if rng.random() < 0.5 else rng.choice(HOSTILE)
-        return out
-    return rng.choice(HOSTILE)
-
-
 def test_mutated_messages_decode_typed_or_fail_typed():
     rng = random.Random(20240607)
     for _ in range(6000):
         sample = rng.choice(SAMPLES)
         wire = msgpack.unpackb(encode(sample))
         for _ in range(rng.randint(1, 3)):
-            wire = mutate(rng, wire)
+            wire = mutate(rng, wire, HOSTILE)
         check(msgpack.packb(wire, use_bin_type=True))
 
 

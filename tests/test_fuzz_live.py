@@ -16,6 +16,7 @@ import random
 
 import msgpack
 import pytest
+from fuzzing import mutate
 from spine_cluster import JOBS, REPO, Cluster
 
 from hfai import _nats
@@ -130,27 +131,6 @@ ONCE_ACCEPTED = [
 ]
 
 
-def mutate(rng: random.Random, obj):
-    """One random node of a wire tree replaced by something hostile, or a key dropped."""
-    if isinstance(obj, dict) and obj and rng.random() < 0.85:
-        key = rng.choice(list(obj))
-        out = dict(obj)
-        roll = rng.random()
-        if roll < 0.1:
-            del out[key]
-        elif roll < 0.45:
-            out[key] = rng.choice(HOSTILE)
-        else:
-            out[key] = mutate(rng, obj[key])
-        return out
-    if isinstance(obj, list) and obj and rng.random() < 0.85:
-        i = rng.randrange(len(obj))
-        out = list(obj)
-        out[i] = mutate(rng, obj[i]) if rng.random() < 0.5 else rng.choice(HOSTILE)
-        return out
-    return rng.choice(HOSTILE)
-
-
 def payload(rng: random.Random, sample) -> bytes:
     """A malformed request built around ``sample`` (the verb's request)."""
     good = encode(sample)
@@ -164,7 +144,7 @@ def payload(rng: random.Random, sample) -> bytes:
     if roll < 0.45:  # a well-formed envelope with hostile fields
         wire = msgpack.unpackb(good)
         for _ in range(rng.randint(1, 2)):
-            wire = mutate(rng, wire)
+            wire = mutate(rng, wire, HOSTILE, descend=0.85, replace=0.45)
         return msgpack.packb(wire, use_bin_type=True)
     if roll < 0.55:  # another kind of message, or an envelope that is not quite one
         other = rng.choice([v[0] for v in VERBS.values()] + [ErrorReply(code="x", message="y")])
