@@ -4,6 +4,11 @@ The file is ``$HFAI_CONFIG`` if set, else ``/etc/hfai/hfai.toml`` if it exists, 
 Any field can be overridden by ``HFAI_<SECTION>_<FIELD>`` (e.g. ``HFAI_CONTROLLER_SLICE_S=600``,
 ``HFAI_AGENT_NODE=gpu-17``, ``HFAI_NATS_URL=nats://10.0.0.5:4222``). Every timeout, period and
 window lives here so that tests can run the whole interrupt cycle in seconds.
+
+The sections are frozen dataclasses made at their first use (``hfai.protocol._lazy``), and
+:func:`load_config` makes only the sections the file or the environment sets; the others come with
+their defaults when first read. A CLI call reads ``[nats]`` alone, and making a dataclass costs
+about a millisecond (``dataclasses`` compiles its methods).
 """
 
 from __future__ import annotations
@@ -11,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import InvalidRequest
 
 DEFAULT_CONFIG_PATH = Path("/etc/hfai/hfai.toml")
@@ -27,7 +32,7 @@ def hfai_home(env: Mapping[str, str] = os.environ) -> Path:
     return Path(env.get("HFAI_HOME") or Path.home() / ".hfai")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class NatsConfig:
     url: str = "nats://127.0.0.1:4222"
     connect_timeout_s: float = 2.0
@@ -52,7 +57,7 @@ class NatsConfig:
     tls_ca: str = ""
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ControllerConfig:
     id: str = ""
     lease_ttl_s: float = 10.0
@@ -121,7 +126,7 @@ class ControllerConfig:
     quota_needed_above: int = 10
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class AgentConfig:
     node: str = ""
     group: str = "default"
@@ -182,7 +187,7 @@ class AgentConfig:
         return self.node or socket.gethostname().split(".")[0]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class WebConfig:
     """``hfai-web``, the task-management pages (see docs/web.md)."""
 
@@ -200,7 +205,7 @@ class WebConfig:
     poll_s: float = 2.0
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StorageConfig:
     """The storage service (hfai-storage): workspaces, storage rules, datasets (see docs/storage.md)."""
 
@@ -230,7 +235,7 @@ class StorageConfig:
     shutdown_timeout_s: float = 30.0
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class DevConfig:
     """Development sessions (``hfai dev``, docs/dev.md)."""
 
@@ -253,6 +258,17 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     dev: DevConfig = field(default_factory=DevConfig)
 
+    if not TYPE_CHECKING:  # for mypy a Config has only its fields
+
+        def __getattr__(self, name: str) -> Any:
+            # Only a section load_config left unmade reaches here: its defaults, made now.
+            cls = _SECTIONS.get(name)
+            if cls is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            section = cls()
+            object.__setattr__(self, name, section)
+            return section
+
 
 _SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "web": WebConfig,
              "storage": StorageConfig, "dev": DevConfig}
@@ -271,14 +287,19 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] = 
         path = config_file(env)
     data: dict[str, Any] = {}
     if path is not None:
+        import tomllib  # only where a file is read
+
         try:
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise InvalidRequest(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
-    sections = {}
+    overridden = {key.split("_", 2)[1].lower() for key in env if key.startswith("HFAI_") and key.count("_") >= 2}
+    config = object.__new__(Config)  # the sections set below; Config.__getattr__ makes the others
     for name, cls in _SECTIONS.items():
+        if name not in data and name not in overridden:
+            continue
         values = dict(data.get(name, {}))
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -287,8 +308,8 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] = 
             raw = env.get(f"HFAI_{name.upper()}_{f.name.upper()}")
             if raw is not None:
                 values[f.name] = raw
-        sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in values.items()})
-    return Config(**sections)
+        object.__setattr__(config, name, cls(**{k: _coerce(cls, k, v) for k, v in values.items()}))
+    return config
 
 
 def _coerce(cls: type, name: str, value: Any) -> Any:
