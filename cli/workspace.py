@@ -88,18 +88,31 @@ async def _push_with_bars(client, root: Path, sc, bwlimit: int):
     """The push, with progress bars on stderr (bytes, rate, ETA): hashing, then sending."""
     from hfai.storage.client import push as do_push
 
-    with contextlib.ExitStack() as stack:
-        hashing = stack.enter_context(_bar("hashing", 0))
-        bars = {"send": hashing}
-
+    with _Bars() as bars:
         def planned(chunks: int, size: int) -> None:
-            stack.close()
             click.echo(f"{chunks} chunk(s) to send ({_mb(size)})", err=True)
-            bars["send"] = stack.enter_context(_bar("sending", size))
+            bars.open("sending", size)
 
         return await do_push(client, root, sc.chunk_bytes, sc.request_bytes, sc.commit_timeout_s,
-                             on_hash=hashing.update, on_send=lambda n: bars["send"].update(n), on_plan=planned,
-                             bwlimit=bwlimit * 1000, on_total=lambda n: _set_total(hashing, n))
+                             on_hash=bars.update, on_send=bars.update, on_plan=planned, bwlimit=bwlimit * 1000,
+                             on_total=lambda n: bars.open("hashing", n))
+
+
+class _Bars(contextlib.ExitStack):
+    """One progress bar at a time, opened only for a phase with bytes to show: an unchanged push
+    shows none and never imports tqdm (tens of milliseconds of a push that takes a few hundred)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bar = None
+
+    def open(self, label: str, size: int) -> None:
+        self.close()
+        self._bar = self.enter_context(_bar(label, size)) if size else None
+
+    def update(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
 
 
 async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
@@ -108,18 +121,13 @@ async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
     from hfai.storage.plan import check_workspace_name
 
     name = check_workspace_name(read_marker(root)["name"])
-    with _bar("hashing", 0) as bar:
-        out = await outgoing(client, root, name, chunk_bytes, on_hash=bar.update, on_total=lambda n: _set_total(bar, n))
+    with _Bars() as bars:
+        out = await outgoing(client, root, name, chunk_bytes, on_hash=bars.update,
+                             on_total=lambda n: bars.open("hashing", n))
     for path, chunks, size in out.files():
         click.echo(f"{_mb(size):>10}  {chunks:>5} chunk(s)  {path}")
     click.echo(f"would send {len(out.lacking)} of {len(out.hashes)} chunks ({_mb(out.bytes)}) of "
                f"{len(out.manifest.files)} files to workspace {name} (dry run: nothing sent)")
-
-
-def _set_total(bar, n: int) -> None:
-    """The hashing bar learns its length once the tree is walked (one walk, not two)."""
-    bar.total = max(1, n)
-    bar.refresh()
 
 
 @workspace.command("pull")

@@ -58,10 +58,11 @@ _TASK_CHUNKS = 64
 def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | None = None,
                    stamps: dict | None = None, threads: int = HASH_THREADS, on_total=None) -> Manifest:
     """Hash every kept file under ``root`` (in ``threads`` threads); ``on_total(n)`` is told the
-    bytes of the files found, then ``on_bytes(n)`` of the bytes done (progress, from the calling
-    thread). ``known``: path -> [size, mtime_ns,
-    chunks, inode] of the last push: a file whose size, mtime and inode are unchanged is not read
-    again (rsync's quick check, plus the inode: a file replaced by another keeps neither)."""
+    bytes of the files to read, then ``on_bytes(n)`` of the bytes done (progress, from the calling
+    thread; files not read again count for neither, so an unchanged tree needs no progress bar).
+    ``known``: path -> [size, mtime_ns, chunks, inode] of the last push: a file whose size, mtime
+    and inode are unchanged is not read again (rsync's quick check, plus the inode: a file
+    replaced by another keeps neither)."""
     ignore = Ignore.load(root)
     entries: list[tuple[str, os.stat_result, list[str] | None]] = []
     for rel, st in walk(root, ignore):
@@ -69,15 +70,13 @@ def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | No
             stamps[rel] = st.st_mtime_ns  # taken before reading: a later change shows as a newer mtime
         entries.append((rel, st, _unchanged((known or {}).get(rel), st, chunk_bytes)))
     if on_total is not None:
-        on_total(sum(st.st_size for _rel, st, _seen in entries))
+        on_total(sum(st.st_size for _rel, st, seen in entries if seen is None))
     hashed = _hash_files(root, [(rel, st.st_size) for rel, st, seen in entries if seen is None], chunk_bytes,
                          on_bytes, threads)
     files = []
     for rel, st, seen in entries:
         if seen is not None:
             files.append(FileEntry(path=rel, size=st.st_size, mode=st.st_mode & 0o777, chunks=tuple(seen)))
-            if on_bytes is not None:
-                on_bytes(st.st_size)
         else:
             hashes, size = hashed[rel]
             files.append(FileEntry(path=rel, size=size, mode=st.st_mode & 0o777, chunks=tuple(hashes)))
