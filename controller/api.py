@@ -178,10 +178,12 @@ class ApiService:
         # A job array: one record per index, named NAME[i], each told its index (HFAI_ARRAY_INDEX).
         array_id = uuid.uuid4().hex[:10]
         created = []
-        for i in check_array(req.array):
+        for k, i in enumerate(check_array(req.array)):
             member = replace(spec, name=f"{spec.name}[{i}]", array_id=array_id, array_index=i,
                              env={**spec.env, "HFAI_ARRAY_INDEX": str(i), "HFAI_ARRAY_ID": array_id})
-            created.append(await self._create(member, user, now))
+            # A microsecond apart, in index order: first come, first served then starts the members
+            # in index order, where one submit time would leave the order to their random ids.
+            created.append(await self._create(member, user, now + k * 1e-6))
         self._on_submit()
         return JobReply(job=created[0], array_ids=tuple(r.id for r in created))
 
