@@ -37,6 +37,7 @@ import pwd
 import shutil
 import signal
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -82,7 +83,10 @@ def next_path(base: Path) -> Path:
 def _fault(point: str) -> None:
     if os.environ.get(FAULT_ENV) == point:
         log.warning("%s=%s: stopping this process here", FAULT_ENV, point)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # To this thread, not the process: a process-directed SIGSTOP may be taken by another
+        # thread (the event loop's), and the commit thread, told to stop a moment later, runs on
+        # meanwhile: far enough, sometimes, to swap the new tree in before it stops.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 # ---------------------------------------------------------------------------------- commit
