@@ -27,6 +27,7 @@ from typing import Any, TypeVar, overload
 
 import msgpack
 
+from hfai.protocol import _lazy
 from hfai.protocol import types as t
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import ProtocolError
@@ -125,9 +126,9 @@ _HEADS: dict[str, bytes] = {}
 
 
 def _field_keys(tp: type) -> dict[str, bytes]:
-    if not dataclasses.is_dataclass(tp):
+    if not _lazy.is_dataclass(tp):
         raise TypeError(f"{tp.__name__} is not an hfai message")
-    keys = _FIELD_KEYS[tp] = {f.name: msgpack.packb(f.name) for f in dataclasses.fields(tp)}
+    keys = _FIELD_KEYS[tp] = {f.name: msgpack.packb(f.name) for f in _lazy.fields(tp)}
     return keys
 
 
@@ -200,8 +201,8 @@ def _to_wire(value: Any) -> Any:
 
 
 def _encoder(tp: type) -> Any:
-    if dataclasses.is_dataclass(tp):
-        names = tuple(f.name for f in dataclasses.fields(tp))
+    if _lazy.is_dataclass(tp):
+        names = tuple(f.name for f in _lazy.fields(tp))
 
         def encode_fields(value: Any) -> Any:
             out = {}
@@ -251,7 +252,7 @@ def _decoder(tp: Any) -> _Decoder:
         return _dict_decoder(*typing.get_args(tp))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum_decoder(tp)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and _lazy.is_dataclass(tp):
         return _dataclass_decoder(tp)
     return _scalar_decoder(tp)
 
@@ -311,7 +312,9 @@ def _dataclass_decoder(cls: type) -> _Decoder:
     # fields of a heartbeat are plain numbers and strings: ~100 per 8-GPU node).
     fields: list[tuple[str, _Decoder, Callable[[], Any] | None, type | None]] = []
     # A frozen dataclass's __init__ sets each field through object.__setattr__ (~2 us for a
-    # GpuStat); a message without __post_init__ is filled in directly instead, as evolve() does.
+    # GpuStat); a message without __post_init__ is filled in directly instead, as evolve() does,
+    # and a class still pending (hfai.protocol._lazy) stays so: its fields are read without making
+    # it, and a reply a command only prints never makes its dataclass methods.
     direct = not hasattr(cls, "__post_init__")
     finite: Callable[[Any], bool] = math.isfinite  # a local name (and no typing.cast call per float)
 
@@ -321,7 +324,7 @@ def _dataclass_decoder(cls: type) -> _Decoder:
         if not fields:  # built on first use: a message type may contain itself
             hints = _hints(cls)
             fields.extend((f.name, _decoder(hints[f.name]), _default(f), _EXACT.get(hints[f.name]))
-                          for f in dataclasses.fields(cls))
+                          for f in _lazy.fields(cls))
         kwargs = {}
         for name, dec, default, exact in fields:
             if name in body:

@@ -50,11 +50,12 @@ def test_pending_until_first_use_then_a_plain_frozen_dataclass():
     P = make()
     assert _lazy.is_pending(P)
     p = P(1, tags=("a",))
-    assert not _lazy.is_pending(P)
+    assert _lazy.is_pending(P)  # an instance is filled in as __init__ would, without making the class
     ref = reference()
     r = ref(1, tags=("a",))
-    assert (p.x, p.y, p.tags, p.extra) == (r.x, r.y, r.tags, r.extra)
+    assert (p.x, p.y, p.tags, p.extra) == (r.x, r.y, r.tags, r.extra) and vars(p) == vars(r)
     assert repr(p) == repr(r).replace("reference.<locals>.", "")
+    assert not _lazy.is_pending(P)
     assert [f.name for f in dataclasses.fields(P)] == [f.name for f in dataclasses.fields(ref)]
     assert P.__match_args__ == ref.__match_args__ == ("x", "y", "tags", "extra")
     assert P.__dataclass_params__.frozen
