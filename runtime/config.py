@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hfai.protocol._lazy import fields as section_fields
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import InvalidRequest
 
@@ -261,11 +262,12 @@ class Config:
     if not TYPE_CHECKING:  # for mypy a Config has only its fields
 
         def __getattr__(self, name: str) -> Any:
-            # Only a section load_config left unmade reaches here: its defaults, made now.
+            # Only a section load_config left unmade reaches here: made now, from the values it
+            # checked (none: the defaults).
             cls = _SECTIONS.get(name)
             if cls is None:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            section = cls()
+            section = cls(**self.__dict__.get("_unmade", {}).get(name, {}))
             object.__setattr__(self, name, section)
             return section
 
@@ -296,24 +298,29 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] = 
         except tomllib.TOMLDecodeError as e:
             raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
     overridden = {key.split("_", 2)[1].lower() for key in env if key.startswith("HFAI_") and key.count("_") >= 2}
-    config = object.__new__(Config)  # the sections set below; Config.__getattr__ makes the others
+    # Every section the file or the environment sets is checked now, and made at its first read
+    # (Config.__getattr__): a CLI call reads [nats] alone, and the file of a local cluster sets
+    # all six (section_fields reads a section's fields without making its dataclass).
+    config = object.__new__(Config)
+    unmade: dict[str, dict[str, Any]] = {}
     for name, cls in _SECTIONS.items():
         if name not in data and name not in overridden:
             continue
         values = dict(data.get(name, {}))
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - {f.name for f in section_fields(cls)}
         if unknown:
             raise InvalidRequest(f"config [{name}] has unknown keys: {', '.join(sorted(unknown))}")
-        for f in dataclasses.fields(cls):
+        for f in section_fields(cls):
             raw = env.get(f"HFAI_{name.upper()}_{f.name.upper()}")
             if raw is not None:
                 values[f.name] = raw
-        object.__setattr__(config, name, cls(**{k: _coerce(cls, k, v) for k, v in values.items()}))
+        unmade[name] = {k: _coerce(cls, k, v) for k, v in values.items()}
+    object.__setattr__(config, "_unmade", unmade)
     return config
 
 
 def _coerce(cls: type, name: str, value: Any) -> Any:
-    kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    kind = {f.name: f.type for f in section_fields(cls)}[name]
     try:
         if kind == "float":
             return float(value)
