@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 # isort: off
@@ -27,6 +27,7 @@ from hfai import _nats
 from hfai.api.config import creds_path, current_user
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
+from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import Forbidden, InvalidRequest, Unavailable, error_for_code
 from hfai.protocol.types import (
     ChainState,
@@ -59,7 +60,7 @@ from hfai.protocol.types import (
 ACTIVE = "active"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass  # made at first use (hfai.protocol._lazy): `hfai status` does without it
 class JobFilter:
     """Which jobs ``hfai ps`` (and :func:`hfai.client.list_experiments`) show.
 

@@ -10,14 +10,14 @@ always did. Members come in index order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
+from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import InvalidRequest, NotFound
 from hfai.protocol.reasons import describe
 from hfai.protocol.types import JobRecord
 
 
-@dataclass(frozen=True)
+@frozen_dataclass  # made at first use (hfai.protocol._lazy), not at every command's import
 class Target:
     """What one reference on the command line means: one job, or an array's members."""
 

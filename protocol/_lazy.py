@@ -117,7 +117,7 @@ def _read_fields(cls: type) -> tuple[dataclasses.Field, ...] | None:
         return None  # inherited fields come first, as that base orders them: dataclasses knows
     if "__slots__" in cls.__dict__:
         return None
-    out = []
+    out: list[dataclasses.Field] = []
     defaulted = False
     for name, annotation in cls.__dict__.get("__annotations__", {}).items():
         kind = _annotation_kind(annotation)
@@ -129,14 +129,16 @@ def _read_fields(cls: type) -> tuple[dataclasses.Field, ...] | None:
         if isinstance(value, dataclasses.Field):
             if not value.init or value.kw_only is True:
                 return None
-            f = dataclasses.field(default=value.default, default_factory=value.default_factory, repr=value.repr,
-                                  hash=value.hash, compare=value.compare, metadata=value.metadata)
+            made: Any = dataclasses.field(default=value.default, default_factory=value.default_factory,
+                                          repr=value.repr, hash=value.hash, compare=value.compare,
+                                          metadata=value.metadata)
         elif value is dataclasses.MISSING:
-            f = dataclasses.field()
+            made = dataclasses.field()
         elif type(value).__hash__ is None:
             return None  # a mutable default: dataclass() raises ValueError
         else:
-            f = dataclasses.field(default=value)
+            made = dataclasses.field(default=value)
+        f: dataclasses.Field = made  # field() is typed as the default's type for the class body
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         if defaulted and not has_default:
             return None  # a required field after one with a default: dataclass() raises TypeError

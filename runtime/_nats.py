@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import nats
@@ -26,6 +25,7 @@ from hfai._daemon import CANCEL_TIMEOUT_S, abandon, cancel_and_wait, raise_if_ca
 from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.protocol import names
+from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import Forbidden, Unavailable
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
             await nc.close()
 
 
-@dataclass
+@frozen_dataclass  # made at first use (hfai.protocol._lazy): a CLI call never asks for the buckets
 class Buckets:
     leader: KeyValue
     jobs: KeyValue
