@@ -80,6 +80,10 @@ async def push(bwlimit: int, dry_run: bool):
             await _dry_run(client, root, sc.chunk_bytes)
             return
         result = await _push_with_bars(client, root, sc, bwlimit)
+    if result.current:
+        click.echo(f"{result.info.name} is up to date: {result.files} files, {_mb(result.info.bytes)}; nothing "
+                   f"to send; on the cluster at {result.info.path}")
+        return
     click.echo(f"pushed {result.info.name}: {result.files} files, {_mb(result.info.bytes)}; sent {result.sent_chunks} "
                f"of {result.chunks} chunks ({_mb(result.sent_bytes)}); on the cluster at {result.info.path}")
 

@@ -19,6 +19,9 @@ VERB_WS_COMMIT = "ws_commit"
 # Is the service still committing this workspace? A pushing client asks every second while it
 # waits for its commit, so a service that died mid-commit is noticed in seconds.
 VERB_WS_COMMIT_STATUS = "ws_commit_status"
+# Is the workspace already exactly the manifest of this digest? A push that changed nothing
+# ends with this one question, without sending the manifest or committing it.
+VERB_WS_CURRENT = "ws_current"
 VERB_WS_MANIFEST = "ws_manifest"
 VERB_WS_FETCH = "ws_fetch"
 VERB_WS_LIST = "ws_list"
@@ -119,6 +122,24 @@ class CommitJournal:
     old_ino: int = 0
     new_ino: int = 0
     phase: str = "built"
+
+
+@message("ws_current_request")
+class CurrentRequest:
+    """``digest``: the SHA-256 (hex) of the manifest's encoding (hfai.storage.plan.manifest_digest)."""
+
+    KIND: ClassVar[str]
+    workspace: str
+    digest: str
+
+
+@message("ws_current_reply")
+class CurrentReply:
+    """``current``: the workspace on the cluster is that manifest, files on disk (``info`` then set)."""
+
+    KIND: ClassVar[str]
+    current: bool = False
+    info: WorkspaceInfo | None = None
 
 
 @message("ws_request")

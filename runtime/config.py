@@ -217,10 +217,13 @@ class StorageConfig:
     dataset_root: str = "/mnt/hfai/datasets"
     # The service's own state (workspace manifests); root only.
     state_dir: str = "/var/lib/hfai/storage"
-    # Workspace files are cut into chunks of this size (content-hashed); a request carries at most
-    # request_bytes of chunks (NATS refuses messages over its 1 MiB max_payload).
+    # Workspace files are cut into chunks of this size (content-hashed); a put or fetch carries at
+    # most request_bytes of chunks, and never more than the NATS server's max_payload allows (the
+    # client reads it when it connects: a server left at NATS's 1 MiB default gets one chunk a
+    # request). Fewer, larger requests are most of a large push's speed (docs/storage.md), hence
+    # 8 MiB max_payload in the local cluster and systemd/nats.conf.example.
     chunk_bytes: int = 512 * 1024
-    request_bytes: int = 768 * 1024
+    request_bytes: int = 4 * 1024 * 1024
     # Staged chunks of a push nobody committed are dropped after this long.
     staging_ttl_s: float = 86400.0
     # How long the CLI waits for a commit (the service writes the whole workspace before replying).

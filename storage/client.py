@@ -23,11 +23,15 @@ from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
-from hfai.storage.chunks import build_manifest, chunk_hash, quick_index, read_chunks
+from hfai.storage.chunks import build_manifest, chunk_matches, quick_index, read_chunks
 
 QUICK = "pushed.json"  # size, mtime and chunks of each file at the last push
-#: Put requests in flight: enough to keep the service's threads busy while replies travel.
+#: Put requests in flight: enough to keep the service's threads busy while replies travel, and
+#: at most IN_FLIGHT_BYTES of them (the service holds what waits for its handlers in memory).
 IN_FLIGHT = 8
+IN_FLIGHT_BYTES = 16 * 1024 * 1024
+#: Room left in a message beside its chunks (the request's other fields, msgpack's framing).
+ENVELOPE_BYTES = 64 * 1024
 #: Hashes one ws_missing request asks about (the service takes up to 8,192).
 MISSING_BATCH = 4096
 #: How often a client waiting for its commit asks whether the service is still at it.
@@ -43,6 +47,7 @@ class PushResult:
     chunks: int
     sent_chunks: int
     sent_bytes: int
+    current: bool = False  # the cluster already had exactly this: nothing sent nor committed
 
 
 class StorageClient(ApiClient):
@@ -64,6 +69,11 @@ class StorageClient(ApiClient):
             if "no controller" in str(e):
                 raise Unavailable("no storage service answers; is `hfai-storage` running?") from None
             raise
+
+    def request_size(self, configured: int) -> int:
+        """The most chunk bytes one put or fetch carries: ``configured`` ([storage] request_bytes),
+        within the max_payload the NATS server announced (a larger message is refused)."""
+        return max(1, min(configured, self._conn.max_payload - ENVELOPE_BYTES))
 
 
 # ---------------------------------------------------------------------------- the marker
@@ -108,9 +118,18 @@ async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: in
     """Hash the workspace at ``root`` (files unchanged since the last push are not read) and ask
     the service which chunks it lacks. ``on_total``: the bytes of the files found, before hashing.
     Changes nothing anywhere (``hfai workspace push --dry-run``)."""
-    known = _read_quick(root, chunk_bytes)
-    manifest = await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps,
-                                       on_total=on_total)
+    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total)
+    return await _outgoing_of(client, name, manifest, chunk_bytes)
+
+
+async def _manifest(root: Path, chunk_bytes: int, on_hash: Progress | None, stamps: dict | None,
+                    on_total: Progress | None, known: dict | None = None) -> s.Manifest:
+    if known is None:
+        known = _read_quick(root, chunk_bytes)
+    return await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps, on_total=on_total)
+
+
+async def _outgoing_of(client: StorageClient, name: str, manifest: s.Manifest, chunk_bytes: int) -> Outgoing:
     where: dict[str, tuple[s.FileEntry, int]] = {}
     for f in manifest.files:
         for i, h in enumerate(f.chunks):
@@ -118,6 +137,18 @@ async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: in
     hashes = tuple(where)
     return _with_lacking(Outgoing(manifest, hashes, where, (), {}), await _ask_missing(client, name, hashes),
                          chunk_bytes)
+
+
+async def _already_there(client: StorageClient, name: str, manifest: s.Manifest) -> s.WorkspaceInfo | None:
+    """The workspace's info if the cluster holds exactly ``manifest`` already (one small request,
+    where asking for every chunk and committing would send the whole manifest twice), else None."""
+    try:
+        reply = await client.scall(s.VERB_WS_CURRENT, s.CurrentRequest(workspace=name,
+                                                                       digest=plan.manifest_digest(manifest)),
+                                   s.CurrentReply)
+    except InvalidRequest:  # a service older than this client does not know the question
+        return None
+    return reply.info if reply.current else None
 
 
 def _with_lacking(out: Outgoing, lacking: tuple[str, ...], chunk_bytes: int) -> Outgoing:
@@ -144,8 +175,16 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     sends. Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
     marker = read_marker(root)
     name = plan.check_workspace_name(marker["name"])
+    request_bytes = client.request_size(request_bytes)
     stamps: dict[str, int] = {}
-    out = await outgoing(client, root, name, chunk_bytes, on_hash, stamps, on_total)
+    known = _read_quick(root, chunk_bytes)
+    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known)
+    there = await _already_there(client, name, manifest) if marker.get("remote") else None
+    if there is not None:
+        _remember(root, marker, there, manifest, stamps, chunk_bytes, known)
+        return PushResult(there, len(manifest.files), len({h for f in manifest.files for h in f.chunks}), 0, 0,
+                          current=True)
+    out = await _outgoing_of(client, name, manifest, chunk_bytes)
     sent = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
     lacking = len(out.lacking)
     try:
@@ -157,10 +196,18 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         sent += await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
         lacking += len(out.lacking)
         info = await commit(client, name, out.manifest, commit_timeout_s, ping_s)
-    write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
-    write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes,
-                                                         "files": quick_index(root, out.manifest, stamps)}))
+    _remember(root, marker, info, out.manifest, stamps, chunk_bytes, known)
     return PushResult(info, len(out.manifest.files), len(out.hashes), lacking, sent)
+
+
+def _remember(root: Path, marker: dict, info: s.WorkspaceInfo, manifest: s.Manifest, stamps: dict,
+              chunk_bytes: int, known: dict) -> None:
+    """Record the push in the workspace's marker, and the local index for the next one's quick
+    check (rewritten only if it changed: for 10,000 files it is a few MB of JSON)."""
+    write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
+    files = quick_index(root, manifest, stamps)
+    if files != known:
+        write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes, "files": files}))
 
 
 async def _send_lacking(client, root, name, out: Outgoing, chunk_bytes, request_bytes, on_plan, on_send,
@@ -262,7 +309,8 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
                 if ahead > 0:
                     await asyncio.sleep(ahead)
 
-    senders = [asyncio.create_task(sender()) for _ in range(1 if bwlimit else IN_FLIGHT)]
+    in_flight = 1 if bwlimit else max(2, min(IN_FLIGHT, IN_FLIGHT_BYTES // max(1, request_bytes)))
+    senders = [asyncio.create_task(sender()) for _ in range(in_flight)]
     put: asyncio.Future[None] | None = None
     try:
         for group in packs(lacking, sizes, request_bytes):
@@ -283,18 +331,25 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
     return sent
 
 
+def _holds(path: Path, chunks: tuple[str, ...], chunk_bytes: int) -> bool:
+    """Whether the file at ``path`` is exactly these chunks."""
+    from hfai.storage.chunks import file_chunks
+
+    have = list(file_chunks(path, chunk_bytes))
+    return len(have) == len(chunks) and all(chunk_matches(h, c) for h, c in zip(chunks, have, strict=True))
+
+
 async def pull(client: StorageClient, name: str, dest: Path, request_bytes: int,
                on_bytes: Progress | None = None) -> int:
     """Write the cluster's copy of workspace ``name`` into ``dest``; returns the files written.
     Files already there with the right content are left alone."""
-    from hfai.storage.chunks import file_chunks
-
+    request_bytes = client.request_size(request_bytes)
     m = await client.scall(s.VERB_WS_MANIFEST, s.WorkspaceRequest(workspace=name), s.Manifest)
     plan.check_manifest(m, m.chunk_bytes)
     written = 0
     for f in m.files:
         target = dest / f.path
-        if target.is_file() and tuple(chunk_hash(c) for c in file_chunks(target, m.chunk_bytes)) == f.chunks:
+        if target.is_file() and _holds(target, f.chunks, m.chunk_bytes):
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.hfai-tmp")

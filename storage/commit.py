@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from hfai.protocol.errors import Conflict
 from hfai.protocol.storage import CommitJournal, FileEntry, Manifest
 from hfai.storage import plan, swap
-from hfai.storage.chunks import chunk_hash
+from hfai.storage.chunks import chunk_matches
 from hfai.storage.files import chown, ino, make_parents, prune_empty_dirs, remove_tree
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ def _held(base: Path, held: dict[str, tuple[str, int]], h: str, chunk_bytes: int
             data = src.read(chunk_bytes)
     except OSError:
         data = b""
-    if chunk_hash(data) == h:
+    if chunk_matches(h, data):
         return data
     changed.add(path)
     return None

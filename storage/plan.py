@@ -7,6 +7,7 @@ function says what to do, so every rule is tested table-driven.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,23 @@ def check_manifest(m: Manifest, chunk_bytes: int) -> None:
     clash = dirs & seen
     if clash:
         raise InvalidRequest(f"manifest has {sorted(clash)[0]!r} both as a file and as a directory")
+
+
+def manifest_digest(m: Manifest) -> str:
+    """What names a manifest for :data:`hfai.protocol.storage.VERB_WS_CURRENT`: the SHA-256 of its
+    encoding, which is also the file the service records it in (so it digests that file's bytes)."""
+    from hfai.protocol import encode
+
+    return digest_bytes(encode(m))
+
+
+def digest_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def up_to_date(m: Manifest, present: Mapping[str, int]) -> bool:
+    """Whether every file ``m`` lists is on disk at its size (``present``: path -> size)."""
+    return all(present.get(f.path) == f.size for f in m.files)
 
 
 def chunk_count(size: int, chunk_bytes: int) -> int:

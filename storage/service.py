@@ -34,15 +34,25 @@ from hfai.protocol.errors import Forbidden, InvalidRequest
 from hfai.protocol.types import RestrictedUsers
 from hfai.storage import datasets, plan
 from hfai.storage.gc import run_gc
-from hfai.storage.staging import Staging, write_pack
+from hfai.storage.staging import Staging, remove_packs, write_pack
 from hfai.storage.workspace import Workspaces
 
 log = logging.getLogger(__name__)
 
-# Hashes in one missing/fetch request: 40 hex characters each, well under max_payload.
+# Hashes in one missing/fetch request: 64 hex characters each (40 from older clients), under
+# NATS's default 1 MiB max_payload.
 MAX_HASHES = 8192
 #: Requests served at once; more wait in the subscription's queue (bounded by NATS's pending limits).
 MAX_HANDLERS = 16
+#: Requests waiting for a handler are held by the subscription up to this many bytes (beyond it,
+#: NATS drops them as a slow consumer's and their clients time out): some 30 pushing clients'
+#: puts in flight (storage/client.py: IN_FLIGHT_BYTES), where nats-py's default is 64 MiB.
+PENDING_BYTES = 512 * 1024 * 1024
+
+
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("removing used packs failed (they expire with the staging TTL): %s", task.exception())
 
 
 class StorageService:
@@ -62,12 +72,14 @@ class StorageService:
         self._committing: dict[tuple[str, str], int] = {}
         self._closed = False
         self._handling: set[asyncio.Task] = set()
+        self._cleaning: set[asyncio.Task] = set()  # packs a commit used, removed after its reply
         self._slots = asyncio.Semaphore(MAX_HANDLERS)
         self._handlers: dict[str, tuple[type, Callable[[str, bool, Any], Awaitable[object]]]] = {
             s.VERB_WS_MISSING: (s.MissingRequest, self.ws_missing),
             s.VERB_WS_PUT: (s.PutRequest, self.ws_put),
             s.VERB_WS_COMMIT: (s.CommitRequest, self.ws_commit),
             s.VERB_WS_COMMIT_STATUS: (s.WorkspaceRequest, self.ws_commit_status),
+            s.VERB_WS_CURRENT: (s.CurrentRequest, self.ws_current),
             s.VERB_WS_MANIFEST: (s.WorkspaceRequest, self.ws_manifest),
             s.VERB_WS_FETCH: (s.FetchRequest, self.ws_fetch),
             s.VERB_WS_LIST: (s.ListWorkspaces, self.ws_list),
@@ -85,7 +97,8 @@ class StorageService:
         self._users_kv = buckets.users
         self._staging = await asyncio.to_thread(Staging.open, self.sc.workspace_root, self.sc.staging_ttl_s)
         await self._recover()
-        self._sub = await nc.subscribe(names.STORAGE_WILDCARD, queue=names.STORAGE_QUEUE, cb=self.handle)
+        self._sub = await nc.subscribe(names.STORAGE_WILDCARD, queue=names.STORAGE_QUEUE, cb=self.handle,
+                                       pending_bytes_limit=PENDING_BYTES)
         self._supervisor.spawn(self._every(self.sc.scan_interval_s, self.scan), "usage-scan")
         self._supervisor.spawn(self._every(self.sc.gc_interval_s, self.gc), "gc")
         log.info("storage service: workspaces in %s, limit %s", self.sc.workspace_root, plan.human(self.sc.limit_bytes))
@@ -108,8 +121,8 @@ class StorageService:
         await self._supervisor.stop()
         if self._sub is not None:
             await self._sub.unsubscribe()
-        if self._handling:  # requests under way finish (a commit's thread cannot be cancelled anyway)
-            _done, late = await asyncio.wait(set(self._handling), timeout=self.shutdown_timeout_s)
+        if self._handling or self._cleaning:  # requests under way finish (a commit's thread cannot be cancelled anyway)
+            _done, late = await asyncio.wait(self._handling | self._cleaning, timeout=self.shutdown_timeout_s)
             for t in late:
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
@@ -220,12 +233,30 @@ class StorageService:
                     raise InvalidRequest(f"{len(lacking)} chunk(s) of this push never arrived; push again")
                 await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h),
                                              lambda h: self.staging.locate(user, h))
-                self.staging.release(user, {h for f in m.files for h in f.chunks})
+                self._remove_later(self.staging.forget(user, {h for f in m.files for h in f.chunks}))
         finally:
             self._committing[key] -= 1
             if not self._committing[key]:
                 del self._committing[key]
         return self.workspaces.info(user, req.workspace)
+
+    def _remove_later(self, packs: list[str]) -> None:
+        """Unlink ``packs`` in a thread, without holding up the reply (close() waits for it)."""
+        if packs:
+            task = asyncio.ensure_future(asyncio.to_thread(remove_packs, packs))
+            self._cleaning.add(task)
+            task.add_done_callback(self._cleaning.discard)
+            task.add_done_callback(_log_failure)
+
+    async def ws_current(self, user: str, _op: bool, req: s.CurrentRequest) -> s.CurrentReply:
+        """Whether the workspace is already exactly the manifest of digest ``req.digest`` (its
+        last commit recorded that manifest and every file it lists is on disk at its size: what a
+        commit of it would check, so a push that changed nothing ends here, with no commit)."""
+        plan.check_workspace_name(req.workspace)
+        async with self._lock(user, req.workspace):  # not while a commit of it is under way
+            if await asyncio.to_thread(self.workspaces.is_current, user, req.workspace, req.digest):
+                return s.CurrentReply(current=True, info=self.workspaces.info(user, req.workspace))
+        return s.CurrentReply(current=False)
 
     async def ws_commit_status(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.CommitStatus:
         plan.check_workspace_name(req.workspace)

@@ -27,7 +27,7 @@ from pathlib import Path
 from hfai.protocol import names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.storage import ChunkData
-from hfai.storage.chunks import chunk_hash
+from hfai.storage.chunks import chunk_matches
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def write_pack(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, lis
     hashlib releases the GIL). Returns (pack path, listing). Raises InvalidRequest, writing
     nothing, for a chunk whose bytes do not match its name."""
     for c in chunks:
-        if chunk_hash(c.data) != c.hash:
+        if not chunk_matches(c.hash, c.data):
             raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
     listing = [(c.hash, len(c.data)) for c in chunks]
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -77,6 +77,13 @@ def write_pack(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, lis
             out.write(c.data)
     os.replace(tmp, final)
     return str(final), listing
+
+
+def remove_packs(paths: list[str]) -> None:
+    """Unlink packs (blocking: freeing a pack's pages took 5 ms per 4 MiB here, so the service
+    does it in a thread after its reply)."""
+    for p in paths:
+        Path(p).unlink(missing_ok=True)
 
 
 class Staging:
@@ -156,14 +163,21 @@ class Staging:
     def release(self, user: str, used: set[str]) -> int:
         """Delete the packs of ``user`` whose every chunk is in ``used`` (now written to disk);
         returns how many."""
+        done = self.forget(user, used)
+        remove_packs(done)
+        return len(done)
+
+    def forget(self, user: str, used: set[str]) -> list[str]:
+        """Drop from the index the packs of ``user`` whose every chunk is in ``used`` and return
+        their paths, for :func:`remove_packs` (a pack left on disk is indexed again at a restart
+        and expires: nothing is lost if its removal never happens)."""
         where = self._index.get(user, {})
         done = [p for p, (u, hs) in self._packs.items() if u == user and set(hs) <= used]
         for pack in done:
-            Path(pack).unlink(missing_ok=True)
             for h in self._packs.pop(pack)[1]:
                 if h in where and where[h].path == pack:
                     del where[h]
-        return len(done)
+        return done
 
     def expire(self, now: float) -> int:
         """Remove packs older than ``ttl_s`` (pushes nobody committed); returns how many."""

@@ -39,6 +39,7 @@ class Workspaces:
         self.manifests.mkdir(parents=True, exist_ok=True)
         os.chmod(self.manifests.parent, 0o700)
         self._decoded: dict[Path, tuple[tuple[int, int], Manifest]] = {}
+        self._digests: dict[Path, tuple[tuple[int, int], str]] = {}
 
     def path(self, user: str, name: str) -> Path:
         return self.root / names.check_token("user name", user) / plan.check_workspace_name(name)
@@ -61,6 +62,25 @@ class Workspaces:
             self._decoded.clear()
         self._decoded[p] = ((st.st_mtime_ns, st.st_size), m)
         return m
+
+    def is_current(self, user: str, name: str, digest: str) -> bool:
+        """Whether the last committed manifest has ``digest`` (:func:`plan.manifest_digest`), no
+        commit of it is left to finish, and its files are all on disk at their sizes (blocking)."""
+        p = self._manifest_path(user, name)
+        try:
+            st = p.stat()
+            key = (st.st_mtime_ns, st.st_size)
+            hit = self._digests.get(p)
+            if hit is None or hit[0] != key:
+                if len(self._digests) > 1024:
+                    self._digests.clear()
+                hit = self._digests[p] = (key, plan.digest_bytes(p.read_bytes()))
+        except FileNotFoundError:
+            return False
+        if hit[1] != digest or self._journal_path(user, name).exists():
+            return False
+        m = self.manifest(user, name)
+        return m is not None and plan.up_to_date(m, self.present(user, name, m))
 
     def save_manifest(self, user: str, name: str, m: Manifest) -> None:
         p = self._manifest_path(user, name)

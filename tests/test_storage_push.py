@@ -98,6 +98,85 @@ def test_hashing_in_threads_gives_the_serial_manifest(tmp_path: Path):
         assert f.size == n and f.chunks == tuple(chunk_hash(data[j:j + CHUNK]) for j in range(0, n, CHUNK))
 
 
+def test_many_small_files_are_hashed_many_to_a_thread_call_and_give_the_serial_manifest(tmp_path: Path):
+    from hfai.storage import chunks
+
+    big = 2 * chunks._TASK_CHUNKS * CHUNK + 3
+    sizes = [i % (2 * CHUNK) for i in range(300)] + [big]
+    for i, n in enumerate(sizes):
+        (tmp_path / f"d{i % 7}").mkdir(exist_ok=True)
+        (tmp_path / f"d{i % 7}" / f"f{i:03d}").write_bytes(os.urandom(n))
+    todo = [(f"d{i % 7}/f{i:03d}", n) for i, n in enumerate(sizes)]
+    batches = chunks._batches(todo, CHUNK)
+    # Small files share calls; the large one is still split across several, in order.
+    assert len(batches) < len(sizes) // 4
+    assert [t for b in batches for t in b if t[0] == todo[-1][0]] == [
+        (todo[-1][0], 0, chunks._TASK_CHUNKS), (todo[-1][0], chunks._TASK_CHUNKS, chunks._TASK_CHUNKS),
+        (todo[-1][0], 2 * chunks._TASK_CHUNKS, 1 << 62)]
+    seen: list[int] = []
+    threaded = build_manifest(tmp_path, CHUNK, on_bytes=seen.append, threads=3)
+    assert threaded == build_manifest(tmp_path, CHUNK, threads=1) and sum(seen) == sum(sizes)
+    for f in threaded.files:
+        data = (tmp_path / f.path).read_bytes()
+        assert f.chunks == tuple(chunk_hash(data[j:j + CHUNK]) for j in range(0, len(data), CHUNK))
+
+
+def test_chunks_named_by_older_clients_blake2b_are_still_checked_by_that_hash(tmp_path: Path):
+    import hashlib
+
+    from hfai.storage.chunks import chunk_matches
+
+    def old(d: bytes) -> str:
+        return hashlib.blake2b(d, digest_size=20).hexdigest()
+
+    a, b = b"a" * CHUNK, b"b" * 5
+    assert len(chunk_hash(a)) == 64 and chunk_hash(a) == hashlib.sha256(a).hexdigest()
+    assert chunk_matches(old(a), a) and chunk_matches(chunk_hash(a), a)
+    assert not chunk_matches(old(a), b) and not chunk_matches(chunk_hash(a), b)
+    assert not chunk_matches(chunk_hash(a)[:40], a)  # a SHA-256 cut to 40 digits is no BLAKE2b name
+    with pytest.raises(InvalidRequest, match="does not match its content"):
+        write_pack(tmp_path / "x", (s.ChunkData(hash=old(a), data=b),))
+    # A workspace an older client pushed (BLAKE2b names) is committed again by a newer one: the
+    # chunks the old files hold are found and checked under their old names, new ones staged.
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    pack, listing = write_pack(staging.user_dir("alice"), (s.ChunkData(hash=old(a), data=a),
+                                                           s.ChunkData(hash=old(b), data=b)))
+    staging.added("alice", pack, listing)
+    m1 = s.Manifest(files=(s.FileEntry(path="f", size=len(a + b), mode=0o644, chunks=(old(a), old(b))),),
+                    chunk_bytes=CHUNK)
+    commit_mod.commit(ws, "alice", "w", m1, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
+    c = b"c" * 2
+    pack, listing = write_pack(staging.user_dir("alice"), _chunks(c))
+    staging.added("alice", pack, listing)
+    held = ws.held("alice", "w")
+    assert set(held) == {old(a), old(b)}
+    m2 = s.Manifest(files=(s.FileEntry(path="g", size=len(a + c), mode=0o644, chunks=(old(a), chunk_hash(c))),),
+                    chunk_bytes=CHUNK)
+    commit_mod.commit(ws, "alice", "w", m2, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
+    assert (ws.path("alice", "w") / "g").read_bytes() == a + c
+
+
+def test_a_push_sends_no_more_a_request_than_the_server_delivers(nats_url):
+    import nats
+
+    from hfai.storage.client import ENVELOPE_BYTES, StorageClient
+
+    async def main() -> tuple[int, int]:
+        nc = await nats.connect(nats_url)
+        try:
+            client = StorageClient(Config())
+            client._nc = nc
+            return nc.max_payload, client.request_size(StorageConfig().request_bytes)
+        finally:
+            await nc.close()
+
+    announced, size = asyncio.run(main())
+    # A server left at NATS's default (1 MiB) gets less than the configured 4 MiB a request.
+    assert announced == 1024 * 1024 < StorageConfig().request_bytes
+    assert size == announced - ENVELOPE_BYTES
+
+
 def test_the_quick_check_rereads_a_file_replaced_with_the_same_size_and_mtime(tmp_path: Path):
     (tmp_path / "a").write_bytes(b"old!")
     stamps: dict = {}

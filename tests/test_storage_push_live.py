@@ -54,3 +54,53 @@ def test_dry_run_lists_what_would_move_and_changes_nothing(cluster, tmp_path):
     again = cluster.cli("workspace", "push", cwd=ws)
     assert again.returncode == 0 and "sent 2 of 5 chunks" in again.stdout
     assert (remote / "src" / "a.py").read_text() == "print('changed')\n"
+
+
+def test_the_local_cluster_lets_a_push_send_its_configured_request_size(cluster):
+    from hfai.storage.client import StorageClient
+
+    cluster.creds("tester")
+
+    async def sizes(api) -> tuple[int, int]:
+        client = StorageClient(cluster.config, user="tester")
+        client._nc = api._nc  # the same authenticated connection, as a storage client
+        return api._nc.max_payload, client.request_size(StorageConfig().request_bytes)
+
+    announced, size = cluster.run(sizes)
+    # Its nats-server announces 8 MiB (cli/local/nats_server.py), so a push moves the whole 4 MiB
+    # of [storage] request_bytes a request (against a 1 MiB server: test_storage_push.py).
+    assert announced == 8 * 1024 * 1024 and size == StorageConfig().request_bytes
+
+
+def test_an_unchanged_push_asks_one_question_and_commits_nothing(cluster, tmp_path):
+    ws = tmp_path / "same"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.py").write_text("print('a')\n")
+    (ws / "big.bin").write_bytes(os.urandom(3 * CHUNK + 5))
+    assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
+    assert cluster.cli("workspace", "push", cwd=ws).returncode == 0
+    remote = cluster.local.root / "workspaces" / "tester" / "same"
+    manifest = cluster.local.root / "storage" / "manifests" / "tester" / "same.manifest"
+    index = ws / ".hfai" / "pushed.json"
+    before = (manifest.stat().st_mtime_ns, index.stat().st_mtime_ns)
+    r = cluster.cli("workspace", "push", cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert "same is up to date: 2 files" in r.stdout and "chunk(s) to send" not in r.stderr
+    # No commit recorded a manifest, and the local index (unchanged) was not rewritten.
+    assert (manifest.stat().st_mtime_ns, index.stat().st_mtime_ns) == before
+    # What the cluster's copy lost is no longer "up to date": a file removed there, or cut short,
+    # is sent again by the next push.
+    (remote / "src" / "a.py").unlink()
+    r = cluster.cli("workspace", "push", cwd=ws)
+    assert r.returncode == 0 and "pushed same" in r.stdout and "sent 1 of 5 chunks" in r.stdout, r.stdout
+    assert (remote / "src" / "a.py").read_text() == "print('a')\n"
+    with open(remote / "big.bin", "r+b") as f:
+        f.truncate(CHUNK)
+    r = cluster.cli("workspace", "push", cwd=ws)
+    # A file not at its size holds no chunk the service trusts: all four of big.bin go again.
+    assert r.returncode == 0 and "sent 4 of 5 chunks" in r.stdout, r.stdout
+    assert (remote / "big.bin").read_bytes() == (ws / "big.bin").read_bytes()
+    # A local change is not up to date either.
+    (ws / "src" / "a.py").write_text("print('b')\n")
+    r = cluster.cli("workspace", "push", cwd=ws)
+    assert r.returncode == 0 and "sent 1 of 5 chunks" in r.stdout, r.stdout

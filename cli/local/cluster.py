@@ -20,7 +20,7 @@ from hfai._proc import pid_alive
 from hfai.cli.local import daemons
 from hfai.cli.local.credentials import Credentials
 from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER, ClusterState, Layout, default_root
-from hfai.cli.local.nats_server import NO_CONSUMER_CAP, start_nats
+from hfai.cli.local.nats_server import MAX_PAYLOAD, NO_CONSUMER_CAP, start_nats
 from hfai.cli.local.supervision import SupervisePolicy
 from hfai.config import (
     AgentConfig,
@@ -126,7 +126,7 @@ class LocalCluster:
             self.user_creds(self.owner or _login(), operator=True)
             if not nats_url:
                 conf = layout.nats_conf
-                conf.write_text(self.server_auth_config(layout.nats_store / "accounts") + NO_CONSUMER_CAP)
+                conf.write_text(self.server_auth_config(layout.nats_store / "accounts") + NO_CONSUMER_CAP + MAX_PAYLOAD)
         if nats_url:
             self.url = nats_url
         else:

@@ -15,6 +15,9 @@ from hfai.protocol.errors import HfaiError, Unavailable
 # nats-server 2.15 caps a stream at 1,000 consumers even when it asks for none, and every agent
 # watches its assignment through one consumer on hfai_assign: lift the cap (systemd's example too).
 NO_CONSUMER_CAP = "jetstream { limits { default_max_consumers: -1 } }\n"
+# Workspace pushes move 4 MiB a request where the server allows it ([storage] request_bytes);
+# NATS's default is 1 MiB and 8 MiB the most it recommends.
+MAX_PAYLOAD = "max_payload: 8MB\n"
 
 
 def nats_server_binary() -> str:
