@@ -205,7 +205,7 @@ def _remember(root: Path, marker: dict, info: s.WorkspaceInfo, manifest: s.Manif
     """Record the push in the workspace's marker, and the local index for the next one's quick
     check (rewritten only if it changed: for 10,000 files it is a few MB of JSON)."""
     write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
-    files = quick_index(root, manifest, stamps)
+    files = quick_index(root, manifest, stamps, known)
     if files != known:
         write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes, "files": files}))
 
