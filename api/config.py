@@ -37,11 +37,16 @@ def read_local_state(root: Path | None = None) -> dict[str, Any] | None:
 
 
 def current_user() -> str:
+    """``$HFAI_USER``, else the login name as ``getpass.getuser()`` finds it (its environment
+    variables, then the password database), without importing getpass and termios for it."""
     if user := os.environ.get("HFAI_USER"):
         return user
-    import getpass  # here: it imports termios, which no other part of a CLI call needs
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if user := os.environ.get(name):
+            return user
+    import pwd
 
-    return getpass.getuser()
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def cli_config() -> Config:

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from nats.js.kv import KeyValue
 
-from hfai._daemon import CANCEL_TIMEOUT_S, abandon, cancel_and_wait, raise_if_cancelled
 from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.protocol import names
@@ -152,6 +151,10 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
         ) from e
     finally:
         if not attempt.done():  # cancelled while waiting for NATS: our own task ends with us
+            # hfai._daemon (and argparse with it) is the daemons' and the watches': a CLI call that
+            # connects does without it.
+            from hfai._daemon import CANCEL_TIMEOUT_S, cancel_and_wait
+
             await cancel_and_wait([attempt], CANCEL_TIMEOUT_S)
         if not nc.is_connected:
             await nc.close()
@@ -269,6 +272,8 @@ class _Reconnected(Exception):
 
 async def _next(it: Any, reconnected: asyncio.Event) -> Any:
     """The watch's next entry, or :class:`_Reconnected` if a reconnect happens first."""
+    from hfai._daemon import abandon, raise_if_cancelled
+
     nxt = asyncio.ensure_future(it.__anext__())
     if not nxt.done():
         again = asyncio.ensure_future(reconnected.wait())
@@ -311,6 +316,8 @@ async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[A
 async def _follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[Any], None], what: str,
                   on_watch: Callable[[], None] | None, watcher: Any, retry_s: float,
                   reconnected: asyncio.Event) -> NoReturn:
+    from hfai._daemon import raise_if_cancelled
+
     backoff = Backoff(retry_s, max(retry_s, REWATCH_CAP_S))
     while True:
         raise_if_cancelled()  # opening a watch awaits inside nats-py, which may swallow a cancellation
