@@ -11,14 +11,14 @@ JWT does not allow, so a forged name gets :class:`Forbidden`, not someone else's
 
 from __future__ import annotations
 
+# isort: off
+from hfai.api import _light_nats  # noqa: F401  (first: nats-py without aiohttp, asyncio without ssl: see there)
 import asyncio
 import fnmatch
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-# isort: off
-from hfai.api import _light_nats  # noqa: F401  (first: nats-py without aiohttp, see there)
 import nats.errors
 from nats.aio.client import Client
 # isort: on

@@ -6,7 +6,6 @@ reader that went away (``hfai ps | head -3``) ends it quietly with 141, as SIGPI
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import os
@@ -46,7 +45,14 @@ def user_errors(kinds: Kinds = _hfai_errors) -> _Decorator:
     An ``async def`` command is run with ``asyncio.run``."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        run = (lambda *a, **kw: asyncio.run(command(*a, **kw))) if inspect.iscoroutinefunction(command) else command
+        def run_async(*args: Any, **kwargs: Any) -> Any:
+            # asyncio here, not at import: a command module that talks NATS imports nats-py's core
+            # client first, which loads asyncio without ssl (hfai.api._light_nats).
+            import asyncio
+
+            return asyncio.run(command(*args, **kwargs))
+
+        run = run_async if inspect.iscoroutinefunction(command) else command
 
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,158 @@
+"""What an `hfai ps` or `hfai status ID` leaves out on its way to an answer, and that what it left
+out is still there for whoever needs it: ssl (asyncio loads without it, nats-py gets it lazily)
+comes back whole for a tls:// URL, for `[nats] tls_ca` and for a server that requires TLS; the
+daemons' helpers (argparse) and getpass are not loaded; no message class is made for a reply the
+command only prints. Each check is a real process: this one has loaded all of it long ago."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from spine_cluster import Cluster
+
+from hfai.protocol.types import ChainState
+
+#: Loaded by an `hfai ps` before these changes, and needed by none of its steps.
+NOT_NEEDED = ("_ssl", "argparse", "getpass", "termios", "hfai._daemon", "aiohttp", "importlib.metadata")
+
+PROBE = f"""
+import json, sys
+from hfai.cli.main import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+except SystemExit as e:
+    assert not e.code, e.code
+from hfai.protocol import _lazy
+from hfai.protocol.types import MESSAGE_TYPES
+print(json.dumps({{"ssl": type(sys.modules.get("ssl")).__name__,
+                  "loaded": [m for m in {NOT_NEEDED!r} if m in sys.modules],
+                  "made": sorted(c.__name__ for c in MESSAGE_TYPES.values() if not _lazy.is_pending(c))}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with Cluster(tmp_path_factory.mktemp("speed"), nodes=1) as c:
+        c.creds("tester")
+        yield c
+
+
+def cli_env(cluster: Cluster) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
+    return {**env, "HFAI_CONFIG": str(cluster.local.config_path), "HFAI_USER": "tester"}
+
+
+@pytest.mark.parametrize("args", [("ps",), ("ps", "-a"), ("status", "JOB")])
+def test_a_query_loads_no_ssl_no_daemon_helpers_and_makes_no_message_class(cluster, tmp_path, args):
+    job = cluster.submit([sys.executable, "-c", "pass"], "speed", workdir=tmp_path)
+    cluster.wait_state(job.id, ChainState.SUCCEEDED)
+    args = tuple(job.id if a == "JOB" else a for a in args)
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], env=cli_env(cluster), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    out, probe = r.stdout.rsplit("\n", 2)[0], json.loads(r.stdout.splitlines()[-1])
+    assert job.id in out or args == ("ps",)  # it answered (a plain ps lists active jobs only)
+    assert probe == {"ssl": "_LazyModule", "loaded": [], "made": []}
+
+
+#: The names each asyncio module holds, and what its `ssl` names are, as JSON.
+ASYNCIO_NAMES = """
+import json, sys
+names = {}
+for name, module in sorted(sys.modules.items()):
+    if name.split(".")[0] == "asyncio" and module is not None:
+        names[name] = sorted(vars(module))
+        if "ssl" in vars(module):
+            names[name].append(repr(vars(module)["ssl"]))
+        if "SSLAgainErrors" in vars(module):
+            names[name].append(repr(vars(module)["SSLAgainErrors"]))
+print(json.dumps(names))
+"""
+
+
+def test_asyncio_given_ssl_back_is_asyncio_as_it_loads_with_ssl():
+    """What asyncio's modules read from ssl as they load is all given back (a Python whose asyncio
+    reads more would fail here, not at a user's TLS connection)."""
+    plain = subprocess.run([sys.executable, "-c", "import asyncio, ssl, nats" + ASYNCIO_NAMES],
+                           capture_output=True, text=True, check=True).stdout
+    light = subprocess.run([sys.executable, "-c", "import sys, hfai.api.client, asyncio\n"
+                            "assert type(sys.modules['ssl']).__name__ == '_LazyModule'\n"
+                            "assert sys.modules['asyncio.base_events'].ssl is None\n"
+                            "import ssl; ssl.SSLContext" + ASYNCIO_NAMES],
+                           capture_output=True, text=True, check=True).stdout
+    assert json.loads(light) == json.loads(plain)
+
+
+def make_tls(root: Path) -> dict[str, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with the openssl command."""
+    root.mkdir(parents=True, exist_ok=True)
+    ca, ca_key, cert, key = root / "ca.pem", root / "ca-key.pem", root / "server.pem", root / "server-key.pem"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2", "-subj", "/CN=hfai-test-ca")
+    openssl("req", *ec, "-keyout", str(key), "-out", str(root / "server.csr"), "-subj", "/CN=127.0.0.1")
+    (root / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", str(root / "server.csr"), "-CA", str(ca), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(root / "ext.cnf"))
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a certificate")
+def test_tls_connections_get_ssl_after_the_light_import(tmp_path):
+    """A tls:// URL with [nats] tls_ca, a nats:// URL to a server that requires TLS (nats-py
+    upgrades it), and a plain asyncio TLS connection, all from a process that loaded asyncio
+    without ssl; and a server certificate nobody vouches for is still refused."""
+    from hfai.cli.local.nats_server import start_nats
+
+    tls = make_tls(tmp_path / "tls")
+    conf = tmp_path / "nats.conf"
+    conf.write_text(f'tls {{ cert_file: "{tls["cert"]}", key_file: "{tls["key"]}" }}\n')
+    proc, url = start_nats(tmp_path / "js", tmp_path / "nats.log", config_file=conf)
+    port = int(url.rsplit(":", 1)[1])
+    code = f"""
+import sys
+import hfai.cli.jobs  # as `hfai ps` starts
+import asyncio
+assert type(sys.modules["ssl"]).__name__ == "_LazyModule" and "_ssl" not in sys.modules
+import nats
+from hfai import _nats
+from hfai.config import Config, NatsConfig
+from hfai.protocol.errors import Unavailable
+
+async def main():
+    for url in ("tls://127.0.0.1:{port}", "nats://127.0.0.1:{port}"):
+        config = Config(nats=NatsConfig(url=url, tls_ca={str(tls["ca"])!r}, connect_timeout_s=5))
+        nc = await _nats.connect(config, "t", reconnect=False, creds="")
+        print(url.split(":")[0], nc._transport._io_writer.get_extra_info("ssl_object") is not None)
+        await nc.close()
+    import ssl
+    context = ssl.create_default_context(cafile={str(tls["ca"])!r})
+    reader, writer = await asyncio.open_connection("127.0.0.1", {port})
+    await reader.readline()  # the server's INFO, in the clear; TLS starts after it
+    await writer.start_tls(context, server_hostname="127.0.0.1")
+    print("start_tls", writer.get_extra_info("ssl_object") is not None)
+    writer.close()
+    try:
+        await nats.connect("tls://127.0.0.1:{port}", allow_reconnect=False, max_reconnect_attempts=0,
+                           connect_timeout=5)
+    except ssl.SSLCertVerificationError:
+        print("unknown CA refused")
+
+asyncio.run(main())
+"""
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["tls True", "nats True", "start_tls True", "unknown CA refused"]
