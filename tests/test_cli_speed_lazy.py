@@ -199,3 +199,12 @@ def test_the_config_sections_are_read_back_as_given(tmp_path):
     path.write_text(dump_toml(want))
     assert load_config(path, env={}) == want
     assert json.loads(json.dumps(dataclasses.asdict(load_config(path, env={})))) == dataclasses.asdict(want)
+
+
+def test_a_class_made_in_numbers_gets_its_own_init_after_the_first_few():
+    P = make_point()
+    first = [P(i) for i in range(_lazy.PLAIN_INITS - 1)]
+    assert _lazy.is_pending(P)
+    more = [P(i) for i in range(_lazy.PLAIN_INITS - 1, 2 * _lazy.PLAIN_INITS)]
+    assert not _lazy.is_pending(P) and P.__init__.__qualname__.endswith("Point.__init__")
+    assert [p.x for p in first + more] == list(range(2 * _lazy.PLAIN_INITS)) and first[3] == P(3)
