@@ -75,11 +75,14 @@ class MissingReply:
 
 @message("ws_put_request")
 class PutRequest:
-    """Chunks to stage for a push (kept until a commit has written them, so a push resumes)."""
+    """Chunks to stage for a push (kept until a commit has written them, so a push resumes).
+    ``whole``: those of them that are, each alone, a file's whole content (the service keeps them
+    as files of their own, which the commit links into the workspace instead of copying)."""
 
     KIND: ClassVar[str]
     workspace: str
     chunks: tuple[ChunkData, ...]
+    whole: tuple[str, ...] = ()
 
 
 @message("ws_put_reply")

@@ -299,7 +299,9 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
             # since it was hashed is refused there), so the client does not hash twice.
             datas = await asyncio.to_thread(read_chunks, root, [where[h] for h in group], chunk_bytes)
             chunks = [s.ChunkData(hash=h, data=d) for h, d in zip(group, datas, strict=True)]
-            await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks)), s.PutReply)
+            whole = tuple(h for h in group if len(where[h][0].chunks) == 1)
+            await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks), whole=whole),
+                               s.PutReply)
             n = sum(len(c.data) for c in chunks)
             sent += n
             if on_send is not None:

@@ -47,6 +47,7 @@ from hfai.protocol.storage import CommitJournal, FileEntry, Manifest
 from hfai.storage import plan, swap
 from hfai.storage.chunks import chunk_matches
 from hfai.storage.files import chown, ino, make_parents, prune_empty_dirs, remove_tree
+from hfai.storage.staging import is_whole
 
 if TYPE_CHECKING:
     from hfai.storage.staging import Located
@@ -175,6 +176,24 @@ class _Source:
     def __init__(self, read: ReadStaged, locate: LocateStaged | None):
         self._read, self._locate = read, locate
         self._fds: dict[str, int] = {}
+        self._linked: set[str] = set()  # staged files this build made files of N (once each)
+
+    def link(self, h: str, size: int, target: Path) -> bool:
+        """Make ``target`` a hard link to the staged file that is exactly chunk ``h`` (written
+        whole by the put: :func:`hfai.storage.staging.write_put`'s ``whole``), if there is one:
+        a file of one chunk is then never copied. False (nothing done) otherwise."""
+        where = self._locate(h) if self._locate is not None else None
+        if where is None or not is_whole(where.path) or where.offset or where.length != size \
+                or where.path in self._linked:
+            return False
+        try:
+            if os.stat(where.path).st_nlink != 1:  # already some workspace's file (see put)
+                return False
+            os.link(where.path, target, follow_symlinks=False)
+        except FileNotFoundError:  # released meanwhile by another commit: copy from elsewhere
+            return False
+        self._linked.add(where.path)
+        return True
 
     def put(self, h: str, out: int, at: int) -> bool:
         """Write chunk ``h`` into the file ``out`` at offset ``at``; False if it is not staged."""
@@ -184,6 +203,11 @@ class _Source:
                 src = self._fds.get(where.path)
                 if src is None:
                     src = self._fds[where.path] = os.open(where.path, os.O_RDONLY)
+                    if is_whole(where.path) and where.path not in self._linked and os.fstat(src).st_nlink != 1:
+                        # Linked into a workspace by a commit whose release has not happened yet:
+                        # a job there may already have rewritten it, so its bytes are not the chunk.
+                        os.close(self._fds.pop(where.path))
+                        return self._bytes(h, out, at)
                 _copy_range(src, where.offset, out, at, where.length)
                 return True
             except FileNotFoundError:  # released meanwhile by another commit: try the bytes
@@ -192,6 +216,9 @@ class _Source:
                 if e.errno not in _NO_COPY_RANGE:
                     raise
                 self._locate = None  # this filesystem cannot: read and write from now on
+        return self._bytes(h, out, at)
+
+    def _bytes(self, h: str, out: int, at: int) -> bool:
         try:
             data = self._read(h)
         except KeyError:
@@ -272,6 +299,10 @@ def _assemble(base: Path, target: Path, f: FileEntry, chunk_bytes: int, held: di
     """Write ``f`` at ``target`` from chunks held in D's files (checked) or staged. False when a
     chunk is in neither (a file of D changed since its push, added to ``changed``, and nothing
     staged has that chunk)."""
+    if len(f.chunks) == 1 and f.chunks[0] not in held and staged.link(f.chunks[0], f.size, target):
+        os.chmod(target, f.mode & 0o777)
+        chown(target, owner)
+        return True
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         for i, h in enumerate(f.chunks):

@@ -34,7 +34,7 @@ from hfai.protocol.errors import Forbidden, InvalidRequest
 from hfai.protocol.types import RestrictedUsers
 from hfai.storage import datasets, plan
 from hfai.storage.gc import run_gc
-from hfai.storage.staging import Staging, remove_packs, write_pack
+from hfai.storage.staging import Staging, remove_packs, write_put
 from hfai.storage.workspace import Workspaces
 
 log = logging.getLogger(__name__)
@@ -213,8 +213,9 @@ class StorageService:
             raise InvalidRequest(f"a put carries at most {self.sc.request_bytes} bytes in chunks of at most "
                                  f"{self.sc.chunk_bytes}")
         if req.chunks:
-            pack, listing = await asyncio.to_thread(write_pack, self.staging.user_dir(user), req.chunks)
-            self.staging.added(user, pack, listing)
+            for pack, listing in await asyncio.to_thread(write_put, self.staging.user_dir(user), req.chunks,
+                                                         frozenset(req.whole)):
+                self.staging.added(user, pack, listing)
         return s.PutReply(stored=len(req.chunks))
 
     async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest) -> s.WorkspaceInfo:

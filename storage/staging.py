@@ -34,7 +34,15 @@ log = logging.getLogger(__name__)
 #: The staging directory's name under the workspace root (not a user name: those are tokens).
 DIR_NAME = ".hfai-staging"
 _SUFFIX = ".pack"
+# A chunk that is a whole file by itself (the put said so), kept as exactly its bytes, so the
+# commit makes the workspace's file a hard link to it instead of a copy: `<hash>.<id>.one`.
+_WHOLE = ".one"
 _TMP = ".tmp"
+
+
+def is_whole(path: str) -> bool:
+    """Whether the staged file at ``path`` is one chunk and nothing else (a file to link)."""
+    return path.endswith(_WHOLE)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,10 @@ def write_pack(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, lis
     for c in chunks:
         if not chunk_matches(c.hash, c.data):
             raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
+    return _write(directory, chunks)
+
+
+def _write(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, list[tuple[str, int]]]:
     listing = [(c.hash, len(c.data)) for c in chunks]
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     final = directory / f"{uuid.uuid4().hex}{_SUFFIX}"
@@ -84,6 +96,49 @@ def remove_packs(paths: list[str]) -> None:
     does it in a thread after its reply)."""
     for p in paths:
         Path(p).unlink(missing_ok=True)
+
+
+def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset()) \
+        -> list[tuple[str, list[tuple[str, int]]]]:
+    """A put's chunks staged (blocking, checked as :func:`write_pack` does): those named in
+    ``whole`` each as a file of its own bytes, the rest as one pack. Returns (path, listing) of
+    each file written."""
+    for c in chunks:
+        if not chunk_matches(c.hash, c.data):
+            raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
+    out = []
+    rest = []
+    done: set[str] = set()
+    for c in chunks:
+        if c.hash not in whole:
+            rest.append(c)
+        elif c.hash not in done:
+            done.add(c.hash)
+            out.append((_write_whole(directory, c), [(c.hash, len(c.data))]))
+    if rest:
+        out.append(_write(directory, tuple(rest)))
+    return out
+
+
+def _write_whole(directory: Path, c: ChunkData) -> str:
+    # Under a subdirectory by the hash's first two digits: tens of thousands of small files
+    # created at once by the service's threads would otherwise all wait on one directory's lock.
+    # The length is in the name, so a file cut short by a kill is told apart at a restart without
+    # a temporary name and a rename (which would take that lock again).
+    sub = directory / c.hash[:2]
+    final = str(sub / f"{c.hash}.{len(c.data)}.{uuid.uuid4().hex[:12]}{_WHOLE}")
+    try:
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError:
+        sub.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(c.data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    return final
 
 
 class Staging:
@@ -113,6 +168,10 @@ class Staging:
                     p.unlink(missing_ok=True)
                 elif p.name.endswith(_SUFFIX):
                     self._load(user_dir.name, p, now)
+                elif len(p.name) == 2 and p.is_dir():
+                    for q in p.iterdir():
+                        if q.name.endswith(_WHOLE):
+                            self._load_whole(user_dir.name, q, now)
         log.info("staging: %d pack(s) of unfinished pushes", len(self._packs))
 
     def _load(self, user: str, pack: Path, now: float) -> None:
@@ -129,6 +188,20 @@ class Staging:
             return
         self._add(user, str(pack), len(header), listing)
 
+    def _load_whole(self, user: str, path: Path, now: float) -> None:
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        h, _, rest = path.name.partition(".")
+        length = rest.partition(".")[0]
+        # Cut short by a kill (its length is in its name), or linked into a workspace already (a
+        # commit finished, its release did not): not staged.
+        if now - st.st_mtime > self.ttl_s or st.st_nlink != 1 or not length.isdigit() or st.st_size != int(length):
+            path.unlink(missing_ok=True)
+            return
+        self._add(user, str(path), 0, [(h, st.st_size)])
+
     def _add(self, user: str, pack: str, offset: int, listing: list[tuple[str, int]]) -> None:
         where = self._index.setdefault(user, {})
         for h, n in listing:
@@ -143,8 +216,8 @@ class Staging:
         return set(self._index.get(user, {}))
 
     def added(self, user: str, pack: str, listing: list[tuple[str, int]]) -> None:
-        """Record a pack :func:`write_pack` wrote for ``user``."""
-        self._add(user, pack, len(describe(listing).encode()) + 1, listing)
+        """Record a file :func:`write_pack` or :func:`write_put` wrote for ``user``."""
+        self._add(user, pack, 0 if is_whole(pack) else len(describe(listing).encode()) + 1, listing)
 
     def locate(self, user: str, h: str) -> Located | None:
         return self._index.get(user, {}).get(h)

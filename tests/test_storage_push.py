@@ -81,6 +81,70 @@ def test_a_commit_copies_staged_chunks_in_the_kernel(tmp_path: Path, monkeypatch
     assert len(copies) == len(parts)
 
 
+def test_a_one_chunk_file_staged_whole_is_linked_into_the_workspace_not_copied(tmp_path: Path, monkeypatch):
+    from hfai.storage.staging import write_put
+
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    small, other, big = b"s" * 5, b"o" * 3, os.urandom(2 * CHUNK + 1)
+    parts = [big[i:i + CHUNK] for i in range(0, len(big), CHUNK)]
+    whole = frozenset({chunk_hash(small), chunk_hash(other)})
+    written = write_put(staging.user_dir("alice"), _chunks(small, other, small, *parts), whole)
+    for path, listing in written:
+        staging.added("alice", path, listing)
+    # Each whole chunk a file of exactly its bytes (once, though sent twice), the rest one pack.
+    assert sorted(Path(p).suffix for p, _ in written) == [".one", ".one", ".pack"]
+    one = Path(staging.locate("alice", chunk_hash(small)).path)
+    assert one.read_bytes() == small and one.name.startswith(chunk_hash(small))
+    # A restart finds them again, but not one cut short by a kill (its length is in its name).
+    torn = one.with_name(f"{chunk_hash(b'torn!')}.5.x.one")
+    torn.write_bytes(b"tor")
+    assert Staging.open(ws.root, ttl_s=100.0).held("alice") == staging.held("alice") and not torn.exists()
+    m = s.Manifest(files=(s.FileEntry(path="a/small.txt", size=5, mode=0o640, chunks=(chunk_hash(small),)),
+                          s.FileEntry(path="b/same.txt", size=5, mode=0o644, chunks=(chunk_hash(small),)),
+                          s.FileEntry(path="c/other", size=3, mode=0o600, chunks=(chunk_hash(other),)),
+                          s.FileEntry(path="big.bin", size=len(big), chunks=tuple(chunk_hash(p) for p in parts))),
+                   chunk_bytes=CHUNK)
+    copies = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: copies.append(a[2]) or real(*a))
+    commit_mod.commit(ws, "alice", "w", m, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
+    d = ws.path("alice", "w")
+    assert [(d / f.path).read_bytes() for f in m.files] == [small, small, other, big]
+    # The first file of that content is the staged file itself; the second copies it (two
+    # names of one inode would let a job's write to one change the other); the pack is copied.
+    assert os.stat(d / "a/small.txt").st_ino == one.stat().st_ino
+    assert os.stat(d / "b/same.txt").st_ino != one.stat().st_ino
+    assert len(copies) == 1 + len(parts)
+    assert [(d / f.path).stat().st_mode & 0o777 for f in m.files[:3]] == [0o640, 0o644, 0o600]
+    # Once released, the workspace keeps the file; a staged file some workspace holds (a commit
+    # finished, its release lost to a kill) is not counted as staged at a restart.
+    assert Staging.open(ws.root, ttl_s=100.0).locate("alice", chunk_hash(small)) is None
+    staging.release("alice", {h for f in m.files for h in f.chunks})
+    assert not one.exists() and (d / "a/small.txt").read_bytes() == small
+    assert os.stat(d / "a/small.txt").st_nlink == 1
+
+
+def test_a_staged_whole_file_a_workspace_already_holds_is_not_copied_from(tmp_path: Path):
+    """Between a commit's link and its release, a job may rewrite the linked file: another
+    commit must not take that file's bytes for the chunk."""
+    from hfai.storage.staging import write_put
+
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    small = b"s" * 5
+    [(path, listing)] = write_put(staging.user_dir("alice"), _chunks(small), frozenset({chunk_hash(small)}))
+    staging.added("alice", path, listing)
+    os.link(path, tmp_path / "held-by-a-workspace")
+    with open(tmp_path / "held-by-a-workspace", "r+b") as f:
+        f.write(b"JOB")
+    m = s.Manifest(files=(s.FileEntry(path="x", size=10, chunks=(chunk_hash(small), chunk_hash(small))),),
+                   chunk_bytes=5)
+    with pytest.raises(Exception, match="no longer on the cluster"):
+        commit_mod.commit(ws, "alice", "w", m, lambda h: (_ for _ in ()).throw(KeyError(h)),
+                          lambda h: staging.locate("alice", h))
+
+
 def test_hashing_in_threads_gives_the_serial_manifest(tmp_path: Path):
     from hfai.storage import chunks
 

@@ -27,7 +27,8 @@ def cluster(tmp_path_factory):
 
 def _staged(cluster: Cluster) -> list[Path]:
     d = cluster.local.root / "workspaces" / ".hfai-staging" / "tester"
-    return sorted(d.glob("*.pack")) if d.is_dir() else []
+    # Packs, and one-chunk files staged whole (storage/staging.py).
+    return sorted([*d.glob("*.pack"), *d.glob("*/*.one")]) if d.is_dir() else []
 
 
 def test_dry_run_lists_what_would_move_and_changes_nothing(cluster, tmp_path):
