@@ -51,6 +51,7 @@ def walk(root: Path, ignore: Ignore) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, stat) of every regular file under ``root`` that ``.hfignore`` keeps, in a
     stable order; links and special files are skipped (a link could point out of the tree)."""
     stack = [""]
+    files_too = ignore.has_rules
     while stack:
         rel_dir = stack.pop()
         with os.scandir(root / rel_dir if rel_dir else root) as it:
@@ -61,7 +62,7 @@ def walk(root: Path, ignore: Ignore) -> Iterator[tuple[str, os.stat_result]]:
             if stat.S_ISDIR(st.st_mode):
                 if not ignore.ignored(rel, is_dir=True):
                     stack.append(rel)
-            elif stat.S_ISREG(st.st_mode) and not ignore.ignored(rel):
+            elif stat.S_ISREG(st.st_mode) and not (files_too and ignore.ignored(rel)):
                 yield rel, st
 
 
@@ -71,22 +72,43 @@ HASH_THREADS = min(4, os.cpu_count() or 1)
 _TASK_CHUNKS = 64
 
 
+Walked = list[tuple[str, os.stat_result]]
+
+
+def scan(root: Path) -> Walked:
+    """:func:`walk` of ``root`` with its ``.hfignore``, as a list (blocking)."""
+    return list(walk(root, Ignore.load(root)))
+
+
+def unchanged_tree(walked: Walked, known: dict) -> bool:
+    """Whether the walk found exactly the files of the local index (:func:`quick_index`), each
+    with the size, mtime, inode and mode it had: then the manifest would be the one last pushed."""
+    if len(walked) != len(known):
+        return False
+    for rel, st in walked:
+        seen = known.get(rel)
+        if seen is None or len(seen) < 5 or seen[0] != st.st_size or seen[1] != st.st_mtime_ns \
+                or seen[3] != st.st_ino or seen[4] != st.st_mode & 0o777:
+            return False
+    return True
+
+
 def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | None = None,
-                   stamps: dict | None = None, threads: int = HASH_THREADS, on_total=None) -> Manifest:
+                   stamps: dict | None = None, threads: int = HASH_THREADS, on_total=None,
+                   walked: Walked | None = None) -> Manifest:
     """Hash every kept file under ``root`` (in ``threads`` threads); ``on_total(n)`` is told the
     bytes of the files to read, then ``on_bytes(n)`` of the bytes done (progress, from the calling
     thread; files not read again count for neither, so an unchanged tree needs no progress bar).
     ``known``: path -> [size, mtime_ns, chunks, inode] of the last push: a file whose size, mtime
     and inode are unchanged is not read again (rsync's quick check, plus the inode: a file
-    replaced by another keeps neither)."""
+    replaced by another keeps neither). ``walked``: the tree's :func:`scan`, if done already."""
     from hfai.protocol._lazy import materialize
 
     # Made now, not filled lazily: a manifest holds one entry per file, tens of thousands, and the
     # dataclass's own __init__ is the fastest way to make them.
     materialize(FileEntry)
-    ignore = Ignore.load(root)
     entries: list[tuple[str, os.stat_result, list[str] | None]] = []
-    for rel, st in walk(root, ignore):
+    for rel, st in (walked if walked is not None else walk(root, Ignore.load(root))):
         if stamps is not None:
             stamps[rel] = st.st_mtime_ns  # taken before reading: a later change shows as a newer mtime
         entries.append((rel, st, _unchanged((known or {}).get(rel), st, chunk_bytes)))
@@ -198,17 +220,17 @@ def _hash_files(root: Path, todo: list[tuple[str, int]], chunk_bytes: int, on_by
 
 
 def quick_index(root: Path, manifest: Manifest, stamps: dict, known: dict | None = None) -> dict:
-    """path -> [size, mtime_ns, chunks, inode] for :func:`build_manifest`'s ``known`` at the next
-    push; files whose mtime moved since they were hashed (``stamps``) are left out. A file the
-    walk found as ``known`` has it (not read again, its entry stands as it was: a change since the
-    walk shows at the next one), so only the files hashed this time are looked at again."""
+    """path -> [size, mtime_ns, chunks, inode, mode] for :func:`build_manifest`'s ``known`` at the
+    next push; files whose mtime moved since they were hashed (``stamps``) are left out. A file
+    the walk found as ``known`` has it (not read again, its entry stands as it was: a change since
+    the walk shows at the next one), so only the files hashed this time are looked at again."""
     out = {}
     base = str(root)
     known = known or {}
     for f in manifest.files:
         seen = known.get(f.path)
-        if seen is not None and len(seen) >= 4 and seen[0] == f.size and seen[1] == stamps.get(f.path) \
-                and tuple(seen[2]) == f.chunks:
+        if seen is not None and len(seen) >= 5 and seen[0] == f.size and seen[1] == stamps.get(f.path) \
+                and seen[4] == f.mode and tuple(seen[2]) == f.chunks:
             out[f.path] = seen
             continue
         try:
@@ -216,7 +238,7 @@ def quick_index(root: Path, manifest: Manifest, stamps: dict, known: dict | None
         except OSError:
             continue
         if st.st_size == f.size and st.st_mtime_ns == stamps.get(f.path):
-            out[f.path] = [f.size, st.st_mtime_ns, list(f.chunks), st.st_ino]
+            out[f.path] = [f.size, st.st_mtime_ns, list(f.chunks), st.st_ino, f.mode]
     return out
 
 

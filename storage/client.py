@@ -23,7 +23,7 @@ from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
-from hfai.storage.chunks import build_manifest, chunk_matches, quick_index, read_chunks
+from hfai.storage.chunks import Walked, build_manifest, chunk_matches, quick_index, read_chunks, scan, unchanged_tree
 
 QUICK = "pushed.json"  # size, mtime and chunks of each file at the last push
 #: Put requests in flight: enough to keep the service's threads busy while replies travel, and
@@ -118,15 +118,14 @@ async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: in
     """Hash the workspace at ``root`` (files unchanged since the last push are not read) and ask
     the service which chunks it lacks. ``on_total``: the bytes of the files found, before hashing.
     Changes nothing anywhere (``hfai workspace push --dry-run``)."""
-    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total)
+    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, _read_quick(root, chunk_bytes)[0])
     return await _outgoing_of(client, name, manifest, chunk_bytes)
 
 
 async def _manifest(root: Path, chunk_bytes: int, on_hash: Progress | None, stamps: dict | None,
-                    on_total: Progress | None, known: dict | None = None) -> s.Manifest:
-    if known is None:
-        known = _read_quick(root, chunk_bytes)
-    return await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps, on_total=on_total)
+                    on_total: Progress | None, known: dict, walked: Walked | None = None) -> s.Manifest:
+    return await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps, on_total=on_total,
+                                   walked=walked)
 
 
 async def _outgoing_of(client: StorageClient, name: str, manifest: s.Manifest, chunk_bytes: int) -> Outgoing:
@@ -139,13 +138,12 @@ async def _outgoing_of(client: StorageClient, name: str, manifest: s.Manifest, c
                          chunk_bytes)
 
 
-async def _already_there(client: StorageClient, name: str, manifest: s.Manifest) -> s.WorkspaceInfo | None:
-    """The workspace's info if the cluster holds exactly ``manifest`` already (one small request,
-    where asking for every chunk and committing would send the whole manifest twice), else None."""
+async def _already_there(client: StorageClient, name: str, digest: str) -> s.WorkspaceInfo | None:
+    """The workspace's info if the cluster holds exactly the manifest of ``digest`` already (one
+    small request, where asking for every chunk and committing would send the whole manifest
+    twice), else None."""
     try:
-        reply = await client.scall(s.VERB_WS_CURRENT, s.CurrentRequest(workspace=name,
-                                                                       digest=plan.manifest_digest(manifest)),
-                                   s.CurrentReply)
+        reply = await client.scall(s.VERB_WS_CURRENT, s.CurrentRequest(workspace=name, digest=digest), s.CurrentReply)
     except InvalidRequest:  # a service older than this client does not know the question
         return None
     return reply.info if reply.current else None
@@ -177,11 +175,22 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     name = plan.check_workspace_name(marker["name"])
     request_bytes = client.request_size(request_bytes)
     stamps: dict[str, int] = {}
-    known = _read_quick(root, chunk_bytes)
-    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known)
-    there = await _already_there(client, name, manifest) if marker.get("remote") else None
+    known, last = _read_quick(root, chunk_bytes)
+    walked = await asyncio.to_thread(scan, root)
+    asked = ""
+    if last and marker.get("remote") and unchanged_tree(walked, known):
+        # Nothing changed here since the last push: its manifest's digest is the question, with
+        # no manifest to make (tens of thousands of entries) nor encode.
+        asked = last
+        there = await _already_there(client, name, last)
+        if there is not None:
+            write_marker(root, {**marker, "remote": there.path, "pushed_ts": time.time()})
+            return PushResult(there, len(known), len({h for e in known.values() for h in e[2]}), 0, 0, current=True)
+    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known, walked)
+    digest = plan.manifest_digest(manifest)
+    there = await _already_there(client, name, digest) if marker.get("remote") and digest != asked else None
     if there is not None:
-        _remember(root, marker, there, manifest, stamps, chunk_bytes, known)
+        _remember(root, marker, there, manifest, stamps, chunk_bytes, known, last, digest)
         return PushResult(there, len(manifest.files), len({h for f in manifest.files for h in f.chunks}), 0, 0,
                           current=True)
     out = await _outgoing_of(client, name, manifest, chunk_bytes)
@@ -196,18 +205,20 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         sent += await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
         lacking += len(out.lacking)
         info = await commit(client, name, out.manifest, commit_timeout_s, ping_s)
-    _remember(root, marker, info, out.manifest, stamps, chunk_bytes, known)
+    _remember(root, marker, info, out.manifest, stamps, chunk_bytes, known, last, digest)
     return PushResult(info, len(out.manifest.files), len(out.hashes), lacking, sent)
 
 
 def _remember(root: Path, marker: dict, info: s.WorkspaceInfo, manifest: s.Manifest, stamps: dict,
-              chunk_bytes: int, known: dict) -> None:
+              chunk_bytes: int, known: dict, last: str, digest: str) -> None:
     """Record the push in the workspace's marker, and the local index for the next one's quick
-    check (rewritten only if it changed: for 10,000 files it is a few MB of JSON)."""
+    check with the digest of the manifest pushed (rewritten only if it changed: for 10,000 files
+    it is a few MB of JSON)."""
     write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
     files = quick_index(root, manifest, stamps, known)
-    if files != known:
-        write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes, "files": files}))
+    if files != known or digest != last:
+        write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes, "files": files,
+                                                             "digest": digest}))
 
 
 async def _send_lacking(client, root, name, out: Outgoing, chunk_bytes, request_bytes, on_plan, on_send,
@@ -263,12 +274,16 @@ async def _commit_alive(client: StorageClient, name: str) -> str:
     return "" if status.committing else f"{_RESTARTED} while committing workspace {name}"
 
 
-def _read_quick(root: Path, chunk_bytes: int) -> dict:
+def _read_quick(root: Path, chunk_bytes: int) -> tuple[dict, str]:
+    """The local index (path -> entry) and the digest of the manifest last pushed ("" if none)."""
     try:
         data = json.loads((root / MARKER_DIR / QUICK).read_text())
     except (OSError, ValueError):
-        return {}
-    return data.get("files", {}) if isinstance(data, dict) and data.get("chunk_bytes") == chunk_bytes else {}
+        return {}, ""
+    if not isinstance(data, dict) or data.get("chunk_bytes") != chunk_bytes:
+        return {}, ""
+    files, digest = data.get("files"), data.get("digest")
+    return (files if isinstance(files, dict) else {}), (digest if isinstance(digest, str) else "")
 
 
 def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int) -> list[list[str]]:

@@ -26,6 +26,12 @@ class Ignore:
         except FileNotFoundError:
             return cls([])
 
+    @property
+    def has_rules(self) -> bool:
+        """Whether the workspace has rules of its own: without them only directories are ignored,
+        so a walk that does not enter those needs to ask about no file."""
+        return self._spec is not None
+
     def ignored(self, rel: str, is_dir: bool = False) -> bool:
         """Whether the ``/``-separated relative path is ignored (a directory: with a trailing ``/``)."""
         if self._spec is None:  # ALWAYS_IGNORED alone: a directory of that name at any depth

@@ -241,6 +241,33 @@ def test_a_push_sends_no_more_a_request_than_the_server_delivers(nats_url):
     assert size == announced - ENVELOPE_BYTES
 
 
+def test_an_unchanged_tree_is_told_from_the_index_alone_and_any_change_shows(tmp_path: Path):
+    from hfai.storage.chunks import scan, unchanged_tree
+
+    (tmp_path / "d").mkdir()
+    for name in ("a", "d/b"):
+        (tmp_path / name).write_bytes(os.urandom(3 * CHUNK))
+    stamps: dict = {}
+    index = quick_index(tmp_path, build_manifest(tmp_path, CHUNK, stamps=stamps), stamps)
+    assert unchanged_tree(scan(tmp_path), index)
+    # The index of an older client (no mode) never says "unchanged": the manifest is made.
+    assert not unchanged_tree(scan(tmp_path), {k: v[:4] for k, v in index.items()})
+    os.chmod(tmp_path / "a", 0o600)
+    assert not unchanged_tree(scan(tmp_path), index)
+    os.chmod(tmp_path / "a", index["a"][4])
+    assert unchanged_tree(scan(tmp_path), index)
+    st = os.stat(tmp_path / "d/b")
+    os.utime(tmp_path / "d/b", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert not unchanged_tree(scan(tmp_path), index)
+    os.utime(tmp_path / "d/b", ns=(st.st_atime_ns, st.st_mtime_ns))
+    (tmp_path / "new").write_bytes(b"")
+    assert not unchanged_tree(scan(tmp_path), index)
+    (tmp_path / "new").unlink()
+    (tmp_path / "a").unlink()
+    assert not unchanged_tree(scan(tmp_path), {k: v for k, v in index.items() if k != "d/b"})
+    assert not unchanged_tree(scan(tmp_path), index)
+
+
 def test_the_quick_check_rereads_a_file_replaced_with_the_same_size_and_mtime(tmp_path: Path):
     (tmp_path / "a").write_bytes(b"old!")
     stamps: dict = {}

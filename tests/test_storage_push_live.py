@@ -101,7 +101,12 @@ def test_an_unchanged_push_asks_one_question_and_commits_nothing(cluster, tmp_pa
     # A file not at its size holds no chunk the service trusts: all four of big.bin go again.
     assert r.returncode == 0 and "sent 4 of 5 chunks" in r.stdout, r.stdout
     assert (remote / "big.bin").read_bytes() == (ws / "big.bin").read_bytes()
-    # A local change is not up to date either.
+    # A local change is not up to date either: new content, or only a new mode.
     (ws / "src" / "a.py").write_text("print('b')\n")
     r = cluster.cli("workspace", "push", cwd=ws)
     assert r.returncode == 0 and "sent 1 of 5 chunks" in r.stdout, r.stdout
+    os.chmod(ws / "src" / "a.py", 0o600)
+    r = cluster.cli("workspace", "push", cwd=ws)
+    assert r.returncode == 0 and "pushed same" in r.stdout and "sent 0 of 5 chunks" in r.stdout, r.stdout
+    assert (remote / "src" / "a.py").stat().st_mode & 0o777 == 0o600
+    assert " is up to date: " in cluster.cli("workspace", "push", cwd=ws).stdout
