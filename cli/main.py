@@ -16,7 +16,12 @@ stderr and a non-zero exit, not a traceback (hfai.cli.errors).
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
@@ -98,7 +103,49 @@ SUMMARIES = {
 }
 
 
+#: Whether _loading froze what the imports made (undone when the command ends: see LazyGroup.main).
+_frozen = False
+
+
+@contextmanager
+def _loading(module: str) -> Iterator[None]:
+    """While a command's module and what it needs load for the first time (asyncio, nats-py, the
+    protocol: most of a call's time), the cyclic garbage collector is paused: it would run some
+    20 times and find nothing to free, since what a module makes lives as long as the process.
+    What exists then is frozen (gc.freeze), so that the command's own collections do not go
+    through it (together 5-10 ms of CPU); LazyGroup.main thaws it when the command ends, so that
+    a process that goes on (a test calling the CLI in-process) collects as before."""
+    global _frozen
+    if module in sys.modules or not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        _frozen = True
+        gc.enable()
+
+
+# At exit the interpreter collects every generation, going through all that the imports made to
+# find next to nothing: 20-30 ms of every `hfai` call, a sixth of an `hfai ps`. Frozen first, those
+# objects are left out. Only the exit's collections are spared: objects in reference cycles then
+# (garbage not collected yet) are not finalized, which Python never promises at exit anyway;
+# files, streams and logging are flushed and closed as before.
+atexit.register(gc.freeze)
+
+
 class LazyGroup(click.Group):
+    def main(self, *args, **kwargs):
+        global _frozen
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            if _frozen:
+                gc.unfreeze()
+                _frozen = False
+
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
@@ -125,7 +172,8 @@ class LazyGroup(click.Group):
         if name in LAZY_COMMANDS:
             module, attr = LAZY_COMMANDS[name]
             try:
-                mod = importlib.import_module(module)
+                with _loading(module):
+                    mod = importlib.import_module(module)
             except ImportError:
                 return None
             found = getattr(mod, attr, None)
