@@ -76,13 +76,18 @@ class MissingReply:
 @message("ws_put_request")
 class PutRequest:
     """Chunks to stage for a push (kept until a commit has written them, so a push resumes).
-    ``whole``: those of them that are, each alone, a file's whole content (the service keeps them
-    as files of their own, which the commit links into the workspace instead of copying)."""
+    ``whole``: those of them that are, each alone, a file's whole content; ``file``: if set, all
+    of them are chunks ``first``, ``first + 1``, … of one file, ``file`` being the SHA-256 (hex)
+    of that file's chunk names joined by newlines. Both are hints: the service keeps such chunks
+    in a file of their own, at their places, which the commit links into the workspace when it
+    holds exactly a file's chunks, instead of copying them (it checks that, not the hint)."""
 
     KIND: ClassVar[str]
     workspace: str
     chunks: tuple[ChunkData, ...]
     whole: tuple[str, ...] = ()
+    file: str = ""
+    first: int = 0
 
 
 @message("ws_put_reply")

@@ -286,13 +286,17 @@ def _read_quick(root: Path, chunk_bytes: int) -> tuple[dict, str]:
     return (files if isinstance(files, dict) else {}), (digest if isinstance(digest, str) else "")
 
 
-def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int) -> list[list[str]]:
-    """Group chunks into requests of at most ``request_bytes`` (pure; a chunk alone may fill one)."""
+def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int,
+          part_of: dict[str, str] | None = None) -> list[list[str]]:
+    """Group chunks into requests of at most ``request_bytes`` (pure; a chunk alone may fill one).
+    ``part_of``: chunk -> the key of the file it is sent as part of; such chunks go in requests of
+    that file's alone (the service then writes them at their places in one file)."""
     out: list[list[str]] = []
     cur: list[str] = []
     used = 0
+    part_of = part_of or {}
     for h in lacking:
-        if cur and used + sizes[h] > request_bytes:
+        if cur and (used + sizes[h] > request_bytes or part_of.get(h) != part_of.get(cur[-1])):
             out.append(cur)
             cur, used = [], 0
         cur.append(h)
@@ -302,8 +306,25 @@ def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int) -> list
     return out
 
 
+def parts(lacking: list[str], where: dict[str, tuple[s.FileEntry, int]]) -> dict[str, str]:
+    """chunk -> file key, for the chunks of each file of several chunks whose every chunk is sent
+    and first found in it, in order (pure): the service can keep such a file whole, at its places
+    (PutRequest.file). The key is the SHA-256 of the file's chunk names, one a line."""
+    import hashlib
+
+    sent = set(lacking)
+    files = {id(f): f for f, _i in where.values() if len(f.chunks) > 1}
+    out: dict[str, str] = {}
+    for f in files.values():
+        if all(h in sent and where[h][0] is f and where[h][1] == i for i, h in enumerate(f.chunks)):
+            key = hashlib.sha256("\n".join(f.chunks).encode()).hexdigest()
+            out.update((h, key) for h in f.chunks)
+    return out
+
+
 async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_bytes, on_send, bwlimit) -> int:
     queue: asyncio.Queue[list[str] | None] = asyncio.Queue(maxsize=IN_FLIGHT)
+    part_of = parts(lacking, where)
     sent = 0
     started = time.monotonic()
 
@@ -315,8 +336,9 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
             datas = await asyncio.to_thread(read_chunks, root, [where[h] for h in group], chunk_bytes)
             chunks = [s.ChunkData(hash=h, data=d) for h, d in zip(group, datas, strict=True)]
             whole = tuple(h for h in group if len(where[h][0].chunks) == 1)
-            await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks), whole=whole),
-                               s.PutReply)
+            key, first = part_of.get(group[0], ""), where[group[0]][1]
+            await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks), whole=whole,
+                                                           file=key, first=first if key else 0), s.PutReply)
             n = sum(len(c.data) for c in chunks)
             sent += n
             if on_send is not None:
@@ -330,7 +352,7 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
     senders = [asyncio.create_task(sender()) for _ in range(in_flight)]
     put: asyncio.Future[None] | None = None
     try:
-        for group in packs(lacking, sizes, request_bytes):
+        for group in packs(lacking, sizes, request_bytes, part_of):
             put = asyncio.ensure_future(queue.put(group))
             done, _ = await asyncio.wait({put, *senders}, return_when=asyncio.FIRST_COMPLETED)
             for t in done - {put}:

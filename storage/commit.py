@@ -178,21 +178,28 @@ class _Source:
         self._fds: dict[str, int] = {}
         self._linked: set[str] = set()  # staged files this build made files of N (once each)
 
-    def link(self, h: str, size: int, target: Path) -> bool:
-        """Make ``target`` a hard link to the staged file that is exactly chunk ``h`` (written
-        whole by the put: :func:`hfai.storage.staging.write_put`'s ``whole``), if there is one:
-        a file of one chunk is then never copied. False (nothing done) otherwise."""
-        where = self._locate(h) if self._locate is not None else None
-        if where is None or not is_whole(where.path) or where.offset or where.length != size \
-                or where.path in self._linked:
+    def link(self, f: FileEntry, chunk_bytes: int, target: Path) -> bool:
+        """Make ``target`` a hard link to the staged file that holds exactly ``f``'s chunks at
+        their places and nothing else (a chunk staged whole, or a part file the puts filled:
+        :func:`hfai.storage.staging.write_put`), if there is one: the file is then never copied.
+        False (nothing done) otherwise."""
+        if self._locate is None or not f.chunks:
             return False
-        try:
-            if os.stat(where.path).st_nlink != 1:  # already some workspace's file (see put)
+        first = self._locate(f.chunks[0])
+        if first is None or not is_whole(first.path) or first.path in self._linked:
+            return False
+        for i, h in enumerate(f.chunks):
+            where = first if i == 0 else self._locate(h)
+            if where is None or where.path != first.path or where.offset != i * chunk_bytes:
                 return False
-            os.link(where.path, target, follow_symlinks=False)
+        try:
+            st = os.stat(first.path)
+            if st.st_nlink != 1 or st.st_size != f.size:  # already some workspace's file (see put)
+                return False
+            os.link(first.path, target, follow_symlinks=False)
         except FileNotFoundError:  # released meanwhile by another commit: copy from elsewhere
             return False
-        self._linked.add(where.path)
+        self._linked.add(first.path)
         return True
 
     def put(self, h: str, out: int, at: int) -> bool:
@@ -299,7 +306,7 @@ def _assemble(base: Path, target: Path, f: FileEntry, chunk_bytes: int, held: di
     """Write ``f`` at ``target`` from chunks held in D's files (checked) or staged. False when a
     chunk is in neither (a file of D changed since its push, added to ``changed``, and nothing
     staged has that chunk)."""
-    if len(f.chunks) == 1 and f.chunks[0] not in held and staged.link(f.chunks[0], f.size, target):
+    if staged.link(f, chunk_bytes, target):
         os.chmod(target, f.mode & 0o777)
         chown(target, owner)
         return True

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 MAX_HASHES = 8192
 #: Requests served at once; more wait in the subscription's queue (bounded by NATS's pending limits).
 MAX_HANDLERS = 16
+#: The furthest chunk of a file a put may place (PutRequest.first): a petabyte at 512 KiB.
+MAX_CHUNK_INDEX = 2**31
 #: Requests waiting for a handler are held by the subscription up to this many bytes (beyond it,
 #: NATS drops them as a slow consumer's and their clients time out): some 30 pushing clients'
 #: puts in flight (storage/client.py: IN_FLIGHT_BYTES), where nats-py's default is 64 MiB.
@@ -212,10 +214,12 @@ class StorageService:
         if total > self.sc.request_bytes or any(len(c.data) > self.sc.chunk_bytes for c in req.chunks):
             raise InvalidRequest(f"a put carries at most {self.sc.request_bytes} bytes in chunks of at most "
                                  f"{self.sc.chunk_bytes}")
+        if not 0 <= req.first <= MAX_CHUNK_INDEX:
+            raise InvalidRequest(f"chunk index {req.first} is out of range")
         if req.chunks:
-            for pack, listing in await asyncio.to_thread(write_put, self.staging.user_dir(user), req.chunks,
-                                                         frozenset(req.whole)):
-                self.staging.added(user, pack, listing)
+            for written in await asyncio.to_thread(write_put, self.staging.user_dir(user), req.chunks,
+                                                   frozenset(req.whole), req.file, req.first, self.sc.chunk_bytes):
+                self.staging.staged(user, written)
         return s.PutReply(stored=len(req.chunks))
 
     async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest) -> s.WorkspaceInfo:

@@ -40,9 +40,21 @@ _WHOLE = ".one"
 _TMP = ".tmp"
 
 
+# The chunks of one file of several chunks, each at its place in that file (the puts said which
+# file and where): `<key>.part`, and `<key>.part.idx` listing what was written (`offset hash
+# length` lines, appended after each write). Once it holds every chunk, the commit links it as that file.
+_PART = ".part"
+_IDX = ".idx"
+
+
 def is_whole(path: str) -> bool:
-    """Whether the staged file at ``path`` is one chunk and nothing else (a file to link)."""
-    return path.endswith(_WHOLE)
+    """Whether the staged file at ``path`` holds one file's bytes at their places and nothing
+    else (a chunk staged whole, or a part file): a file the commit may link."""
+    return path.endswith(_WHOLE) or path.endswith(_PART)
+
+
+def is_part(path: str) -> bool:
+    return path.endswith(_PART)
 
 
 @dataclass(frozen=True)
@@ -96,17 +108,27 @@ def remove_packs(paths: list[str]) -> None:
     does it in a thread after its reply)."""
     for p in paths:
         Path(p).unlink(missing_ok=True)
+        if is_part(p):
+            Path(p + _IDX).unlink(missing_ok=True)
 
 
-def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset()) \
-        -> list[tuple[str, list[tuple[str, int]]]]:
-    """A put's chunks staged (blocking, checked as :func:`write_pack` does): those named in
-    ``whole`` each as a file of its own bytes, the rest as one pack. Returns (path, listing) of
-    each file written."""
+#: What a put staged: (path, [(hash, offset in that file, length)]).
+Staged = tuple[str, list[tuple[str, int, int]]]
+
+
+def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset(),
+              file: str = "", first: int = 0, chunk_bytes: int = 0) -> list[Staged]:
+    """A put's chunks staged (blocking, checked as :func:`write_pack` does). With ``file`` (a
+    key naming one file's content) they are that file's chunks ``first``, ``first + 1``, …,
+    written at their places in its part file; else those named in ``whole`` each as a file of
+    its own bytes and the rest as one pack."""
     for c in chunks:
         if not chunk_matches(c.hash, c.data):
             raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
-    out = []
+    if file and chunk_bytes > 0 and chunks:
+        names.check_token("file key", file)
+        return [_write_part(directory, file, first, chunks, chunk_bytes)]
+    out: list[Staged] = []
     rest = []
     done: set[str] = set()
     for c in chunks:
@@ -114,10 +136,45 @@ def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[s
             rest.append(c)
         elif c.hash not in done:
             done.add(c.hash)
-            out.append((_write_whole(directory, c), [(c.hash, len(c.data))]))
+            out.append((_write_whole(directory, c), [(c.hash, 0, len(c.data))]))
     if rest:
-        out.append(_write(directory, tuple(rest)))
+        path, listing = _write(directory, tuple(rest))
+        at = len(describe(listing).encode()) + 1
+        placed = []
+        for h, n in listing:
+            placed.append((h, at, n))
+            at += n
+        out.append((path, placed))
     return out
+
+
+def _write_part(directory: Path, key: str, first: int, chunks: tuple[ChunkData, ...], chunk_bytes: int) -> Staged:
+    sub = directory / key[:2]
+    path = str(sub / f"{key}{_PART}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    except FileNotFoundError:
+        sub.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    placed = []
+    try:
+        for i, c in enumerate(chunks):
+            start = (first + i) * chunk_bytes
+            view = memoryview(c.data)
+            while view:
+                view = view[os.pwrite(fd, view, start + len(c.data) - len(view)):]
+            placed.append((c.hash, start, len(c.data)))
+    finally:
+        os.close(fd)
+    # Listed only once written: what the list names is in the file (a restart trusts it, as it
+    # trusts a pack whose size adds up). One append of whole lines: puts of one file may run at once.
+    lines = "".join(f"{at} {h} {n}\n" for h, at, n in placed).encode()
+    idx = os.open(path + _IDX, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(idx, lines)
+    finally:
+        os.close(idx)
+    return path, placed
 
 
 def _write_whole(directory: Path, c: ChunkData) -> str:
@@ -172,6 +229,10 @@ class Staging:
                     for q in p.iterdir():
                         if q.name.endswith(_WHOLE):
                             self._load_whole(user_dir.name, q, now)
+                        elif q.name.endswith(_PART):
+                            self._load_part(user_dir.name, q, now)
+                        elif q.name.endswith(_PART + _IDX) and not q.with_suffix("").exists():
+                            q.unlink(missing_ok=True)
         log.info("staging: %d pack(s) of unfinished pushes", len(self._packs))
 
     def _load(self, user: str, pack: Path, now: float) -> None:
@@ -202,18 +263,46 @@ class Staging:
             return
         self._add(user, str(path), 0, [(h, st.st_size)])
 
+    def _load_part(self, user: str, path: Path, now: float) -> None:
+        idx = Path(str(path) + _IDX)
+        try:
+            st = path.stat()
+            text = idx.read_text(errors="replace")
+        except OSError:
+            text, st = "", None
+        placed = []
+        for line in text.splitlines():
+            words = line.split()
+            if len(words) == 3 and words[0].isdigit() and words[2].isdigit():
+                placed.append((words[1], int(words[0]), int(words[2])))  # hash, offset, length
+        if st is None or now - st.st_mtime > self.ttl_s or st.st_nlink != 1 or not placed:
+            remove_packs([str(path)])
+            return
+        self._add_at(user, str(path), [(h, at, n) for h, at, n in placed if at + n <= st.st_size])
+
     def _add(self, user: str, pack: str, offset: int, listing: list[tuple[str, int]]) -> None:
-        where = self._index.setdefault(user, {})
+        placed = []
         for h, n in listing:
-            where.setdefault(h, Located(pack, offset, n))
+            placed.append((h, offset, n))
             offset += n
-        self._packs[pack] = (user, [h for h, _ in listing])
+        self._add_at(user, pack, placed)
+
+    def _add_at(self, user: str, path: str, placed: list[tuple[str, int, int]]) -> None:
+        where = self._index.setdefault(user, {})
+        for h, at, n in placed:
+            where.setdefault(h, Located(path, at, n))
+        had = self._packs.get(path)
+        self._packs[path] = (user, [*(had[1] if had else ()), *(h for h, _at, _n in placed)])
 
     def user_dir(self, user: str) -> Path:
         return self.root / names.check_token("user name", user)
 
     def held(self, user: str) -> set[str]:
         return set(self._index.get(user, {}))
+
+    def staged(self, user: str, written: Staged) -> None:
+        """Record what :func:`write_put` wrote for ``user``."""
+        self._add_at(user, written[0], written[1])
 
     def added(self, user: str, pack: str, listing: list[tuple[str, int]]) -> None:
         """Record a file :func:`write_pack` or :func:`write_put` wrote for ``user``."""

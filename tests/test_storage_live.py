@@ -74,10 +74,17 @@ def test_push_ignores_and_moves_only_changed_chunks(cluster, tmp_path):
     assert "proj" in listed.stdout and str(remote) in listed.stdout
 
 
-def _staged_messages(cluster: Cluster) -> int:
-    """Packs staged for tester (one a put request; storage/staging.py)."""
+def _staged_chunks(cluster: Cluster) -> int:
+    """Chunks staged for tester (storage/staging.py): in packs, in part files (a line each in
+    their .idx), or whole."""
+    from hfai.storage.staging import parse_description
+
     staged = cluster.local.root / "workspaces" / ".hfai-staging" / "tester"
-    return len(list(staged.glob("*.pack"))) if staged.is_dir() else 0
+    if not staged.is_dir():
+        return 0
+    n = sum(len(parse_description(p.open("rb").readline().decode())) for p in staged.glob("*.pack"))
+    n += sum(len(p.read_bytes().splitlines()) for p in staged.glob("*/*.part.idx"))
+    return n + len(list(staged.glob("*/*.one")))
 
 
 def test_a_killed_push_resumes(cluster, tmp_path):
@@ -86,19 +93,22 @@ def test_a_killed_push_resumes(cluster, tmp_path):
     data = os.urandom(40 * CHUNK)
     (ws / "weights.bin").write_bytes(data)
     assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
-    before = _staged_messages(cluster)
-    # 40 chunks at 256 KB/s: ~10 s; killed once a few requests are staged.
+    before = _staged_chunks(cluster)
+    # 40 chunks at 256 KB/s: ~10 s; killed once a few chunks are staged (then the rest goes into
+    # the same part file, and the commit links it).
     proc = cluster.cli_popen("workspace", "push", "--bwlimit", "256", cwd=ws, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     try:
-        cluster.wait(lambda: _staged_messages(cluster) >= before + 4, 30, "part of the push to be staged", poll=0.05)
+        cluster.wait(lambda: _staged_chunks(cluster) >= before + 4, 30, "part of the push to be staged", poll=0.05)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     sent, total = _sent(_push(cluster, ws))
     assert total == 40 and 0 < sent < 40
-    assert (cluster.local.root / "workspaces" / "tester" / "resume" / "weights.bin").read_bytes() == data
+    target = cluster.local.root / "workspaces" / "tester" / "resume" / "weights.bin"
+    assert target.read_bytes() == data and target.stat().st_nlink == 1
+    assert not list((cluster.local.root / "workspaces" / ".hfai-staging" / "tester").glob("*/*.part*"))
 
 
 def test_a_job_runs_in_the_pushed_copy(cluster, tmp_path):

@@ -90,8 +90,8 @@ def test_a_one_chunk_file_staged_whole_is_linked_into_the_workspace_not_copied(t
     parts = [big[i:i + CHUNK] for i in range(0, len(big), CHUNK)]
     whole = frozenset({chunk_hash(small), chunk_hash(other)})
     written = write_put(staging.user_dir("alice"), _chunks(small, other, small, *parts), whole)
-    for path, listing in written:
-        staging.added("alice", path, listing)
+    for w in written:
+        staging.staged("alice", w)
     # Each whole chunk a file of exactly its bytes (once, though sent twice), the rest one pack.
     assert sorted(Path(p).suffix for p, _ in written) == [".one", ".one", ".pack"]
     one = Path(staging.locate("alice", chunk_hash(small)).path)
@@ -133,8 +133,8 @@ def test_a_staged_whole_file_a_workspace_already_holds_is_not_copied_from(tmp_pa
     ws = Workspaces(tmp_path / "ws", tmp_path / "state")
     staging = Staging.open(ws.root, ttl_s=100.0)
     small = b"s" * 5
-    [(path, listing)] = write_put(staging.user_dir("alice"), _chunks(small), frozenset({chunk_hash(small)}))
-    staging.added("alice", path, listing)
+    [(path, placed)] = write_put(staging.user_dir("alice"), _chunks(small), frozenset({chunk_hash(small)}))
+    staging.staged("alice", (path, placed))
     os.link(path, tmp_path / "held-by-a-workspace")
     with open(tmp_path / "held-by-a-workspace", "r+b") as f:
         f.write(b"JOB")
@@ -143,6 +143,66 @@ def test_a_staged_whole_file_a_workspace_already_holds_is_not_copied_from(tmp_pa
     with pytest.raises(Exception, match="no longer on the cluster"):
         commit_mod.commit(ws, "alice", "w", m, lambda h: (_ for _ in ()).throw(KeyError(h)),
                           lambda h: staging.locate("alice", h))
+
+
+def test_a_file_sent_as_parts_is_written_at_its_places_survives_a_restart_and_is_linked(tmp_path: Path):
+    import hashlib
+
+    from hfai.storage.client import packs, parts
+    from hfai.storage.staging import write_put
+
+    body = os.urandom(5 * CHUNK + 3)
+    chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
+    f = s.FileEntry(path="w.bin", size=len(body), chunks=tuple(chunk_hash(c) for c in chunks))
+    small = s.FileEntry(path="s", size=2, chunks=(chunk_hash(b"xy"),))
+    where = {h: (f, i) for i, h in enumerate(f.chunks)} | {small.chunks[0]: (small, 0)}
+    lacking = [small.chunks[0], *f.chunks]
+    key = hashlib.sha256("\n".join(f.chunks).encode()).hexdigest()
+    part_of = parts(lacking, where)
+    assert part_of == {h: key for h in f.chunks}
+    # Requests never mix a part file's chunks with others; a file not wholly sent is no part.
+    sizes = {h: len(c) for h, c in zip(f.chunks, chunks, strict=True)} | {small.chunks[0]: 2}
+    assert packs(lacking, sizes, 3 * CHUNK, part_of) == [[small.chunks[0]], list(f.chunks[:3]), list(f.chunks[3:])]
+    assert parts(lacking[:-1], where) == {}
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    d = staging.user_dir("alice")
+    # The later chunks first (puts run at once, and a killed push resumes with the rest).
+    for first in (3, 0):
+        for w in write_put(d, _chunks(*chunks[first:first + 3]), file=key, first=first, chunk_bytes=CHUNK):
+            staging.staged("alice", w)
+    part = d / key[:2] / f"{key}.part"
+    assert part.read_bytes() == body and len((d / key[:2] / f"{key}.part.idx").read_text().splitlines()) == 6
+    # A restart reads the list back; a line for bytes the file does not hold is not trusted.
+    with open(d / key[:2] / f"{key}.part.idx", "a") as idx:
+        idx.write(f"{10 * CHUNK} {chunk_hash(b'later')} {CHUNK}\n")
+    again = Staging.open(ws.root, ttl_s=100.0)
+    assert again.held("alice") == set(f.chunks)
+    assert again.locate("alice", f.chunks[4]) == staging.locate("alice", f.chunks[4])
+    m = s.Manifest(files=(f,), chunk_bytes=CHUNK)
+    commit_mod.commit(ws, "alice", "w", m, lambda h: again.read("alice", h), lambda h: again.locate("alice", h))
+    target = ws.path("alice", "w") / "w.bin"
+    assert target.read_bytes() == body and target.stat().st_ino == part.stat().st_ino
+    again.release("alice", set(f.chunks))
+    assert not part.exists() and not (d / key[:2] / f"{key}.part.idx").exists() and target.read_bytes() == body
+
+
+def test_a_part_file_missing_chunks_is_copied_from_not_linked(tmp_path: Path):
+    from hfai.storage.staging import write_put
+
+    body = os.urandom(3 * CHUNK)
+    chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
+    f = s.FileEntry(path="w.bin", size=len(body), chunks=tuple(chunk_hash(c) for c in chunks))
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    d = staging.user_dir("alice")
+    for w in [*write_put(d, _chunks(*chunks[:2]), file="k" * 64, first=0, chunk_bytes=CHUNK),
+              *write_put(d, _chunks(chunks[2]))]:
+        staging.staged("alice", w)
+    m = s.Manifest(files=(f,), chunk_bytes=CHUNK)
+    commit_mod.commit(ws, "alice", "w", m, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
+    target = ws.path("alice", "w") / "w.bin"
+    assert target.read_bytes() == body and target.stat().st_ino != (d / "kk" / f"{'k' * 64}.part").stat().st_ino
 
 
 def test_hashing_in_threads_gives_the_serial_manifest(tmp_path: Path):
