@@ -9,9 +9,11 @@ A commit of ``<user>/<name>`` (the directory jobs run in; call it D):
 2. journal :attr:`Phase.BUILT` (the new manifest, the inodes of D and N) in the state directory;
    **swap** D and N in one ``renameat2(RENAME_EXCHANGE)``: the path now resolves to N, exactly
    the pushed tree. A first commit (no D) is one ``rename`` of N into place, and done.
-3. journal :attr:`Phase.APPLYING`; **apply** the same change to D (now at the side name) file
-   by file (hard links of N's files renamed over D's, removed files unlinked), so jobs already
-   running in D, whose working directory is D itself, keep it and whatever they write into it.
+3. **apply** the same change to D (now at the side name) file by file (hard links of N's
+   written or copied files renamed over D's, removed files unlinked: every other file of N is
+   D's own inode already), so jobs already running in D, whose working directory is D itself,
+   keep it and whatever they write into it. Only the in-place fallback journals
+   :attr:`Phase.APPLYING` first: swapped, N's inode at the path says D may be half done.
 4. journal :attr:`Phase.APPLIED`; **swap back**: the path resolves to D again, now the pushed tree
    too; remove N, record the manifest, drop the journal.
 
@@ -38,15 +40,25 @@ import shutil
 import signal
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hfai.protocol.codec import pack
 from hfai.protocol.errors import Conflict
 from hfai.protocol.storage import CommitJournal, FileEntry, Manifest
 from hfai.storage import plan, swap
 from hfai.storage.chunks import chunk_matches
-from hfai.storage.files import chown, ino, make_parents, prune_empty_dirs, remove_tree
+from hfai.storage.files import (
+    chown,
+    ino,
+    ino_at,
+    make_new_parents_at,
+    make_parents_at,
+    open_dir,
+    prune_empty_dirs,
+    remove_tree,
+)
 from hfai.storage.staging import is_whole
 
 if TYPE_CHECKING:
@@ -105,9 +117,9 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
         recover(ws, user, left)
     owner = ws.user_dir(user)
     old = ws.manifest(user, name) if base.is_dir() else None
-    present = ws.present(user, name, old)
+    present, held_all = ws.present_and_held(user, name, old)
     todo = plan.commit_plan(old, new, present)
-    held = plan.held_chunks(old, present) if old is not None and old.chunk_bytes == new.chunk_bytes else {}
+    held = held_all if old is not None and old.chunk_bytes == new.chunk_bytes else {}
     nxt = next_path(base)
     remove_tree(nxt)
     if old is not None and not (todo.write or todo.chmod or todo.delete):
@@ -124,41 +136,48 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
         raise
     journal = CommitJournal(workspace=name, manifest=new, delete=todo.delete + stray, old_ino=ino(base),
                             new_ino=ino(nxt), phase=Phase.BUILT.value)
-    ws.save_journal(user, journal)
+    packed = pack(new)  # the manifest's bytes, packed once for every journal write and the record
+    ws.save_journal(user, journal, packed)
     _fault("built")
     if journal.old_ino == 0:
         os.rename(nxt, base)
     else:
-        _swap_in(ws, user, base, journal, owner)
-    _finish(ws, user, journal)
+        # Only the files N does not share with D: every other one is D's own inode, linked.
+        changed = tuple(f.path for f in todo.write + todo.chmod)
+        _swap_in(ws, user, base, journal, packed, changed, owner)
+    _finish(ws, user, journal, packed)
     return todo
 
 
-def _swap_in(ws: Workspaces, user: str, base: Path, journal: CommitJournal, owner: pwd.struct_passwd | None) -> None:
+def _swap_in(ws: Workspaces, user: str, base: Path, journal: CommitJournal, packed: bytes,
+             changed: tuple[str, ...], owner: pwd.struct_passwd | None) -> None:
     nxt = next_path(base)
     swapped = swap.exchange(base, nxt)
     if not swapped:
         log.warning("%s: this filesystem cannot swap directories; replacing files in place", base)
     _fault("swapped")
-    _apply_and_return(ws, user, base, journal, owner, swapped)
+    _apply_and_return(ws, user, base, journal, packed, changed, owner, swapped)
 
 
-def _apply_and_return(ws: Workspaces, user: str, base: Path, journal: CommitJournal, owner: pwd.struct_passwd | None,
-                      swapped: bool) -> None:
-    """Steps 3 and 4: bring D up to date (D is at the side name when ``swapped``), swap back."""
+def _apply_and_return(ws: Workspaces, user: str, base: Path, journal: CommitJournal, packed: bytes,
+                      paths: tuple[str, ...], owner: pwd.struct_passwd | None, swapped: bool) -> None:
+    """Steps 3 and 4: bring D's ``paths`` (and deletions) up to date (D is at the side name when
+    ``swapped``), swap back. Swapped, no APPLYING record is needed: N's inode at the path says
+    that D may be half done; in place, only the journal can say it."""
     nxt = next_path(base)
     d, n = (nxt, base) if swapped else (base, nxt)
-    ws.save_journal(user, _with_phase(journal, Phase.APPLYING))
-    _apply(d, n, journal.manifest, journal.delete, owner)
-    ws.save_journal(user, _with_phase(journal, Phase.APPLIED))
+    if not swapped:
+        ws.save_journal(user, _with_phase(journal, Phase.APPLYING), packed)
+    _apply(d, n, paths, journal.delete, owner)
+    ws.save_journal(user, _with_phase(journal, Phase.APPLIED), packed)
     _fault("applied")
     if swapped and not swap.exchange(base, nxt):
         raise OSError(f"could not swap {base} back with {nxt}")
 
 
-def _finish(ws: Workspaces, user: str, journal: CommitJournal) -> None:
+def _finish(ws: Workspaces, user: str, journal: CommitJournal, packed: bytes) -> None:
     remove_tree(next_path(ws.path(user, journal.workspace)))
-    ws.save_manifest(user, journal.workspace, journal.manifest)
+    ws.save_manifest(user, journal.workspace, journal.manifest, packed)
     ws.drop_journal(user, journal.workspace)
 
 
@@ -256,38 +275,59 @@ def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: di
     """Assemble N; returns the temporary files of an earlier, killed commit found in D (the apply
     step removes them)."""
     nxt.mkdir(mode=0o700)
-    if base.is_dir():
+    has_old = base.is_dir()
+    if has_old:
         os.chmod(nxt, stat.S_IMODE(os.stat(base).st_mode))
     chown(nxt, owner)
     rewrite = {f.path for f in todo.write}
     copy = {f.path for f in todo.chmod}
     changed: set[str] = set()  # D's files found not to hold what their manifest says
     complete = True
-    made: set[str] = set()  # N's directories made so far
+    made: set[str] = set()  # N's directories made so far: every directory of the new manifest
+    # Descriptors and relative string paths: per file, Path objects and the resolution of the
+    # whole absolute path cost several times the link itself.
+    dirs = _Dirs(open_dir(base) if has_old else -1, open_dir(nxt))
     try:
         for f in new.files:
-            complete &= _place(base, nxt, f, new.chunk_bytes, held, staged, owner, rewrite, copy, changed, made)
+            complete &= _place(base, nxt, dirs, f, new.chunk_bytes, held, staged, owner, rewrite, copy, changed,
+                               made)
+        if not complete:
+            raise _Changed(sorted(changed))
+        return _link_others(base, dirs, new, set(todo.delete), owner, made) if has_old else ()
     finally:
         staged.close()
-    if not complete:
-        raise _Changed(sorted(changed))
-    return _link_others(base, nxt, new, set(todo.delete), owner, made)
+        dirs.close()
 
 
-def _place(base: Path, nxt: Path, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
+class _Dirs:
+    """D's and N's directories, open for one build (``d`` is -1 when there is no D yet)."""
+
+    def __init__(self, d: int, n: int):
+        self.d, self.n = d, n
+
+    def close(self) -> None:
+        for fd in (self.d, self.n):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _place(base: Path, nxt: Path, dirs: _Dirs, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
            staged: _Source, owner: pwd.struct_passwd | None, rewrite: set[str], copy: set[str],
            changed: set[str], made: set[str]) -> bool:
     """Put one file of the new manifest into N: assembled, copied (a mode change) or linked."""
-    target = nxt / f.path
-    make_parents(nxt, target.parent, owner, made)
-    if f.path in rewrite:
-        return _assemble(base, target, f, chunk_bytes, held, staged, owner, changed)
-    if f.path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
-        shutil.copyfile(base / f.path, target, follow_symlinks=False)
+    path = f.path
+    parent = path.rpartition("/")[0]
+    if parent and parent not in made:
+        make_new_parents_at(dirs.n, parent, owner, made)
+    if path in rewrite:
+        return _assemble(base, nxt / path, f, chunk_bytes, held, staged, owner, changed)
+    if path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
+        target = nxt / path
+        shutil.copyfile(base / path, target, follow_symlinks=False)
         os.chmod(target, f.mode & 0o777)
         chown(target, owner)
     else:
-        os.link(base / f.path, target, follow_symlinks=False)
+        os.link(path, path, src_dir_fd=dirs.d, dst_dir_fd=dirs.n, follow_symlinks=False)
     return True
 
 
@@ -342,19 +382,17 @@ def _held(base: Path, held: dict[str, tuple[str, int]], h: str, chunk_bytes: int
     return None
 
 
-def _link_others(base: Path, nxt: Path, new: Manifest, delete: set[str], owner: pwd.struct_passwd | None,
-                 made: set[str] | None = None) -> tuple[str, ...]:
+def _link_others(base: Path, dirs: _Dirs, new: Manifest, delete: set[str], owner: pwd.struct_passwd | None,
+                 made: set[str]) -> tuple[str, ...]:
     """Hard-link into N what D holds besides the manifests' files: what jobs wrote there stays in
     the workspace across pushes. Entries the new manifest needs the place of lose (as an in-place
-    commit would remove them)."""
-    if not base.is_dir():
-        return ()
+    commit would remove them). ``made``: N's directories, which are the new manifest's."""
     files = {f.path for f in new.files}
-    dirs = {"/".join(p.split("/")[:i]) for p in files for i in range(1, p.count("/") + 1)}
+    manifest_dirs = set(made)
     stray: list[str] = []
-    for dirpath, subdirs, names in os.walk(base):
-        rel_dir = os.path.relpath(dirpath, base)
-        rel_dir = "" if rel_dir == "." else rel_dir
+    top = str(base)
+    for dirpath, subdirs, names in os.walk(top):
+        rel_dir = "" if dirpath == top else dirpath[len(top) + 1:]
         if rel_dir in files:  # a directory where the new manifest has a file
             subdirs[:] = []
             continue
@@ -362,9 +400,10 @@ def _link_others(base: Path, nxt: Path, new: Manifest, delete: set[str], owner: 
             rel = f"{rel_dir}/{entry}" if rel_dir else entry
             if entry.endswith(TMP_SUFFIX):
                 stray.append(rel)
-            elif rel not in files and rel not in delete and rel not in dirs and not _parents(rel) & files:
-                make_parents(nxt, (nxt / rel).parent, owner, made)
-                os.link(os.path.join(dirpath, entry), nxt / rel, follow_symlinks=False)
+            elif rel not in files and rel not in delete and rel not in manifest_dirs and not _parents(rel) & files:
+                if rel_dir and rel_dir not in made:
+                    make_new_parents_at(dirs.n, rel_dir, owner, made)
+                os.link(rel, rel, src_dir_fd=dirs.d, dst_dir_fd=dirs.n, follow_symlinks=False)
     return tuple(stray)
 
 
@@ -375,25 +414,41 @@ def _parents(rel: str) -> set[str]:
 
 # ----------------------------------------------------------------------------------- apply
 
-def _apply(d: Path, n: Path, new: Manifest, delete: tuple[str, ...], owner: pwd.struct_passwd | None) -> None:
-    """Make D's manifest files N's (same inodes), remove ``delete`` from D. Idempotent."""
-    checked: set[str] = set()  # D's directories made or checked in this pass
-    for f in new.files:
-        src, dst = n / f.path, d / f.path
-        make_parents(d, dst.parent, owner, checked)
-        if ino(dst) == ino(src) != 0:
-            continue
-        if dst.is_dir() and not dst.is_symlink():
-            shutil.rmtree(dst)
-        tmp = dst.with_name(f".{dst.name}{TMP_SUFFIX}")
-        tmp.unlink(missing_ok=True)
-        os.link(src, tmp, follow_symlinks=False)
-        os.replace(tmp, dst)
-    for rel in delete:
-        try:
-            os.unlink(d / rel)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            pass  # not there as a file: nothing to delete
+def _apply(d: Path, n: Path, paths: Iterable[str], delete: tuple[str, ...], owner: pwd.struct_passwd | None) -> None:
+    """Make D's files ``paths`` N's (same inodes), remove ``delete`` from D. Idempotent. A commit
+    passes the files it wrote or copied into N (each other file of N is D's, linked); recovery
+    passes every file of the manifest (the ones already D's cost an lstat each)."""
+    dfd, nfd = open_dir(d), open_dir(n)
+    try:
+        checked: set[str] = set()  # D's directories made or checked in this pass
+        for path in paths:
+            parent, _, name = path.rpartition("/")
+            if parent:
+                make_parents_at(dfd, parent, owner, checked)
+            src = ino_at(nfd, path)
+            try:
+                st = os.lstat(path, dir_fd=dfd)
+            except FileNotFoundError:
+                st = None
+            if st is not None and st.st_ino == src != 0:
+                continue
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                remove_tree(d / path)
+            tmp = f"{parent}/.{name}{TMP_SUFFIX}" if parent else f".{name}{TMP_SUFFIX}"
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except FileNotFoundError:
+                pass  # the usual case: no earlier, killed try of this file
+            os.link(path, tmp, src_dir_fd=nfd, dst_dir_fd=dfd, follow_symlinks=False)
+            os.replace(tmp, path, src_dir_fd=dfd, dst_dir_fd=dfd)
+        for rel in delete:
+            try:
+                os.unlink(rel, dir_fd=dfd)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                pass  # not there as a file: nothing to delete
+    finally:
+        os.close(dfd)
+        os.close(nfd)
     prune_empty_dirs(d)
 
 
@@ -407,25 +462,32 @@ def recover(ws: Workspaces, user: str, journal: CommitJournal) -> str:
     at_path = ino(base)
     owner = ws.user_dir(user)
     phase = Phase(journal.phase)
+    packed: bytes | None = None
     if at_path == 0 or at_path not in (journal.old_ino, journal.new_ino):
         done = "undone"  # the workspace is gone or replaced: nothing of this commit applies
     elif journal.old_ino == 0 or (at_path == journal.old_ino and phase is Phase.APPLIED):
         done = "finished"
     elif at_path == journal.new_ino:  # swapped: D waits at the side name
-        _apply_and_return(ws, user, base, journal, owner, swapped=True)
+        # Which files the killed commit had left to apply is not recorded: all are looked at.
+        packed = pack(journal.manifest)
+        _apply_and_return(ws, user, base, journal, packed, _paths(journal.manifest), owner, swapped=True)
         done = "finished"
     elif phase is Phase.APPLYING:  # the in-place fallback, killed while applying
-        _apply(base, nxt, journal.manifest, journal.delete, owner)
+        _apply(base, nxt, _paths(journal.manifest), journal.delete, owner)
         done = "finished"
     else:  # BUILT and never swapped: D is the old tree, exactly
         done = "undone"
     if done == "finished":
-        _finish(ws, user, journal)
+        _finish(ws, user, journal, packed if packed is not None else pack(journal.manifest))
     else:
         remove_tree(nxt)
         ws.drop_journal(user, journal.workspace)
     log.warning("%s/%s: a commit the service was killed in is %s", user, journal.workspace, done)
     return done
+
+
+def _paths(m: Manifest) -> tuple[str, ...]:
+    return tuple(f.path for f in m.files)
 
 
 def clean_temporaries(base: Path) -> int:

@@ -228,3 +228,49 @@ def test_recovery_removes_a_tree_nobody_journaled_and_old_temporaries(tmp_path):
     # A temporary without a journal (an older service's) goes at the next commit of that workspace.
     Setup(tmp_path / "again", "new").commit_v2(ws)
     assert not stray.exists()
+
+
+def test_the_records_a_commit_writes_are_encode_s_bytes_and_the_next_read_decodes_nothing(tmp_path, monkeypatch):
+    """The manifest is packed once per commit: the journal and the record must still be exactly
+    encode()'s bytes (ws_current compares the record's SHA-256 with the client's encode), and
+    manifest() afterwards answers from what was written without decoding it again."""
+    from hfai.protocol import decode, encode
+    from hfai.storage import plan, workspace
+
+    setup = Setup(tmp_path, "new")
+    ws = setup.fresh("w")
+    journals: list[bytes] = []
+    real = workspace.write_atomic
+    monkeypatch.setattr(workspace, "write_atomic",
+                        lambda p, data, **kw: (journals.append(data) if str(p).endswith(".journal") else None,
+                                               real(p, data, **kw))[1])
+    setup.commit_v2(ws)
+    monkeypatch.setattr(workspace, "decode", lambda *a: pytest.fail("decoded the manifest just written"))
+    assert ws.manifest(USER, NAME) == setup.m2
+    monkeypatch.undo()
+    record = ws._manifest_path(USER, NAME).read_bytes()
+    assert record == encode(setup.m2) and plan.digest_bytes(record) == plan.manifest_digest(setup.m2)
+    assert journals and all(j == encode(commit_mod.CommitJournal(
+        workspace=NAME, manifest=setup.m2, delete=jj.delete, old_ino=jj.old_ino, new_ino=jj.new_ino,
+        phase=jj.phase)) for j, jj in ((j, decode(j, commit_mod.CommitJournal)) for j in journals))
+
+
+def test_a_commit_relinks_in_the_old_tree_only_the_files_it_wrote(tmp_path, monkeypatch):
+    """Every file N shares with D is D's inode already: the apply step touches only the files
+    written or copied into N (and deletions), and every file of D ends as N's."""
+    setup = Setup(tmp_path, "new")
+    ws = setup.fresh("w")
+    before = {f.path: (ws.path(USER, NAME) / f.path).stat().st_ino for f in setup.m1.files}
+    replaced: list[str] = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b, **kw: (replaced.append(os.fspath(b)), real(a, b, **kw))[1])
+    setup.commit_v2(ws)
+    monkeypatch.undo()
+    m1 = {f.path: f for f in setup.m1.files}
+    rewritten = {f.path for f in setup.m2.files if f.path not in m1 or m1[f.path] != f}
+    assert set(replaced) >= rewritten and rewritten
+    assert not {p for p in replaced if p in m1 and p not in rewritten}  # unchanged files: not relinked
+    for f in setup.m2.files:
+        if f.path in before and f.path not in rewritten:
+            assert (ws.path(USER, NAME) / f.path).stat().st_ino == before[f.path], f.path
+    assert setup.seen(ws) == "v2"
