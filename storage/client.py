@@ -374,8 +374,12 @@ def _holds(path: Path, chunks: tuple[str, ...], chunk_bytes: int) -> bool:
     """Whether the file at ``path`` is exactly these chunks."""
     from hfai.storage.chunks import file_chunks
 
-    have = list(file_chunks(path, chunk_bytes))
-    return len(have) == len(chunks) and all(chunk_matches(h, c) for h, c in zip(chunks, have, strict=True))
+    n = 0
+    for data in file_chunks(path, chunk_bytes):  # one chunk in memory at a time
+        if n >= len(chunks) or not chunk_matches(chunks[n], data):
+            return False
+        n += 1
+    return n == len(chunks)
 
 
 async def pull(client: StorageClient, name: str, dest: Path, request_bytes: int,

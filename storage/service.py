@@ -217,8 +217,9 @@ class StorageService:
         if not 0 <= req.first <= MAX_CHUNK_INDEX:
             raise InvalidRequest(f"chunk index {req.first} is out of range")
         if req.chunks:
+            part = self.staging.part_path(user, req.file) if req.file else ""
             for written in await asyncio.to_thread(write_put, self.staging.user_dir(user), req.chunks,
-                                                   frozenset(req.whole), req.file, req.first, self.sc.chunk_bytes):
+                                                   frozenset(req.whole), part, req.first, self.sc.chunk_bytes):
                 self.staging.staged(user, written)
         return s.PutReply(stored=len(req.chunks))
 

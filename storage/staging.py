@@ -41,7 +41,7 @@ _TMP = ".tmp"
 
 
 # The chunks of one file of several chunks, each at its place in that file (the puts said which
-# file and where): `<key>.part`, and `<key>.part.idx` listing what was written (`offset hash
+# file and where): `<key>.<id>.part`, and `<key>.<id>.part.idx` listing what was written (`offset hash
 # length` lines, appended after each write). Once it holds every chunk, the commit links it as that file.
 _PART = ".part"
 _IDX = ".idx"
@@ -84,10 +84,14 @@ def write_pack(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, lis
     """Check every chunk against its hash and write them as one pack (blocking: run it in a thread,
     hashlib releases the GIL). Returns (pack path, listing). Raises InvalidRequest, writing
     nothing, for a chunk whose bytes do not match its name."""
+    _check(chunks)
+    return _write(directory, chunks)
+
+
+def _check(chunks: tuple[ChunkData, ...]) -> None:
     for c in chunks:
         if not chunk_matches(c.hash, c.data):
             raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
-    return _write(directory, chunks)
 
 
 def _write(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, list[tuple[str, int]]]:
@@ -117,17 +121,14 @@ Staged = tuple[str, list[tuple[str, int, int]]]
 
 
 def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset(),
-              file: str = "", first: int = 0, chunk_bytes: int = 0) -> list[Staged]:
-    """A put's chunks staged (blocking, checked as :func:`write_pack` does). With ``file`` (a
-    key naming one file's content) they are that file's chunks ``first``, ``first + 1``, …,
-    written at their places in its part file; else those named in ``whole`` each as a file of
-    its own bytes and the rest as one pack."""
-    for c in chunks:
-        if not chunk_matches(c.hash, c.data):
-            raise InvalidRequest(f"chunk {c.hash[:16]}… does not match its content (changed while pushed?)")
-    if file and chunk_bytes > 0 and chunks:
-        names.check_token("file key", file)
-        return [_write_part(directory, file, first, chunks, chunk_bytes)]
+              part: str = "", first: int = 0, chunk_bytes: int = 0) -> list[Staged]:
+    """A put's chunks staged (blocking, checked as :func:`write_pack` does). With ``part`` (the
+    part file :meth:`Staging.part_path` chose for the file they belong to) they are that file's
+    chunks ``first``, ``first + 1``, …, written at their places there; else those named in
+    ``whole`` each as a file of its own bytes and the rest as one pack."""
+    _check(chunks)
+    if part and chunk_bytes > 0 and chunks:
+        return [_write_part(part, first, chunks, chunk_bytes)]
     out: list[Staged] = []
     rest = []
     done: set[str] = set()
@@ -148,21 +149,19 @@ def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[s
     return out
 
 
-def _write_part(directory: Path, key: str, first: int, chunks: tuple[ChunkData, ...], chunk_bytes: int) -> Staged:
-    sub = directory / key[:2]
-    path = str(sub / f"{key}{_PART}")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    except FileNotFoundError:
-        sub.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+def _write_part(path: str, first: int, chunks: tuple[ChunkData, ...], chunk_bytes: int) -> Staged:
+    fd = _create(path, os.O_WRONLY | os.O_CREAT)
+    if os.fstat(fd).st_nlink != 1:
+        # A commit linked it into a workspace a moment ago (its removal is on the way) and a job
+        # may write to it there: the rest of this file starts a part file of its own.
+        os.close(fd)
+        path = _unique_part(path)
+        fd = _create(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     placed = []
     try:
         for i, c in enumerate(chunks):
             start = (first + i) * chunk_bytes
-            view = memoryview(c.data)
-            while view:
-                view = view[os.pwrite(fd, view, start + len(c.data) - len(view)):]
+            _write_all(fd, c.data, start)
             placed.append((c.hash, start, len(c.data)))
     finally:
         os.close(fd)
@@ -177,25 +176,39 @@ def _write_part(directory: Path, key: str, first: int, chunks: tuple[ChunkData, 
     return path, placed
 
 
+def _unique_part(near: str) -> str:
+    """A new part file's path in the directory of ``near``, for the file of key ``<key>``."""
+    d, _, name = near.rpartition("/")
+    return f"{d}/{name.partition('.')[0]}.{uuid.uuid4().hex[:12]}{_PART}"
+
+
 def _write_whole(directory: Path, c: ChunkData) -> str:
     # Under a subdirectory by the hash's first two digits: tens of thousands of small files
     # created at once by the service's threads would otherwise all wait on one directory's lock.
     # The length is in the name, so a file cut short by a kill is told apart at a restart without
     # a temporary name and a rename (which would take that lock again).
-    sub = directory / c.hash[:2]
-    final = str(sub / f"{c.hash}.{len(c.data)}.{uuid.uuid4().hex[:12]}{_WHOLE}")
+    final = str(directory / c.hash[:2] / f"{c.hash}.{len(c.data)}.{uuid.uuid4().hex[:12]}{_WHOLE}")
+    fd = _create(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileNotFoundError:
-        sub.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(c.data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, c.data, 0)
     finally:
         os.close(fd)
     return final
+
+
+def _create(path: str, flags: int) -> int:
+    """``os.open(path, flags)``, making its directory (the service's, 0700) the first time."""
+    try:
+        return os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return os.open(path, flags, 0o600)
+
+
+def _write_all(fd: int, data: bytes, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.pwrite(fd, view, at + len(data) - len(view)):]
 
 
 class Staging:
@@ -207,6 +220,7 @@ class Staging:
         self.ttl_s = ttl_s
         self._index: dict[str, dict[str, Located]] = {}  # user -> hash -> where
         self._packs: dict[str, tuple[str, list[str]]] = {}  # pack path -> (user, its hashes)
+        self._parts: dict[tuple[str, str], str] = {}  # (user, file key) -> its part file now
 
     @classmethod
     def open(cls, workspace_root: str | os.PathLike, ttl_s: float) -> Staging:
@@ -279,6 +293,7 @@ class Staging:
             remove_packs([str(path)])
             return
         self._add_at(user, str(path), [(h, at, n) for h, at, n in placed if at + n <= st.st_size])
+        self._parts.setdefault((user, path.name.partition(".")[0]), str(path))
 
     def _add(self, user: str, pack: str, offset: int, listing: list[tuple[str, int]]) -> None:
         placed = []
@@ -303,10 +318,22 @@ class Staging:
     def staged(self, user: str, written: Staged) -> None:
         """Record what :func:`write_put` wrote for ``user``."""
         self._add_at(user, written[0], written[1])
+        if is_part(written[0]):
+            self._parts[(user, Path(written[0]).name.partition(".")[0])] = written[0]
+
+    def part_path(self, user: str, key: str) -> str:
+        """The part file the chunks of the file of ``key`` (PutRequest.file) go to: the one that
+        already holds some of them (a resumed push), else a new one. Each commit's part file is
+        its own, so removing a used one never takes a newer push's chunks with it."""
+        names.check_token("file key", key)
+        path = self._parts.get((user, key))
+        if path is None:  # chosen at once: the file's other puts, already on their way, go there too
+            path = self._parts[(user, key)] = _unique_part(str(self.user_dir(user) / key[:2] / key))
+        return path
 
     def added(self, user: str, pack: str, listing: list[tuple[str, int]]) -> None:
-        """Record a file :func:`write_pack` or :func:`write_put` wrote for ``user``."""
-        self._add(user, pack, 0 if is_whole(pack) else len(describe(listing).encode()) + 1, listing)
+        """Record a pack :func:`write_pack` wrote for ``user``."""
+        self._add(user, pack, len(describe(listing).encode()) + 1, listing)
 
     def locate(self, user: str, h: str) -> Located | None:
         return self._index.get(user, {}).get(h)
@@ -333,13 +360,20 @@ class Staging:
         """Drop from the index the packs of ``user`` whose every chunk is in ``used`` and return
         their paths, for :func:`remove_packs` (a pack left on disk is indexed again at a restart
         and expires: nothing is lost if its removal never happens)."""
-        where = self._index.get(user, {})
         done = [p for p, (u, hs) in self._packs.items() if u == user and set(hs) <= used]
         for pack in done:
-            for h in self._packs.pop(pack)[1]:
-                if h in where and where[h].path == pack:
-                    del where[h]
+            self._drop(user, pack)
         return done
+
+    def _drop(self, user: str, pack: str) -> None:
+        where = self._index.get(user, {})
+        for h in self._packs.pop(pack)[1]:
+            if h in where and where[h].path == pack:
+                del where[h]
+        if is_part(pack):
+            key = (user, Path(pack).name.partition(".")[0])
+            if self._parts.get(key) == pack:
+                del self._parts[key]
 
     def expire(self, now: float) -> int:
         """Remove packs older than ``ttl_s`` (pushes nobody committed); returns how many."""
@@ -351,9 +385,6 @@ class Staging:
             except FileNotFoundError:
                 old.append((pack, user))
         for pack, user in old:
-            Path(pack).unlink(missing_ok=True)
-            where = self._index.get(user, {})
-            for h in self._packs.pop(pack)[1]:
-                if h in where and where[h].path == pack:
-                    del where[h]
+            remove_packs([pack])
+            self._drop(user, pack)
         return len(old)

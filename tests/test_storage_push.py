@@ -169,12 +169,14 @@ def test_a_file_sent_as_parts_is_written_at_its_places_survives_a_restart_and_is
     d = staging.user_dir("alice")
     # The later chunks first (puts run at once, and a killed push resumes with the rest).
     for first in (3, 0):
-        for w in write_put(d, _chunks(*chunks[first:first + 3]), file=key, first=first, chunk_bytes=CHUNK):
+        for w in write_put(d, _chunks(*chunks[first:first + 3]), part=staging.part_path("alice", key), first=first,
+                           chunk_bytes=CHUNK):
             staging.staged("alice", w)
-    part = d / key[:2] / f"{key}.part"
-    assert part.read_bytes() == body and len((d / key[:2] / f"{key}.part.idx").read_text().splitlines()) == 6
+    part = Path(staging.part_path("alice", key))
+    assert part.parent == d / key[:2] and part.name.startswith(key)
+    assert part.read_bytes() == body and len(Path(f"{part}.idx").read_text().splitlines()) == 6
     # A restart reads the list back; a line for bytes the file does not hold is not trusted.
-    with open(d / key[:2] / f"{key}.part.idx", "a") as idx:
+    with open(f"{part}.idx", "a") as idx:
         idx.write(f"{10 * CHUNK} {chunk_hash(b'later')} {CHUNK}\n")
     again = Staging.open(ws.root, ttl_s=100.0)
     assert again.held("alice") == set(f.chunks)
@@ -184,7 +186,7 @@ def test_a_file_sent_as_parts_is_written_at_its_places_survives_a_restart_and_is
     target = ws.path("alice", "w") / "w.bin"
     assert target.read_bytes() == body and target.stat().st_ino == part.stat().st_ino
     again.release("alice", set(f.chunks))
-    assert not part.exists() and not (d / key[:2] / f"{key}.part.idx").exists() and target.read_bytes() == body
+    assert not part.exists() and not Path(f"{part}.idx").exists() and target.read_bytes() == body
 
 
 def test_a_part_file_missing_chunks_is_copied_from_not_linked(tmp_path: Path):
@@ -196,13 +198,33 @@ def test_a_part_file_missing_chunks_is_copied_from_not_linked(tmp_path: Path):
     ws = Workspaces(tmp_path / "ws", tmp_path / "state")
     staging = Staging.open(ws.root, ttl_s=100.0)
     d = staging.user_dir("alice")
-    for w in [*write_put(d, _chunks(*chunks[:2]), file="k" * 64, first=0, chunk_bytes=CHUNK),
+    part = staging.part_path("alice", "k" * 64)
+    for w in [*write_put(d, _chunks(*chunks[:2]), part=part, first=0, chunk_bytes=CHUNK),
               *write_put(d, _chunks(chunks[2]))]:
         staging.staged("alice", w)
     m = s.Manifest(files=(f,), chunk_bytes=CHUNK)
     commit_mod.commit(ws, "alice", "w", m, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
     target = ws.path("alice", "w") / "w.bin"
-    assert target.read_bytes() == body and target.stat().st_ino != (d / "kk" / f"{'k' * 64}.part").stat().st_ino
+    assert target.read_bytes() == body and target.stat().st_ino != os.stat(part).st_ino
+
+
+def test_a_part_file_a_workspace_holds_is_never_written_and_its_removal_spares_the_next(tmp_path: Path):
+    from hfai.storage.staging import remove_packs, write_put
+
+    staging = Staging.open(tmp_path, ttl_s=100.0)
+    d = staging.user_dir("alice")
+    a, b = os.urandom(CHUNK), os.urandom(CHUNK)
+    first = staging.part_path("alice", "k" * 64)
+    assert staging.part_path("alice", "k" * 64) == first  # puts already on their way share it
+    staging.staged("alice", write_put(d, _chunks(a), part=first, first=0, chunk_bytes=CHUNK)[0])
+    os.link(first, tmp_path / "in-a-workspace")  # a commit linked it; its removal has not run yet
+    [(path, _)] = write_put(d, _chunks(b), part=first, first=1, chunk_bytes=CHUNK)
+    assert path != first and (tmp_path / "in-a-workspace").read_bytes() == a
+    # The commit's removal of the part it used leaves the next push's part file alone.
+    staging.staged("alice", (path, [(chunk_hash(b), CHUNK, CHUNK)]))
+    remove_packs(staging.forget("alice", {chunk_hash(a)}))
+    assert not os.path.exists(first) and Path(path).read_bytes()[CHUNK:] == b
+    assert staging.part_path("alice", "k" * 64) == path
 
 
 def test_hashing_in_threads_gives_the_serial_manifest(tmp_path: Path):
