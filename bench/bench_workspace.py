@@ -15,6 +15,9 @@ Cases:
   * no change: the many-files tree pushed (and rsynced) again unchanged;
   * one edit: one line of one file of the many-files tree changed, pushed again (the everyday case).
 
+Before each timed command the page cache's dirty pages are written out (``sync``, not timed), so
+that no command pays for the writeback of the one before it.
+
 Prints seconds for each and the ratios hfai/rsync (lower is better for hfai). Scale everything
 down with ``HFAI_BENCH_WS_MB`` (default 1000) and ``HFAI_BENCH_WS_FILES`` (default 10000); set
 ``HFAI_BENCH_WS_SSH=0`` to skip the ssh peer (e.g. without openssh-server).
@@ -59,6 +62,11 @@ def edit_one(root: Path) -> None:
 
 
 def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
+    # Each command starts with no dirty pages left by the one before (or by making the trees):
+    # otherwise whichever runs next pays for the previous one's writeback, and the fixed order of
+    # the cases decides the ratios. None of the three fsyncs its files, so each is timed as its
+    # user sees it, with its own writes still in the page cache.
+    os.sync()
     t = time.perf_counter()
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
