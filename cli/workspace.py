@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from hfai.api import _light_nats  # noqa: F401  (first: nats-py, and asyncio without ssl, see there)
 from hfai.cli.errors import user_errors
 
 
@@ -75,11 +76,18 @@ async def push(bwlimit: int, dry_run: bool):
     if root is None:
         raise InvalidRequest("not inside a workspace; `hfai workspace init` first")
     sc = _config().storage
-    async with _client() as client:
-        if dry_run:
+    if dry_run:
+        async with _client() as client:
             await _dry_run(client, root, sc.chunk_bytes)
-            return
-        result = await _push_with_bars(client, root, sc, bwlimit)
+        return
+    from hfai.storage.client import drop, start_scan
+
+    walking = start_scan(root)  # the tree is walked while the client connects
+    try:
+        async with _client() as client:
+            result = await _push_with_bars(client, root, sc, bwlimit, walking)
+    finally:
+        await drop(walking)  # ended already, unless connecting failed
     if result.current:
         click.echo(f"{result.info.name} is up to date: {result.files} files, {_mb(result.info.bytes)}; nothing "
                    f"to send; on the cluster at {result.info.path}")
@@ -88,7 +96,7 @@ async def push(bwlimit: int, dry_run: bool):
                f"of {result.chunks} chunks ({_mb(result.sent_bytes)}); on the cluster at {result.info.path}")
 
 
-async def _push_with_bars(client, root: Path, sc, bwlimit: int):
+async def _push_with_bars(client, root: Path, sc, bwlimit: int, walking=None):
     """The push, with progress bars on stderr (bytes, rate, ETA): hashing, then sending."""
     from hfai.storage.client import push as do_push
 
@@ -99,7 +107,7 @@ async def _push_with_bars(client, root: Path, sc, bwlimit: int):
 
         return await do_push(client, root, sc.chunk_bytes, sc.request_bytes, sc.commit_timeout_s,
                              on_hash=bars.update, on_send=bars.update, on_plan=planned, bwlimit=bwlimit * 1000,
-                             on_total=lambda n: bars.open("hashing", n))
+                             on_total=lambda n: bars.open("hashing", n), walking=walking)
 
 
 class _Bars(contextlib.ExitStack):

@@ -166,23 +166,36 @@ async def _ask_missing(client: StorageClient, name: str, hashes: tuple[str, ...]
 async def push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
                on_hash: Progress | None = None, on_send: Progress | None = None,
                on_plan: Callable[[int, int], object] | None = None, bwlimit: int = 0,
-               ping_s: float = COMMIT_PING_S, on_total: Progress | None = None) -> PushResult:
+               ping_s: float = COMMIT_PING_S, on_total: Progress | None = None,
+               walking: asyncio.Future[Walked] | None = None) -> PushResult:
     """Push the workspace at ``root``. ``on_total`` is told the bytes to hash, ``on_plan(chunks,
     bytes to send)`` what will move;
     ``on_hash``/``on_send`` of the bytes hashed and sent; ``bwlimit`` (bytes/s, 0: none) paces the
-    sends. Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
+    sends. ``walking``: the tree's :func:`start_scan`, if begun already (while connecting, say).
+    Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
     marker = read_marker(root)
     name = plan.check_workspace_name(marker["name"])
     request_bytes = client.request_size(request_bytes)
     stamps: dict[str, int] = {}
-    known, last = _read_quick(root, chunk_bytes)
-    walked = await asyncio.to_thread(scan, root)
+    if walking is None:
+        walking = start_scan(root)
+    known, last = _read_quick(root, chunk_bytes)  # while the walk runs (its stats leave the GIL free)
+    # Asked at once, before the walk ends: if nothing changed here since the last push, its
+    # manifest's digest is the question, with no manifest to make (tens of thousands of entries)
+    # nor encode, and the service checks its files on disk while this side walks its own. The
+    # question changes nothing there: if the walk found a change, its answer is dropped.
+    asking = asyncio.ensure_future(_already_there(client, name, last)) if last and marker.get("remote") else None
+    try:
+        walked = await walking
+    except BaseException:
+        await drop(asking)
+        raise
     asked = ""
-    if last and marker.get("remote") and unchanged_tree(walked, known):
-        # Nothing changed here since the last push: its manifest's digest is the question, with
-        # no manifest to make (tens of thousands of entries) nor encode.
+    if asking is not None and not unchanged_tree(walked, known):
+        await drop(asking)
+    elif asking is not None:
         asked = last
-        there = await _already_there(client, name, last)
+        there = await asking
         if there is not None:
             write_marker(root, {**marker, "remote": there.path, "pushed_ts": time.time()})
             return PushResult(there, len(known), len({h for e in known.values() for h in e[2]}), 0, 0, current=True)
@@ -207,6 +220,19 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         info = await commit(client, name, out.manifest, commit_timeout_s, ping_s)
     _remember(root, marker, info, out.manifest, stamps, chunk_bytes, known, last, digest)
     return PushResult(info, len(out.manifest.files), len(out.hashes), lacking, sent)
+
+
+def start_scan(root: Path) -> asyncio.Future[Walked]:
+    """The walk of the workspace at ``root`` (:func:`hfai.storage.chunks.scan`), begun in a thread."""
+    return asyncio.ensure_future(asyncio.to_thread(scan, root))
+
+
+async def drop(asked: asyncio.Future | None) -> None:
+    """Cancel work whose result is no longer wanted, and wait for it to end (its error, if any,
+    is not wanted either; a cancellation of the caller still reaches the caller)."""
+    if asked is not None:
+        asked.cancel()
+        await asyncio.gather(asked, return_exceptions=True)
 
 
 def _remember(root: Path, marker: dict, info: s.WorkspaceInfo, manifest: s.Manifest, stamps: dict,
