@@ -137,14 +137,13 @@ def try_plan(deadline_s: float, try_s: float, max_copies: int) -> tuple[tuple[fl
     return tuple(plan)
 
 
-def identity(creds: Path) -> tuple[str, bool]:
-    """(user name, operator?) signed into a credentials file."""
-    from hfai.auth import jwt, roles
+def identity(creds: Path | _nats.Credentials) -> tuple[str, bool]:
+    """(user name, operator?) signed into a credentials file (or credentials read already)."""
+    from hfai.auth import roles
 
-    try:
-        claims = jwt.claims(jwt.parse_creds(creds.read_text())[0])
-    except PermissionError:
-        raise Forbidden(f"cannot read the credentials file {creds} (it is not yours?)") from None
+    if not isinstance(creds, _nats.Credentials):
+        creds = _nats.read_credentials(creds)
+    claims = creds.claims
     name = names.check_token("user name", str(claims.get("name", "")))
     return name, roles.is_operator(roles.from_claims(claims["nats"]), name)
 
@@ -155,13 +154,16 @@ class ApiClient:
         self.user = names.check_token("user name", user or current_user())
         self.creds = creds_path(config, self.user)
         self.operator = False
+        # Read once: who the client is, and what it presents when it connects.
+        self._credentials: _nats.Credentials | None = None
         if self.creds.exists():
-            self.user, self.operator = identity(self.creds)
+            self._credentials = _nats.read_credentials(self.creds)
+            self.user, self.operator = identity(self._credentials)
         self._nc: Client | None = None
         self._refused: dict[str, set[asyncio.Future]] = {}
 
     async def __aenter__(self) -> ApiClient:
-        creds = str(self.creds) if self.creds.exists() else ""
+        creds = self._credentials or ""
         try:
             self._nc = await _nats.connect(self.config, name=f"hfai-cli-{self.user}", reconnect=False, creds=creds,
                                            on_error=self._on_error)

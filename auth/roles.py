@@ -9,9 +9,9 @@ Each role gets a private inbox prefix, so nobody can subscribe to another's repl
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from hfai.protocol import names
+from hfai.protocol._lazy import frozen_dataclass
 
 
 class Role(enum.StrEnum):
@@ -23,7 +23,7 @@ class Role(enum.StrEnum):
     WEB = "web"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass  # made at first use (hfai.protocol._lazy): a CLI call reads one's fields only
 class Permissions:
     pub: tuple[str, ...]
     sub: tuple[str, ...]

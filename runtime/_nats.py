@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -25,7 +26,7 @@ from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.protocol import names
 from hfai.protocol._lazy import frozen_dataclass
-from hfai.protocol.errors import Forbidden, Unavailable
+from hfai.protocol.errors import Forbidden, InvalidRequest, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +44,65 @@ RECONNECT_WAIT_S, RECONNECT_WAIT_CAP_S = 0.5, 2.0
 SETUP_RETRY_CAP_S = 10.0
 
 
-def _identity(creds: str) -> dict:
-    """Options that present the credentials file ``creds`` and use the inbox its permissions allow."""
-    from hfai.auth import jwt, roles
+class Credentials:
+    """A credentials file read once: the JWT and seed a connection presents, and the claims the
+    client reads from that JWT (its name, its permissions). A CLI call reads its file this once:
+    :func:`connect` gives nats-py the JWT and a signature of the server's nonce from here (nats-py
+    itself would read the file twice more, and sign with ``nkeys``: see :mod:`hfai.auth.nkey`)."""
 
+    __slots__ = ("path", "jwt", "claims", "_seed")
+
+    def __init__(self, path: str, text: str) -> None:
+        from hfai.auth import jwt, nkey
+
+        token, seed = jwt.parse_creds(text)
+        try:
+            nkey.decode_seed(seed)
+        except InvalidRequest as e:
+            raise Forbidden(f"the credentials file {path} holds no usable user seed ({e})") from None
+        self.path, self.jwt, self._seed = path, token, seed
+        self.claims = jwt.claims(token)
+
+    @property
+    def inbox_prefix(self) -> str:
+        """The inbox prefix the JWT's permissions let this client subscribe to."""
+        from hfai.auth import roles
+
+        return roles.from_claims(self.claims["nats"]).inbox_prefix
+
+    def user_jwt(self) -> bytes:
+        return self.jwt.encode()
+
+    def sign_nonce(self, nonce: str) -> bytes:
+        """The server's nonce signed with the seed, as nats-py sends it (base64)."""
+        import base64
+
+        from hfai.auth import nkey
+
+        return base64.b64encode(nkey.sign(self._seed, nonce.encode()))
+
+
+def read_credentials(creds: str | os.PathLike) -> Credentials:
+    """The credentials file ``creds``, read and parsed (Forbidden where it is missing or unreadable;
+    InvalidRequest where it is no credentials file)."""
     try:
-        token, _seed = jwt.parse_creds(open(creds).read())
+        with open(creds) as f:
+            text = f.read()
     except FileNotFoundError:
         raise Forbidden(f"no NATS credentials at {creds}; an operator issues them with "
                         "`hfai admin user add NAME` (a local cluster makes yours at `hfai local up`)") from None
     except PermissionError:
         raise Forbidden(f"cannot read the NATS credentials file {creds} (it is not yours?)") from None
-    perms = roles.from_claims(jwt.claims(token)["nats"])
-    return {"user_credentials": creds, "inbox_prefix": perms.inbox_prefix}
+    return Credentials(str(creds), text)
+
+
+def _identity(creds: str | Credentials) -> dict:
+    """Options that present the credentials ``creds`` and use the inbox its permissions allow: a
+    file (a daemon's: nats-py reads it again at each reconnect, so a replaced file is presented
+    then), or credentials read already (a client that never reconnects: signed here, from them)."""
+    if isinstance(creds, Credentials):
+        return {"user_jwt_cb": creds.user_jwt, "signature_cb": creds.sign_nonce, "inbox_prefix": creds.inbox_prefix}
+    return {"user_credentials": creds, "inbox_prefix": read_credentials(creds).inbox_prefix}
 
 
 def tls_options(config: Config) -> dict:
@@ -78,12 +125,13 @@ def _websocket_transport() -> None:
         transport.aiohttp, transport.multidict = aiohttp, multidict
 
 
-async def connect(config: Config, name: str, reconnect: bool = True, creds: str | None = None,
+async def connect(config: Config, name: str, reconnect: bool = True, creds: str | Credentials | None = None,
                   on_error: Callable[[Exception], Awaitable[None]] | None = None) -> Client:
     """Connect to NATS or raise Unavailable with the URL in the message.
 
-    ``creds`` (default ``config.nats.creds``) is the credentials file that proves who connects;
-    a server that refuses it gives :class:`Forbidden`.
+    ``creds`` (default ``config.nats.creds``) is the credentials file that proves who connects,
+    or those credentials read already (:func:`read_credentials`); a server that refuses them
+    gives :class:`Forbidden`.
 
     ``reconnect=False`` (the CLI) gives up after ``connect_timeout_s`` per server. nats-py alone
     would not: a refused first connection leaves its connect pending forever, with or without
@@ -113,6 +161,7 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
         _websocket_transport()
     creds = creds if creds is not None else config.nats.creds
     identity = _identity(creds) if creds else {}
+    creds_file = creds.path if isinstance(creds, Credentials) else creds
     # Our own Client rather than nats.connect(): a refused first connection (allow_reconnect off)
     # leaves its socket open, in CLOSE-WAIT until garbage collection, unless it is closed here.
     options: dict[str, Any] = dict(  # Client.connect's annotations say int where floats work
@@ -141,7 +190,7 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
     except (TimeoutError, OSError, nats.errors.NoServersError, nats.errors.Error) as e:
         if "authorization violation" in str(e).lower():
             raise Forbidden(f"NATS at {config.nats.url} refused " + (
-                f"the credentials in {creds} (revoked, or issued for another cluster)" if creds else
+                f"the credentials in {creds_file} (revoked, or issued for another cluster)" if creds else
                 "a connection without credentials; an operator issues them with `hfai admin user add NAME`"
             )) from None
         why = "no answer" if isinstance(e, asyncio.TimeoutError) else e.__class__.__name__

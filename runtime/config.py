@@ -5,10 +5,10 @@ Any field can be overridden by ``HFAI_<SECTION>_<FIELD>`` (e.g. ``HFAI_CONTROLLE
 ``HFAI_AGENT_NODE=gpu-17``, ``HFAI_NATS_URL=nats://10.0.0.5:4222``). Every timeout, period and
 window lives here so that tests can run the whole interrupt cycle in seconds.
 
-The sections are frozen dataclasses made at their first use (``hfai.protocol._lazy``), and
-:func:`load_config` makes only the sections the file or the environment sets; the others come with
-their defaults when first read. A CLI call reads ``[nats]`` alone, and making a dataclass costs
-about a millisecond (``dataclasses`` compiles its methods).
+The config and its sections are frozen dataclasses made at their first use
+(``hfai.protocol._lazy``): :func:`load_config` fills them in without making any (a CLI call reads
+``[nats]`` alone, and making a dataclass costs about a millisecond: ``dataclasses`` compiles its
+methods).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import dataclasses
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hfai.protocol._lazy import fields as section_fields
 from hfai.protocol._lazy import frozen_dataclass
@@ -253,7 +253,7 @@ class DevConfig:
     idle_s: float = 4 * 3600.0
 
 
-@dataclass(frozen=True)
+@frozen_dataclass  # made at first use (hfai.protocol._lazy), like its sections: a CLI call makes none
 class Config:
     nats: NatsConfig = field(default_factory=NatsConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
@@ -261,18 +261,6 @@ class Config:
     web: WebConfig = field(default_factory=WebConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     dev: DevConfig = field(default_factory=DevConfig)
-
-    if not TYPE_CHECKING:  # for mypy a Config has only its fields
-
-        def __getattr__(self, name: str) -> Any:
-            # Only a section load_config left unmade reaches here: made now, from the values it
-            # checked (none: the defaults).
-            cls = _SECTIONS.get(name)
-            if cls is None:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            section = cls(**self.__dict__.get("_unmade", {}).get(name, {}))
-            object.__setattr__(self, name, section)
-            return section
 
 
 _SECTIONS = {"nats": NatsConfig, "controller": ControllerConfig, "agent": AgentConfig, "web": WebConfig,
@@ -292,38 +280,108 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] = 
         path = config_file(env)
     data: dict[str, Any] = {}
     if path is not None:
-        import tomllib  # only where a file is read
-
         try:
-            data = tomllib.loads(Path(path).read_text())
+            text = Path(path).read_text()
         except FileNotFoundError:
             raise InvalidRequest(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as e:
-            raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
+        simple = read_simple_toml(text)
+        if simple is not None:
+            data = simple
+        else:
+            import tomllib  # only for a file read_simple_toml leaves to it
+
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                raise InvalidRequest(f"config file {path} is not valid TOML: {e}") from None
     overridden = {key.split("_", 2)[1].lower() for key in env if key.startswith("HFAI_") and key.count("_") >= 2}
-    # Every section the file or the environment sets is checked now, and made at its first read
-    # (Config.__getattr__): a CLI call reads [nats] alone, and the file of a local cluster sets
-    # all six (section_fields reads a section's fields without making its dataclass).
-    config = object.__new__(Config)
-    unmade: dict[str, dict[str, Any]] = {}
+    # Every section the file or the environment sets is checked now. Sections, like the Config,
+    # are filled in without making their dataclasses (hfai.protocol._lazy: a CLI call makes
+    # none, and a local cluster's file sets all six); section_fields reads their fields.
+    sections: dict[str, Any] = {}
     for name, cls in _SECTIONS.items():
         if name not in data and name not in overridden:
             continue
         values = dict(data.get(name, {}))
-        unknown = set(values) - {f.name for f in section_fields(cls)}
+        unknown = set(values) - _field_types(cls).keys()
         if unknown:
             raise InvalidRequest(f"config [{name}] has unknown keys: {', '.join(sorted(unknown))}")
         for f in section_fields(cls):
             raw = env.get(f"HFAI_{name.upper()}_{f.name.upper()}")
             if raw is not None:
                 values[f.name] = raw
-        unmade[name] = {k: _coerce(cls, k, v) for k, v in values.items()}
-    object.__setattr__(config, "_unmade", unmade)
-    return config
+        sections[name] = cls(**{k: _coerce(cls, k, v) for k, v in values.items()})
+    return Config(**sections)
+
+
+def read_simple_toml(text: str) -> dict[str, dict[str, Any]] | None:
+    """What ``tomllib.loads(text)`` returns for a file in the TOML that :func:`dump_toml` writes
+    (tables of bare keys, each a plain string without escapes, a decimal integer or a float;
+    comments on lines of their own), or None for any other text, valid or not, which is left to
+    tomllib. Every config file a local cluster writes is such a file, and tomllib's import is 2-3
+    ms of each CLI call (its parse 1 more; a regular expression for these lines, 0.5 to compile)."""
+    data: dict[str, dict[str, Any]] = {}
+    table: dict[str, Any] | None = None
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.endswith("\r") and i < len(lines) - 1:
+            line = line[:-1]  # TOML's newlines: LF and CRLF (a CR that ends the text is neither)
+        line = line.strip(" \t")  # TOML's whitespace: space and tab
+        if not line:
+            continue
+        if line[0] == "#":
+            if not line.replace("\t", "").isprintable():
+                return None  # a control character: tomllib's error
+            continue
+        if line[0] == "[":
+            name = line[1:-1]
+            if line[-1] != "]" or not _bare_key(name) or name in data:
+                return None  # not a plain table, or one defined twice (tomllib's error)
+            table = data[name] = {}
+            continue
+        key, eq, raw = line.partition("=")
+        key, raw = key.rstrip(" \t"), raw.lstrip(" \t")
+        if not eq or table is None or not _bare_key(key) or key in table:
+            return None  # a key outside any table, or twice
+        value = _simple_value(raw)
+        if value is None:
+            return None
+        table[key] = value
+    return data
+
+
+def _bare_key(key: str) -> bool:
+    return key.isascii() and key.replace("_", "a").replace("-", "a").isalnum()
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _simple_value(raw: str) -> str | int | float | None:
+    """A basic string without escapes, a decimal integer or a float (no underscores, inf nor
+    nan) as TOML reads it, or None for anything else."""
+    if raw[:1] == '"':
+        inner = raw[1:-1]
+        if len(raw) < 2 or raw[-1] != '"' or '"' in inner or "\\" in inner or not inner.isprintable():
+            return None
+        return inner
+    body = raw[1:] if raw[:1] in ("+", "-") and raw else raw
+    mantissa, e, exponent = body.replace("E", "e").partition("e")
+    whole, dot, fraction = mantissa.partition(".")
+    if not _digits(whole) or (whole[0] == "0" and whole != "0"):
+        return None
+    if not dot and not e:
+        return int(raw)
+    if dot and not _digits(fraction):
+        return None
+    if e and not _digits(exponent[1:] if exponent[:1] in ("+", "-") else exponent):
+        return None
+    return float(raw)
 
 
 def _coerce(cls: type, name: str, value: Any) -> Any:
-    kind = {f.name: f.type for f in section_fields(cls)}[name]
+    kind = _field_types(cls)[name]
     try:
         if kind == "float":
             return float(value)
@@ -332,6 +390,17 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise InvalidRequest(f"config {cls.__name__}.{name}: {value!r} is not a {kind}") from None
+
+
+#: Each section's field types, by field name (a local cluster's file sets some 100 keys).
+_TYPES: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    types = _TYPES.get(cls)
+    if types is None:
+        types = _TYPES[cls] = {f.name: f.type for f in section_fields(cls)}
+    return types
 
 
 def dump_toml(config: Config) -> str:

@@ -21,7 +21,7 @@ from hfai.protocol import _lazy
 OTHERS = ("hfai.config:NatsConfig", "hfai.config:ControllerConfig", "hfai.config:AgentConfig",
           "hfai.config:WebConfig", "hfai.config:StorageConfig", "hfai.config:DevConfig",
           "hfai.api.client:JobFilter", "hfai.cli.arrays:Target", "hfai.cli.render:QuotaUse",
-          "hfai._nats:Buckets", "hfai.protocol.reasons:Reason")
+          "hfai._nats:Buckets", "hfai.protocol.reasons:Reason", "hfai.config:Config", "hfai.auth.roles:Permissions")
 
 
 def run(code: str) -> str:
