@@ -16,7 +16,6 @@ from pathlib import Path
 
 import click
 
-from hfai.api import _light_nats  # noqa: F401  (first: nats-py, and asyncio without ssl, see there)
 from hfai.cli.errors import user_errors
 
 
@@ -67,8 +66,16 @@ def init(name: str | None):
 @click.option("--bwlimit", type=int, default=0, help="At most this many KB/s (0: no limit).")
 @click.option("-n", "--dry-run", is_flag=True, help="List what would move (files, chunks, bytes); send nothing.")
 @user_errors()
-async def push(bwlimit: int, dry_run: bool):
+def push(bwlimit: int, dry_run: bool):
     """Send the workspace containing the current directory: only the chunks the cluster lacks."""
+    # nats-py's core first: asyncio then loads without ssl (hfai.api._light_nats).
+    from hfai.api import _light_nats  # noqa: F401, I001
+    import asyncio
+
+    asyncio.run(_push(bwlimit, dry_run))
+
+
+async def _push(bwlimit: int, dry_run: bool) -> None:
     from hfai.api.workspace import find_root
     from hfai.protocol.errors import InvalidRequest
 

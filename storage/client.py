@@ -128,14 +128,30 @@ async def _manifest(root: Path, chunk_bytes: int, on_hash: Progress | None, stam
                                    walked=walked)
 
 
-async def _outgoing_of(client: StorageClient, name: str, manifest: s.Manifest, chunk_bytes: int) -> Outgoing:
+async def _outgoing_of(client: StorageClient, name: str, manifest: s.Manifest, chunk_bytes: int,
+                       presumed: set[str] | frozenset[str] = frozenset()) -> Outgoing:
+    """What to send of ``manifest``: its chunks the service lacks, of those not ``presumed`` there."""
     where: dict[str, tuple[s.FileEntry, int]] = {}
     for f in manifest.files:
         for i, h in enumerate(f.chunks):
             where.setdefault(h, (f, i))
     hashes = tuple(where)
-    return _with_lacking(Outgoing(manifest, hashes, where, (), {}), await _ask_missing(client, name, hashes),
+    asked = tuple(h for h in hashes if h not in presumed) if presumed else hashes
+    return _with_lacking(Outgoing(manifest, hashes, where, (), {}), await _ask_missing(client, name, asked),
                          chunk_bytes)
+
+
+def presumed_there(manifest: s.Manifest, known: dict) -> set[str]:
+    """The chunks of the files the local index says the last push sent exactly so (pure): the
+    cluster held them then, so a push asks only about the rest. If one is gone there since (a
+    job changed its file, the workspace was removed), the commit says so and the push asks again
+    about every chunk (:func:`push`)."""
+    out: set[str] = set()
+    for f in manifest.files:
+        seen = known.get(f.path)
+        if seen is not None and len(seen) > 2 and seen[0] == f.size and tuple(seen[2]) == f.chunks:
+            out.update(f.chunks)
+    return out
 
 
 async def _already_there(client: StorageClient, name: str, digest: str) -> s.WorkspaceInfo | None:
@@ -206,14 +222,19 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         _remember(root, marker, there, manifest, stamps, chunk_bytes, known, last, digest)
         return PushResult(there, len(manifest.files), len({h for f in manifest.files for h in f.chunks}), 0, 0,
                           current=True)
-    out = await _outgoing_of(client, name, manifest, chunk_bytes)
+    presumed = presumed_there(manifest, known) if marker.get("remote") else set()
+    out = await _outgoing_of(client, name, manifest, chunk_bytes, presumed)
     sent = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
     lacking = len(out.lacking)
     try:
         info = await commit(client, name, out.manifest, commit_timeout_s, ping_s)
-    except Conflict:
+    except (Conflict, InvalidRequest) as e:
         # Files on the cluster changed since their push (a job rewrote one, or an old service was
-        # killed mid-commit): the service forgot them, so asking again lists their chunks.
+        # killed mid-commit), or chunks presumed there are not: the service forgot the changed
+        # files, so asking again about every chunk lists what to send. (A service older than
+        # this client says InvalidRequest for chunks it lacks.)
+        if isinstance(e, InvalidRequest) and not presumed:
+            raise
         out = _with_lacking(out, await _ask_missing(client, name, out.hashes), chunk_bytes)
         sent += await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
         lacking += len(out.lacking)

@@ -69,6 +69,9 @@ log = logging.getLogger(__name__)
 
 #: The assembled tree's name beside the workspace (workspace names never start with '.').
 NEXT_PREFIX = ".hfai-next-"
+#: A used side tree, renamed out of the way to be removed after the commit's reply (unlinking a
+#: 10,000-file tree took 80 ms of a one-edit push here): ``.hfai-gone-<name>.<id>``.
+GONE_PREFIX = ".hfai-gone-"
 #: Temporary names inside a workspace while a file is renamed into place (also the suffix older
 #: versions used, so their leftovers are cleaned too).
 TMP_SUFFIX = ".hfai-tmp"
@@ -176,7 +179,7 @@ def _apply_and_return(ws: Workspaces, user: str, base: Path, journal: CommitJour
 
 
 def _finish(ws: Workspaces, user: str, journal: CommitJournal, packed: bytes) -> None:
-    remove_tree(next_path(ws.path(user, journal.workspace)))
+    ws.discard(next_path(ws.path(user, journal.workspace)))
     ws.save_manifest(user, journal.workspace, journal.manifest, packed)
     ws.drop_journal(user, journal.workspace)
 

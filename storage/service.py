@@ -30,12 +30,12 @@ from hfai._daemon import Supervisor, raise_if_cancelled
 from hfai.config import Config
 from hfai.protocol import decode, names
 from hfai.protocol import storage as s
-from hfai.protocol.errors import Forbidden, InvalidRequest
+from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest
 from hfai.protocol.types import RestrictedUsers
 from hfai.storage import datasets, plan
 from hfai.storage.gc import run_gc
 from hfai.storage.staging import Staging, remove_packs, write_put
-from hfai.storage.workspace import Workspaces
+from hfai.storage.workspace import Workspaces, remove_trees
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ PENDING_BYTES = 512 * 1024 * 1024
 
 def _log_failure(task: asyncio.Future) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.warning("removing used packs failed (they expire with the staging TTL): %s", task.exception())
+        log.warning("removing used packs or side trees failed (packs expire with the staging TTL, trees "
+                    "are removed at the next start): %s", task.exception())
 
 
 class StorageService:
@@ -62,7 +63,7 @@ class StorageService:
         self.config = config
         self.sc = config.storage
         self.shutdown_timeout_s = self.sc.shutdown_timeout_s
-        self.workspaces = Workspaces(self.sc.workspace_root, self.sc.state_dir)
+        self.workspaces = Workspaces(self.sc.workspace_root, self.sc.state_dir, defer_removal=True)
         self._nc: Client | None = None
         self._sub: Subscription | None = None
         self._supervisor = Supervisor()
@@ -205,8 +206,9 @@ class StorageService:
     async def ws_missing(self, user: str, _op: bool, req: s.MissingRequest) -> s.MissingReply:
         if len(req.hashes) > MAX_HASHES:
             raise InvalidRequest(f"ask for at most {MAX_HASHES} chunks at a time")
-        held = set(self.workspaces.held(user, req.workspace)) | self.staging.held(user)
-        return s.MissingReply(hashes=plan.missing(req.hashes, held))
+        staged = self.staging.held(user)
+        asked = [h for h in req.hashes if h not in staged]
+        return s.MissingReply(hashes=plan.missing(asked, self.workspaces.holding(user, req.workspace, asked)))
 
     async def ws_put(self, user: str, _op: bool, req: s.PutRequest) -> s.PutReply:
         plan.check_workspace_name(req.workspace)
@@ -236,9 +238,16 @@ class StorageService:
                 held = set(self.workspaces.held(user, req.workspace)) | self.staging.held(user)
                 lacking = plan.missing((h for f in m.files for h in f.chunks), held)
                 if lacking:
-                    raise InvalidRequest(f"{len(lacking)} chunk(s) of this push never arrived; push again")
-                await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h),
-                                             lambda h: self.staging.locate(user, h))
+                    # A Conflict, so that the client asks about every chunk and sends these: it
+                    # asks first only about the files changed on its side, and a file changed or
+                    # removed here since its push is one it does not know of.
+                    raise Conflict(f"{len(lacking)} chunk(s) of this push are not on the cluster (never sent, "
+                                   "or their files changed there since they were pushed); push again")
+                try:
+                    await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h),
+                                                 lambda h: self.staging.locate(user, h))
+                finally:
+                    self._remove_later(self.workspaces.take_discarded(), remove_trees)
                 self._remove_later(self.staging.forget(user, {h for f in m.files for h in f.chunks}))
         finally:
             self._committing[key] -= 1
@@ -246,10 +255,11 @@ class StorageService:
                 del self._committing[key]
         return self.workspaces.info(user, req.workspace)
 
-    def _remove_later(self, packs: list[str]) -> None:
-        """Unlink ``packs`` in a thread, without holding up the reply (close() waits for it)."""
+    def _remove_later(self, packs: list, remove: Callable[[list], None] = remove_packs) -> None:
+        """Remove ``packs`` (or other paths, by ``remove``) in a thread, without holding up the
+        reply (close() waits for it)."""
         if packs:
-            task = asyncio.ensure_future(asyncio.to_thread(remove_packs, packs))
+            task = asyncio.ensure_future(asyncio.to_thread(remove, packs))
             self._cleaning.add(task)
             task.add_done_callback(self._cleaning.discard)
             task.add_done_callback(_log_failure)

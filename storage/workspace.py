@@ -37,8 +37,12 @@ _PRESENT_REUSE_S = 1.0
 
 
 class Workspaces:
-    def __init__(self, root: str | os.PathLike, state_dir: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, state_dir: str | os.PathLike, defer_removal: bool = False):
+        """``defer_removal``: a commit's used side tree is only renamed aside (:meth:`discard`);
+        the caller removes it later (:meth:`remove_discarded`), as the service does after its reply."""
         self.root = Path(root)
+        self.defer_removal = defer_removal
+        self._discarded: list[Path] = []
         self.manifests = Path(state_dir) / "manifests"
         self.root.mkdir(parents=True, exist_ok=True)
         self.manifests.mkdir(parents=True, exist_ok=True)
@@ -105,26 +109,64 @@ class Workspaces:
 
     def present(self, user: str, name: str, m: Manifest | None) -> dict[str, int]:
         """path -> size on disk of the files ``m`` lists (regular files only)."""
+        return self._sizes(user, name, [f.path for f in m.files] if m else [])
+
+    def _sizes(self, user: str, name: str, paths: list[str]) -> dict[str, int]:
+        """path -> size on disk of those of ``paths`` (relative to the workspace) that are regular files."""
         out: dict[str, int] = {}
-        if not m or not m.files:
+        if not paths:
             return out
         try:
             fd = open_dir(self.path(user, name))
         except OSError:  # no workspace (or not a directory): none of its files is there
             return out
         try:
-            for f in m.files:
+            for path in paths:
                 try:
                     # Relative to the workspace's descriptor, strings: Path's parsing was 50 µs
                     # a file, and resolving the whole absolute path again about half the rest.
-                    st = os.lstat(f.path, dir_fd=fd)
+                    st = os.lstat(path, dir_fd=fd)
                 except OSError:
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    out[f.path] = st.st_size
+                    out[path] = st.st_size
         finally:
             os.close(fd)
         return out
+
+    def discard(self, tree: Path) -> None:
+        """Remove the directory ``tree`` (a commit's used side tree), now or, deferring, once
+        renamed to a name no commit uses (any left by a kill are removed at start)."""
+        if not self.defer_removal:
+            remove_tree(tree)
+            return
+        import secrets
+
+        gone = tree.with_name(f"{commit_mod.GONE_PREFIX}{tree.name}.{secrets.token_hex(6)}")
+        try:
+            os.rename(tree, gone)
+        except FileNotFoundError:
+            return
+        self._discarded.append(gone)
+
+    def take_discarded(self) -> list[Path]:
+        """The trees :meth:`discard` renamed aside since the last call, for the caller to remove."""
+        out, self._discarded = self._discarded, []
+        return out
+
+    def holding(self, user: str, name: str, hashes: Iterable[str]) -> set[str]:
+        """Those of ``hashes`` that the workspace's files hold on disk (as :meth:`held` would
+        say), looking only at the files the last manifest lists them in: a push of one edited
+        file asks about its chunk, and one lstat answers, not one for every file of the tree."""
+        m = self.manifest(user, name)
+        asked = set(hashes)
+        if m is None or not asked:
+            return set()
+        # One pass of set lookups (each commit's manifest is new: a hash -> files map made for
+        # it took longer than the lstats it saves).
+        candidates = [f for f in m.files if not asked.isdisjoint(f.chunks)]
+        present = self._sizes(user, name, [f.path for f in candidates])
+        return {h for f in candidates if present.get(f.path) == f.size for h in f.chunks if h in asked}
 
     def held(self, user: str, name: str) -> dict[str, tuple[str, int]]:
         old = self.manifest(user, name)
@@ -225,6 +267,8 @@ class Workspaces:
             for side in (self.root / user).glob(commit_mod.NEXT_PREFIX + "*"):
                 if side.with_name(side.name[len(commit_mod.NEXT_PREFIX):]) not in pending:
                     remove_tree(side)
+            for gone in (self.root / user).glob(commit_mod.GONE_PREFIX + "*"):
+                remove_tree(gone)
         return done
 
     # ------------------------------------------------------------------------- list, usage
@@ -299,3 +343,9 @@ def tree_bytes(path: Path) -> int:
             if stat.S_ISREG(st.st_mode):
                 total += st.st_size
     return total
+
+
+def remove_trees(trees: list[Path]) -> None:
+    """Remove directory trees (blocking: the service does it in a thread after its reply)."""
+    for tree in trees:
+        remove_tree(tree)

@@ -425,3 +425,73 @@ def test_without_a_hfignore_the_always_ignored_rules_match_pathspecs(rel, is_dir
     spec = pathspec.GitIgnoreSpec.from_lines(list(ALWAYS_IGNORED))
     assert Ignore([]).ignored(rel, is_dir) == spec.match_file(rel + "/" if is_dir else rel)
     assert Ignore(["# a comment", ""]).ignored(rel, is_dir) == spec.match_file(rel + "/" if is_dir else rel)
+
+
+def _committed(ws: Workspaces, files: dict[str, bytes]) -> s.Manifest:
+    """Commit ``files`` (path -> bytes, a chunk or two each) as alice's workspace w, from staging."""
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    entries, datas = [], []
+    for path, body in files.items():
+        parts = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
+        datas += parts
+        entries.append(s.FileEntry(path=path, size=len(body), mode=0o644, chunks=tuple(chunk_hash(p) for p in parts)))
+    pack, listing = write_pack(staging.user_dir("alice"), _chunks(*dict.fromkeys(datas)))
+    staging.added("alice", pack, listing)
+    m = s.Manifest(files=tuple(entries), chunk_bytes=CHUNK)
+    commit_mod.commit(ws, "alice", "w", m, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
+    return m
+
+
+def test_the_chunks_a_workspace_holds_are_answered_from_the_files_that_list_them(tmp_path: Path, monkeypatch):
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    files = {f"d/f{i}": os.urandom(CHUNK + 2) for i in range(50)}
+    m = _committed(ws, files)
+    f3, f4 = m.files[3], m.files[4]
+    looked: list[list[str]] = []
+    real = ws._sizes
+    monkeypatch.setattr(ws, "_sizes", lambda user, name, paths: looked.append(list(paths)) or real(user, name, paths))
+    # One edited file's question: its chunks alone, one file looked at, not the tree.
+    assert ws.holding("alice", "w", [*f3.chunks, chunk_hash(b"never pushed")]) == set(f3.chunks)
+    assert looked == [["d/f3"]]
+    # A file cut short or removed on the cluster holds none of its chunks any more; held() agrees.
+    with open(ws.path("alice", "w") / "d" / "f4", "r+b") as out:
+        out.truncate(CHUNK)
+    (ws.path("alice", "w") / "d" / "f3").unlink()
+    everything = [h for f in m.files for h in f.chunks]
+    assert ws.holding("alice", "w", everything) == set(ws.held("alice", "w")) == \
+        set(everything) - set(f3.chunks) - set(f4.chunks)
+    assert ws.holding("alice", "nothing", everything) == set()
+
+
+def test_a_used_side_tree_is_renamed_aside_and_removed_later_or_at_start(tmp_path: Path):
+    from hfai.storage.workspace import remove_trees
+
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state", defer_removal=True)
+    _committed(ws, {"a": b"1" * CHUNK, "b": b"2" * 3})
+    _committed(ws, {"a": b"3" * CHUNK, "b": b"2" * 3})  # the second commit builds and swaps a side tree
+    user_dir = ws.root / "alice"
+    gone = ws.take_discarded()
+    assert len(gone) == 1 and gone[0].parent == user_dir and gone[0].name.startswith(commit_mod.GONE_PREFIX)
+    assert sorted(p.name for p in user_dir.iterdir()) == sorted(["w", gone[0].name])  # no .hfai-next- left
+    assert (ws.path("alice", "w") / "a").read_bytes() == b"3" * CHUNK
+    remove_trees(gone)
+    assert [p.name for p in user_dir.iterdir()] == ["w"] and ws.take_discarded() == []
+    # One a killed service never removed goes at the next start.
+    _committed(ws, {"a": b"4" * CHUNK})
+    assert len(list(user_dir.glob(commit_mod.GONE_PREFIX + "*"))) == 1
+    Workspaces(tmp_path / "ws", tmp_path / "state").recover()
+    assert [p.name for p in user_dir.iterdir()] == ["w"] and (ws.path("alice", "w") / "a").read_bytes() == b"4" * CHUNK
+
+
+def test_a_push_presumes_there_only_the_chunks_of_files_sent_exactly_so_last_time():
+    from hfai.storage.client import presumed_there
+
+    same = s.FileEntry(path="same", size=3, mode=0o644, chunks=("h1",))
+    edited = s.FileEntry(path="edited", size=3, mode=0o644, chunks=("h3",))
+    grown = s.FileEntry(path="grown", size=20, mode=0o644, chunks=("h4", "h5"))
+    new = s.FileEntry(path="new", size=1, mode=0o644, chunks=("h6",))
+    known = {"same": [3, 1, ["h1"], 7, 0o644], "edited": [3, 1, ["h2"], 8, 0o644], "grown": [10, 1, ["h4"], 9, 0o644],
+             "gone": [1, 1, ["h9"], 10, 0o644]}
+    m = s.Manifest(files=(same, edited, grown, new), chunk_bytes=16)
+    assert presumed_there(m, known) == {"h1"}
+    assert presumed_there(m, {}) == set()
