@@ -108,9 +108,10 @@ def _fault(point: str) -> None:
 # ---------------------------------------------------------------------------------- commit
 
 def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged,
-           locate: LocateStaged | None = None) -> plan.CommitPlan:
+           locate: LocateStaged | None = None, packed: bytes | None = None) -> plan.CommitPlan:
     """Make the workspace what ``new`` says (blocking; see the module docstring for the steps).
     Staged chunks are copied in the kernel from where ``locate`` says they are, else read.
+    ``packed``: ``new`` packed (:func:`hfai.protocol.codec.pack`), as its request carried it.
     Raises Conflict, changing nothing, when a file on the cluster no longer holds the chunks its
     manifest says and no staged copy exists; those files are forgotten, so the next push sends
     them again."""
@@ -126,7 +127,7 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
     nxt = next_path(base)
     remove_tree(nxt)
     if old is not None and not (todo.write or todo.chmod or todo.delete):
-        ws.save_manifest(user, name, new)  # nothing on disk changes (an unchanged push)
+        ws.save_manifest(user, name, new, packed)  # nothing on disk changes (an unchanged push)
         return todo
     try:
         stray = _build(base, nxt, new, todo, held, _Source(read, locate), owner)
@@ -139,7 +140,8 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
         raise
     journal = CommitJournal(workspace=name, manifest=new, delete=todo.delete + stray, old_ino=ino(base),
                             new_ino=ino(nxt), phase=Phase.BUILT.value)
-    packed = pack(new)  # the manifest's bytes, packed once for every journal write and the record
+    if packed is None:
+        packed = pack(new)  # the manifest's bytes, packed once for every journal write and the record
     ws.save_journal(user, journal, packed)
     _fault("built")
     if journal.old_ino == 0:

@@ -58,6 +58,30 @@ def _log_failure(task: asyncio.Future) -> None:
                     "are removed at the next start): %s", task.exception())
 
 
+def packed_field(data: bytes, field: str) -> bytes | None:
+    """The bytes of the body field ``field`` of the encoded message ``data``, as they were sent
+    (the envelope of :mod:`hfai.protocol.codec`: a map whose ``"b"`` is the body, a map of the
+    fields), or None. For a message that decoded: they decode to that field's value."""
+    import msgpack
+
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(data) + 1)
+    unpacker.feed(data)
+    try:
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() != "b":
+                unpacker.skip()
+                continue
+            for _ in range(unpacker.read_map_header()):
+                if unpacker.unpack() == field:
+                    start = unpacker.tell()
+                    unpacker.skip()
+                    return data[start:unpacker.tell()]
+                unpacker.skip()
+    except (ValueError, msgpack.UnpackException):
+        return None
+    return None
+
+
 class StorageService:
     def __init__(self, config: Config):
         self.config = config
@@ -191,6 +215,10 @@ class StorageService:
         if verb not in self._handlers:
             raise InvalidRequest(f"unknown storage verb {verb[:64]!r}")
         kind, handler = self._handlers[verb]
+        if verb == s.VERB_WS_COMMIT:
+            # Its manifest is recorded as the request carried it: packing it again took 50 ms
+            # of a one-edit push of 10,000 files.
+            return await self.ws_commit(user, operator, decode(data, kind), packed_field(data, "manifest"))
         return await handler(user, operator, decode(data, kind))
 
     def _lock(self, user: str, name: str) -> asyncio.Lock:
@@ -225,7 +253,8 @@ class StorageService:
                 self.staging.staged(user, written)
         return s.PutReply(stored=len(req.chunks))
 
-    async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest) -> s.WorkspaceInfo:
+    async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest,
+                        packed: bytes | None = None) -> s.WorkspaceInfo:
         plan.check_workspace_name(req.workspace)
         m = req.manifest
         if m.chunk_bytes != self.sc.chunk_bytes:
@@ -245,7 +274,7 @@ class StorageService:
                                    "or their files changed there since they were pushed); push again")
                 try:
                     await self.workspaces.commit(user, req.workspace, m, lambda h: self.staging.read(user, h),
-                                                 lambda h: self.staging.locate(user, h))
+                                                 lambda h: self.staging.locate(user, h), packed)
                 finally:
                     self._remove_later(self.workspaces.take_discarded(), remove_trees)
                 self._remove_later(self.staging.forget(user, {h for f in m.files for h in f.chunks}))

@@ -194,14 +194,15 @@ class Workspaces:
     # -------------------------------------------------------------------------------- commit
 
     async def commit(self, user: str, name: str, new: Manifest, staged: commit_mod.ReadStaged,
-                     locate: commit_mod.LocateStaged | None = None) -> plan.CommitPlan:
+                     locate: commit_mod.LocateStaged | None = None, packed: bytes | None = None) -> plan.CommitPlan:
         """Make the workspace on disk what ``new`` says, all or nothing as seen by jobs
         (:mod:`hfai.storage.commit`); chunks come from the files already there when they have
         them, else from staging (``locate``: where a staged chunk's bytes lie, copied in the
         kernel; ``staged``: its bytes). Both are called from the commit's thread, which does the
         file work, so the service keeps answering meanwhile (a pushing client asks whether its
-        commit is still going)."""
-        return await asyncio.to_thread(commit_mod.commit, self, user, name, new, staged, locate)
+        commit is still going). ``packed``: ``new`` as its request carried it, packed (recorded
+        as it is, not packed again)."""
+        return await asyncio.to_thread(commit_mod.commit, self, user, name, new, staged, locate, packed)
 
     def _journal_path(self, user: str, name: str) -> Path:
         return self._manifest_path(user, name).with_suffix(".journal")
