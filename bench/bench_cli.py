@@ -62,7 +62,8 @@ def top_imports(cmd: list[str], env: dict[str, str], n: int = 6) -> list[tuple[i
 
 #: Run in a fresh interpreter: the imports of a call in its order, grouped, then the command itself.
 #: The command's module and what it needs load as a call loads them (hfai.cli.main._loading: the
-#: cyclic collector paused). What the exit costs is in the whole process's time only.
+#: cyclic collector paused). What the exit costs is in the whole process's time only (a query run as
+#: the process's own command skips the interpreter's teardown: hfai.cli.main._exit_now).
 STAGES = r"""
 import sys, time, json
 marks = [("start", time.perf_counter())]
@@ -77,13 +78,13 @@ with hfai.cli.main._loading("hfai.cli.jobs"):
     import hfai.config; mark("hfai.config (its dataclasses made at first use)")
     import hfai.api.client; mark("hfai.api.client (hfai._nats, protocol.names, api.config)")
     import hfai.cli.jobs; mark("cli/jobs.py, arrays.py")
-import nkeys; mark("nkeys and PyNaCl (signing the server's nonce with the creds)")
+import hfai.auth.nkey, nacl._sodium; mark("PyNaCl's libsodium module (signing the server's nonce)")
 from hfai.cli.main import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 except SystemExit:
     pass
-mark("the command: config (tomllib), credentials, connect, request, decode, print")
+mark("the command: config, credentials (read once), connect, request, decode, print")
 print(json.dumps([(what, (t - marks[i][1]) * 1000) for i, (what, t) in enumerate(marks[1:])]), file=sys.stderr)
 """
 

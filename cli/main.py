@@ -117,7 +117,10 @@ def _loading(module: str) -> Iterator[None]:
     through it (together 5-10 ms of CPU); LazyGroup.main thaws it when the command ends, so that
     a process that goes on (a test calling the CLI in-process) collects as before."""
     global _frozen
-    if module in sys.modules or not gc.isenabled() or gc.get_freeze_count():
+    import hfai.cli
+
+    paused, hfai.cli.gc_paused = hfai.cli.gc_paused, False  # since click's import (hfai/cli/__init__.py)
+    if not paused and (module in sys.modules or not gc.isenabled() or gc.get_freeze_count()):
         yield
         return
     gc.disable()

@@ -139,3 +139,41 @@ def test_the_console_script_and_python_m_end_a_query_at_once(cluster, job, tmp_p
     assert "torn down" not in r.stderr
     r = subprocess.run([*cmd, "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "torn down" in r.stderr
+
+
+GC_WITNESS = """
+import atexit, gc, os, sys
+seen = {"before": 0, "loading": 0, "after": 0}
+def count(phase, info):
+    if phase == "start":
+        jobs = sys.modules.get("hfai.cli.jobs")
+        if "hfai.cli" not in sys.modules:
+            seen["before"] += 1
+        elif jobs is None or not hasattr(jobs, "logs"):  # cli/jobs.py defines logs last
+            seen["loading"] += 1
+        else:
+            seen["after"] += 1
+gc.callbacks.append(count)
+atexit.register(lambda write=os.write: write(2, f"gc {seen['loading']} {gc.isenabled()}\\n".encode()))
+"""
+
+
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+def test_the_collector_rests_from_the_commands_first_import_until_its_module_loaded(cluster, job, tmp_path, entry):
+    """From hfai.cli's import (click's, then the command module's: asyncio, nats-py, the protocol)
+    no collection runs; it runs again once the module loaded."""
+    script = Path(sys.executable).parent / "hfai"
+    if entry == "console script" and not script.exists():
+        pytest.skip("no hfai console script next to this interpreter")
+    cmd = [str(script)] if entry == "console script" else [sys.executable, "-m", "hfai.cli.main"]
+    (tmp_path / "sitecustomize.py").write_text(GC_WITNESS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
+    env.update(HFAI_CONFIG=str(cluster.local.config_path), HFAI_USER="tester",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    r = subprocess.run([*cmd, "status", job.id], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and job.id in r.stdout, r.stderr
+    assert r.stderr.splitlines()[-1] == "gc 0 True"
+    # Imported by anything else (a test, a daemon), hfai.cli leaves the collector alone.
+    code = "import gc, hfai.cli, hfai.cli.main; print(gc.isenabled(), hfai.cli.gc_paused)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "False"], out.stderr

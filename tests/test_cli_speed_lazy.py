@@ -208,3 +208,27 @@ def test_a_class_made_in_numbers_gets_its_own_init_after_the_first_few():
     more = [P(i) for i in range(_lazy.PLAIN_INITS - 1, 2 * _lazy.PLAIN_INITS)]
     assert not _lazy.is_pending(P) and P.__init__.__qualname__.endswith("Point.__init__")
     assert [p.x for p in first + more] == list(range(2 * _lazy.PLAIN_INITS)) and first[3] == P(3)
+
+
+def test_the_codec_finds_each_fields_type_as_get_type_hints_does():
+    """hfai.protocol.codec looks the usual annotations up rather than have typing evaluate each:
+    what it finds is what typing.get_type_hints finds, for every message and what they hold."""
+    import sys
+    import typing
+
+    import hfai.protocol.storage as storage_messages
+    from hfai.protocol import codec
+    from hfai.protocol import types as t
+
+    classes = {c for module in (t, storage_messages) for c in vars(module).values()
+               if isinstance(c, type) and _lazy.is_dataclass(c)}
+    assert len(classes) > 60
+    for cls in classes:
+        full = typing.get_type_hints(cls, {**vars(t), **vars(sys.modules[cls.__module__])})
+        found = codec._hints.__wrapped__(cls)
+        assert {f.name: found[f.name] for f in _lazy.fields(cls)} == {f.name: full[f.name] for f in _lazy.fields(cls)}
+    # Forms it leaves to typing come back from typing.
+    assert codec._annotation("tuple[JobRecord, ...]", vars(t)) == tuple[t.JobRecord, ...]
+    for unusual in ("list[str]", "Optional[str]", "None", "ClassVar[int]", "str | int"):
+        with pytest.raises(codec._Unusual):
+            codec._annotation(unusual, vars(t))
