@@ -18,6 +18,12 @@ Cases:
 Before each timed command the page cache's dirty pages are written out (``sync``, not timed), so
 that no command pays for the writeback of the one before it.
 
+Each case runs ``HFAI_BENCH_WS_ROUNDS`` times (default 3), the three commands taking turns, and
+the medians are compared: on this kind of machine one push or copy of 1 GB can take twice as long
+as the next (the kernel's page-cache writes vary that much from one run to another), so the
+figures of each round are printed too. A copying round sends to a workspace and directories of
+its own, so each copies everything.
+
 Prints seconds for each and the ratios hfai/rsync (lower is better for hfai). Scale everything
 down with ``HFAI_BENCH_WS_MB`` (default 1000) and ``HFAI_BENCH_WS_FILES`` (default 10000); set
 ``HFAI_BENCH_WS_SSH=0`` to skip the ssh peer (e.g. without openssh-server).
@@ -32,6 +38,7 @@ import contextlib
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,6 +125,7 @@ def main() -> None:
     total = int(os.environ.get("HFAI_BENCH_WS_MB", "1000")) * MB
     nfiles = int(os.environ.get("HFAI_BENCH_WS_FILES", "10000"))
     use_ssh = os.environ.get("HFAI_BENCH_WS_SSH", "1") != "0"
+    rounds = max(1, int(os.environ.get("HFAI_BENCH_WS_ROUNDS", "3")))
     rsync = shutil.which("rsync")
     if rsync is None:
         sys.exit("rsync is not installed: the benchmark compares against it")
@@ -128,10 +136,10 @@ def main() -> None:
             ssh = stack.enter_context(local_sshd(base)) if use_ssh else None
             cluster.up()
             cluster.wait_ready()
-            rows = run_cases(cluster, base, rsync, ssh, total, nfiles)
-        print(f"workspace push vs rsync, {total / MB:.0f} MB; many files: {nfiles} files; "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        for label, size, t_hfai, t_rsync, t_ssh in rows:
+            rows = run_cases(cluster, base, rsync, ssh, total, nfiles, rounds)
+        print(f"workspace push vs rsync, {total / MB:.0f} MB; many files: {nfiles} files; medians of {rounds} "
+              f"round(s); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        for label, size, t_hfai, t_rsync, t_ssh, times in rows:
             line = (f"{label:<11} hfai push {t_hfai:7.2f} s   rsync -a {t_rsync:7.2f} s   hfai/rsync "
                     f"{t_hfai / t_rsync:6.2f}")
             if t_ssh is not None:
@@ -139,12 +147,19 @@ def main() -> None:
             if size:
                 line += f"   ({size / MB / t_hfai:6.1f} MB/s vs {size / MB / t_rsync:6.1f} MB/s)"
             print(line)
+            if rounds > 1:
+                print("            each round: " + "; ".join(
+                    f"{who} " + " ".join(f"{t:.2f}" for t in ts)
+                    for who, ts in zip(("hfai", "rsync", "ssh"), times, strict=False) if ts))
     finally:
         cluster.down()
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run_cases(cluster: LocalCluster, base: Path, rsync: str, ssh: list[str] | None, total: int, nfiles: int) -> list:
+def run_cases(cluster: LocalCluster, base: Path, rsync: str, ssh: list[str] | None, total: int, nfiles: int,
+              rounds: int) -> list:
+    """Each case ``rounds`` times, hfai and its peers taking turns; the medians. A round of the
+    copying cases sends to a workspace (and directories) of its own, so each copies everything."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
     env["HFAI_CONFIG"] = str(cluster.config_path)
     hfai = [sys.executable, "-m", "hfai.cli.main"]
@@ -157,18 +172,24 @@ def run_cases(cluster: LocalCluster, base: Path, rsync: str, ssh: list[str] | No
     for peer in ("rsync", "rsync-ssh"):
         (base / peer).mkdir()
     rows = []
-    for label, tree in (("many files", many), ("one file", one), ("no change", many), ("one edit", many)):
-        if label == "one edit":
-            edit_one(tree)
-        elif label != "no change":
-            timed([*hfai, "workspace", "init", tree.name], tree, env)
-        t_hfai = timed([*hfai, "workspace", "push"], tree, env)
-        t_rsync = timed([rsync, "-a", f"{tree}/", str(base / "rsync" / tree.name)], base, env)
-        t_ssh = None
-        if ssh is not None:
-            t_ssh = timed([rsync, "-a", "-e", " ".join(ssh), f"{tree}/",
-                           f"127.0.0.1:{base / 'rsync-ssh' / tree.name}"], base, env)
-        rows.append((label, total if label in ("many files", "one file") else 0, t_hfai, t_rsync, t_ssh))
+    for label, tree in (("one file", one), ("many files", many), ("no change", many), ("one edit", many)):
+        times: list[list[float]] = [[], [], []]
+        for i in range(rounds):
+            # The copying cases' last round leaves the tree where no change and one edit start.
+            dest = f"{tree.name}-{i}" if label in ("many files", "one file") else f"{tree.name}-{rounds - 1}"
+            if label == "one edit":
+                edit_one(tree)
+            elif label != "no change":
+                timed([*hfai, "workspace", "init", dest], tree, env)
+            times[0].append(timed([*hfai, "workspace", "push"], tree, env))
+            times[1].append(timed([rsync, "-a", f"{tree}/", str(base / "rsync" / dest)], base, env))
+            if ssh is not None:
+                times[2].append(timed([rsync, "-a", "-e", " ".join(ssh), f"{tree}/",
+                                       f"127.0.0.1:{base / 'rsync-ssh' / dest}"], base, env))
+        t_hfai, t_rsync = statistics.median(times[0]), statistics.median(times[1])
+        t_ssh = statistics.median(times[2]) if times[2] else None
+        rows.append((label, total if label in ("many files", "one file") else 0, t_hfai, t_rsync, t_ssh,
+                     times))
     return rows
 
 

@@ -81,7 +81,14 @@ class StorageClient(ApiClient):
 
 def init(root: Path, name: str | None) -> dict:
     name = plan.check_workspace_name(name or root.resolve().name)
-    data = {**(read_marker(root) if find_root(root) == root else {}), "name": name}
+    old = read_marker(root) if find_root(root) == root else {}
+    data = {**old, "name": name}
+    if old.get("name", name) != name:
+        # Another workspace now: what the last push recorded (where it went, the local index of
+        # what it sent) is the old one's, and the next push must not presume any of it there.
+        data.pop("remote", None)
+        data.pop("pushed_ts", None)
+        (root / MARKER_DIR / QUICK).unlink(missing_ok=True)
     write_marker(root, data)
     return data
 

@@ -514,3 +514,18 @@ def test_a_commit_request_carries_its_manifest_packed_once_and_the_service_recor
     assert packed_field(data, "manifest") == body and packed_field(data, "workspace") == pack("w")
     assert packed_field(encode(s.WorkspaceRequest(workspace="w")), "manifest") is None
     assert packed_field(b"\xc1 not msgpack", "manifest") is None and packed_field(b"", "manifest") is None
+
+
+def test_init_under_another_name_forgets_what_the_last_push_recorded(tmp_path: Path):
+    from hfai.api.workspace import MARKER_DIR, read_marker, write_marker
+    from hfai.storage.client import QUICK, init
+
+    init(tmp_path, "first")
+    write_marker(tmp_path, {**read_marker(tmp_path), "remote": "/ws/alice/first", "pushed_ts": 1.0})
+    (tmp_path / MARKER_DIR / QUICK).write_text("{}")
+    init(tmp_path, "first")  # the same name again: nothing forgotten
+    assert read_marker(tmp_path)["remote"] == "/ws/alice/first" and (tmp_path / MARKER_DIR / QUICK).exists()
+    init(tmp_path, "second")
+    marker = read_marker(tmp_path)
+    assert marker["name"] == "second" and "remote" not in marker and "pushed_ts" not in marker
+    assert not (tmp_path / MARKER_DIR / QUICK).exists()
