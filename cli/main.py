@@ -142,7 +142,7 @@ atexit.register(gc.freeze)
 
 #: Commands that only ask the cluster and print (stdout and stderr are all they write): run as the
 #: process's own command, they end it at once after the interpreter's exit steps that can matter
-#: (see _exit_now).
+#: (see _exit_now), as does a call that ran no command (`hfai --help`, `--version`, a usage error).
 QUICK_EXIT = frozenset({"ps", "status", "stop", "nodes", "logs"})
 
 
@@ -200,7 +200,8 @@ class LazyGroup(click.Group):
             return super().main(*args, **kwargs)
         except SystemExit as e:
             status = e.code or 0
-            if self._ran in QUICK_EXIT and kwargs.get("standalone_mode", True) and type(status) is int \
+            if (self._ran is None or self._ran in QUICK_EXIT) and kwargs.get("standalone_mode", True) \
+                    and type(status) is int \
                     and _is_the_process(sys._getframe()):
                 _exit_now(status)
             raise

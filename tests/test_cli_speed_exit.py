@@ -90,9 +90,19 @@ def test_with_a_thread_still_running_the_exit_is_the_usual_one(cluster, job, tmp
     assert marks == ["atexit", "torn down"]
 
 
-def test_other_commands_and_in_process_calls_exit_the_usual_way(cluster, tmp_path):
+def test_a_call_that_ran_no_command_ends_at_once_too(cluster, tmp_path):
     r, marks = hfai(cluster, tmp_path, "--help")
     assert r.returncode == 0 and "Commands" in r.stdout
+    assert marks == ["atexit"]
+    (tmp_path / "unknown").mkdir()
+    r, marks = hfai(cluster, tmp_path / "unknown", "no-such-command")
+    assert r.returncode == 2 and "No such command" in r.stderr
+    assert marks == ["atexit"]
+
+
+def test_other_commands_and_in_process_calls_exit_the_usual_way(cluster, tmp_path):
+    r, marks = hfai(cluster, tmp_path, "sim", "--help")  # not one of QUICK_EXIT
+    assert r.returncode == 0 and "Replay" in r.stdout
     assert marks == ["atexit", "torn down"]
     # In-process, from a script that goes on after it (click's CliRunner; a try around main()),
     # even one named hfai: each call returns.
@@ -137,7 +147,7 @@ def test_the_console_script_and_python_m_end_a_query_at_once(cluster, job, tmp_p
     r = subprocess.run([*cmd, "status", job.id], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and job.id in r.stdout, r.stderr
     assert "torn down" not in r.stderr
-    r = subprocess.run([*cmd, "--help"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*cmd, "sim", "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "torn down" in r.stderr
 
 
