@@ -44,6 +44,18 @@ def test_a_signature_is_the_one_nkeys_makes(kind):
         nkeys.from_seed(bytearray(seed)).verify(data, want)
 
 
+def test_without_the_cffi_module_the_public_bindings_sign_and_without_pynacl_it_says_so(monkeypatch):
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    want = nkeys.from_seed(bytearray(seed)).sign(b"nonce")
+    with monkeypatch.context() as m:
+        m.setattr(nkey, "_libsodium", lambda: (None, None))  # a PyNaCl that keeps it elsewhere
+        assert nkey.sign(seed, b"nonce") == want
+    for name in ("nacl", "nacl._sodium"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    with pytest.raises(InvalidRequest, match="needs PyNaCl"):
+        nkey.sign(seed, b"nonce")
+
+
 def _reencode(raw: bytes) -> str:
     return base64.b32encode(raw).decode().rstrip("=")
 
