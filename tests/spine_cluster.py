@@ -169,3 +169,10 @@ class Cluster:
         env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
         env.update(HFAI_CONFIG=str(self.local.config_path), **extra)
         return env
+
+
+def cli_env(cluster: Cluster, user: str = "tester") -> dict[str, str]:
+    """The environment of an ``hfai`` process run as ``user`` against ``cluster`` (none of this
+    process's NATS or issuer overrides)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
+    return {**env, "HFAI_CONFIG": str(cluster.local.config_path), "HFAI_USER": user}

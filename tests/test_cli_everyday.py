@@ -11,6 +11,7 @@ import time
 
 import pytest
 from spine_cluster import JOBS, Cluster
+from waits import wait_for
 
 from hfai.protocol.types import ChainState
 
@@ -53,6 +54,10 @@ def jobs(cluster, tmp_path_factory):
     for j in (mine, theirs):
         cluster.wait_state(j.id, ChainState.RUNNING)
     waiter = cluster.submit(["python", STEPS, "1", "0"], "waiter", workdir=work)
+    # Its record says "queued" until the controller's next round explains why it waits: the
+    # checks of its reason below read that explanation.
+    wait_for(lambda: cluster.job(waiter.id).reason not in ("", "queued"), timeout=30,
+             what="the waiting job's reason")
     # The cluster's `down` kills whatever still runs.
     return {"printer": printer.id, "mine": mine.id, "theirs": theirs.id, "waiter": waiter.id, "work": work}
 

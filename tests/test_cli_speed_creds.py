@@ -19,7 +19,7 @@ import nkeys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spine_cluster import Cluster
+from spine_cluster import Cluster, cli_env
 
 from hfai import _nats
 from hfai.auth import jwt, nkey
@@ -187,11 +187,6 @@ def cluster(tmp_path_factory):
     with Cluster(tmp_path_factory.mktemp("creds"), nodes=1) as c:
         c.creds("tester")
         yield c
-
-
-def cli_env(cluster: Cluster) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
-    return {**env, "HFAI_CONFIG": str(cluster.local.config_path), "HFAI_USER": "tester"}
 
 
 @pytest.mark.parametrize("args", [("ps", "-a"), ("status", "JOB")])

@@ -7,14 +7,13 @@ command only prints. Each check is a real process: this one has loaded all of it
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from spine_cluster import Cluster
+from spine_cluster import Cluster, cli_env
 
 from hfai.protocol.types import ChainState
 
@@ -41,11 +40,6 @@ def cluster(tmp_path_factory):
     with Cluster(tmp_path_factory.mktemp("speed"), nodes=1) as c:
         c.creds("tester")
         yield c
-
-
-def cli_env(cluster: Cluster) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HFAI_NATS_", "HFAI_ISSUER"))}
-    return {**env, "HFAI_CONFIG": str(cluster.local.config_path), "HFAI_USER": "tester"}
 
 
 @pytest.mark.parametrize("args", [("ps",), ("ps", "-a"), ("status", "JOB")])
