@@ -194,8 +194,10 @@ def _exited(r: JobRecord, node: str, now: float):
 
 
 class _Watched(Simulator):
-    """Checks after every round: the first waiting job of the highest priority, if free nodes
-    and nodes of lower-priority running jobs could hold it, started or has nodes being released."""
+    """Checks after every round: the first waiting job of the highest priority, in the policy's
+    own queue order (for hfai's: service band, then submit time; a job suspended by a time slice
+    lines up behind its level's jobs that ran less), if free nodes and nodes of lower-priority
+    running jobs could hold it, started or has nodes being released."""
 
     violations: list[str]
 
@@ -206,7 +208,8 @@ class _Watched(Simulator):
         if not waiting:
             return
         prio = {r.id: effective_priority(job_view(r), self.now, self.config.policy) for r in records.values()}
-        head = min(waiting, key=lambda r: (-prio[r.id], r.submit_ts, r.id))
+        queued = self.policy.ordering(self.config.policy).key
+        head = min(waiting, key=lambda r: (-prio[r.id], queued(job_view(r)), r.id))
         free = self.n - sum(len(r.nodes) for r in records.values() if r.state.holds_nodes)
         lower = sum(len(r.nodes) for r in records.values()
                     if r.state is ChainState.RUNNING and prio[r.id] < prio[head.id])
