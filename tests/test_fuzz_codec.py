@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import math
 import random
+import sys
 import types
 import typing
 
@@ -107,7 +108,8 @@ def assert_typed(value, tp, where="msg"):
             assert_typed(v, typing.get_args(tp)[1], f"{where}[{k!r}]")
     elif dataclasses.is_dataclass(tp):
         assert type(value) is tp, where
-        hints = typing.get_type_hints(tp, vars(t))
+        # Its own module's names: a storage message's fields name hfai.protocol.storage's classes.
+        hints = typing.get_type_hints(tp, {**vars(t), **vars(sys.modules[tp.__module__])})
         for f in dataclasses.fields(tp):
             assert_typed(getattr(value, f.name), hints[f.name], f"{where}.{f.name}")
     elif isinstance(tp, type) and issubclass(tp, enum.Enum):
