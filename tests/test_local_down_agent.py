@@ -46,7 +46,7 @@ def test_down_has_the_agent_suspend_the_job_and_up_resumes_it(home, tmp_path):
     assert "suspending at step" in log.read_text() and (tmp_path / f"steps_{jid}_0.txt").exists()
 
     ok(hfai(home, "local", "up", "--nodes", "1"))
-    resumed = wait_state(home, jid, ChainState.RUNNING)
+    resumed = wait_state(home, jid, ChainState.RUNNING, run=2)
     assert resumed.run_id == 2 and resumed.suspend_count == 1
     assert "failed" not in [h.state.value for h in resumed.history]
     assert "stopped by the platform" in ok(hfai(home, "status", jid))

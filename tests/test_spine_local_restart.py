@@ -54,12 +54,15 @@ def job(home: Path, ref: str) -> JobRecord:
     return asyncio.run(go())
 
 
-def wait_state(home: Path, ref: str, state: ChainState, timeout: float = 60.0) -> JobRecord:
+def wait_state(home: Path, ref: str, state: ChainState, timeout: float = 60.0, run: int = 0) -> JobRecord:
+    """The job's record once it is in ``state`` (in run ``run`` or later, if given: a job that was
+    running at `local down` still reads running in its old run until the new leader applies its
+    interruption)."""
     seen: list[JobRecord] = []
 
     def check():
         seen[:] = [job(home, ref)]
-        return seen[0] if seen[0].state is state else None
+        return seen[0] if seen[0].state is state and seen[0].run_id >= run else None
 
     try:
         return wait_for(check, timeout, f"job {ref} to be {state.value}")
