@@ -61,25 +61,30 @@ def _log_failure(task: asyncio.Future) -> None:
 def packed_field(data: bytes, field: str) -> bytes | None:
     """The bytes of the body field ``field`` of the encoded message ``data``, as they were sent
     (the envelope of :mod:`hfai.protocol.codec`: a map whose ``"b"`` is the body, a map of the
-    fields), or None. For a message that decoded: they decode to that field's value."""
+    fields), or None. For a message that decoded: they decode to that field's value, the one
+    decode() checked. A map may repeat a key, and msgpack's decoding keeps the last: so is the
+    last taken here, at both levels (the first could be a manifest nobody checked)."""
     import msgpack
 
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(data) + 1)
     unpacker.feed(data)
+    found: bytes | None = None
     try:
         for _ in range(unpacker.read_map_header()):
             if unpacker.unpack() != "b":
                 unpacker.skip()
                 continue
+            found = None  # a later body replaces an earlier one, with or without the field
             for _ in range(unpacker.read_map_header()):
                 if unpacker.unpack() == field:
                     start = unpacker.tell()
                     unpacker.skip()
-                    return data[start:unpacker.tell()]
-                unpacker.skip()
+                    found = data[start:unpacker.tell()]
+                else:
+                    unpacker.skip()
     except (ValueError, msgpack.UnpackException):
         return None
-    return None
+    return found
 
 
 class StorageService:

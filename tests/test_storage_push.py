@@ -514,6 +514,20 @@ def test_a_commit_request_carries_its_manifest_packed_once_and_the_service_recor
     assert packed_field(data, "manifest") == body and packed_field(data, "workspace") == pack("w")
     assert packed_field(encode(s.WorkspaceRequest(workspace="w")), "manifest") is None
     assert packed_field(b"\xc1 not msgpack", "manifest") is None and packed_field(b"", "manifest") is None
+    # A key given twice: decoding keeps the last, the manifest decode() checked; so does packed_field,
+    # or an unchecked first manifest (a path out of the workspace) would be what the service records.
+    import msgpack
+
+    escape = s.Manifest(files=(s.FileEntry(path="../escape", size=1, chunks=(chunk_hash(b"x"),)),), chunk_bytes=CHUNK)
+    head = data[:len(data) - len(pack(request))]
+    twice = head + b"\x83" + msgpack.packb("workspace") + msgpack.packb("w") + msgpack.packb("manifest") + \
+        pack(escape) + msgpack.packb("manifest") + body
+    assert decode(twice, s.CommitRequest).manifest == m and packed_field(twice, "manifest") == body
+    envelope = msgpack.unpackb(data)
+    twice_b = b"".join([b"\x84", msgpack.packb("k"), msgpack.packb(envelope["k"]), msgpack.packb("v"),
+                        msgpack.packb(envelope["v"]), msgpack.packb("b"),
+                        pack(s.CommitRequest(workspace="w", manifest=escape)), msgpack.packb("b"), pack(request)])
+    assert decode(twice_b, s.CommitRequest).manifest == m and packed_field(twice_b, "manifest") == body
 
 
 def test_init_under_another_name_forgets_what_the_last_push_recorded(tmp_path: Path):
