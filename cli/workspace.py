@@ -145,7 +145,7 @@ async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
                              on_total=lambda n: bars.open("hashing", n))
     for path, chunks, size in out.files():
         click.echo(f"{_mb(size):>10}  {chunks:>5} chunk(s)  {path}")
-    click.echo(f"would send {len(out.lacking)} of {len(out.hashes)} chunks ({_mb(out.bytes)}) of "
+    click.echo(f"would send {out.sending} of {out.chunks} chunks ({_mb(out.bytes)}) of "
                f"{len(out.manifest.files)} files to workspace {name} (dry run: nothing sent)")
 
 

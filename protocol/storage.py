@@ -80,7 +80,9 @@ class PutRequest:
     of them are chunks ``first``, ``first + 1``, … of one file, ``file`` being the SHA-256 (hex)
     of that file's chunk names joined by newlines. Both are hints: the service keeps such chunks
     in a file of their own, at their places, which the commit links into the workspace when it
-    holds exactly a file's chunks, instead of copying them (it checks that, not the hint)."""
+    holds exactly a file's chunks, instead of copying them (it checks that, not the hint). A
+    chunk whose ``hash`` is empty is a whole file's content that the client did not hash: the
+    service names it (its SHA-256, as it checks a named one) and the reply lists the names."""
 
     KIND: ClassVar[str]
     workspace: str
@@ -94,6 +96,7 @@ class PutRequest:
 class PutReply:
     KIND: ClassVar[str]
     stored: int
+    hashes: tuple[str, ...] = ()  # for a put with unnamed chunks: every chunk's name, in order
 
 
 @message("ws_commit_request")

@@ -95,13 +95,16 @@ def unchanged_tree(walked: Walked, known: dict) -> bool:
 
 def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | None = None,
                    stamps: dict | None = None, threads: int = HASH_THREADS, on_total=None,
-                   walked: Walked | None = None) -> Manifest:
+                   walked: Walked | None = None, unhashed: list[int] | None = None) -> Manifest:
     """Hash every kept file under ``root`` (in ``threads`` threads); ``on_total(n)`` is told the
     bytes of the files to read, then ``on_bytes(n)`` of the bytes done (progress, from the calling
     thread; files not read again count for neither, so an unchanged tree needs no progress bar).
     ``known``: path -> [size, mtime_ns, chunks, inode] of the last push: a file whose size, mtime
     and inode are unchanged is not read again (rsync's quick check, plus the inode: a file
-    replaced by another keeps neither). ``walked``: the tree's :func:`scan`, if done already."""
+    replaced by another keeps neither). ``walked``: the tree's :func:`scan`, if done already.
+    ``unhashed``: if given (a list), the files of one chunk that are new since the last push or
+    not at its size (:func:`sent_unhashed`) are not read either: their entries have no chunks yet,
+    and their places in the manifest's files are appended to the list."""
     from hfai.protocol._lazy import materialize
 
     # Made now, not filled lazily: a manifest holds one entry per file, tens of thousands, and the
@@ -111,7 +114,12 @@ def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | No
     for rel, st in (walked if walked is not None else walk(root, Ignore.load(root))):
         if stamps is not None:
             stamps[rel] = st.st_mtime_ns  # taken before reading: a later change shows as a newer mtime
-        entries.append((rel, st, _unchanged((known or {}).get(rel), st, chunk_bytes)))
+        seen = (known or {}).get(rel)
+        got = _unchanged(seen, st, chunk_bytes)
+        if got is None and unhashed is not None and sent_unhashed(seen, st, chunk_bytes):
+            unhashed.append(len(entries))
+            got = _UNHASHED
+        entries.append((rel, st, got))
     if on_total is not None:
         on_total(sum(st.st_size for _rel, st, seen in entries if seen is None))
     hashed = _hash_files(root, [(rel, st.st_size) for rel, st, seen in entries if seen is None], chunk_bytes,
@@ -124,6 +132,19 @@ def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | No
             hashes, size = hashed[rel]
             files.append(FileEntry(path=rel, size=size, mode=st.st_mode & 0o777, chunks=tuple(hashes)))
     return Manifest(files=tuple(files), chunk_bytes=chunk_bytes)
+
+
+_UNHASHED: list[str] = []  # the chunks of an entry left unhashed, until the service names them
+
+
+def sent_unhashed(seen: list | None, st: os.stat_result, chunk_bytes: int) -> bool:
+    """Whether a changed file is sent without being hashed here, the service naming its chunk as
+    it takes it (pure): a file of one chunk (reading it once, to send it, is all of its cost here)
+    that the last push did not send (``seen``: its entry in the local index) or sent at another
+    size, so its content is new and asking whether the cluster holds it would not spare a byte. A
+    file of the size it had may be unchanged (touched, checked out again): it is hashed, and its
+    chunk sent only if the cluster lacks it."""
+    return 0 < st.st_size <= chunk_bytes and (not seen or seen[0] != st.st_size)
 
 
 def _unchanged(seen: list | None, st: os.stat_result, chunk_bytes: int) -> list[str] | None:
@@ -248,6 +269,23 @@ def read_chunks(root: Path, wanted: list[tuple[FileEntry, int]], chunk_bytes: in
     for entry, index in wanted:
         with open(root / entry.path, "rb") as f:
             out.append(os.pread(f.fileno(), chunk_bytes, index * chunk_bytes))
+    return out
+
+
+def read_files(root: Path, paths: list[str], chunk_bytes: int) -> list[bytes]:
+    """The whole content of each of ``paths``, files of at most one chunk (one thread's batch, for
+    :func:`sent_unhashed` files). Raises InvalidRequest for one grown past a chunk since the walk."""
+    out = []
+    base = str(root)
+    for rel in paths:
+        fd = os.open(os.path.join(base, rel), os.O_RDONLY)  # not open(): see _hash_range
+        try:
+            data = os.pread(fd, chunk_bytes + 1, 0)
+        finally:
+            os.close(fd)
+        if len(data) > chunk_bytes:
+            raise InvalidRequest(f"{rel} changed while it was pushed; push again")
+        out.append(data)
     return out
 
 

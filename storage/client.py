@@ -24,9 +24,19 @@ from hfai.protocol import storage as s
 from hfai.protocol.codec import encode_packed, pack
 from hfai.protocol.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
-from hfai.storage.chunks import Walked, build_manifest, chunk_matches, quick_index, read_chunks, scan, unchanged_tree
+from hfai.storage.chunks import (
+    Walked,
+    build_manifest,
+    chunk_matches,
+    quick_index,
+    read_chunks,
+    read_files,
+    scan,
+    unchanged_tree,
+)
 
 QUICK = "pushed.json"  # size, mtime and chunks of each file at the last push
+SENT = "sent.jsonl"  # files sent unhashed by a push not yet committed (_Journal)
 #: Put requests in flight: enough to keep the service's threads busy while replies travel, and
 #: at most IN_FLIGHT_BYTES of them (the service holds what waits for its handlers in memory).
 IN_FLIGHT = 8
@@ -89,6 +99,7 @@ def init(root: Path, name: str | None) -> dict:
         data.pop("remote", None)
         data.pop("pushed_ts", None)
         (root / MARKER_DIR / QUICK).unlink(missing_ok=True)
+        (root / MARKER_DIR / SENT).unlink(missing_ok=True)
     write_marker(root, data)
     return data
 
@@ -104,15 +115,26 @@ class Outgoing:
     where: dict[str, tuple[s.FileEntry, int]]    # chunk -> (a file holding it, its index there)
     lacking: tuple[str, ...]                     # the chunks to send
     sizes: dict[str, int]                        # chunk -> its length, for those to send
+    unhashed: tuple[s.FileEntry, ...] = ()       # files sent whole, their chunk named by the service
 
     @property
     def bytes(self) -> int:
-        return sum(self.sizes.values())
+        return sum(self.sizes.values()) + sum(f.size for f in self.unhashed)
+
+    @property
+    def sending(self) -> int:
+        """The chunks to send."""
+        return len(self.lacking) + len(self.unhashed)
+
+    @property
+    def chunks(self) -> int:
+        """The manifest's distinct chunks (a file sent unhashed counted as one of its own)."""
+        return len(self.hashes) + len(self.unhashed)
 
     def files(self) -> list[tuple[str, int, int]]:
         """(path, chunks, bytes) to send of each file that has some, in manifest order (a chunk
         several files share is counted at the first)."""
-        per: dict[str, list[int]] = {}
+        per: dict[str, list[int]] = {f.path: [1, f.size] for f in self.unhashed}
         for h in self.lacking:
             f, _i = self.where[h]
             got = per.setdefault(f.path, [0, 0])
@@ -125,28 +147,45 @@ async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: in
                    stamps: dict | None = None, on_total: Progress | None = None) -> Outgoing:
     """Hash the workspace at ``root`` (files unchanged since the last push are not read) and ask
     the service which chunks it lacks. ``on_total``: the bytes of the files found, before hashing.
-    Changes nothing anywhere (``hfai workspace push --dry-run``)."""
-    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, _read_quick(root, chunk_bytes)[0])
-    return await _outgoing_of(client, name, manifest, chunk_bytes)
+    Changes nothing anywhere (``hfai workspace push --dry-run``); the files a push would send
+    unhashed (:func:`hfai.storage.chunks.sent_unhashed`) are listed as moving, unread."""
+    known, _last = _read_known(root, chunk_bytes)
+    unhashed: list[int] | None = [] if _may_send_unhashed(read_marker(root), known) else None
+    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known, unhashed=unhashed)
+    return await _outgoing_of(client, name, manifest, chunk_bytes, unhashed=unhashed)
 
 
 async def _manifest(root: Path, chunk_bytes: int, on_hash: Progress | None, stamps: dict | None,
-                    on_total: Progress | None, known: dict, walked: Walked | None = None) -> s.Manifest:
+                    on_total: Progress | None, known: dict, walked: Walked | None = None,
+                    unhashed: list[int] | None = None) -> s.Manifest:
     return await asyncio.to_thread(build_manifest, root, chunk_bytes, on_hash, known, stamps, on_total=on_total,
-                                   walked=walked)
+                                   walked=walked, unhashed=unhashed)
 
 
-async def _outgoing_of(client: StorageClient, name: str, manifest: s.Manifest, chunk_bytes: int,
-                       presumed: set[str] | frozenset[str] = frozenset()) -> Outgoing:
-    """What to send of ``manifest``: its chunks the service lacks, of those not ``presumed`` there."""
+def _may_send_unhashed(marker: dict, known: dict) -> bool:
+    """Whether new files may be sent unhashed: not when this workspace was pushed from here but
+    the local index is gone (or was made for other chunks), where the cluster likely holds them."""
+    return not (marker.get("remote") and not known)
+
+
+def _indexed(manifest: s.Manifest, unhashed: list[int] | None = None) -> Outgoing:
+    """``manifest``'s chunks and where each is, nothing to send yet (``unhashed``: the places of
+    the files without chunks yet, sent whole)."""
     where: dict[str, tuple[s.FileEntry, int]] = {}
     for f in manifest.files:
         for i, h in enumerate(f.chunks):
             where.setdefault(h, (f, i))
-    hashes = tuple(where)
-    asked = tuple(h for h in hashes if h not in presumed) if presumed else hashes
-    return _with_lacking(Outgoing(manifest, hashes, where, (), {}), await _ask_missing(client, name, asked),
-                         chunk_bytes)
+    return Outgoing(manifest, tuple(where), where, (), {}, tuple(manifest.files[i] for i in unhashed or ()))
+
+
+async def _outgoing_of(client: StorageClient, name: str, manifest: s.Manifest, chunk_bytes: int,
+                       presumed: set[str] | frozenset[str] = frozenset(),
+                       unhashed: list[int] | None = None) -> Outgoing:
+    """What to send of ``manifest``: its chunks the service lacks, of those not ``presumed`` there,
+    and the files ``unhashed``."""
+    out = _indexed(manifest, unhashed)
+    asked = tuple(h for h in out.hashes if h not in presumed) if presumed else out.hashes
+    return _with_lacking(out, await _ask_missing(client, name, asked), chunk_bytes)
 
 
 def presumed_there(manifest: s.Manifest, known: dict) -> set[str]:
@@ -175,7 +214,7 @@ async def _already_there(client: StorageClient, name: str, digest: str) -> s.Wor
 
 def _with_lacking(out: Outgoing, lacking: tuple[str, ...], chunk_bytes: int) -> Outgoing:
     sizes = {h: min(chunk_bytes, out.where[h][0].size - out.where[h][1] * chunk_bytes) for h in lacking}
-    return Outgoing(out.manifest, out.hashes, out.where, lacking, sizes)
+    return Outgoing(out.manifest, out.hashes, out.where, lacking, sizes, out.unhashed)
 
 
 async def _ask_missing(client: StorageClient, name: str, hashes: tuple[str, ...]) -> tuple[str, ...]:
@@ -203,7 +242,7 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     stamps: dict[str, int] = {}
     if walking is None:
         walking = start_scan(root)
-    known, last = _read_quick(root, chunk_bytes)  # while the walk runs (its stats leave the GIL free)
+    known, last = _read_known(root, chunk_bytes)  # while the walk runs (its stats leave the GIL free)
     # Asked at once, before the walk ends: if nothing changed here since the last push, its
     # manifest's digest is the question, with no manifest to make (tens of thousands of entries)
     # nor encode, and the service checks its files on disk while this side walks its own. The
@@ -223,17 +262,30 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         if there is not None:
             write_marker(root, {**marker, "remote": there.path, "pushed_ts": time.time()})
             return PushResult(there, len(known), len({h for e in known.values() for h in e[2]}), 0, 0, current=True)
-    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known, walked)
-    digest, packed = _digest_and_packed(manifest)
-    there = await _already_there(client, name, digest) if marker.get("remote") and digest != asked else None
+    # New files of one chunk are sent unhashed, named by the service as it takes them: a first
+    # push of 10,000 small files reads each once, where hashing them first read them twice.
+    unhashed: list[int] | None = [] if _may_send_unhashed(marker, known) else None
+    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known, walked, unhashed)
+    digest, packed = _digest_and_packed(manifest) if not unhashed else ("", b"")
+    there = await _already_there(client, name, digest) if marker.get("remote") and digest not in ("", asked) \
+        else None
     if there is not None:
         _remember(root, marker, there, manifest, stamps, chunk_bytes, known, last, digest)
         return PushResult(there, len(manifest.files), len({h for f in manifest.files for h in f.chunks}), 0, 0,
                           current=True)
     presumed = presumed_there(manifest, known) if marker.get("remote") else set()
-    out = await _outgoing_of(client, name, manifest, chunk_bytes, presumed)
-    sent = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
-    lacking = len(out.lacking)
+    out = await _outgoing_of(client, name, manifest, chunk_bytes, presumed, unhashed)
+    journal = _Journal(root, walked) if out.unhashed else None
+    try:
+        sent, named = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send,
+                                          bwlimit, journal)
+    finally:
+        if journal is not None:
+            journal.close()
+    lacking = out.sending
+    if out.unhashed:
+        out = _named(out, named, chunk_bytes)
+        digest, packed = _digest_and_packed(out.manifest)
     try:
         info = await commit(client, name, out.manifest, commit_timeout_s, ping_s, packed)
     except (Conflict, InvalidRequest) as e:
@@ -244,11 +296,28 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         if isinstance(e, InvalidRequest) and not presumed:
             raise
         out = _with_lacking(out, await _ask_missing(client, name, out.hashes), chunk_bytes)
-        sent += await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan, on_send, bwlimit)
+        more, _named_too = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan,
+                                               on_send, bwlimit)
+        sent += more
         lacking += len(out.lacking)
         info = await commit(client, name, out.manifest, commit_timeout_s, ping_s, packed)
     _remember(root, marker, info, out.manifest, stamps, chunk_bytes, known, last, digest)
     return PushResult(info, len(out.manifest.files), len(out.hashes), lacking, sent)
+
+
+def _named(out: Outgoing, named: dict[str, tuple[str, int]], chunk_bytes: int) -> Outgoing:
+    """``out`` once its files sent unhashed are sent: its manifest with the names the service
+    gave their chunks (``named``: path -> (name, bytes sent)), those chunks sent (pure)."""
+    entries = {f.path: f for f in out.unhashed}
+    files = []
+    for f in out.manifest.files:
+        if f.path in entries:
+            h, n = named[f.path]
+            f = s.FileEntry(path=f.path, size=n, mode=f.mode, chunks=(h,) if n else ())
+        files.append(f)
+    done = _indexed(s.Manifest(files=tuple(files), chunk_bytes=out.manifest.chunk_bytes))
+    fresh = dict.fromkeys(h for h, n in named.values() if n and h not in out.sizes)
+    return _with_lacking(done, (*out.lacking, *fresh), chunk_bytes)
 
 
 def _digest_and_packed(manifest: s.Manifest) -> tuple[str, bytes]:
@@ -277,20 +346,69 @@ def _remember(root: Path, marker: dict, info: s.WorkspaceInfo, manifest: s.Manif
               chunk_bytes: int, known: dict, last: str, digest: str) -> None:
     """Record the push in the workspace's marker, and the local index for the next one's quick
     check with the digest of the manifest pushed (rewritten only if it changed: for 10,000 files
-    it is a few MB of JSON)."""
+    it is a few MB of JSON); the journal of files sent unhashed is then no longer needed."""
     write_marker(root, {**marker, "remote": info.path, "pushed_ts": time.time()})
     files = quick_index(root, manifest, stamps, known)
     if files != known or digest != last:
         write_atomic(root / MARKER_DIR / QUICK, json.dumps({"chunk_bytes": chunk_bytes, "files": files,
                                                              "digest": digest}))
+    (root / MARKER_DIR / SENT).unlink(missing_ok=True)
+
+
+class _Journal:
+    """The files a push sent unhashed, with the names the service gave them, appended as each
+    put is answered (``.hfai/sent.jsonl``, a line a file, as the local index's entries): a push
+    killed midway leaves them staged on the cluster, and the next one reads them with the local
+    index (:func:`_read_known`), so it neither reads nor sends them again."""
+
+    def __init__(self, root: Path, walked: Walked):
+        self.path = root / MARKER_DIR / SENT
+        self.stats = dict(walked)
+        self._fd: int | None = None
+
+    def add(self, files: list[tuple[s.FileEntry, str, int]]) -> None:
+        """(entry, name, bytes sent) of each file of a put answered."""
+        lines = []
+        for f, h, n in files:
+            st = self.stats[f.path]  # as the walk saw it, before it was read: a change since shows
+            lines.append(f'[{json.dumps(f.path)},{n},{st.st_mtime_ns},{json.dumps([h] if n else [])},{st.st_ino},'
+                         f'{f.mode}]\n')
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.write(self._fd, "".join(lines).encode())  # whole lines in one write: a kill leaves no half line
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _read_known(root: Path, chunk_bytes: int) -> tuple[dict, str]:
+    """:func:`_read_quick`, with what the journal of a push that did not finish adds: its files
+    are staged on the cluster, and the last push's digest no longer tells an unchanged tree."""
+    known, last = _read_quick(root, chunk_bytes)
+    try:
+        text = (root / MARKER_DIR / SENT).read_text()
+    except (OSError, ValueError):
+        return known, last
+    added = {}
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a line cut short (a full disk): its file is sent again
+        if isinstance(item, list) and len(item) == 6 and isinstance(item[0], str) and isinstance(item[3], list):
+            added[item[0]] = item[1:]
+    return ({**known, **added}, "") if added else (known, last)
 
 
 async def _send_lacking(client, root, name, out: Outgoing, chunk_bytes, request_bytes, on_plan, on_send,
-                        bwlimit) -> int:
+                        bwlimit, journal: _Journal | None = None) -> tuple[int, dict[str, tuple[str, int]]]:
+    """Send what ``out`` lacks; returns the bytes sent and, for the files sent unhashed, path ->
+    (the name the service gave, bytes sent)."""
     if on_plan is not None:
-        on_plan(len(out.lacking), out.bytes)
-    return await _send(client, root, name, list(out.lacking), out.where, out.sizes, chunk_bytes, request_bytes,
-                       on_send, bwlimit)
+        on_plan(out.sending, out.bytes)
+    return await _send(client, root, name, out, chunk_bytes, request_bytes, on_send, bwlimit, journal)
 
 
 async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout_s: float,
@@ -388,24 +506,48 @@ def parts(lacking: list[str], where: dict[str, tuple[s.FileEntry, int]]) -> dict
     return out
 
 
-async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_bytes, on_send, bwlimit) -> int:
-    queue: asyncio.Queue[list[str] | None] = asyncio.Queue(maxsize=IN_FLIGHT)
+async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, on_send, bwlimit,
+                journal: _Journal | None) -> tuple[int, dict[str, tuple[str, int]]]:
+    where, lacking = out.where, list(out.lacking)
+    queue: asyncio.Queue[tuple[list[str], list[s.FileEntry]] | None] = asyncio.Queue(maxsize=IN_FLIGHT)
     part_of = parts(lacking, where)
+    named: dict[str, tuple[str, int]] = {}
     sent = 0
     started = time.monotonic()
 
+    async def put_named(group: list[str]) -> int:
+        # One thread call a request; the service checks every chunk's hash (a file changed
+        # since it was hashed is refused there), so the client does not hash twice.
+        datas = await asyncio.to_thread(read_chunks, root, [where[h] for h in group], chunk_bytes)
+        chunks = [s.ChunkData(hash=h, data=d) for h, d in zip(group, datas, strict=True)]
+        whole = tuple(h for h in group if len(where[h][0].chunks) == 1)
+        key, first = part_of.get(group[0], ""), where[group[0]][1]
+        await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks), whole=whole,
+                                                       file=key, first=first if key else 0), s.PutReply)
+        return sum(len(d) for d in datas)
+
+    async def put_unhashed(files: list[s.FileEntry]) -> int:
+        datas = await asyncio.to_thread(read_files, root, [f.path for f in files], chunk_bytes)
+        if sum(len(d) for d in datas) > request_bytes:
+            raise InvalidRequest("files grew while they were pushed; push again")
+        chunks = tuple(s.ChunkData(hash="", data=d) for d in datas if d)  # a file emptied meanwhile has none
+        reply = await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=chunks), s.PutReply) \
+            if chunks else s.PutReply(stored=0)
+        if len(reply.hashes) != len(chunks):
+            raise Unavailable("the storage service did not name the chunks sent unhashed: it is older than "
+                              "this client; upgrade hfai-storage")
+        names_of = iter(reply.hashes)
+        done = [(f, next(names_of) if d else "", len(d)) for f, d in zip(files, datas, strict=True)]
+        named.update((f.path, (h, n)) for f, h, n in done)
+        if journal is not None:
+            journal.add(done)
+        return sum(len(d) for d in datas)
+
     async def sender() -> None:
         nonlocal sent
-        while (group := await queue.get()) is not None:
-            # One thread call a request; the service checks every chunk's hash (a file changed
-            # since it was hashed is refused there), so the client does not hash twice.
-            datas = await asyncio.to_thread(read_chunks, root, [where[h] for h in group], chunk_bytes)
-            chunks = [s.ChunkData(hash=h, data=d) for h, d in zip(group, datas, strict=True)]
-            whole = tuple(h for h in group if len(where[h][0].chunks) == 1)
-            key, first = part_of.get(group[0], ""), where[group[0]][1]
-            await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=tuple(chunks), whole=whole,
-                                                           file=key, first=first if key else 0), s.PutReply)
-            n = sum(len(c.data) for c in chunks)
+        while (work := await queue.get()) is not None:
+            hashes, files = work
+            n = await (put_named(hashes) if hashes else put_unhashed(files))
             sent += n
             if on_send is not None:
                 on_send(n)
@@ -414,12 +556,17 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
                 if ahead > 0:
                     await asyncio.sleep(ahead)
 
+    by_path = {f.path: f for f in out.unhashed}
+    works: list[tuple[list[str], list[s.FileEntry]]] = [(g, []) for g in packs(lacking, out.sizes, request_bytes,
+                                                                                 part_of)]
+    works += [([], [by_path[p] for p in g]) for g in packs(list(by_path), {f.path: f.size for f in out.unhashed},
+                                                          request_bytes)]
     in_flight = 1 if bwlimit else max(2, min(IN_FLIGHT, IN_FLIGHT_BYTES // max(1, request_bytes)))
     senders = [asyncio.create_task(sender()) for _ in range(in_flight)]
     put: asyncio.Future[None] | None = None
     try:
-        for group in packs(lacking, sizes, request_bytes, part_of):
-            put = asyncio.ensure_future(queue.put(group))
+        for work in works:
+            put = asyncio.ensure_future(queue.put(work))
             done, _ = await asyncio.wait({put, *senders}, return_when=asyncio.FIRST_COMPLETED)
             for t in done - {put}:
                 t.result()  # a sender failed: raise its error
@@ -433,7 +580,7 @@ async def _send(client, root, name, lacking, where, sizes, chunk_bytes, request_
         for waiting in owned:
             waiting.cancel()
         await asyncio.gather(*owned, return_exceptions=True)
-    return sent
+    return sent, named
 
 
 def _holds(path: Path, chunks: tuple[str, ...], chunk_bytes: int) -> bool:

@@ -34,7 +34,7 @@ from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest
 from hfai.protocol.types import RestrictedUsers
 from hfai.storage import datasets, plan
 from hfai.storage.gc import run_gc
-from hfai.storage.staging import Staging, remove_packs, write_put
+from hfai.storage.staging import Staging, remove_packs, stage_put
 from hfai.storage.workspace import Workspaces, remove_trees
 
 log = logging.getLogger(__name__)
@@ -251,12 +251,14 @@ class StorageService:
                                  f"{self.sc.chunk_bytes}")
         if not 0 <= req.first <= MAX_CHUNK_INDEX:
             raise InvalidRequest(f"chunk index {req.first} is out of range")
+        named: tuple[str, ...] = ()
         if req.chunks:
             part = self.staging.part_path(user, req.file) if req.file else ""
-            for written in await asyncio.to_thread(write_put, self.staging.user_dir(user), req.chunks,
-                                                   frozenset(req.whole), part, req.first, self.sc.chunk_bytes):
+            staged, named = await asyncio.to_thread(stage_put, self.staging.user_dir(user), req.chunks,
+                                                    frozenset(req.whole), part, req.first, self.sc.chunk_bytes)
+            for written in staged:
                 self.staging.staged(user, written)
-        return s.PutReply(stored=len(req.chunks))
+        return s.PutReply(stored=len(req.chunks), hashes=named)
 
     async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest,
                         packed: bytes | None = None) -> s.WorkspaceInfo:

@@ -27,7 +27,7 @@ from pathlib import Path
 from hfai.protocol import names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.storage import ChunkData
-from hfai.storage.chunks import chunk_matches
+from hfai.storage.chunks import chunk_hash, chunk_matches
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,21 @@ def remove_packs(paths: list[str]) -> None:
 Staged = tuple[str, list[tuple[str, int, int]]]
 
 
+def stage_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset(),
+              part: str = "", first: int = 0, chunk_bytes: int = 0) -> tuple[list[Staged], tuple[str, ...]]:
+    """:func:`write_put`, for a put that may carry chunks with no name (``hash`` empty): each such
+    chunk is a whole file's content (PutRequest), named here by its hash and staged as a file of
+    its own. Also returns every chunk's name, in order, if some had none (else nothing)."""
+    if all(c.hash for c in chunks):
+        return write_put(directory, chunks, whole, part, first, chunk_bytes), ()
+    if part:
+        raise InvalidRequest("a part of a file is sent with its chunks' names")
+    _check(tuple(c for c in chunks if c.hash))
+    named = tuple(c if c.hash else ChunkData(hash=chunk_hash(c.data), data=c.data) for c in chunks)
+    whole = whole | {n.hash for c, n in zip(chunks, named, strict=True) if not c.hash}
+    return _stage(directory, named, whole), tuple(c.hash for c in named)
+
+
 def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset(),
               part: str = "", first: int = 0, chunk_bytes: int = 0) -> list[Staged]:
     """A put's chunks staged (blocking, checked as :func:`write_pack` does). With ``part`` (the
@@ -127,6 +142,11 @@ def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[s
     chunks ``first``, ``first + 1``, …, written at their places there; else those named in
     ``whole`` each as a file of its own bytes and the rest as one pack."""
     _check(chunks)
+    return _stage(directory, chunks, whole, part, first, chunk_bytes)
+
+
+def _stage(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset(),
+           part: str = "", first: int = 0, chunk_bytes: int = 0) -> list[Staged]:
     if part and chunk_bytes > 0 and chunks:
         return [_write_part(part, first, chunks, chunk_bytes)]
     out: list[Staged] = []

@@ -111,6 +111,35 @@ def test_a_killed_push_resumes(cluster, tmp_path):
     assert not list((cluster.local.root / "workspaces" / ".hfai-staging" / "tester").glob("*/*.part*"))
 
 
+def test_a_killed_push_of_new_small_files_resumes_without_sending_them_again(cluster, tmp_path):
+    """New files of one chunk go unhashed, the service naming each as it takes it; the journal of
+    those names outlives a kill, so the next push sends only the files not answered before it."""
+    ws = tmp_path / "smallresume"
+    ws.mkdir()
+    files = {f"f{i:02d}.bin": os.urandom(CHUNK // 4 - i) for i in range(40)}  # 8 a put, 4 puts a second
+    for rel, data in files.items():
+        (ws / rel).write_bytes(data)
+    assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
+    journal = ws / ".hfai" / "sent.jsonl"
+    proc = cluster.cli_popen("workspace", "push", "--bwlimit", "256", cwd=ws, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    try:
+        cluster.wait(lambda: journal.exists() and len(journal.read_bytes().splitlines()) >= 4, 30,
+                     "part of the push to be answered", poll=0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    answered = len(journal.read_bytes().splitlines())
+    sent, total = _sent(_push(cluster, ws))
+    assert total == 40 and sent <= 40 - answered and sent > 0
+    remote = cluster.local.root / "workspaces" / "tester" / "smallresume"
+    assert {p.name: p.read_bytes() for p in remote.iterdir()} == files
+    assert not journal.exists()  # the commit's local index holds them now
+    assert " is up to date: " in _push(cluster, ws)
+    assert cluster.cli("workspace", "remove", "smallresume", cwd=ws).returncode == 0  # tester stays under LIMIT
+
+
 def test_a_job_runs_in_the_pushed_copy(cluster, tmp_path):
     ws = tmp_path / "jobws"
     (ws / "sub").mkdir(parents=True)

@@ -543,3 +543,78 @@ def test_init_under_another_name_forgets_what_the_last_push_recorded(tmp_path: P
     marker = read_marker(tmp_path)
     assert marker["name"] == "second" and "remote" not in marker and "pushed_ts" not in marker
     assert not (tmp_path / MARKER_DIR / QUICK).exists()
+
+
+def test_new_files_of_one_chunk_are_left_unhashed_and_the_rest_hashed(tmp_path: Path):
+    """A first push reads a new small file once (to send it); a file of several chunks, or of the
+    size it had at the last push (maybe only touched), is hashed as before."""
+    from hfai.storage.chunks import sent_unhashed
+
+    (tmp_path / "new.txt").write_bytes(b"new")
+    (tmp_path / "grown.txt").write_bytes(b"grown!")
+    (tmp_path / "touched.txt").write_bytes(b"same")
+    (tmp_path / "big.bin").write_bytes(os.urandom(2 * CHUNK + 1))
+    (tmp_path / "empty").write_bytes(b"")
+    st = {p.name: p.stat() for p in tmp_path.iterdir()}
+    known = {"grown.txt": [3, 1, ["x"], st["grown.txt"].st_ino, 0o644],
+             "touched.txt": [4, 1, ["y"], st["touched.txt"].st_ino, 0o644]}
+    unhashed: list[int] = []
+    m = build_manifest(tmp_path, CHUNK, known=known, unhashed=unhashed)
+    left = sorted(m.files[i].path for i in unhashed)
+    assert left == ["grown.txt", "new.txt"]
+    assert all(m.files[i].chunks == () and m.files[i].size == st[m.files[i].path].st_size for i in unhashed)
+    serial = {f.path: f for f in build_manifest(tmp_path, CHUNK, known=known).files}
+    for f in m.files:  # the rest exactly as a manifest hashing everything has them
+        assert f == serial[f.path] or f.path in left
+    assert sent_unhashed(None, st["new.txt"], CHUNK) and not sent_unhashed(None, st["empty"], CHUNK)
+    assert not sent_unhashed(None, st["big.bin"], CHUNK)
+
+
+def test_the_service_names_unhashed_chunks_and_stages_them_whole(tmp_path: Path):
+    from hfai.storage.staging import stage_put
+
+    staging = Staging.open(tmp_path / "ws", ttl_s=100.0)
+    d = staging.user_dir("alice")
+    a, b, c = b"aaaa", b"bb", b"named"
+    staged, names = stage_put(d, (s.ChunkData(hash="", data=a), *_chunks(c), s.ChunkData(hash="", data=b)))
+    assert names == (chunk_hash(a), chunk_hash(c), chunk_hash(b))
+    for w in staged:
+        staging.staged("alice", w)
+    for data in (a, b):  # each a file of exactly its bytes, as a one-chunk file sent named is
+        where = staging.locate("alice", chunk_hash(data))
+        assert where.path.endswith(".one") and Path(where.path).read_bytes() == data
+    assert staging.read("alice", chunk_hash(c)) == c
+    # A named chunk is still checked, and a put of named chunks only answers no names.
+    with pytest.raises(InvalidRequest, match="does not match"):
+        stage_put(d, (s.ChunkData(hash="", data=a), s.ChunkData(hash=chunk_hash(b"other"), data=b"forged")))
+    assert stage_put(d, _chunks(b"plain"))[1] == ()
+    with pytest.raises(InvalidRequest, match="names"):
+        stage_put(d, (s.ChunkData(hash="", data=a),), part=str(d / "ab" / "key.part"), chunk_bytes=CHUNK)
+
+
+def test_the_names_the_service_gave_complete_the_manifest_and_the_journal_outlives_a_kill(tmp_path: Path):
+    from hfai.api.workspace import MARKER_DIR
+    from hfai.storage.chunks import scan
+    from hfai.storage.client import SENT, _indexed, _Journal, _named, _read_known, init
+
+    init(tmp_path, "w")
+    (tmp_path / "a.txt").write_bytes(b"alpha")
+    (tmp_path / "b.txt").write_bytes(b"be")
+    unhashed: list[int] = []
+    m = build_manifest(tmp_path, CHUNK, unhashed=unhashed)
+    out = _indexed(m, unhashed)
+    assert out.sending == out.chunks == 2 and out.bytes == 7 and out.lacking == ()
+    journal = _Journal(tmp_path, scan(tmp_path))
+    journal.add([(out.unhashed[0], chunk_hash(b"alpha"), 5)])
+    journal.close()
+    (tmp_path / MARKER_DIR / SENT).open("a").write('["b.txt", 2, 1')  # a line cut short by a kill
+    known, last = _read_known(tmp_path, CHUNK)
+    assert last == "" and list(known) == ["a.txt"]
+    # The next manifest takes a.txt from the journal, unread; b.txt is still to send.
+    unhashed = []
+    again = build_manifest(tmp_path, CHUNK, known=known, unhashed=unhashed)
+    assert [again.files[i].path for i in unhashed] == ["b.txt"]
+    assert again.files[0].chunks == (chunk_hash(b"alpha"),)
+    done = _named(_indexed(again, unhashed), {"b.txt": (chunk_hash(b"be"), 2)}, CHUNK)
+    assert done.manifest == build_manifest(tmp_path, CHUNK)
+    assert done.lacking == (chunk_hash(b"be"),) and done.unhashed == ()
