@@ -202,8 +202,8 @@ class _Source:
         self._fds: dict[str, int] = {}
         self._linked: set[str] = set()  # staged files this build made files of N (once each)
 
-    def link(self, f: FileEntry, chunk_bytes: int, target: Path) -> bool:
-        """Make ``target`` a hard link to the staged file that holds exactly ``f``'s chunks at
+    def link(self, f: FileEntry, chunk_bytes: int, target: str, dir_fd: int) -> bool:
+        """Make ``target`` (relative to ``dir_fd``) a hard link to the staged file that holds exactly ``f``'s chunks at
         their places and nothing else (a chunk staged whole, or a part file the puts filled:
         :func:`hfai.storage.staging.write_put`), if there is one: the file is then never copied.
         False (nothing done) otherwise."""
@@ -220,7 +220,7 @@ class _Source:
             st = os.stat(first.path)
             if st.st_nlink != 1 or st.st_size != f.size:  # already some workspace's file (see put)
                 return False
-            os.link(first.path, target, follow_symlinks=False)
+            os.link(first.path, target, dst_dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:  # released meanwhile by another commit: copy from elsewhere
             return False
         self._linked.add(first.path)
@@ -325,7 +325,7 @@ def _place(base: Path, nxt: Path, dirs: _Dirs, f: FileEntry, chunk_bytes: int, h
     if parent and parent not in made:
         make_new_parents_at(dirs.n, parent, owner, made)
     if path in rewrite:
-        return _assemble(base, nxt / path, f, chunk_bytes, held, staged, owner, changed)
+        return _assemble(base, nxt, dirs.n, f, chunk_bytes, held, staged, owner, changed)
     if path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
         target = nxt / path
         shutil.copyfile(base / path, target, follow_symlinks=False)
@@ -346,15 +346,18 @@ class _Changed(Conflict):
                          f"{', …' if len(paths) > 1 else ''}); the next push sends their content again: push again")
 
 
-def _assemble(base: Path, target: Path, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
+def _assemble(base: Path, nxt: Path, n_fd: int, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
               staged: _Source, owner: pwd.struct_passwd | None, changed: set[str]) -> bool:
-    """Write ``f`` at ``target`` from chunks held in D's files (checked) or staged. False when a
-    chunk is in neither (a file of D changed since its push, added to ``changed``, and nothing
-    staged has that chunk)."""
-    if staged.link(f, chunk_bytes, target):
-        os.chmod(target, f.mode & 0o777)
-        chown(target, owner)
+    """Write ``f`` at its path in N (``nxt``, open as ``n_fd``) from chunks held in D's files
+    (checked) or staged. False when a chunk is in neither (a file of D changed since its push,
+    added to ``changed``, and nothing staged has that chunk). Paths are relative to ``n_fd``: a
+    Path per file cost a third of a 10,000-file commit."""
+    if staged.link(f, chunk_bytes, f.path, n_fd):
+        os.chmod(f.path, f.mode & 0o777, dir_fd=n_fd)
+        if owner is not None:
+            chown(nxt / f.path, owner)
         return True
+    target = nxt / f.path
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         for i, h in enumerate(f.chunks):

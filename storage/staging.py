@@ -207,7 +207,9 @@ def _write_whole(directory: Path, c: ChunkData) -> str:
     # created at once by the service's threads would otherwise all wait on one directory's lock.
     # The length is in the name, so a file cut short by a kill is told apart at a restart without
     # a temporary name and a rename (which would take that lock again).
-    final = str(directory / c.hash[:2] / f"{c.hash}.{len(c.data)}.{uuid.uuid4().hex[:12]}{_WHOLE}")
+    # A string, and 6 random bytes for the name: a Path and a UUID per file were a tenth of the
+    # Python time of staging 10,000 small files.
+    final = f"{directory}/{c.hash[:2]}/{c.hash}.{len(c.data)}.{os.urandom(6).hex()}{_WHOLE}"
     fd = _create(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         _write_all(fd, c.data, 0)
