@@ -46,6 +46,8 @@ MAX_HASHES = 8192
 MAX_HANDLERS = 16
 #: The furthest chunk of a file a put may place (PutRequest.first): a petabyte at 512 KiB.
 MAX_CHUNK_INDEX = 2**31
+#: nats-py reads the service's socket this many bytes at a time (hfai._nats.read_in), not 32 KiB.
+READ_BYTES = 1024 * 1024
 #: Requests waiting for a handler are held by the subscription up to this many bytes (beyond it,
 #: NATS drops them as a slow consumer's and their clients time out): some 30 pushing clients'
 #: puts in flight (storage/client.py: IN_FLIGHT_BYTES), where nats-py's default is 64 MiB.
@@ -123,6 +125,7 @@ class StorageService:
         }
 
     async def start(self) -> None:
+        _nats.read_in(READ_BYTES)
         self._nc = nc = await _nats.connect(self.config, name="hfai-storage")
         js = nc.jetstream()
         buckets = await _nats.ensure_shared_state(js, self.config)

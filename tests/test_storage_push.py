@@ -323,6 +323,30 @@ def test_a_push_sends_no_more_a_request_than_the_server_delivers(nats_url):
     assert size == announced - ENVELOPE_BYTES
 
 
+def test_the_service_has_nats_py_read_its_socket_a_megabyte_at_a_time(nats_url, monkeypatch):
+    import nats.aio.client
+
+    from hfai import _nats
+    from hfai.storage.service import READ_BYTES
+
+    monkeypatch.setattr(nats.aio.client, "DEFAULT_BUFFER_SIZE", nats.aio.client.DEFAULT_BUFFER_SIZE)
+    reads: list[int] = []
+
+    async def main() -> int:
+        _nats.read_in(READ_BYTES)
+        nc = await nats.connect(nats_url)
+        try:
+            real = nc._transport.read
+            nc._transport.read = lambda n: reads.append(n) or real(n)
+            await nc.flush()  # a PONG read
+            return nc._transport._io_reader._limit  # the stream reader pauses at twice that
+        finally:
+            await nc.close()
+
+    assert asyncio.run(main()) == READ_BYTES == 1024 * 1024
+    assert reads and set(reads) == {READ_BYTES}
+
+
 def test_an_unchanged_tree_is_told_from_the_index_alone_and_any_change_shows(tmp_path: Path):
     from hfai.storage.chunks import scan, unchanged_tree
 
