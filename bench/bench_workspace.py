@@ -160,7 +160,9 @@ def run_cases(cluster: LocalCluster, base: Path, rsync: str, ssh: list[str] | No
               rounds: int) -> list:
     """Each case ``rounds`` times, hfai and its peers taking turns; the medians. A round of the
     copying cases sends to a workspace (and directories) of its own, so each copies everything."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_")}
+    # Without PYTHONDONTWRITEBYTECODE: with it, every hfai command would compile every hfai module
+    # it imports from source (tens of milliseconds a call), where an installed hfai has its bytecode.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_") and k != "PYTHONDONTWRITEBYTECODE"}
     env["HFAI_CONFIG"] = str(cluster.config_path)
     hfai = [sys.executable, "-m", "hfai.cli.main"]
     many, one = base / "many", base / "one"
