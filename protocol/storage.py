@@ -81,8 +81,9 @@ class PutRequest:
     of that file's chunk names joined by newlines. Both are hints: the service keeps such chunks
     in a file of their own, at their places, which the commit links into the workspace when it
     holds exactly a file's chunks, instead of copying them (it checks that, not the hint). A
-    chunk whose ``hash`` is empty is a whole file's content that the client did not hash: the
-    service names it (its SHA-256, as it checks a named one) and the reply lists the names."""
+    chunk whose ``hash`` is empty is of a file the client did not hash, its whole content or,
+    with ``file`` (then a key of the client's choosing), its chunk at its place: the service
+    names it (its SHA-256, as it checks a named one) and the reply lists the names."""
 
     KIND: ClassVar[str]
     workspace: str

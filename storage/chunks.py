@@ -17,6 +17,7 @@ from pathlib import Path
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.storage import FileEntry, Manifest
 from hfai.storage.ignore import Ignore
+from hfai.storage.plan import chunk_count
 
 
 def chunk_hash(data: bytes | memoryview) -> str:
@@ -102,9 +103,9 @@ def build_manifest(root: Path, chunk_bytes: int, on_bytes=None, known: dict | No
     ``known``: path -> [size, mtime_ns, chunks, inode] of the last push: a file whose size, mtime
     and inode are unchanged is not read again (rsync's quick check, plus the inode: a file
     replaced by another keeps neither). ``walked``: the tree's :func:`scan`, if done already.
-    ``unhashed``: if given (a list), the files of one chunk that are new since the last push or
-    not at its size (:func:`sent_unhashed`) are not read either: their entries have no chunks yet,
-    and their places in the manifest's files are appended to the list."""
+    ``unhashed``: if given (a list), the files that are new since the last push or not at its
+    size (:func:`sent_unhashed`) are not read either: their entries have no chunks yet, and their
+    places in the manifest's files are appended to the list."""
     from hfai.protocol._lazy import materialize
 
     # Made now, not filled lazily: a manifest holds one entry per file, tens of thousands, and the
@@ -138,13 +139,18 @@ _UNHASHED: list[str] = []  # the chunks of an entry left unhashed, until the ser
 
 
 def sent_unhashed(seen: list | None, st: os.stat_result, chunk_bytes: int) -> bool:
-    """Whether a changed file is sent without being hashed here, the service naming its chunk as
-    it takes it (pure): a file of one chunk (reading it once, to send it, is all of its cost here)
-    that the last push did not send (``seen``: its entry in the local index) or sent at another
-    size, so its content is new and asking whether the cluster holds it would not spare a byte. A
-    file of the size it had may be unchanged (touched, checked out again): it is hashed, and its
-    chunk sent only if the cluster lacks it."""
-    return 0 < st.st_size <= chunk_bytes and (not seen or seen[0] != st.st_size)
+    """Whether a changed file is sent without being hashed here, the service naming its chunks as
+    it takes them (pure): its content is new, so asking whether the cluster holds it would not
+    spare a byte, and reading it once, to send it, is then all of its cost here. That is a file
+    the last push did not send (``seen``: its entry in the local index), or a file of one chunk
+    it sent at another size. A larger file sent before at another size is hashed: grown by an
+    append, or cut short, it keeps most of its chunks. So is a file of the size it had (touched,
+    checked out again: maybe unchanged), whose chunks are sent only if the cluster lacks them, and
+    a file a killed push began to send unhashed (its journal lists it at its size with no chunks:
+    some may be staged already)."""
+    if not seen:
+        return st.st_size > 0
+    return 0 < st.st_size <= chunk_bytes and seen[0] != st.st_size
 
 
 def _unchanged(seen: list | None, st: os.stat_result, chunk_bytes: int) -> list[str] | None:
@@ -154,7 +160,7 @@ def _unchanged(seen: list | None, st: os.stat_result, chunk_bytes: int) -> list[
     size, mtime_ns, chunks, inode = seen[:4]
     if size != st.st_size or mtime_ns != st.st_mtime_ns or inode != st.st_ino:
         return None
-    return chunks if len(chunks) == (st.st_size + chunk_bytes - 1) // chunk_bytes else None
+    return chunks if len(chunks) == chunk_count(st.st_size, chunk_bytes) else None
 
 
 _buffers = threading.local()
@@ -286,6 +292,25 @@ def read_files(root: Path, paths: list[str], chunk_bytes: int) -> list[bytes]:
         if len(data) > chunk_bytes:
             raise InvalidRequest(f"{rel} changed while it was pushed; push again")
         out.append(data)
+    return out
+
+
+def read_part(root: Path, entry: FileEntry, first: int, count: int, chunk_bytes: int) -> list[bytes]:
+    """Chunks ``first .. first+count-1`` of a :func:`sent_unhashed` file of several chunks, each
+    of the length ``entry.size`` (the walk's) gives it. Raises InvalidRequest if the file is not
+    of that size any more: its manifest entry, made from the walk, would not match its chunks."""
+    out = []
+    fd = os.open(os.path.join(str(root), entry.path), os.O_RDONLY)
+    try:
+        for i in range(first, first + count):
+            want = min(chunk_bytes, entry.size - i * chunk_bytes)
+            # One byte more than the last chunk's length: a file grown since shows.
+            data = os.pread(fd, want + (i == chunk_count(entry.size, chunk_bytes) - 1), i * chunk_bytes)
+            if len(data) != want:
+                raise InvalidRequest(f"{entry.path} changed while it was pushed; push again")
+            out.append(data)
+    finally:
+        os.close(fd)
     return out
 
 

@@ -12,8 +12,9 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from hfai._atomic import write_atomic
@@ -31,6 +32,7 @@ from hfai.storage.chunks import (
     quick_index,
     read_chunks,
     read_files,
+    read_part,
     scan,
     unchanged_tree,
 )
@@ -115,7 +117,7 @@ class Outgoing:
     where: dict[str, tuple[s.FileEntry, int]]    # chunk -> (a file holding it, its index there)
     lacking: tuple[str, ...]                     # the chunks to send
     sizes: dict[str, int]                        # chunk -> its length, for those to send
-    unhashed: tuple[s.FileEntry, ...] = ()       # files sent whole, their chunk named by the service
+    unhashed: tuple[s.FileEntry, ...] = ()       # files sent unread before, their chunks named by the service
 
     @property
     def bytes(self) -> int:
@@ -124,17 +126,22 @@ class Outgoing:
     @property
     def sending(self) -> int:
         """The chunks to send."""
-        return len(self.lacking) + len(self.unhashed)
+        return len(self.lacking) + self._unhashed_chunks
 
     @property
     def chunks(self) -> int:
-        """The manifest's distinct chunks (a file sent unhashed counted as one of its own)."""
-        return len(self.hashes) + len(self.unhashed)
+        """The manifest's distinct chunks (those of the files sent unhashed counted as their own)."""
+        return len(self.hashes) + self._unhashed_chunks
+
+    @property
+    def _unhashed_chunks(self) -> int:
+        return sum(plan.chunk_count(f.size, self.manifest.chunk_bytes) for f in self.unhashed)
 
     def files(self) -> list[tuple[str, int, int]]:
         """(path, chunks, bytes) to send of each file that has some, in manifest order (a chunk
         several files share is counted at the first)."""
-        per: dict[str, list[int]] = {f.path: [1, f.size] for f in self.unhashed}
+        per: dict[str, list[int]] = {f.path: [plan.chunk_count(f.size, self.manifest.chunk_bytes), f.size]
+                                     for f in self.unhashed}
         for h in self.lacking:
             f, _i = self.where[h]
             got = per.setdefault(f.path, [0, 0])
@@ -262,8 +269,8 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
         if there is not None:
             write_marker(root, {**marker, "remote": there.path, "pushed_ts": time.time()})
             return PushResult(there, len(known), len({h for e in known.values() for h in e[2]}), 0, 0, current=True)
-    # New files of one chunk are sent unhashed, named by the service as it takes them: a first
-    # push of 10,000 small files reads each once, where hashing them first read them twice.
+    # New files are sent unhashed, named by the service as it takes them: a first push of 10,000
+    # small files, or of one checkpoint, reads each byte once, where hashing first read it twice.
     unhashed: list[int] | None = [] if _may_send_unhashed(marker, known) else None
     manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known, walked, unhashed)
     digest, packed = _digest_and_packed(manifest) if not unhashed else ("", b"")
@@ -305,18 +312,18 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     return PushResult(info, len(out.manifest.files), len(out.hashes), lacking, sent)
 
 
-def _named(out: Outgoing, named: dict[str, tuple[str, int]], chunk_bytes: int) -> Outgoing:
+def _named(out: Outgoing, named: dict[str, tuple[tuple[str, ...], int]], chunk_bytes: int) -> Outgoing:
     """``out`` once its files sent unhashed are sent: its manifest with the names the service
-    gave their chunks (``named``: path -> (name, bytes sent)), those chunks sent (pure)."""
+    gave their chunks (``named``: path -> (names, bytes sent)), those chunks sent (pure)."""
     entries = {f.path: f for f in out.unhashed}
     files = []
     for f in out.manifest.files:
         if f.path in entries:
-            h, n = named[f.path]
-            f = s.FileEntry(path=f.path, size=n, mode=f.mode, chunks=(h,) if n else ())
+            hs, n = named[f.path]
+            f = s.FileEntry(path=f.path, size=n, mode=f.mode, chunks=hs)
         files.append(f)
     done = _indexed(s.Manifest(files=tuple(files), chunk_bytes=out.manifest.chunk_bytes))
-    fresh = dict.fromkeys(h for h, n in named.values() if n and h not in out.sizes)
+    fresh = dict.fromkeys(h for hs, _n in named.values() for h in hs if h not in out.sizes)
     return _with_lacking(done, (*out.lacking, *fresh), chunk_bytes)
 
 
@@ -359,19 +366,22 @@ class _Journal:
     """The files a push sent unhashed, with the names the service gave them, appended as each
     put is answered (``.hfai/sent.jsonl``, a line a file, as the local index's entries): a push
     killed midway leaves them staged on the cluster, and the next one reads them with the local
-    index (:func:`_read_known`), so it neither reads nor sends them again."""
+    index (:func:`_read_known`), so it neither reads nor sends them again. A file of several
+    chunks is listed before its first put, at its size and with no chunks: the next push then
+    hashes it (:func:`hfai.storage.chunks.sent_unhashed`) and sends only the chunks the cluster
+    lacks, where sending it unhashed again would send them all."""
 
     def __init__(self, root: Path, walked: Walked):
         self.path = root / MARKER_DIR / SENT
         self.stats = dict(walked)
         self._fd: int | None = None
 
-    def add(self, files: list[tuple[s.FileEntry, str, int]]) -> None:
-        """(entry, name, bytes sent) of each file of a put answered."""
+    def add(self, files: list[tuple[s.FileEntry, tuple[str, ...], int]]) -> None:
+        """(entry, names, bytes sent) of each file of a put answered (or begun: no names)."""
         lines = []
-        for f, h, n in files:
+        for f, hs, n in files:
             st = self.stats[f.path]  # as the walk saw it, before it was read: a change since shows
-            lines.append(f'[{json.dumps(f.path)},{n},{st.st_mtime_ns},{json.dumps([h] if n else [])},{st.st_ino},'
+            lines.append(f'[{json.dumps(f.path)},{n},{st.st_mtime_ns},{json.dumps(list(hs))},{st.st_ino},'
                          f'{f.mode}]\n')
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -403,9 +413,9 @@ def _read_known(root: Path, chunk_bytes: int) -> tuple[dict, str]:
 
 
 async def _send_lacking(client, root, name, out: Outgoing, chunk_bytes, request_bytes, on_plan, on_send,
-                        bwlimit, journal: _Journal | None = None) -> tuple[int, dict[str, tuple[str, int]]]:
+                        bwlimit, journal: _Journal | None = None) -> tuple[int, dict[str, tuple[tuple[str, ...], int]]]:
     """Send what ``out`` lacks; returns the bytes sent and, for the files sent unhashed, path ->
-    (the name the service gave, bytes sent)."""
+    (the names the service gave their chunks, bytes sent)."""
     if on_plan is not None:
         on_plan(out.sending, out.bytes)
     return await _send(client, root, name, out, chunk_bytes, request_bytes, on_send, bwlimit, journal)
@@ -507,11 +517,11 @@ def parts(lacking: list[str], where: dict[str, tuple[s.FileEntry, int]]) -> dict
 
 
 async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, on_send, bwlimit,
-                journal: _Journal | None) -> tuple[int, dict[str, tuple[str, int]]]:
+                journal: _Journal | None) -> tuple[int, dict[str, tuple[tuple[str, ...], int]]]:
     where, lacking = out.where, list(out.lacking)
-    queue: asyncio.Queue[tuple[list[str], list[s.FileEntry]] | None] = asyncio.Queue(maxsize=IN_FLIGHT)
+    queue: asyncio.Queue[Callable[[], Awaitable[int]] | None] = asyncio.Queue(maxsize=IN_FLIGHT)
     part_of = parts(lacking, where)
-    named: dict[str, tuple[str, int]] = {}
+    named: dict[str, tuple[tuple[str, ...], int]] = {}
     sent = 0
     started = time.monotonic()
 
@@ -531,23 +541,32 @@ async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, o
         if sum(len(d) for d in datas) > request_bytes:
             raise InvalidRequest("files grew while they were pushed; push again")
         chunks = tuple(s.ChunkData(hash="", data=d) for d in datas if d)  # a file emptied meanwhile has none
-        reply = await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=chunks), s.PutReply) \
-            if chunks else s.PutReply(stored=0)
-        if len(reply.hashes) != len(chunks):
-            raise Unavailable("the storage service did not name the chunks sent unhashed: it is older than "
-                              "this client; upgrade hfai-storage")
-        names_of = iter(reply.hashes)
-        done = [(f, next(names_of) if d else "", len(d)) for f, d in zip(files, datas, strict=True)]
-        named.update((f.path, (h, n)) for f, h, n in done)
+        names_of = iter(await _put_unnamed(client, name, chunks))
+        done: list[tuple[s.FileEntry, tuple[str, ...], int]] = [
+            (f, (next(names_of),) if d else (), len(d)) for f, d in zip(files, datas, strict=True)]
+        named.update((f.path, (hs, n)) for f, hs, n in done)
         if journal is not None:
             journal.add(done)
+        return sum(len(d) for d in datas)
+
+    # A large new file's chunks, unhashed, at their places in a part file of a key of this push's
+    # own (the service names them): the commit then links that file, as it links a hashed one's.
+    part_names: dict[str, dict[int, str]] = {f.path: {} for f in out.unhashed if f.size > chunk_bytes}
+    begun: set[str] = set()
+
+    async def put_part(f: s.FileEntry, key: str, first: int, count: int) -> int:
+        if f.path not in begun and journal is not None:
+            journal.add([(f, (), f.size)])  # before any of it is staged: see _Journal
+        begun.add(f.path)
+        datas = await asyncio.to_thread(read_part, root, f, first, count, chunk_bytes)
+        hs = await _put_unnamed(client, name, tuple(s.ChunkData(hash="", data=d) for d in datas), key, first)
+        part_names[f.path].update(enumerate(hs, start=first))
         return sum(len(d) for d in datas)
 
     async def sender() -> None:
         nonlocal sent
         while (work := await queue.get()) is not None:
-            hashes, files = work
-            n = await (put_named(hashes) if hashes else put_unhashed(files))
+            n = await work()
             sent += n
             if on_send is not None:
                 on_send(n)
@@ -556,11 +575,17 @@ async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, o
                 if ahead > 0:
                     await asyncio.sleep(ahead)
 
-    by_path = {f.path: f for f in out.unhashed}
-    works: list[tuple[list[str], list[s.FileEntry]]] = [(g, []) for g in packs(lacking, out.sizes, request_bytes,
-                                                                                 part_of)]
-    works += [([], [by_path[p] for p in g]) for g in packs(list(by_path), {f.path: f.size for f in out.unhashed},
-                                                          request_bytes)]
+    small = {f.path: f for f in out.unhashed if f.path not in part_names}
+    works: list[Callable[[], Awaitable[int]]] = [
+        partial(put_named, g) for g in packs(lacking, out.sizes, request_bytes, part_of)]
+    works += [partial(put_unhashed, [small[p] for p in g])
+              for g in packs(list(small), {f.path: f.size for f in small.values()}, request_bytes)]
+    per = max(1, request_bytes // chunk_bytes)
+    for f in out.unhashed:
+        if f.path in part_names:
+            key = os.urandom(32).hex()
+            n = plan.chunk_count(f.size, chunk_bytes)
+            works += [partial(put_part, f, key, i, min(per, n - i)) for i in range(0, n, per)]
     in_flight = 1 if bwlimit else max(2, min(IN_FLIGHT, IN_FLIGHT_BYTES // max(1, request_bytes)))
     senders = [asyncio.create_task(sender()) for _ in range(in_flight)]
     put: asyncio.Future[None] | None = None
@@ -580,7 +605,29 @@ async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, o
         for waiting in owned:
             waiting.cancel()
         await asyncio.gather(*owned, return_exceptions=True)
+    for f in out.unhashed:
+        if f.path in part_names:  # every put answered (else its error is raised above)
+            got = part_names[f.path]
+            named[f.path] = (tuple(got[i] for i in range(plan.chunk_count(f.size, chunk_bytes))), f.size)
     return sent, named
+
+
+async def _put_unnamed(client: StorageClient, name: str, chunks: tuple[s.ChunkData, ...], key: str = "",
+                       first: int = 0) -> tuple[str, ...]:
+    """Put chunks the client did not hash (of one file's part file with ``key``); their names."""
+    if not chunks:
+        return ()
+    try:
+        reply = await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=chunks, file=key, first=first),
+                                   s.PutReply)
+    except InvalidRequest as e:
+        if not (key and "sent with its chunks' names" in str(e)):
+            raise
+        reply = s.PutReply(stored=0)  # a service older than this client: told below
+    if len(reply.hashes) != len(chunks):
+        raise Unavailable("the storage service did not name the chunks sent unhashed: it is older than "
+                          "this client; upgrade hfai-storage")
+    return reply.hashes
 
 
 def _holds(path: Path, chunks: tuple[str, ...], chunk_bytes: int) -> bool:

@@ -122,17 +122,17 @@ Staged = tuple[str, list[tuple[str, int, int]]]
 
 def stage_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset(),
               part: str = "", first: int = 0, chunk_bytes: int = 0) -> tuple[list[Staged], tuple[str, ...]]:
-    """:func:`write_put`, for a put that may carry chunks with no name (``hash`` empty): each such
-    chunk is a whole file's content (PutRequest), named here by its hash and staged as a file of
-    its own. Also returns every chunk's name, in order, if some had none (else nothing)."""
+    """:func:`write_put`, for a put that may carry chunks with no name (``hash`` empty), of a file
+    the client did not hash (PutRequest): each such chunk is named here by its hash and staged as
+    a file of its own, or with ``part`` at its place in that file's part file. Also returns every
+    chunk's name, in order, if some had none (else nothing)."""
     if all(c.hash for c in chunks):
         return write_put(directory, chunks, whole, part, first, chunk_bytes), ()
-    if part:
-        raise InvalidRequest("a part of a file is sent with its chunks' names")
     _check(tuple(c for c in chunks if c.hash))
     named = tuple(c if c.hash else ChunkData(hash=chunk_hash(c.data), data=c.data) for c in chunks)
-    whole = whole | {n.hash for c, n in zip(chunks, named, strict=True) if not c.hash}
-    return _stage(directory, named, whole), tuple(c.hash for c in named)
+    if not part:
+        whole = whole | {n.hash for c, n in zip(chunks, named, strict=True) if not c.hash}
+    return _stage(directory, named, whole, part, first, chunk_bytes), tuple(c.hash for c in named)
 
 
 def write_put(directory: Path, chunks: tuple[ChunkData, ...], whole: frozenset[str] = frozenset(),

@@ -5,6 +5,7 @@ cleaning up. One cluster for the module."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -94,8 +95,9 @@ def test_a_killed_push_resumes(cluster, tmp_path):
     (ws / "weights.bin").write_bytes(data)
     assert cluster.cli("workspace", "init", cwd=ws).returncode == 0
     before = _staged_chunks(cluster)
-    # 40 chunks at 256 KB/s: ~10 s; killed once a few chunks are staged (then the rest goes into
-    # the same part file, and the commit links it).
+    # 40 chunks at 256 KB/s: ~10 s; killed once a few chunks are staged. A new file, it is sent
+    # unhashed; the journal lists it before its first put, so the next push hashes it and sends
+    # only the chunks the cluster lacks.
     proc = cluster.cli_popen("workspace", "push", "--bwlimit", "256", cwd=ws, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     try:
@@ -104,6 +106,8 @@ def test_a_killed_push_resumes(cluster, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    begun = [json.loads(line) for line in (ws / ".hfai" / "sent.jsonl").read_text().splitlines()]
+    assert [(b[0], b[1], b[3]) for b in begun] == [("weights.bin", len(data), [])]
     sent, total = _sent(_push(cluster, ws))
     assert total == 40 and 0 < sent < 40
     target = cluster.local.root / "workspaces" / "tester" / "resume" / "weights.bin"

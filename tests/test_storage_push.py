@@ -569,29 +569,36 @@ def test_init_under_another_name_forgets_what_the_last_push_recorded(tmp_path: P
     assert not (tmp_path / MARKER_DIR / QUICK).exists()
 
 
-def test_new_files_of_one_chunk_are_left_unhashed_and_the_rest_hashed(tmp_path: Path):
-    """A first push reads a new small file once (to send it); a file of several chunks, or of the
-    size it had at the last push (maybe only touched), is hashed as before."""
+def test_new_files_are_left_unhashed_and_the_rest_hashed(tmp_path: Path):
+    """A first push reads a new file once (to send it); a file of the size it had at the last
+    push (maybe only touched), a file of several chunks at another size (an appended log keeps
+    most of them), or one a killed push began to send unhashed (listed at its size with no
+    chunks), is hashed as before."""
     from hfai.storage.chunks import sent_unhashed
 
     (tmp_path / "new.txt").write_bytes(b"new")
     (tmp_path / "grown.txt").write_bytes(b"grown!")
     (tmp_path / "touched.txt").write_bytes(b"same")
     (tmp_path / "big.bin").write_bytes(os.urandom(2 * CHUNK + 1))
+    (tmp_path / "begun.bin").write_bytes(os.urandom(3 * CHUNK))
+    (tmp_path / "appended.log").write_bytes(os.urandom(3 * CHUNK))
     (tmp_path / "empty").write_bytes(b"")
     st = {p.name: p.stat() for p in tmp_path.iterdir()}
     known = {"grown.txt": [3, 1, ["x"], st["grown.txt"].st_ino, 0o644],
-             "touched.txt": [4, 1, ["y"], st["touched.txt"].st_ino, 0o644]}
+             "touched.txt": [4, 1, ["y"], st["touched.txt"].st_ino, 0o644],
+             "appended.log": [2 * CHUNK, 1, ["a", "b"], st["appended.log"].st_ino, 0o644],
+             "begun.bin": [3 * CHUNK, st["begun.bin"].st_mtime_ns, [], st["begun.bin"].st_ino, 0o644]}
     unhashed: list[int] = []
     m = build_manifest(tmp_path, CHUNK, known=known, unhashed=unhashed)
     left = sorted(m.files[i].path for i in unhashed)
-    assert left == ["grown.txt", "new.txt"]
+    assert left == ["big.bin", "grown.txt", "new.txt"]
     assert all(m.files[i].chunks == () and m.files[i].size == st[m.files[i].path].st_size for i in unhashed)
     serial = {f.path: f for f in build_manifest(tmp_path, CHUNK, known=known).files}
     for f in m.files:  # the rest exactly as a manifest hashing everything has them
         assert f == serial[f.path] or f.path in left
+    assert len(serial["begun.bin"].chunks) == len(serial["appended.log"].chunks) == 3
     assert sent_unhashed(None, st["new.txt"], CHUNK) and not sent_unhashed(None, st["empty"], CHUNK)
-    assert not sent_unhashed(None, st["big.bin"], CHUNK)
+    assert sent_unhashed(None, st["big.bin"], CHUNK)
 
 
 def test_the_service_names_unhashed_chunks_and_stages_them_whole(tmp_path: Path):
@@ -612,8 +619,51 @@ def test_the_service_names_unhashed_chunks_and_stages_them_whole(tmp_path: Path)
     with pytest.raises(InvalidRequest, match="does not match"):
         stage_put(d, (s.ChunkData(hash="", data=a), s.ChunkData(hash=chunk_hash(b"other"), data=b"forged")))
     assert stage_put(d, _chunks(b"plain"))[1] == ()
-    with pytest.raises(InvalidRequest, match="names"):
-        stage_put(d, (s.ChunkData(hash="", data=a),), part=str(d / "ab" / "key.part"), chunk_bytes=CHUNK)
+
+
+def test_the_service_names_a_large_unhashed_files_chunks_at_their_places_and_the_commit_links_it(tmp_path: Path):
+    """A new file of several chunks is sent unhashed in puts of a key of the push's own: the
+    service names each chunk, writes it at its place in one part file, and the commit links that."""
+    from hfai.storage.staging import stage_put
+
+    body = os.urandom(5 * CHUNK + 3)
+    chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
+    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
+    staging = Staging.open(ws.root, ttl_s=100.0)
+    d = staging.user_dir("alice")
+    key = os.urandom(32).hex()
+    names: dict[int, str] = {}
+    for first in (3, 0):  # puts run at once: in any order
+        staged, got = stage_put(d, tuple(s.ChunkData(hash="", data=c) for c in chunks[first:first + 3]),
+                                part=staging.part_path("alice", key), first=first, chunk_bytes=CHUNK)
+        names.update(enumerate(got, start=first))
+        for w in staged:
+            staging.staged("alice", w)
+    f = s.FileEntry(path="w.bin", size=len(body), chunks=tuple(names[i] for i in range(len(chunks))))
+    assert f.chunks == tuple(chunk_hash(c) for c in chunks)
+    part = Path(staging.part_path("alice", key))
+    assert part.read_bytes() == body
+    commit_mod.commit(ws, "alice", "w", s.Manifest(files=(f,), chunk_bytes=CHUNK),
+                      lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
+    target = ws.path("alice", "w") / "w.bin"
+    assert target.read_bytes() == body and target.stat().st_ino == part.stat().st_ino
+    # A named chunk among them is still checked.
+    with pytest.raises(InvalidRequest, match="does not match"):
+        stage_put(d, (s.ChunkData(hash="", data=b"a"), s.ChunkData(hash=chunk_hash(b"b"), data=b"forged")),
+                  part=staging.part_path("alice", os.urandom(32).hex()), chunk_bytes=CHUNK)
+
+
+def test_a_large_file_is_read_unhashed_at_its_walked_size_or_not_at_all(tmp_path: Path):
+    from hfai.storage.chunks import read_part
+
+    body = os.urandom(3 * CHUNK + 2)
+    (tmp_path / "w.bin").write_bytes(body)
+    f = s.FileEntry(path="w.bin", size=len(body))
+    assert b"".join(read_part(tmp_path, f, 0, 2, CHUNK) + read_part(tmp_path, f, 2, 2, CHUNK)) == body
+    for changed in (body + b"more", body[:-1], body[:CHUNK]):  # grown, cut short: the walk's size is wrong
+        (tmp_path / "w.bin").write_bytes(changed)
+        with pytest.raises(InvalidRequest, match="changed while it was pushed"):
+            read_part(tmp_path, f, 0, 4, CHUNK)
 
 
 def test_the_names_the_service_gave_complete_the_manifest_and_the_journal_outlives_a_kill(tmp_path: Path):
@@ -639,9 +689,36 @@ def test_the_names_the_service_gave_complete_the_manifest_and_the_journal_outliv
     again = build_manifest(tmp_path, CHUNK, known=known, unhashed=unhashed)
     assert [again.files[i].path for i in unhashed] == ["b.txt"]
     assert again.files[0].chunks == (chunk_hash(b"alpha"),)
-    done = _named(_indexed(again, unhashed), {"b.txt": (chunk_hash(b"be"), 2)}, CHUNK)
+    done = _named(_indexed(again, unhashed), {"b.txt": ((chunk_hash(b"be"),), 2)}, CHUNK)
     assert done.manifest == build_manifest(tmp_path, CHUNK)
     assert done.lacking == (chunk_hash(b"be"),) and done.unhashed == ()
+
+
+def test_a_large_file_sent_unhashed_is_named_whole_and_a_killed_push_hashes_it_next_time(tmp_path: Path):
+    """The names of a large file's chunks complete its entry; the journal lists it before its
+    first put (at its size, no chunks), so the next push after a kill hashes it and asks which of
+    its chunks the cluster lacks, where sending it unhashed again would send every chunk."""
+    from hfai.storage.chunks import scan
+    from hfai.storage.client import _indexed, _Journal, _named, _read_known, init
+
+    init(tmp_path, "w")
+    body = os.urandom(4 * CHUNK + 1)
+    (tmp_path / "big.bin").write_bytes(body)
+    unhashed: list[int] = []
+    m = build_manifest(tmp_path, CHUNK, unhashed=unhashed)
+    out = _indexed(m, unhashed)
+    assert out.sending == out.chunks == 5 and out.bytes == len(body) and out.files() == [("big.bin", 5, len(body))]
+    names = tuple(chunk_hash(body[i:i + CHUNK]) for i in range(0, len(body), CHUNK))
+    done = _named(out, {"big.bin": (names, len(body))}, CHUNK)
+    assert done.manifest == build_manifest(tmp_path, CHUNK) and done.lacking == names
+    journal = _Journal(tmp_path, scan(tmp_path))
+    journal.add([(out.unhashed[0], (), len(body))])  # begun, then killed
+    journal.close()
+    known, last = _read_known(tmp_path, CHUNK)
+    assert last == "" and known["big.bin"][0] == len(body) and known["big.bin"][2] == []
+    unhashed = []
+    again = build_manifest(tmp_path, CHUNK, known=known, unhashed=unhashed)
+    assert unhashed == [] and again == build_manifest(tmp_path, CHUNK)
 
 
 def test_a_push_process_keeps_the_memory_it_frees_for_its_next_buffers():
