@@ -37,10 +37,13 @@ if os.fork() == 0:
 os.wait()
 daemon = None
 deadline = time.monotonic() + 10
+# Not this process either: its own command line holds the mark too, and a scan that reads the
+# daemon's while it execs (empty for a moment) would otherwise take this one for it.
 while daemon is None and time.monotonic() < deadline:
     for p in os.listdir("/proc"):
         try:
-            if p.isdigit() and int(p) != stubborn.pid and mark in open(f"/proc/{p}/cmdline").read():
+            if p.isdigit() and int(p) not in (stubborn.pid, os.getpid()) \
+                    and mark in open(f"/proc/{p}/cmdline").read():
                 daemon = int(p)
         except OSError:
             pass
