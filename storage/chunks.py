@@ -149,7 +149,9 @@ def sent_unhashed(seen: list | None, st: os.stat_result, chunk_bytes: int) -> bo
     a file a killed push began to send unhashed (its journal lists it at its size with no chunks:
     some may be staged already)."""
     if not seen:
-        return st.st_size > 0
+        # A larger file with holes (preallocated, sparse) is hashed: its zeros are chunks it
+        # repeats, each sent once when named, every time when not.
+        return 0 < st.st_size and (st.st_size <= chunk_bytes or st.st_blocks * 512 >= st.st_size)
     return 0 < st.st_size <= chunk_bytes and seen[0] != st.st_size
 
 

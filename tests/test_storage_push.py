@@ -583,6 +583,10 @@ def test_new_files_are_left_unhashed_and_the_rest_hashed(tmp_path: Path):
     (tmp_path / "begun.bin").write_bytes(os.urandom(3 * CHUNK))
     (tmp_path / "appended.log").write_bytes(os.urandom(3 * CHUNK))
     (tmp_path / "empty").write_bytes(b"")
+    with open(tmp_path / "sparse.bin", "wb") as f:  # preallocated: a hole of 64 KiB, then a byte
+        f.truncate(1 << 16)
+        f.seek(0, os.SEEK_END)
+        f.write(b"x")
     st = {p.name: p.stat() for p in tmp_path.iterdir()}
     known = {"grown.txt": [3, 1, ["x"], st["grown.txt"].st_ino, 0o644],
              "touched.txt": [4, 1, ["y"], st["touched.txt"].st_ino, 0o644],
@@ -599,6 +603,9 @@ def test_new_files_are_left_unhashed_and_the_rest_hashed(tmp_path: Path):
     assert len(serial["begun.bin"].chunks) == len(serial["appended.log"].chunks) == 3
     assert sent_unhashed(None, st["new.txt"], CHUNK) and not sent_unhashed(None, st["empty"], CHUNK)
     assert sent_unhashed(None, st["big.bin"], CHUNK)
+    # Its repeated zero chunks are sent once if hashed (where the filesystem keeps the hole).
+    holes = st["sparse.bin"].st_blocks * 512 < st["sparse.bin"].st_size
+    assert sent_unhashed(None, st["sparse.bin"], CHUNK) is not holes
 
 
 def test_the_service_names_unhashed_chunks_and_stages_them_whole(tmp_path: Path):
