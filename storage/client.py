@@ -617,16 +617,17 @@ async def _put_unnamed(client: StorageClient, name: str, chunks: tuple[s.ChunkDa
     """Put chunks the client did not hash (of one file's part file with ``key``); their names."""
     if not chunks:
         return ()
+    older = Unavailable("the storage service did not name the chunks sent unhashed: it is older than this "
+                        "client; upgrade hfai-storage")
     try:
         reply = await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=chunks, file=key, first=first),
                                    s.PutReply)
     except InvalidRequest as e:
-        if not (key and "sent with its chunks' names" in str(e)):
-            raise
-        reply = s.PutReply(stored=0)  # a service older than this client: told below
+        if key and "sent with its chunks' names" in str(e):  # what an older service says to a part
+            raise older from None
+        raise
     if len(reply.hashes) != len(chunks):
-        raise Unavailable("the storage service did not name the chunks sent unhashed: it is older than "
-                          "this client; upgrade hfai-storage")
+        raise older
     return reply.hashes
 
 
