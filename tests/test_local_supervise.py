@@ -5,16 +5,19 @@ kills daemons of a real supervised cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 
+import pytest
 from spine_cluster import TEST_AGENT, TEST_CONTROLLER
 from waits import wait_for
 
 from hfai._proc import pid_alive
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.supervision import Step, SupervisePolicy, Track, store_restart_due
+from hfai.protocol.errors import Unavailable
 
 POLICY = SupervisePolicy(first_delay_s=1.0, max_delay_s=8.0, burst=3, window_s=100.0, steady_s=20.0)
 
@@ -131,8 +134,23 @@ def test_down_of_an_unsupervised_cluster_stops_a_daemon_restarted_since_it_was_s
     try:
         c.wait_ready()
         c.kill("storage", signal.SIGKILL)
+        # Ready means the storage service serves too: a push made right after up() found no one
+        # on its subject while the service was still starting.
+        with pytest.raises(Unavailable, match="did not come up"):
+            c.wait_ready(timeout_s=1.0)
         restarted = c.start_storage().pid
         assert c.pids["storage"] == restarted
+        c.wait_ready()
+        assert asyncio.run(_workspaces(c)) == ()
     finally:
         c.down()
     assert not pid_alive(restarted)
+
+
+async def _workspaces(c: LocalCluster) -> tuple:
+    """The owner's workspaces, asked once (no retry: the service must be serving already)."""
+    from hfai.protocol import storage as s
+    from hfai.storage.client import StorageClient
+
+    async with StorageClient(c.config(), user=c.owner) as client:
+        return (await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)).workspaces

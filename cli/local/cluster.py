@@ -287,21 +287,29 @@ class LocalCluster:
         return self.credentials.service(name, role)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Block until the API answers and every agent has registered."""
+        """Block until the API answers, every agent has registered and the storage service serves
+        (a push made at once would otherwise find no one on its subject)."""
         import asyncio
 
-        from hfai.api.client import ApiClient
+        from hfai.protocol import storage as s
+        from hfai.storage.client import StorageClient
+
+        async def up(client: StorageClient) -> bool:
+            try:
+                if len(await client.nodes()) < self.nodes:
+                    return False
+                await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)  # a cheap verb
+                return True
+            except Unavailable:
+                return False
 
         async def poll() -> None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
-            async with ApiClient(self.config(), user=self.owner or _login()) as client:
+            async with StorageClient(self.config(), user=self.owner or _login()) as client:
                 while loop.time() < deadline:
-                    try:
-                        if len(await client.nodes()) >= self.nodes:
-                            return
-                    except Unavailable:
-                        pass
+                    if await up(client):
+                        return
                     await asyncio.sleep(0.1)
             raise Unavailable(f"the local cluster did not come up within {timeout_s:g}s; see {self.root}/logs")
 
