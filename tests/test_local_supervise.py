@@ -152,5 +152,6 @@ async def _workspaces(c: LocalCluster) -> tuple:
     from hfai.protocol import storage as s
     from hfai.storage.client import StorageClient
 
-    async with StorageClient(c.config(), user=c.owner) as client:
+    client = StorageClient(c.config(), user=c.owner)
+    async with client:
         return (await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)).workspaces

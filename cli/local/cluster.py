@@ -306,7 +306,8 @@ class LocalCluster:
         async def poll() -> None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
-            async with StorageClient(self.config(), user=self.owner or _login()) as client:
+            client = StorageClient(self.config(), user=self.owner or _login())
+            async with client:
                 while loop.time() < deadline:
                     if await up(client):
                         return
