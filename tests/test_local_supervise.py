@@ -9,14 +9,17 @@ import asyncio
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
+from ports import free_port
 from spine_cluster import TEST_AGENT, TEST_CONTROLLER
 from waits import wait_for
 
 from hfai._proc import pid_alive
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.supervision import Step, SupervisePolicy, Track, store_restart_due
+from hfai.config import WebConfig
 from hfai.protocol.errors import Unavailable
 
 POLICY = SupervisePolicy(first_delay_s=1.0, max_delay_s=8.0, burst=3, window_s=100.0, steady_s=20.0)
@@ -129,19 +132,26 @@ def test_down_of_an_unsupervised_cluster_stops_a_daemon_restarted_since_it_was_s
     """Without a supervisor, cluster.json is not the truth: a daemon restarted by hand (as fault
     tests do) after the last save must still be stopped by down() (it was left running, and so
     were storage services and controllers restarted by tests)."""
-    c = LocalCluster(root=tmp_path, nodes=1, controller=TEST_CONTROLLER, agent=TEST_AGENT, supervise=None)
+    c = LocalCluster(root=tmp_path, nodes=1, controller=TEST_CONTROLLER, agent=TEST_AGENT, supervise=None,
+                     web=WebConfig(port=free_port()))
     c.up()
     try:
         c.wait_ready()
+        # Ready means hfai-web takes connections (up prints its address) and the storage service
+        # serves: a push made right after up() found no one on its subject while it was starting.
+        c.kill("web", signal.SIGKILL)
+        with pytest.raises(Unavailable, match="did not come up"):
+            c.wait_ready(timeout_s=1.0)
+        c.start_web()
         c.kill("storage", signal.SIGKILL)
-        # Ready means the storage service serves too: a push made right after up() found no one
-        # on its subject while the service was still starting.
         with pytest.raises(Unavailable, match="did not come up"):
             c.wait_ready(timeout_s=1.0)
         restarted = c.start_storage().pid
         assert c.pids["storage"] == restarted
         c.wait_ready()
         assert asyncio.run(_workspaces(c)) == ()
+        with urllib.request.urlopen(f"http://127.0.0.1:{c.web.port}/healthz", timeout=5) as r:
+            assert r.status == 200
     finally:
         c.down()
     assert not pid_alive(restarted)

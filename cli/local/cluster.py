@@ -287,21 +287,32 @@ class LocalCluster:
         return self.credentials.service(name, role)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Block until the API answers, every agent has registered and the storage service serves
-        (a push made at once would otherwise find no one on its subject)."""
+        """Block until the API answers, every agent has registered, the storage service serves (a
+        push made at once would otherwise find no one on its subject) and hfai-web, when it runs,
+        takes connections (`hfai local up` prints its address)."""
         import asyncio
 
         from hfai.protocol import storage as s
         from hfai.storage.client import StorageClient
+
+        async def web_listens() -> bool:
+            if self.web is None or not self.web.port:
+                return True
+            try:
+                _r, w = await asyncio.wait_for(asyncio.open_connection(self.web.host, self.web.port), 1.0)
+            except (OSError, TimeoutError):
+                return False
+            w.close()
+            return True
 
         async def up(client: StorageClient) -> bool:
             try:
                 if len(await client.nodes()) < self.nodes:
                     return False
                 await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)  # a cheap verb
-                return True
             except Unavailable:
                 return False
+            return await web_listens()
 
         async def poll() -> None:
             loop = asyncio.get_running_loop()
