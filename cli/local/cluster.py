@@ -296,8 +296,8 @@ class LocalCluster:
         from hfai.storage.client import StorageClient
 
         async def web_listens() -> bool:
-            if self.web is None or not self.web.port:
-                return True
+            if self.web is None or self.web.port <= 0:
+                return True  # none, or on a port of its choosing that only its log names
             try:
                 _r, w = await asyncio.wait_for(asyncio.open_connection(self.web.host, self.web.port), 1.0)
             except (OSError, TimeoutError):
@@ -305,7 +305,7 @@ class LocalCluster:
             w.close()
             return True
 
-        async def up(client: StorageClient) -> bool:
+        async def serving(client: StorageClient) -> bool:
             try:
                 if len(await client.nodes()) < self.nodes:
                     return False
@@ -320,7 +320,7 @@ class LocalCluster:
             client = StorageClient(self.config(), user=self.owner or _login())
             async with client:
                 while loop.time() < deadline:
-                    if await up(client):
+                    if await serving(client):
                         return
                     await asyncio.sleep(0.1)
             raise Unavailable(f"the local cluster did not come up within {timeout_s:g}s; see {self.root}/logs")
