@@ -9,11 +9,16 @@ import os
 import sys
 from pathlib import Path
 
+from hfai.agent.devsession import ENTRYPOINT as DEV_ENTRYPOINT
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
 from hfai.agent.trust import StartError
 from hfai.protocol.types import RunAssignment
 
-__all__ = ["base_environment", "check_command", "job_command", "job_environment"]
+__all__ = ["base_environment", "check_command", "job_command", "job_environment", "node_log_file"]
+
+#: MARSV2_USER_ROLE: the original told its own staff ("internal", no session time limits) from
+#: outside users ("external"); its scripts compare the lower-case value. hfai has one kind of user.
+USER_ROLE = "internal"
 
 # Variables of the agent's own environment a job of another user must not inherit: the agent's
 # settings (HFAI_*; the job gets its own HFAI_* below) and the agent account's login identity.
@@ -38,7 +43,8 @@ def job_command(ra: RunAssignment, who: JobIdentity, *, node: str, control_dir: 
         env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(env_dir)
         python = str(env_dir / "bin" / "python")
-    env.update(job_environment(ra, node, control_dir))
+    env.update(job_environment(ra, node, control_dir, uid=who.account.uid,
+                               log_file=node_log_file(control_dir, ra)))
     if datasets_dir:
         env["HFAI_DATASETS_DIR"] = datasets_dir
     # hf_env.set_env(NAME) in the job looks for environments here (jobs run as their submitter
@@ -73,9 +79,21 @@ def check_command(argv: list[str], env: dict[str, str], workdir: str) -> None:
             raise StartError(f"environment variable {k[:40]!r} cannot be set (empty, '=' or NUL in it)")
 
 
-def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str, str]:
-    """The variables a job sees: torch's names, HFAI_* and the MARSV2_* names hfai scripts read."""
-    return {
+def node_log_file(control_dir: str, ra: RunAssignment) -> str:
+    """The file the agent writes ``ra``'s output to on this node, found from the run's control
+    directory: the run store keeps ``<state>/control/<run key>`` (older runs
+    ``<state>/runs/<run key>/control``) and ``<state>/logs/<job>/rank<r>.log`` (runs.py: log_path)."""
+    control = Path(control_dir)
+    state = control.parents[2] if control.name == "control" else control.parents[1]
+    return str(state / "logs" / ra.job_id / f"rank{ra.rank}.log")
+
+
+def job_environment(ra: RunAssignment, node: str, control_dir: str, *, uid: int | None = None,
+                    log_file: str = "") -> dict[str, str]:
+    """The variables a job sees: torch's names, HFAI_* and the original platform's names (its
+    MASTER_IP and MARSV2_*, with their meaning there; docs/compat.md has the table). ``uid``: the
+    account the job runs as (default: this process's); ``log_file``: where its output goes."""
+    env = {
         "WORLD_SIZE": str(ra.world_size),
         "RANK": str(ra.rank),
         "MASTER_ADDR": ra.master_addr,
@@ -93,13 +111,30 @@ def job_environment(ra: RunAssignment, node: str, control_dir: str) -> dict[str,
         "HFAI_WHOLE_LIFE_STATE": str(ra.whole_life_state),
         "HFAI_CONTROL_DIR": control_dir,
         "HF_ENV_NAME": ra.env_name,
-        "MARSV2_RANK": str(ra.rank),
-        "MARSV2_WORLD_SIZE": str(ra.world_size),
-        "MARSV2_NB_ID": ra.job_id,
-        "MARSV2_NB_NAME": ra.name,
-        "MARSV2_USER": ra.user,
-        "MARSV2_NODE_NAME": node,
-        "MARSV2_WHOLE_LIFE_STATE": str(ra.whole_life_state),
-        "MARSV2_SUSPEND_COUNT": str(ra.suspend_count),
         "PYTHONUNBUFFERED": "1",
     }
+    return env | _original_names(ra, node, os.getuid() if uid is None else uid, log_file)
+
+
+def _original_names(ra: RunAssignment, node: str, uid: int, log_file: str) -> dict[str, str]:
+    """The original platform's variables (hai-platform's env_var list), but its user token: a job
+    acts as its user through the credentials hfai finds, never a secret in its environment."""
+    env = {
+        "MASTER_IP": ra.master_addr,  # rank 0's address, as MASTER_ADDR
+        "MARSV2_UID": str(uid),
+        "MARSV2_USER": ra.user,
+        "MARSV2_USER_ROLE": USER_ROLE,
+        "MARSV2_NB_ID": ra.job_id,
+        "MARSV2_NB_NAME": ra.name,
+        "MARSV2_TASK_ID": ra.job_id,
+        "MARSV2_TASK_TYPE": "jupyter" if tuple(ra.entrypoint) == DEV_ENTRYPOINT else "training",
+        "MARSV2_WHOLE_LIFE_STATE": str(ra.whole_life_state),
+        "MARSV2_SUSPEND_COUNT": str(ra.suspend_count),
+        "MARSV2_RANK": str(ra.rank),
+        "MARSV2_WORLD_SIZE": str(ra.world_size),
+        "MARSV2_NODE_NAME": node,
+    }
+    if log_file:
+        env["MARSV2_LOG_DIR"] = os.path.dirname(log_file)
+        env["MARSV2_LOG_FILE_PATH"] = log_file
+    return env
