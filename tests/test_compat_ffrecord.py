@@ -86,7 +86,7 @@ def test_dump_that_fails_leaves_nothing(tmp_path):
 
 def test_dump_refuses_a_directory_with_files(tmp_path):
     (tmp_path / "stale.ffr").write_bytes(b"")
-    with pytest.raises(WriterError, match="not an empty directory"):
+    with pytest.raises(WriterError, match="already holds ffrecord files"):
         dump([b"a", b"b"], tmp_path, nfiles=2)
 
 

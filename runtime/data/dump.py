@@ -3,11 +3,14 @@
 The original ffrecord's ``ffrecord.utils.dump``: ``dataset[i]`` for ``i`` in ``range(len(dataset))``
 becomes sample ``i``. Parts are written in parallel by forked processes (the dataset is not
 pickled, so it may hold lambdas or open handles), each into a temporary directory next to the
-destination; only when every part is complete is the directory renamed onto its name.
+destination; only when every part is complete is the directory renamed onto its name. Where the
+destination already holds other files (HFAiLab's converters write ``meta.pkl`` there first), the
+complete parts are renamed into it one by one instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -32,9 +35,10 @@ def dump(dataset: Sequence[Any], fname: str | os.PathLike, nfiles: int, verbose:
 
     ``nfiles == 1``: one file ``fname`` (replaced if it exists). ``nfiles > 1``: the directory
     ``fname`` of parts ``PART_%05d.ffr`` holding ``ceil(n / nfiles)`` samples each, so fewer than
-    ``nfiles`` parts may result (a warning says so); ``fname`` must not exist or be an empty
-    directory (:class:`~hfai.data.WriterError` otherwise: stale parts would join the dataset).
-    Missing parent directories are created.
+    ``nfiles`` parts may result (a warning says so); ``fname`` may exist and hold other files, but
+    no ``*.ffr`` (:class:`~hfai.data.WriterError` otherwise: a reader of the directory reads every
+    ``*.ffr`` in it, so old parts would be overwritten or join the dataset). Missing parent
+    directories are created.
 
     A sample that is bytes-like (bytes, bytearray, memoryview, numpy array) is written as its
     full bytes; anything else is pickled first. An exception while producing a sample aborts
@@ -50,8 +54,7 @@ def dump(dataset: Sequence[Any], fname: str | os.PathLike, nfiles: int, verbose:
     if nfiles == 1:
         _write_part(dataset, 0, n, path, verbose)
         return
-    if os.path.exists(path) and not (os.path.isdir(path) and not os.listdir(path)):
-        raise WriterError(f"{path} exists and is not an empty directory; remove it or dump elsewhere")
+    _check_destination(path)
     sizes = part_sizes(n, nfiles)
     if len(sizes) != nfiles:
         warnings.warn(f"{path}: {n} samples split into {len(sizes)} files rather than {nfiles}", stacklevel=2)
@@ -59,12 +62,46 @@ def dump(dataset: Sequence[Any], fname: str | os.PathLike, nfiles: int, verbose:
     os.mkdir(tmp_dir, 0o777)  # not mkdtemp: its 0700 mode would stick to the published dataset
     try:
         _write_parts(dataset, sizes, tmp_dir, verbose)
-        if os.path.isdir(path):
-            os.rmdir(path)  # empty (checked above); rename cannot replace a directory otherwise
-        os.rename(tmp_dir, path)
+        _publish(tmp_dir, path)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
+
+
+def _check_destination(path: str) -> None:
+    """WriterError unless ``path`` is free for a directory of parts: absent, or a directory
+    without ``*.ffr`` files (what a reader of the directory would take for the dataset's)."""
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise WriterError(f"{path} exists and is not a directory; remove it or dump elsewhere")
+    old = sorted(name for name in os.listdir(path) if name.endswith(".ffr"))
+    if old:
+        more = f" and {len(old) - 1} more" if len(old) > 1 else ""
+        raise WriterError(f"{path} already holds ffrecord files ({old[0]}{more}), which would be overwritten or "
+                          f"read as part of the dataset; remove them or dump elsewhere")
+
+
+def _publish(tmp_dir: str, path: str) -> None:
+    """Put the complete parts of ``tmp_dir`` at ``path``: the whole directory at once where
+    ``path`` is absent or empty, else part by part beside the files already there (on an error
+    the parts moved so far are taken back out)."""
+    if not os.path.isdir(path) or not os.listdir(path):
+        if os.path.isdir(path):
+            os.rmdir(path)  # rename cannot replace a directory, even an empty one
+        os.rename(tmp_dir, path)
+        return
+    moved: list[str] = []
+    try:
+        for name in sorted(os.listdir(tmp_dir)):
+            os.rename(os.path.join(tmp_dir, name), os.path.join(path, name))
+            moved.append(name)
+    except BaseException:
+        for name in moved:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(path, name))
+        raise
+    os.rmdir(tmp_dir)
 
 
 def _write_parts(dataset: Sequence[Any], sizes: list[int], directory: str, verbose: bool) -> None:
