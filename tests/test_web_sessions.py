@@ -167,3 +167,33 @@ async def test_refused_credentials_leave_no_socket_behind(local):
         finally:
             gc.enable()
         assert w.count() == 0 and w.creds_files() == 0
+
+
+async def test_credential_files_are_not_named_after_the_cookie(local):
+    """Issue 39 item 14: the files were ``<cookie>.creds``: whoever could list the folder could sign
+    in as everyone."""
+    async with Web(local) as w:
+        cookies = [(await w.sign_in(user))[1] for user in ("alice", "bob")]
+        names = [p.name for p in Path(w.service.sessions._dir).iterdir()]
+        assert len(names) == 2 and all(c for c in cookies)
+        assert not any(c in name for c in cookies for name in names), (cookies, names)
+        for sid in cookies:  # the sessions work, and signing out removes their files all the same
+            assert await w.get("/api/jobs", sid) != 401
+            assert w.http is not None
+            async with w.http.post("/logout", cookies={COOKIE: sid}, allow_redirects=False) as r:
+                assert r.status == 302
+        assert w.creds_files() == 0
+
+
+async def test_refused_credentials_are_not_told_where_the_server_wrote_them(local):
+    """Issue 39 item 14: the sign-in page said "refused the credentials in /tmp/hfai-web-…"."""
+    creds = local.user_creds("trudy").read_text()
+    issuer = local.issuer()
+    issuer.revoke("trudy")
+    await push_account(issuer, local.config())
+    async with Web(local) as w:
+        assert w.http is not None
+        async with w.http.post("/login", data={"creds": creds}, allow_redirects=False) as r:
+            page = await r.text()
+        assert r.status == 403 and "refused these credentials" in page, page
+        assert str(w.service.sessions._dir) not in page and "hfai-web-" not in page, page

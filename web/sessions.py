@@ -2,7 +2,9 @@
 is a NATS connection made with the credentials the user pasted, so the NATS server's permissions
 and the controller's checks apply to everything the user does through the web, exactly as for
 the CLI. The credentials live in a 0600 file in a 0700 directory only while the session does;
-they are never sent back to the browser."""
+they are never sent back to the browser. The file is named by a second random id that only this
+process knows (never the cookie's: whoever could list the folder would have every session), and
+no error a browser sees names it."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 from hfai._daemon import raise_if_cancelled
 from hfai.api.client import ApiClient
 from hfai.config import Config
-from hfai.protocol.errors import HfaiError, InvalidRequest
+from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +31,10 @@ MAX_CREDS_BYTES = 16 * 1024
 
 @dataclass
 class Session:
-    id: str
+    id: str  # the cookie's value
     api: ApiClient
     last_used: float
+    creds_path: Path | None = None  # its credentials file, named by another random id
 
     @property
     def user(self) -> str:
@@ -75,7 +78,7 @@ class Sessions:
         except Exception:
             raise InvalidRequest("that is not an hfai credentials file (paste the whole .creds file)") from None
         sid = secrets.token_urlsafe(32)
-        path = self._dir / f"{sid}.creds"
+        path = self._dir / f"{secrets.token_urlsafe(16)}.creds"
         path.touch(mode=0o600)
         path.write_text(creds_text)
         config = dataclasses.replace(self._config, nats=dataclasses.replace(self._config.nats, creds=str(path)))
@@ -84,7 +87,7 @@ class Sessions:
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        session = Session(id=sid, api=api, last_used=time.monotonic())
+        session = Session(id=sid, api=api, last_used=time.monotonic(), creds_path=path)
         self._by_id[sid] = session
         log.info("%s signed in", api.user)
         await self._close_all(self._beyond_limit(api.user))
@@ -144,13 +147,17 @@ class Sessions:
         try:
             await session.api.close()
         finally:
-            (self._dir / f"{session.id}.creds").unlink(missing_ok=True)
+            if session.creds_path is not None:
+                session.creds_path.unlink(missing_ok=True)
 
 
 async def _connect(config: Config) -> ApiClient:
     """A client connected with ``config``'s credentials, or a typed error (nothing left open)."""
     try:
         return await ApiClient(config).__aenter__()
+    except Forbidden:
+        # Its own words name the file the credentials were written to: a path of this server's.
+        raise Forbidden("the cluster refused these credentials (revoked, or issued for another cluster)") from None
     except HfaiError:
         raise
     except Exception as e:  # e.g. a seed that is not an nkey
