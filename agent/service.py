@@ -156,7 +156,7 @@ class Agent:
         if not self.ac.metrics_port:
             return
         self.metrics = AgentMetrics(lambda: self._nc.stats["reconnects"] if self._nc else 0)
-        self._metrics_server = MetricsServer(self.metrics.registry, port=self.ac.metrics_port)
+        self._metrics_server = MetricsServer(self.metrics.registry, self.ac.metrics_host, self.ac.metrics_port)
         port = await self._metrics_server.start()
         write_atomic(os.path.join(self.ac.state_dir, "metrics_port"), f"{port}\n".encode())
 

@@ -110,8 +110,8 @@ class Controller:
                                              lambda: self.nodes.infos(list(self.jobs.values.values())),
                                              lambda: self._nc.stats["reconnects"] if self._nc else 0,
                                              store=lambda: self.store_probe.health)
-            port = self.config.controller.metrics_port
-            self.metrics_server = server = MetricsServer(self.metrics.registry, port=port)
+            cc = self.config.controller
+            self.metrics_server = server = MetricsServer(self.metrics.registry, cc.metrics_host, cc.metrics_port)
             await server.start()
             if self.config.controller.metrics_port_file:
                 from hfai._atomic import write_atomic

@@ -110,6 +110,9 @@ class ControllerConfig:
     # metrics_port_file, where `hfai local status` finds it).
     metrics_port: int = 0
     metrics_port_file: str = ""
+    # The address /metrics listens on: every interface, for a Prometheus elsewhere to scrape; a
+    # local cluster binds loopback (hfai.cli.local), where nobody else on the network may read it.
+    metrics_host: str = "0.0.0.0"
     # Runs that ended are copied to the usage bucket (GPU-hours outlive purged job records) this often.
     usage_interval_s: float = 10.0
     # The NATS store's health probe (controller/store_health.py): a write to the hfai_health
@@ -160,8 +163,10 @@ class AgentConfig:
     # heartbeat is older than the bound the leader sets (0.6 of its heartbeat_timeout_s), and then
     # stops the job. Capped at an eighth of the bound (see agent/launcher.py).
     fence_poll_s: float = 0.5
-    # Prometheus /metrics on this port (0: off; -1: any free port, written to <state_dir>/metrics_port).
+    # Prometheus /metrics on this port (0: off; -1: any free port, written to <state_dir>/metrics_port),
+    # on this address (a local cluster: loopback, as [controller] metrics_host).
     metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"
     # How runs' launchers start: "fork" (from one pre-imported process, about a millisecond) or
     # "exec" (a fresh interpreter per run, 50-100 ms of CPU); see agent/zygote.py. A fork that
     # fails or gets no answer within launcher_reply_timeout_s falls back to exec.

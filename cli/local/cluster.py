@@ -57,6 +57,9 @@ class LocalCluster:
     tls_ca: str = ""
     # hfai-web's settings; None: no web service (`hfai local up` runs one on LOCAL_WEB's port).
     web: WebConfig | None = None
+    # Where the daemons' /metrics listen: loopback, as everything else of a cluster on one machine
+    # (a cluster's default, every interface, would show this machine's jobs to its whole network).
+    metrics_host: str = "127.0.0.1"
     # The storage service's limits and periods (paths are always under the root); None: LOCAL_STORAGE.
     storage: StorageConfig | None = None
     # Restart daemons that die, and nats-server when its store breaks (hfai.cli.local.supervisor):
@@ -100,8 +103,8 @@ class LocalCluster:
         return Config(
             nats=NatsConfig(url=self.url, replicas=self.replicas, creds_dir=str(self.creds_dir) if self.auth else "",
                             tls_ca=self.tls_ca),
-            controller=self.controller,
-            agent=dataclasses.replace(self.agent, env_root=str(self.layout.envs)),
+            controller=dataclasses.replace(self.controller, metrics_host=self.metrics_host),
+            agent=dataclasses.replace(self.agent, env_root=str(self.layout.envs), metrics_host=self.metrics_host),
             web=self.web or WebConfig(),
             storage=self.storage_config(),
         )
@@ -419,7 +422,7 @@ class LocalCluster:
         if state is None:
             return None
         return cls(root=root, nodes=state.nodes, url=state.url, pids=state.pids, auth=state.auth, owner=state.owner,
-                   supervision=state.supervision)
+                   supervision=state.supervision, web=_web_of(Layout(root), state))
 
     def is_up(self) -> bool:
         """Whether a cluster runs under this root (its NATS server, or a supervisor that may be
@@ -450,6 +453,18 @@ class LocalCluster:
         if store and not store.get("writable", True):
             lines.append(f"  NATS store refuses writes: {store.get('detail', '')} (restarted when its disk has room)")
         return lines
+
+
+def _web_of(layout: Layout, state: ClusterState) -> WebConfig | None:
+    """The settings hfai-web of a running cluster was started with (what `up` wrote to the
+    daemons' config), or None when it runs none. `hfai local status` prints its address: `up` may
+    have taken another port than the usual one, which may then be someone else's hfai-web."""
+    if "web" not in state.pids:
+        return None
+    try:
+        return load_config(layout.config_path, env={}).web
+    except (HfaiError, OSError):
+        return None
 
 
 def ghost_nodes(known, wanted) -> list[str]:
