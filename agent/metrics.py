@@ -1,11 +1,12 @@
 """Prometheus metrics of one node's agent (``[agent] metrics_port``; 0: off, -1: a free port,
 written to ``<state_dir>/metrics_port``): the node's GPU and host telemetry as of the last
-heartbeat, the live runs, how long jobs took to acknowledge a suspend, and NATS reconnects."""
+heartbeat, the live runs, how long jobs took to acknowledge a suspend, NATS reconnects, and the
+node's health: ``hfai_node_healthy`` and ``hfai_gpu_xid_total{code}``."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -47,14 +48,25 @@ class _Telemetry(Collector):
             beat.add_metric([r.name], r.ts)
         rc = CounterMetricFamily("hfai_nats_reconnects", "Reconnections of this process to NATS")
         rc.add_metric([], self._m.reconnects())
-        return [*out, rc]
+        return [*out, rc, *self._health(r)]
+
+    def _health(self, r: NodeRecord | None) -> list:
+        healthy = GaugeMetricFamily("hfai_node_healthy", "1 while no hardware fault drains the node (docs/health.md)",
+                                    labels=["node"])
+        xid = CounterMetricFamily("hfai_gpu_xid", "GPU Xid errors seen on the node, by code", labels=["node", "code"])
+        if r is not None:
+            healthy.add_metric([r.name], 0.0 if r.fault is not None else 1.0)
+            for code, n in sorted(self._m.xids().items()):
+                xid.add_metric([r.name, str(code)], n)
+        return [healthy, xid]
 
 
 class AgentMetrics:
-    def __init__(self, reconnects: Callable[[], int]):
+    def __init__(self, reconnects: Callable[[], int], xids: Callable[[], Mapping[int, int]] = dict):
         self.registry = CollectorRegistry()
         self.record: NodeRecord | None = None
         self.reconnects = reconnects
+        self.xids = xids  # Xid code -> how many this agent saw
         self.registry.register(_Telemetry(self))
         self.suspend_ack = Histogram("hfai_job_suspend_ack_seconds", "Suspend flag raised to the job's "
                                      "acknowledgement", buckets=ACK_BUCKETS, registry=self.registry)

@@ -43,6 +43,7 @@ from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.exec import ExecService
 from hfai.agent.gpu import open_gpu_source
+from hfai.agent.health_watch import HealthWatch
 from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
 from hfai.agent.metrics import AgentMetrics
@@ -55,6 +56,7 @@ from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import ProtocolError
 from hfai.protocol.types import (
+    GpuFaultEvent,
     HostStat,
     LogChunk,
     LogRequest,
@@ -106,6 +108,8 @@ class Agent:
         self._beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
         self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
+        self.health = HealthWatch(self.node, self.gpus, self.ac.health_interval_s, self.ac.health_check_step_s, clock,
+                                  changed=self._beat_now.set, runs=self._alive_runs, publish=self._publish_fault)
         self._desired: dict[str, RunAssignment] = {}
         self._fence = self._load_fence()
         self._fence_unsaved = False  # a full disk refused the newest fence: saved once it can be
@@ -139,7 +143,10 @@ class Agent:
         await self.ops.serve(nc)
         await self.execs.serve(nc)
         await self.dev.serve(nc)
+        await self.health.serve(nc)
         await self._start_metrics()
+        if self.ac.health_check_on_start:
+            await self.health.validate()  # a node that fails it starts drained
         await self._first_heartbeat()
         spawn = self._supervisor.spawn
         spawn(self._heartbeat_loop(), "heartbeat")
@@ -148,6 +155,7 @@ class Agent:
         spawn(self._log_gc_loop(), "log-gc")
         spawn(self._trash_loop(), "trash")
         spawn(self.execs.watch(), "exec-watch")
+        spawn(self.health.loop(), "health")
         adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
         log.info("agent %s up (gpus: %s, address %s)%s", self.node, self.gpus.name, self.address,
                  f"; adopted running runs {adopted}" if adopted else "")
@@ -155,7 +163,8 @@ class Agent:
     async def _start_metrics(self) -> None:
         if not self.ac.metrics_port:
             return
-        self.metrics = AgentMetrics(lambda: self._nc.stats["reconnects"] if self._nc else 0)
+        self.metrics = AgentMetrics(lambda: self._nc.stats["reconnects"] if self._nc else 0,
+                                    xids=lambda: self.health.health.xids)
         self._metrics_server = MetricsServer(self.metrics.registry, self.ac.metrics_host, self.ac.metrics_port)
         port = await self._metrics_server.start()
         write_atomic(os.path.join(self.ac.state_dir, "metrics_port"), f"{port}\n".encode())
@@ -227,7 +236,8 @@ class Agent:
             name=self.node, group=self.ac.group, address=self.address, ts=self.clock.time(), seq=self._seq,
             gpus=self.gpus.sample(busy=bool(alive)), host=_host_stat(), envs=self.store.environments(),
             gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
-            drain_reason=self.disk.check(),
+            drain_reason=self.health.drain_reason() or self.disk.check(),
+            fault=self.health.health.fault, faults=tuple(self.health.health.faults), check=self.health.health.check,
         )
         if self._fence_unsaved:
             self._save_fence()
@@ -522,6 +532,11 @@ class Agent:
                 # Its launcher ended without recording the status, on a node whose disk was full:
                 # the platform lost the run, the user did not fail it.
                 stopped, message = True, f"its end could not be recorded: {self.store.full_reason()}"
+            fault = self.health.health.fault
+            if fault is not None and not stopped and (run is None or run.exit_code != 0):
+                # A run that failed on a node with a hardware fault failed because of it (a lost
+                # GPU ends the job's processes): a platform fault, requeued, never the user's.
+                stopped, message = True, f"GPU fault: {fault.text()}"
             return RunEventKind.EXITED, dict(
                 exit_code=run.exit_code if run else -1, acked=bool(run and run.acked),
                 platform_stopped=stopped, whole_life_state=self.store.whole_life_state(key), message=message)
@@ -563,6 +578,23 @@ class Agent:
 
         loop.add_reader(fd, exited)
         self._pidfds.add(fd)
+
+    def _alive_runs(self) -> list[RunAssignment]:
+        return [r.assignment for r in self.store.snapshot().values() if r.phase is RunPhase.ALIVE]
+
+    async def _publish_fault(self, ev: GpuFaultEvent) -> bool:
+        """Report a GPU fault under a run (the leader records it in the job's history)."""
+        try:
+            await self._js.publish(
+                names.event_subject(self.node), encode(ev),
+                headers={"Nats-Msg-Id": f"{self.node}:{ev.job_id}.{ev.run_id}:fault:{ev.fault.ts!r}:{ev.fault.why.code}"
+                                        f":{ev.fault.why.params.get('gpu')}:{ev.fault.why.params.get('xid', '')}"},
+                timeout=self.config.nats.request_timeout_s,
+            )
+            return True
+        except Exception as e:  # not acknowledged: the health watch tries again at its next poll
+            log.warning("could not report a GPU fault under %s.%d: %s", ev.job_id, ev.run_id, e)
+            return False
 
     async def _publish(self, ra: RunAssignment, kind: RunEventKind, **fields) -> bool:
         ev = RunEvent(event=kind, node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=self.clock.time(), **fields)

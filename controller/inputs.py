@@ -31,16 +31,17 @@ def plan_settings(cc: ControllerConfig, settings: Mapping[str, object], explain:
 
 def plan_nodes(tracker: NodeTracker, jobs: Iterable[JobRecord], led_s: float) -> list[PlanNode]:
     """The nodes as the plan sees them. Alive: heartbeating (else its jobs are requeued at once);
-    faulty: a GPU reports a fatal error (its jobs are interrupted); also nodes that jobs hold but
-    no record names any more, once the leader has led for a heartbeat window (``led_s``)."""
+    faulty: a GPU reports a fatal error, or the node's health watch a hardware fault (its jobs are
+    interrupted as a platform fault); also nodes that jobs hold but no record names any more, once
+    the leader has led for a heartbeat window (``led_s``)."""
     now = time.monotonic()
     drained = tracker.drained()
     states = []
     for r in tracker.records():
         alive = tracker.heartbeating(r.name, now)
-        faulty = any(g.fatal for g in r.gpus)
+        faulty = any(g.fatal for g in r.gpus) or r.fault is not None
         states.append(PlanNode(r.name, r.group, alive, alive and not faulty and r.name not in drained,
-                               r.address, faulty=faulty))
+                               r.address, faulty=faulty, fault=r.fault.text() if r.fault is not None else ""))
     for name in sorted(unknown_nodes(jobs, tracker.cache.values, led_s, tracker.timeout_s)):
         states.append(PlanNode(name, alive=False, schedulable=False))
     return states

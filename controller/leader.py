@@ -44,7 +44,7 @@ from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings
 from hfai.kv import KVCache, cas_update
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, NotFound, ProtocolError
-from hfai.protocol.types import ChainState, JobRecord, NodeAssignment, RunEvent, evolve
+from hfai.protocol.types import ChainState, GpuFaultEvent, JobRecord, NodeAssignment, RunEvent, evolve
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ class Leader:
 
     async def _handle_event(self, m) -> None:
         try:
-            ev = decode(m.data, RunEvent)
+            ev = decode(m.data, (RunEvent, GpuFaultEvent))
         except ProtocolError as e:
             log.warning("dropping undecodable event on %s: %s", m.subject, e)
             await m.ack()
@@ -278,6 +278,9 @@ class Leader:
         if not self.election.is_leader:
             return  # unacked: the next leader gets it again
         node = _subject_node(m.subject)
+        if isinstance(ev, GpuFaultEvent):
+            await self._handle_fault(m, ev, node)
+            return
         if ev.node != node:
             log.warning("dropping %s event for job %s: %s", ev.event.value, ev.job_id,
                         f"it names node {ev.node!r} but came on {m.subject}")
@@ -307,6 +310,24 @@ class Leader:
             # comes back after event_ack_wait_s; applying it late or twice is harmless.
             log.warning("event %s for %s not applied yet (%s); it will be redelivered",
                         ev.event.value, ev.job_id, e or type(e).__name__)
+            return
+        await m.ack()
+
+    async def _handle_fault(self, m, ev: GpuFaultEvent, node: str) -> None:
+        """A GPU fault under a run: a line in its job's history. Only the node's own agent may
+        report one, and only for a run it holds (as for run events)."""
+        if ev.node != node:
+            log.warning("dropping a GPU fault event for job %s: it names node %r but came on %s", ev.job_id,
+                        ev.node, m.subject)
+            await m.ack()
+            return
+        try:
+            await self._update(ev.job_id, lambda job: transitions.apply_gpu_fault(job, ev))
+        except HfaiError as e:
+            log.warning("GPU fault event for %s not applied: %s", ev.job_id, e)
+        except (TimeoutError, nats.errors.Error) as e:
+            log.warning("GPU fault event for %s not applied yet (%s); it will be redelivered", ev.job_id,
+                        e or type(e).__name__)
             return
         await m.ack()
 

@@ -38,7 +38,18 @@ from dataclasses import dataclass, field
 
 from hfai.controller import transitions
 from hfai.controller.assignments import pick_master_port
-from hfai.controller.policy import HFAI, QUIET_MARGIN_S, JobView, NodeView, Policy, PolicyConfig, Start, Suspend, Wait
+from hfai.controller.policy import (
+    HFAI,
+    QUIET_MARGIN_S,
+    Decision,
+    JobView,
+    NodeView,
+    Policy,
+    PolicyConfig,
+    Start,
+    Suspend,
+    Wait,
+)
 from hfai.controller.queues import JobIndex
 from hfai.controller.views import job_view
 from hfai.protocol.reasons import Reason, ReasonCode, reason
@@ -58,6 +69,8 @@ class PlanNode:
     #: Alive, but a GPU reports a fatal error: its runs are interrupted through the protocol (the
     #: agent stops them) rather than dropped, so a restart elsewhere never overlaps them.
     faulty: bool = False
+    #: The hardware fault the node's health watch reports ("": none, or only a fatal GPU reading).
+    fault: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,12 +112,15 @@ class LoseNode(Action):
 
 @dataclass(frozen=True)
 class Interrupt(Action):
-    """Suspend (or resize) the running job: checkpoint, release the nodes, back in line."""
+    """Suspend (or resize) the running job: checkpoint, release the nodes, back in line; for a
+    fault of node ``avoid``, the job's next start avoids it."""
 
     decision: Suspend
+    avoid: str = ""
 
     def apply(self, job: JobRecord, now: float) -> JobRecord | None:
-        return transitions.apply_suspend(job, self.decision, now)
+        after = transitions.apply_suspend(job, self.decision, now)
+        return transitions.avoiding(after, self.avoid) if after is not None and self.avoid else after
 
 
 @dataclass(frozen=True)
@@ -284,10 +300,12 @@ class Planner:
                 continue
             job = overlay.get(job_id, self.records[job_id])
             if n.alive:
-                d = Suspend(job_id, reason(ReasonCode.GPU_ERROR, node=n.name), for_job="")
-                after = transitions.apply_suspend(job, d, now)
+                fault = {"fault": n.fault} if n.fault else {}
+                d = Suspend(job_id, reason(ReasonCode.GPU_ERROR, node=n.name, **fault), for_job="")
+                interrupt = Interrupt(job_id, d, avoid=n.name)
+                after = interrupt.apply(job, now)
                 if after is not None:
-                    actions.append(Interrupt(job_id, d))
+                    actions.append(interrupt)
                     overlay[job_id] = after
                 continue
             after = transitions.apply_node_lost(job, n.name, now)
@@ -356,6 +374,7 @@ class Planner:
                 index.put(self._views[job_id])
         picked: dict[str, set[int]] = {}  # master ports given this round, per address
         unacked: dict[str, Reason | None] = {}  # group -> who holds up its released nodes (_unacked)
+        decisions = self._avoid(decisions, views, index.holder)
         for decision in decisions:
             if isinstance(decision, Start):
                 addr = address.get(decision.nodes[0], "")
@@ -395,6 +414,32 @@ class Planner:
             if left > 0:
                 t = min(t, now + left)
         return max(t, now)
+
+    def _avoid(self, decisions: Sequence[Decision], views: Sequence[NodeView],
+               holder: Mapping[str, str]) -> list[Decision]:
+        """The decisions with each start's avoided nodes (JobRecord.avoid: a fault interrupted the
+        job there) swapped for nodes of the same group that are free and picked by no other start
+        this round, where there are such; otherwise the start keeps them (the node is healthy
+        again: it is schedulable)."""
+        avoided = [d for d in decisions if isinstance(d, Start) and set(d.nodes) & set(self.records[d.job_id].avoid)]
+        if not avoided:
+            return list(decisions)
+        taken = {n for d in decisions if isinstance(d, Start) for n in d.nodes}
+        group = {v.name: v.group for v in views}
+        spare = [v.name for v in views if v.schedulable and v.name not in holder and v.name not in taken]
+        swapped: dict[str, Start] = {}
+        for d in avoided:
+            avoid = set(self.records[d.job_id].avoid)
+            nodes = list(d.nodes)
+            for i, n in enumerate(nodes):
+                if n not in avoid:
+                    continue
+                other = next((s for s in spare if group[s] == group[n] and s not in avoid), None)
+                if other is not None:
+                    spare.remove(other)
+                    nodes[i] = other
+            swapped[d.job_id] = Start(d.job_id, tuple(nodes), d.reason)
+        return [swapped.get(d.job_id, d) if isinstance(d, Start) else d for d in decisions]
 
     def _unacked(self, group: str, now: float, settings: PlanSettings) -> Reason | None:
         """The wait reason of a job counting on nodes being released in ``group`` while a job

@@ -12,7 +12,16 @@ from collections.abc import Iterable
 from hfai.controller.policy import Start, Suspend
 from hfai.protocol.errors import IllegalTransition
 from hfai.protocol.reasons import Reason, ReasonCode, describe, reason
-from hfai.protocol.types import DEV_IDLE_EXIT, JOB_DEV, ChainState, JobRecord, RunEvent, RunEventKind
+from hfai.protocol.types import (
+    DEV_IDLE_EXIT,
+    JOB_DEV,
+    ChainState,
+    GpuFaultEvent,
+    JobEvent,
+    JobRecord,
+    RunEvent,
+    RunEventKind,
+)
 from hfai.protocol.types import evolve as replace  # fast: records have no __post_init__
 
 
@@ -77,6 +86,7 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
         # an interruption, never the user's failure. The other ranks are asked to suspend, and
         # the job is requeued once every rank has exited, so no rank outlives its restart.
         stopped = {"rank": rank, "node": ev.node, "message": ev.message}
+        job = avoiding(job, ev.node)
         if len(exits) == len(job.nodes):
             return requeue(job, now, reason(ReasonCode.PLATFORM_STOPPED, **stopped, requeued=1))
         return job.transition(ChainState.SUSPENDING, now, reason(ReasonCode.PLATFORM_STOPPED, **stopped))
@@ -150,7 +160,7 @@ def apply_start(job: JobRecord, d: Start, now: float, master_addr: str, master_p
     return job.transition(
         ChainState.RUNNING, now, why,
         run_id=job.run_id + 1, nodes=d.nodes, last_nodes=d.nodes, exits={}, acked=(), started_ts=now,
-        master_addr=master_addr, master_port=master_port, retry_ts=0.0,
+        master_addr=master_addr, master_port=master_port, retry_ts=0.0, avoid=(),
     )
 
 
@@ -283,7 +293,25 @@ def apply_node_lost(job: JobRecord, node: str, now: float) -> JobRecord | None:
         return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.NODE_LOST, node=node, cause=describe(job)))
     if job.spec.kind == JOB_DEV and job.state is ChainState.RUNNING:
         return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.DEV_NODE_LOST, node=node))
-    return requeue(job, now, reason(ReasonCode.NODE_LOST, node=node))
+    return requeue(avoiding(job, node), now, reason(ReasonCode.NODE_LOST, node=node))
+
+
+def avoiding(job: JobRecord, node: str) -> JobRecord:
+    """``job`` set to avoid ``node`` on its next start (a node-class fault interrupted it there)."""
+    return job if node in job.avoid else replace(job, avoid=(*job.avoid, node))
+
+
+def apply_gpu_fault(job: JobRecord, ev: GpuFaultEvent) -> JobRecord | None:
+    """A GPU fault under the job's run, as a line of its history (no state change): the node and
+    the fault, and whether it was the job's own (an application Xid) or the hardware's. None when
+    the run is over or the line is there already (a redelivered event)."""
+    if ev.job_id != job.id or ev.run_id != job.run_id or not job.state.holds_nodes or ev.node not in job.nodes:
+        return None
+    why = Reason(ev.fault.why.code, {**ev.fault.why.params, "node": ev.node})
+    if any(e.why == why and e.ts == ev.fault.ts for e in job.history):
+        return None
+    line = JobEvent(ts=ev.fault.ts, state=job.state, reason=why.text(), why=why)
+    return replace(job, history=(*job.history, line)[-JobRecord.HISTORY_LIMIT:])
 
 
 def apply_stop(job: JobRecord, now: float, by: str) -> JobRecord | None:

@@ -32,8 +32,9 @@ from hfai.protocol import types as t
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import ProtocolError
 
-PROTOCOL_VERSION = (1, 3)  # 1.1: paged list and nodes replies; 1.2: dependencies, arrays, holds, limits;
-# 1.3: typed reasons (JobRecord.why, JobEvent.why)
+PROTOCOL_VERSION = (1, 4)  # 1.1: paged list and nodes replies; 1.2: dependencies, arrays, holds, limits;
+# 1.3: typed reasons (JobRecord.why, JobEvent.why); 1.4: node health (NodeRecord.fault, faults,
+# check; JobRecord.avoid; GpuFaultEvent; the agent operation "health")
 
 # NATS delivers at most max_payload bytes (1 MiB by default; 8 MiB is the most NATS recommends),
 # so nothing larger is a message we ever sent.

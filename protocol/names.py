@@ -136,6 +136,9 @@ def agent_logs_subject(node: str) -> str:
 # the caller an operator, as on the API.
 AGENT_OP_SUSPEND = "suspend"
 AGENT_OPS = (AGENT_OP_SUSPEND,)
+# The node's health watch (agent/health_watch.py) serves this one: inject a fault into simulated
+# GPUs, validate the node, put a node a fault drained back in service.
+AGENT_OP_HEALTH = "health"
 
 
 def agent_op_subject(node: str, user: str, verb: str) -> str:

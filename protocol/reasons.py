@@ -42,7 +42,8 @@ class ReasonCode(enum.StrEnum):
     UNACKED = "unacked"  # job, since, stop_at, kill_at, late ("1": past stop_at)
     RESTRICTED = "restricted"  # why ("" : by an operator)
     RESTRICTED_INTERRUPT = "restricted_interrupt"  # user, why
-    GPU_ERROR = "gpu_error"  # node
+    GPU_ERROR = "gpu_error"  # node [, fault: what the node's health watch saw, rendered]
+    GPU_FAULT = "gpu_fault"  # gpu, meaning, kind ("hardware", "application", "warn") [, xid, node]
     HELD = "held"  # by, job
     RETRY_BACKOFF = "retry_backoff"  # retried, retries, seconds
     AFTER = "after"  # job, until ("succeed" or "end")
@@ -128,6 +129,20 @@ def _dev_lost(p: Mapping[str, str]) -> str:
     return f"node {p['node']} lost (no heartbeat)"
 
 
+#: What each class of GPU fault means for the node and the job (agent/health.py classifies).
+_FAULT_KINDS = {"hardware": " (hardware: the node drains)",
+                "application": " (the job's own error: the node stays in service)", "warn": ""}
+
+
+def _gpu_fault(p: Mapping[str, str]) -> str:
+    """``Xid 79 on GPU 3: fell off the bus``; in a job's history (with the node) also what it
+    means for the node: ``Xid 13 on GPU 0 of node-1: ... (the job's own error: ...)``."""
+    node = p.get("node")
+    where = f"GPU {p['gpu']}" + (f" of {node}" if node else "")
+    head = f"Xid {p['xid']} on {where}" if p.get("xid") else where
+    return f"{head}: {p['meaning']}" + (_FAULT_KINDS.get(p.get("kind", ""), "") if node else "")
+
+
 _NO_PREEMPTION = ", and no running job may be preempted for it"
 
 #: The words of each code (``p``: its parameters).
@@ -156,7 +171,9 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
     ReasonCode.RESTRICTED: lambda p: f"restricted: {p['why']}" if p.get("why") else "restricted by an operator",
     ReasonCode.RESTRICTED_INTERRUPT: lambda p: (f"interrupted: user {p['user']!r} is "
                                                 f"{RENDER[ReasonCode.RESTRICTED](p)}"),
-    ReasonCode.GPU_ERROR: lambda p: f"interrupted: node {p['node']} reports a GPU error",
+    ReasonCode.GPU_ERROR: lambda p: (f"interrupted: node {p['node']} reports a GPU error"
+                                     + (f": {p['fault']}; requeued as a platform fault" if p.get("fault") else "")),
+    ReasonCode.GPU_FAULT: lambda p: _gpu_fault(p),
     ReasonCode.HELD: lambda p: f"held by {p['by']} (hfai release {p['job']})",
     ReasonCode.RETRY_BACKOFF: lambda p: (f"retry {p['retried']} of {p['retries']} after a failed run: backing off, "
                                          f"starts again in ~{p['seconds']} s"),

@@ -301,6 +301,9 @@ class JobRecord:
     # Protocol 1.3: ``reason`` as a typed value (hfai.protocol.reasons), when the controller gave
     # one; None in older records and for reasons that are only text (an exit code, a user's stop).
     why: Reason | None = None
+    # Protocol 1.4: nodes the job's next start avoids where it can (controller/plan.py): a node
+    # whose fault interrupted it (a GPU fault, a lost node). Cleared when it starts again.
+    avoid: tuple[str, ...] = ()
 
     HISTORY_LIMIT: ClassVar[int] = 50
 
@@ -332,6 +335,33 @@ class GpuStat:
     fatal: bool = False
 
 
+@message("gpu_fault")
+class GpuFault:
+    """One GPU fault a node's health watch classified (hfai.agent.health): when it saw it, what it
+    is (a GPU_FAULT :class:`Reason`: GPU, Xid, meaning, kind), and whether it is the hardware's
+    (the node drains itself) rather than the job's or a warning. Protocol 1.4."""
+
+    KIND: ClassVar[str]
+    ts: float
+    why: Reason
+    hardware: bool = False
+
+    def text(self) -> str:
+        return render(self.why)
+
+
+@message("health_check")
+class HealthCheck:
+    """The node validator's last run (hfai.agent.health_check): when it ran, whether every step
+    passed, how long it took, and what failed (one line per failed step). Protocol 1.4."""
+
+    KIND: ClassVar[str]
+    ts: float
+    ok: bool
+    duration_s: float = 0.0
+    detail: str = ""
+
+
 @message("host_stat")
 class HostStat:
     KIND: ClassVar[str]
@@ -360,6 +390,12 @@ class NodeRecord:
     # Why the agent takes no new work ("" = it does): its node drained by itself, e.g. its state
     # directory is full (agent/diskwatch.py); it undrains itself when that is over.
     drain_reason: str = ""
+    # Protocol 1.4, node health (agent/health.py): the hardware fault that drains the node until
+    # a health check passes or an operator forces it back (None: none), the node's latest faults
+    # (newest last, a few), and the validator's last result (None: it has not run).
+    fault: GpuFault | None = None
+    faults: tuple[GpuFault, ...] = ()
+    check: HealthCheck | None = None
 
 
 # Self-fencing (see RunAssignment.fence_s): the launcher SIGTERMs its job once the agent has not
@@ -435,6 +471,19 @@ class RunEvent:
     platform_stopped: bool = False
     whole_life_state: int | None = None
     message: str = ""
+
+
+@message("gpu_fault_event")
+class GpuFaultEvent:
+    """An agent's report that a GPU fault happened under a run on its node, sent on the events
+    stream beside :class:`RunEvent`; the leader records it in the job's history (a controller
+    older than protocol 1.4 drops it as undecodable)."""
+
+    KIND: ClassVar[str]
+    node: str
+    job_id: str
+    run_id: int
+    fault: GpuFault
 
 
 @message("leader_lease")
@@ -776,6 +825,40 @@ class NodeSuspendReply:
     node: str
     interrupted: tuple[str, ...] = ()
     unsettled: tuple[str, ...] = ()
+
+
+#: NodeHealthRequest.action.
+HEALTH_FAULT = "fault"  # inject a fault into simulated GPUs (refused on real NVML)
+HEALTH_CLEAR = "clear"  # simulated GPUs: forget the injected faults (the GPU "replaced")
+HEALTH_VALIDATE = "validate"  # run the node validator now
+HEALTH_UNDRAIN = "undrain"  # put a node drained by a fault back: only after a passing check, or forced
+HEALTH_ACTIONS = (HEALTH_FAULT, HEALTH_CLEAR, HEALTH_VALIDATE, HEALTH_UNDRAIN)
+
+
+@message("node_health_request")
+class NodeHealthRequest:
+    """An operator's request to one node's health watch (agent operation ``health``). For
+    ``fault``: ``signal`` is "xid" (with ``xid``), "dbe", "retired", "lost", "thermal" or "power",
+    on GPU ``gpu``. ``force``: undrain without a passing check. Protocol 1.4."""
+
+    KIND: ClassVar[str]
+    action: str
+    xid: int = 0
+    gpu: int = 0
+    signal: str = "xid"
+    force: bool = False
+
+
+@message("node_health_reply")
+class NodeHealthReply:
+    """What the node's health watch says after the request: its fault (None: in service as far
+    as health goes), its last check, and one line for the operator."""
+
+    KIND: ClassVar[str]
+    node: str
+    message: str = ""
+    fault: GpuFault | None = None
+    check: HealthCheck | None = None
 
 
 # ----------------------------------------------------------------- development sessions

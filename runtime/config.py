@@ -178,6 +178,13 @@ class AgentConfig:
     # With less free than this in state_dir's filesystem (or a write there refused for space) the
     # agent drains its node itself, saying why; it takes work again once 1.5 times this is free.
     state_min_free_bytes: int = 64 * 1024 * 1024
+    # Node health (agent/health.py, docs/health.md): the GPUs' Xid events and polled conditions
+    # are read this often (a fault is detected within one interval); the node validator runs at
+    # agent start (health_check_on_start) and on `hfai admin validate`, each step at most
+    # health_check_step_s.
+    health_interval_s: float = 10.0
+    health_check_on_start: bool = True
+    health_check_step_s: float = 60.0
     # hfai exec / hfai shell (agent/exec.py): a session whose caller sent nothing for exec_idle_s
     # is killed (the caller sends something every third of it); after the command exits its
     # output is read for up to exec_drain_s more (a background process may hold it open); output
@@ -188,6 +195,26 @@ class AgentConfig:
     exec_chunk_bytes: int = 64 * 1024
     exec_window: int = 64
     exec_poll_s: float = 1.0
+    # Compute containers (agent/contain.py, docs/security.md): "bwrap" (a container per run) or
+    # "none". A node that runs jobs as their submitters refuses "none", and a bwrap that cannot
+    # work there, unless allow_uncontained is set.
+    container: str = "bwrap"
+    allow_uncontained: bool = False
+    # The private /tmp and /dev/shm of a container (tmpfs; bytes, 0: the kernel's default, half
+    # the node's memory; a tmpfs takes memory only as it is filled).
+    container_tmp_bytes: int = 0
+    container_shm_bytes: int = 0
+    # <home_root>/<user> is bound at /home/<user> in the container ("": the account's own home
+    # when jobs run as their submitters, else an empty one).
+    home_root: str = ""
+    # A cgroup per run (agent/cgroup.py): <cgroup fs>/<controller>/<cgroup_name>/<node>/<run>.
+    cgroups: bool = True
+    cgroup_name: str = "hfai"
+    # Each run's memory limit: run_memory_bytes, or (0) the node's memory less memory_reserve_bytes
+    # that the agent keeps for itself and the system; and its limit on processes and threads.
+    run_memory_bytes: int = 0
+    memory_reserve_bytes: int = 4 * 2**30
+    run_pids_max: int = 65536
 
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]
