@@ -391,8 +391,10 @@ def _digits(text: str) -> bool:
 
 
 def _simple_value(raw: str) -> str | int | float | None:
-    """A basic string without escapes, a decimal integer or a float (no underscores, inf nor
-    nan) as TOML reads it, or None for anything else."""
+    """A basic string without escapes, a boolean, a decimal integer or a float (no underscores,
+    inf nor nan) as TOML reads it, or None for anything else."""
+    if raw in ("true", "false"):
+        return raw == "true"
     if raw[:1] == '"':
         inner = raw[1:-1]
         if len(raw) < 2 or raw[-1] != '"' or '"' in inner or "\\" in inner or not inner.isprintable():
@@ -415,6 +417,8 @@ def _simple_value(raw: str) -> str | int | float | None:
 def _coerce(cls: type, name: str, value: Any) -> Any:
     kind = _field_types(cls)[name]
     try:
+        if kind == "bool":
+            return _bool(value)
         if kind == "float":
             return float(value)
         if kind == "int":
@@ -422,6 +426,18 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise InvalidRequest(f"config {cls.__name__}.{name}: {value!r} is not a {kind}") from None
+
+
+def _bool(value: Any) -> bool:
+    """A TOML boolean, or the words an environment variable gives for one (true/false, 1/0, yes/no)."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(word)
 
 
 #: Each section's field types, by field name (a local cluster's file sets some 100 keys).
@@ -442,6 +458,9 @@ def dump_toml(config: Config) -> str:
         lines.append(f"[{name}]")
         for f in dataclasses.fields(getattr(config, name)):
             value = getattr(getattr(config, name), f.name)
-            lines.append(f"{f.name} = {value!r}" if not isinstance(value, str) else f'{f.name} = "{value}"')
+            if isinstance(value, bool):
+                lines.append(f"{f.name} = {'true' if value else 'false'}")
+            else:
+                lines.append(f"{f.name} = {value!r}" if not isinstance(value, str) else f'{f.name} = "{value}"')
         lines.append("")
     return "\n".join(lines)
