@@ -15,7 +15,7 @@ def job_view(j: JobRecord) -> JobView:
         id=j.id, user=s.user, priority=s.priority, nodes=s.nodes, submit_ts=j.submit_ts, state=j.state,
         group=s.group, held=j.nodes, started_ts=j.started_ts, slice_turns=j.slice_turns,
         min_nodes=s.min_nodes, max_nodes=s.max_nodes, run_s=j.run_s, queued_ts=j.queued_ts,
-        exempt=s.by_operator, dev=s.kind == JOB_DEV,
+        exempt=s.by_operator, dev=s.kind == JOB_DEV, name=s.name,
     )
 
 

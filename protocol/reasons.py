@@ -31,6 +31,7 @@ class ReasonCode(enum.StrEnum):
     NO_NODES = "no_nodes"  # reserved ("1": the free nodes are pinned for jobs ahead, "": the group is full)
     NOT_PREEMPTIBLE = "not_preemptible"  # need
     TIME_SLICE_WAIT = "time_slice_wait"  # minutes (to the next turn)
+    OWN_SESSION = "own_session"  # job, name, nodes, priority (its user's dev session's) [, minutes: as above]
     BEHIND_OWN_JOB = "behind_own_job"
     RELEASING = "releasing"
     PREEMPTING = "preempting"
@@ -158,6 +159,10 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
                                     + _NO_PREEMPTION),
     ReasonCode.NOT_PREEMPTIBLE: lambda p: f"waiting for {p['need']} more node(s), held by jobs it may not preempt",
     ReasonCode.TIME_SLICE_WAIT: lambda p: f"waiting for its time slice, next turn in ~{p['minutes']} min",
+    ReasonCode.OWN_SESSION: lambda p: (f"waiting for nodes: its user's development session {p['name']} (job "
+                                       f"{p['job']}, {p['priority']}) holds {p['nodes']}; it starts when the session "
+                                       f"ends (hfai dev stop {p['name']})"
+                                       + (f" or at its time slice in ~{p['minutes']} min" if p.get("minutes") else "")),
     ReasonCode.BEHIND_OWN_JOB: lambda p: ("waiting behind an earlier job of the same user and priority that waits "
                                           "for nodes"),
     ReasonCode.RELEASING: lambda p: "waiting for nodes that are being released",
@@ -211,7 +216,8 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
 }
 
 #: Parameters that are part of a code's gist (see :meth:`Reason.gist`).
-_GIST_PARAMS: dict[str, tuple[str, ...]] = {ReasonCode.TIME_SLICE_WAIT: ("minutes",)}
+_GIST_PARAMS: dict[str, tuple[str, ...]] = {ReasonCode.TIME_SLICE_WAIT: ("minutes",),
+                                             ReasonCode.OWN_SESSION: ("job", "minutes")}
 
 
 def render(why: Reason, fallback: str = "") -> str:

@@ -28,6 +28,7 @@ SAMPLES: dict[ReasonCode, dict[str, object]] = {
     ReasonCode.NO_NODES: {"reserved": 1},
     ReasonCode.NOT_PREEMPTIBLE: {"need": 3},
     ReasonCode.TIME_SLICE_WAIT: {"minutes": 7},
+    ReasonCode.OWN_SESSION: {"job": "s", "name": "lab", "nodes": "n3", "priority": "NORMAL", "minutes": 9},
     ReasonCode.BEHIND_OWN_JOB: {},
     ReasonCode.RELEASING: {},
     ReasonCode.PREEMPTING: {},

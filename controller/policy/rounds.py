@@ -103,6 +103,7 @@ class GroupRound:
         self.failed_size: dict[str, int] = {}
         self.ready: dict[tuple[int, str, int, int], tuple[list[float], list[int]]] = {}  # see ready_times
         self.reasons: dict[tuple, Reason] = {}  # skip's reasons this round, while nothing changed
+        self._sessions: dict[str, list[JobView]] | None = None  # see sessions_of
 
     # -- helpers
 
@@ -260,7 +261,8 @@ class GroupRound:
             return self.over_quota(job, room)
         need = lo - self.n_free() - self.leaving
         fallback = self.no_nodes() if self.hopeless(p) else reason(ReasonCode.NOT_PREEMPTIBLE, need=need)
-        return self.slice_wait(job, need - self.pool.lower_nodes(p) - self.slices(job, p)) or fallback
+        short = need - self.pool.lower_nodes(p) - self.slices(job, p)
+        return self.own_session(job, short) or self.slice_wait(job, short) or fallback
 
     # -- wait reasons that both walks give (the explaining walk's skip_reason, and place)
 
@@ -300,7 +302,8 @@ class GroupRound:
         if self.hopeless(self.prio[job.id]):
             # Cheap path for the long tail of a full cluster: nothing this job could do.
             if self.config.explain_waits:
-                self.wait(job, self.slice_wait(job, job.lo) or self.no_nodes(), quiet=True)
+                why = self.own_session(job, job.lo) or self.slice_wait(job, job.lo) or self.no_nodes()
+                self.wait(job, why, quiet=True)
             self.reserve(self.prio[job.id])
             return
         self.claim(job)
@@ -326,7 +329,7 @@ class GroupRound:
             if self.config.explain_waits:
                 p = self.prio[job.id]
                 short = need - from_leaving - self.pool.lower_nodes(p) - self.slices(job, p)
-                self.wait(job, self.slice_wait(job, short) or
+                self.wait(job, self.own_session(job, short) or self.slice_wait(job, short) or
                           reason(ReasonCode.NOT_PREEMPTIBLE, need=need - from_leaving), quiet=True)
             self.reserve(self.prio[job.id])
             # Free and preemptible nodes only shrink this round: the user's later, not smaller,
@@ -340,6 +343,36 @@ class GroupRound:
             self.out.append(self.victim_decision(job, v))
         self.turns.clear()  # victims are no longer anybody's turn
         self.wait(job, _PREEMPTING)
+
+    def own_session(self, job: JobView, short: int) -> Reason | None:
+        """The wait reason of a job whose own user's development sessions hold the ``short`` nodes
+        it lacks beyond what it could take now, at a priority it may not preempt (a LOW job that
+        its user's session preempted): they are named, as is the time slice's turn if one comes
+        sooner or later; None otherwise. "Waiting for its time slice" alone hid that the user's
+        own session holds the node, and that ending it would start the job."""
+        if short <= 0:
+            return None
+        sessions = self.sessions_of().get(job.user)
+        if not sessions:
+            return None
+        p = self.prio[job.id]
+        holding = [s for s in sessions if self.prio.get(s.id, s.priority) >= p and s.id not in self.pool.taken]
+        nodes = [n for s in holding for n in s.held]
+        if len(nodes) < short:
+            return None
+        first = holding[0]
+        turn = self.slice_wait(job, short)
+        minutes = {"minutes": turn.params["minutes"]} if turn is not None else {}
+        return reason(ReasonCode.OWN_SESSION, job=first.id, name=first.name or first.id, nodes=", ".join(nodes),
+                      priority=_label(self.prio.get(first.id, first.priority)), **minutes)
+
+    def sessions_of(self) -> dict[str, list[JobView]]:
+        """The running development sessions of this group by user, oldest first (made once a round)."""
+        if self._sessions is None:
+            self._sessions = {}
+            for j in sorted((j for j in self.jobs.running.values() if j.dev), key=lambda j: (j.started_ts, j.id)):
+                self._sessions.setdefault(j.user, []).append(j)
+        return self._sessions
 
     def slice_wait(self, job: JobView, short: int) -> Reason | None:
         """The wait reason of a job that time slicing will serve, or None: other users' jobs of

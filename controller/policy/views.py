@@ -107,6 +107,8 @@ class JobView:
     exempt: bool = False
     #: A development session (JobSpec.kind "dev"): never time-sliced (docs/scheduling.md).
     dev: bool = False
+    #: Its name: a job waiting for its user's development session names it (``hfai dev stop NAME``).
+    name: str = ""
     # Worked out once per view (a round reads them millions of times in a replay):
     lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
     hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use
