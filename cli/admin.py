@@ -205,12 +205,79 @@ async def node_drain(name: str, reason: str):
 
 @node.command("undrain")
 @click.argument("name")
+@click.option("--force", is_flag=True, help="Also a node drained by a GPU fault, without a passing health check.")
 @common.run_async
-async def node_undrain(name: str):
-    """Put node NAME back in service."""
+async def node_undrain(name: str, force: bool):
+    """Put node NAME back in service. A node a GPU fault drained comes back once a health check
+    passes (hfai admin validate NAME); --force brings it back without one."""
+    from hfai.protocol.types import HEALTH_UNDRAIN, NodeHealthRequest
+
     async with common.api() as client:
         await client.drain(name, False)
+        faulted = any(n.record.name == name and n.record.fault is not None for n in await client.nodes())
+        if faulted:  # the node's agent holds the fault and decides (agent/health.py: undrain_refusal)
+            reply = await _health(client, name, NodeHealthRequest(action=HEALTH_UNDRAIN, force=force))
+            click.echo(render.clean(reply.message))
+            return
     click.echo(f"node {render.clean(name)} back in service")
+
+
+async def _health(client, node: str, req, wait_s: float = 0.0):
+    """Ask ``node``'s agent for the health operation ``req`` (operators only: NATS lets only them
+    publish on agent operations), waiting up to ``wait_s`` more than a plain request."""
+    import copy
+    from dataclasses import replace
+
+    from hfai.protocol import encode, names
+    from hfai.protocol.types import NodeHealthReply
+
+    caller = copy.copy(client)  # the same connection, waiting as long as the operation may take
+    nats = client.config.nats
+    caller.config = replace(client.config, nats=replace(nats, request_timeout_s=nats.request_timeout_s + wait_s))
+    return await caller._request(names.agent_op_subject(node, client.user, names.AGENT_OP_HEALTH), encode(req),
+                                 NodeHealthReply)
+
+
+@admin.command("fault")
+@click.argument("node_name", metavar="NODE")
+@click.option("--xid", type=click.IntRange(min=1), help="Inject this Xid (see docs/health.md).")
+@click.option("--gpu", type=click.IntRange(min=0), default=0, show_default=True, help="On this GPU.")
+@click.option("--signal", "signal_name", type=click.Choice(["dbe", "retired", "lost", "thermal", "power"]),
+              help="Inject a polled condition instead of an Xid.")
+@click.option("--clear", is_flag=True, help="Forget the injected faults (the GPUs as new).")
+@common.run_async
+async def admin_fault(node_name: str, xid: int | None, gpu: int, signal_name: str | None, clear: bool):
+    """Inject a GPU fault into NODE's simulated GPUs (operators; refused on real GPUs): the node's
+    health watch sees it as it would see NVML report it."""
+    from hfai.protocol.types import HEALTH_CLEAR, HEALTH_FAULT, NodeHealthRequest
+
+    if clear:
+        req = NodeHealthRequest(action=HEALTH_CLEAR)
+    elif (xid is None) == (signal_name is None):
+        raise click.UsageError("give one of --xid N, --signal NAME or --clear")
+    else:
+        req = NodeHealthRequest(action=HEALTH_FAULT, xid=xid or 0, gpu=gpu, signal=signal_name or "xid")
+    async with common.api() as client:
+        reply = await _health(client, node_name, req)
+    click.echo(f"{render.clean(node_name)}: {render.clean(reply.message)}")
+
+
+@admin.command("validate")
+@click.argument("node_name", metavar="NODE")
+@click.option("--wait", "wait_s", type=float, default=300.0, show_default=True,
+              help="Seconds to wait for the check (each step is bounded by [agent] health_check_step_s).")
+@common.run_async
+async def admin_validate(node_name: str, wait_s: float):
+    """Run NODE's health check now (operators); a node a GPU fault drained comes back if it passes."""
+    from hfai.protocol.types import HEALTH_VALIDATE, NodeHealthRequest
+
+    async with common.api() as client:
+        reply = await _health(client, node_name, NodeHealthRequest(action=HEALTH_VALIDATE), wait_s)
+    click.echo(f"{render.clean(node_name)}: {render.clean(reply.message)}")
+    if reply.fault is not None:
+        click.echo(f"  still drained: {render.clean(reply.fault.text())}")
+    if reply.check is None or not reply.check.ok:
+        sys.exit(1)
 
 
 # ------------------------------------------------------------------------------------ daemons

@@ -318,6 +318,9 @@ def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
         why = [f"no heartbeat for {age(n.age_s)}, figures are from then"] if down else []
         if n.reason:
             why.append(f"drained: {clean(n.reason)}" if down else clean(n.reason))
+        check = n.record.check  # protocol 1.4: the node validator's last run
+        if check is not None and not check.ok:
+            why.append(f"health check failed: {clean(check.detail)}")
         rows.append([clean(n.record.name), clean(n.record.group), n.state.value, *figures,
                      clean(n.record.gpu_source), f"{n.age_s:.1f}s", clean(",".join(n.jobs)) or "-", "; ".join(why)])
     return table_text(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS",
@@ -377,6 +380,12 @@ def node_json(n: NodeInfo) -> dict[str, Any]:
         "utilization": round(sum(g.utilization for g in gpus) / len(gpus), 2) if gpus else 0.0,
         "memory_used": sum(g.memory_used for g in gpus), "memory_total": sum(g.memory_total for g in gpus),
         "jobs": list(n.jobs),
+        # Node health (docs/health.md): the fault that drains it, its latest faults, the last check.
+        "fault": n.record.fault.text() if n.record.fault is not None else None,
+        "faults": [{"ts": f.ts, "fault": f.text(), "hardware": f.hardware} for f in n.record.faults],
+        "check": None if n.record.check is None else {
+            "ts": n.record.check.ts, "ok": n.record.check.ok, "duration_s": round(n.record.check.duration_s, 3),
+            "detail": n.record.check.detail},
     }
 
 
