@@ -36,7 +36,6 @@ import errno
 import logging
 import os
 import pwd
-import shutil
 import signal
 import stat
 import threading
@@ -48,15 +47,16 @@ from hfai.protocol.codec import pack
 from hfai.protocol.errors import Conflict
 from hfai.protocol.storage import CommitJournal, FileEntry, Manifest
 from hfai.storage import plan, swap
+from hfai.storage.beneath import Tree
 from hfai.storage.chunks import chunk_matches
 from hfai.storage.files import (
-    chown,
+    fchown,
     ino,
     ino_at,
     make_new_parents_at,
     make_parents_at,
-    open_dir,
     prune_empty_dirs,
+    remove_at,
     remove_tree,
 )
 from hfai.storage.staging import is_whole
@@ -202,11 +202,12 @@ class _Source:
         self._fds: dict[str, int] = {}
         self._linked: set[str] = set()  # staged files this build made files of N (once each)
 
-    def link(self, f: FileEntry, chunk_bytes: int, target: str, dir_fd: int) -> bool:
-        """Make ``target`` (relative to ``dir_fd``) a hard link to the staged file that holds exactly ``f``'s chunks at
+    def link(self, f: FileEntry, chunk_bytes: int, n: Tree, owner: pwd.struct_passwd | None) -> bool:
+        """Make ``f.path`` in ``n`` a hard link to the staged file that holds exactly ``f``'s chunks at
         their places and nothing else (a chunk staged whole, or a part file the puts filled:
         :func:`hfai.storage.staging.write_put`), if there is one: the file is then never copied.
-        False (nothing done) otherwise."""
+        Its mode and owner are set through its descriptor before it is linked (in staging, no
+        job can reach it). False (nothing done) otherwise."""
         if self._locate is None or not f.chunks:
             return False
         first = self._locate(f.chunks[0])
@@ -217,12 +218,21 @@ class _Source:
             if where is None or where.path != first.path or where.offset != i * chunk_bytes:
                 return False
         try:
-            st = os.stat(first.path)
-            if st.st_nlink != 1 or st.st_size != f.size:  # already some workspace's file (see put)
-                return False
-            os.link(first.path, target, dst_dir_fd=dir_fd, follow_symlinks=False)
+            src = os.open(first.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:  # released meanwhile by another commit: copy from elsewhere
             return False
+        try:
+            st = os.fstat(src)
+            if st.st_nlink != 1 or st.st_size != f.size:  # already some workspace's file (see put)
+                return False
+            os.fchmod(src, f.mode & 0o777)
+            fchown(src, owner)
+            dir_fd, name = n.parent(f.path)
+            os.link(first.path, name, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:  # released meanwhile by another commit: copy from elsewhere
+            return False
+        finally:
+            os.close(src)
         self._linked.add(first.path)
         return True
 
@@ -278,61 +288,104 @@ def _copy_range(src: int, src_at: int, out: int, out_at: int, length: int) -> No
 def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: dict[str, tuple[str, int]],
            staged: _Source, owner: pwd.struct_passwd | None) -> tuple[str, ...]:
     """Assemble N; returns the temporary files of an earlier, killed commit found in D (the apply
-    step removes them)."""
+    step removes them). D and N are both the user's (a job can change them meanwhile): every path
+    in them is resolved through a :class:`~hfai.storage.beneath.Tree`, never following a symlink."""
     nxt.mkdir(mode=0o700)
     has_old = base.is_dir()
-    if has_old:
-        os.chmod(nxt, stat.S_IMODE(os.stat(base).st_mode))
-    chown(nxt, owner)
-    rewrite = {f.path for f in todo.write}
-    copy = {f.path for f in todo.chmod}
-    changed: set[str] = set()  # D's files found not to hold what their manifest says
-    complete = True
-    made: set[str] = set()  # N's directories made so far: every directory of the new manifest
     # Descriptors and relative string paths: per file, Path objects and the resolution of the
     # whole absolute path cost several times the link itself.
-    dirs = _Dirs(open_dir(base) if has_old else -1, open_dir(nxt))
+    n = Tree.of(nxt)
+    d = Tree.of(base) if has_old else None
     try:
+        if d is not None:
+            os.fchmod(n.top, stat.S_IMODE(os.fstat(d.top).st_mode))
+        fchown(n.top, owner)
+        rewrite = {f.path for f in todo.write}
+        copy = {f.path for f in todo.chmod}
+        changed: set[str] = set()  # D's files found not to hold what their manifest says
+        complete = True
+        made: set[str] = set()  # N's directories made so far: every directory of the new manifest
         for f in new.files:
-            complete &= _place(base, nxt, dirs, f, new.chunk_bytes, held, staged, owner, rewrite, copy, changed,
-                               made)
+            complete &= _place(d, n, f, new.chunk_bytes, held, staged, owner, rewrite, copy, changed, made)
         if not complete:
             raise _Changed(sorted(changed))
-        return _link_others(base, dirs, new, set(todo.delete), owner, made) if has_old else ()
+        return _link_others(d, n, new, set(todo.delete), owner, made) if d is not None else ()
     finally:
         staged.close()
-        dirs.close()
+        n.close()
+        if d is not None:
+            d.close()
 
 
-class _Dirs:
-    """D's and N's directories, open for one build (``d`` is -1 when there is no D yet)."""
-
-    def __init__(self, d: int, n: int):
-        self.d, self.n = d, n
-
-    def close(self) -> None:
-        for fd in (self.d, self.n):
-            if fd >= 0:
-                os.close(fd)
+#: What resolving a path of D can meet when a job changed it since the plan: the file is gone, or
+#: a symlink or a file stands where a directory was (never followed: the file counts as changed).
+_GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
 
 
-def _place(base: Path, nxt: Path, dirs: _Dirs, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
+def _place(d: Tree | None, n: Tree, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
            staged: _Source, owner: pwd.struct_passwd | None, rewrite: set[str], copy: set[str],
            changed: set[str], made: set[str]) -> bool:
-    """Put one file of the new manifest into N: assembled, copied (a mode change) or linked."""
+    """Put one file of the new manifest into N: assembled, copied (a mode change) or linked.
+    False (``f.path`` added to ``changed``) when D's file is not what the plan found."""
     path = f.path
     parent = path.rpartition("/")[0]
     if parent and parent not in made:
-        make_new_parents_at(dirs.n, parent, owner, made)
-    if path in rewrite:
-        return _assemble(base, nxt, dirs.n, f, chunk_bytes, held, staged, owner, changed)
+        make_new_parents_at(n, parent, owner, made)
+    if path in rewrite or d is None:
+        return _assemble(d, n, f, chunk_bytes, held, staged, owner, changed)
     if path in copy:  # same content, other mode: a copy, so the old tree keeps its mode
-        target = nxt / path
-        shutil.copyfile(base / path, target, follow_symlinks=False)
-        os.chmod(target, f.mode & 0o777)
-        chown(target, owner)
-    else:
-        os.link(path, path, src_dir_fd=dirs.d, dst_dir_fd=dirs.n, follow_symlinks=False)
+        return _copy_checked(d, n, f, chunk_bytes, owner, changed)
+    try:
+        src_fd, name = d.parent(path)
+        os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=n.dir(parent), follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in _GONE:
+            raise
+        changed.add(path)
+        return False
+    return True
+
+
+def _create(n: Tree, f: FileEntry, owner: pwd.struct_passwd | None) -> int:
+    """A new file at ``f.path`` in N, with ``f``'s mode and ``owner`` set through its descriptor."""
+    fd = n.open(f.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, f.mode & 0o777)
+        fchown(fd, owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _copy_checked(d: Tree, n: Tree, f: FileEntry, chunk_bytes: int, owner: pwd.struct_passwd | None,
+                  changed: set[str]) -> bool:
+    """Copy D's ``f.path`` to N with ``f``'s mode, each chunk checked against ``f``'s hashes: a job
+    may have made it a hard link to a file outside the workspace, and only bytes its user pushed
+    are copied (docs/security.md). False (added to ``changed``) when they are not those."""
+    try:
+        src = d.open_regular(f.path)
+    except OSError as e:
+        if e.errno not in _GONE:
+            raise
+        changed.add(f.path)
+        return False
+    try:
+        if os.fstat(src).st_size != f.size:
+            changed.add(f.path)
+            return False
+        out = _create(n, f, owner)
+        try:
+            for i, h in enumerate(f.chunks):
+                data = os.pread(src, chunk_bytes, i * chunk_bytes)
+                if not chunk_matches(h, data):
+                    changed.add(f.path)
+                    return False
+                os.pwrite(out, data, i * chunk_bytes)
+        finally:
+            os.close(out)
+    finally:
+        os.close(src)
     return True
 
 
@@ -346,42 +399,36 @@ class _Changed(Conflict):
                          f"{', …' if len(paths) > 1 else ''}); the next push sends their content again: push again")
 
 
-def _assemble(base: Path, nxt: Path, n_fd: int, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
+def _assemble(d: Tree | None, n: Tree, f: FileEntry, chunk_bytes: int, held: dict[str, tuple[str, int]],
               staged: _Source, owner: pwd.struct_passwd | None, changed: set[str]) -> bool:
-    """Write ``f`` at its path in N (``nxt``, open as ``n_fd``) from chunks held in D's files
-    (checked) or staged. False when a chunk is in neither (a file of D changed since its push,
-    added to ``changed``, and nothing staged has that chunk). Paths are relative to ``n_fd``: a
-    Path per file cost a third of a 10,000-file commit."""
-    if staged.link(f, chunk_bytes, f.path, n_fd):
-        os.chmod(f.path, f.mode & 0o777, dir_fd=n_fd)
-        if owner is not None:
-            chown(nxt / f.path, owner)
+    """Write ``f`` at its path in N from chunks held in D's files (checked) or staged. False when
+    a chunk is in neither (a file of D changed since its push, added to ``changed``, and nothing
+    staged has that chunk)."""
+    if staged.link(f, chunk_bytes, n, owner):
         return True
-    target = nxt / f.path
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = _create(n, f, owner)
     try:
         for i, h in enumerate(f.chunks):
-            data = _held(base, held, h, chunk_bytes, changed)
+            data = _held(d, held, h, chunk_bytes, changed) if d is not None else None
             if data is not None:
                 os.pwrite(fd, data, i * chunk_bytes)
             elif not staged.put(h, fd, i * chunk_bytes):
                 return False
     finally:
         os.close(fd)
-    os.chmod(target, f.mode & 0o777)
-    chown(target, owner)
     return True
 
 
-def _held(base: Path, held: dict[str, tuple[str, int]], h: str, chunk_bytes: int, changed: set[str]) \
-        -> bytes | None:
+def _held(d: Tree, held: dict[str, tuple[str, int]], h: str, chunk_bytes: int, changed: set[str]) -> bytes | None:
     if h not in held:
         return None
     path, offset = held[h]
     try:
-        with open(base / path, "rb") as src:
-            src.seek(offset)
-            data = src.read(chunk_bytes)
+        src = d.open_regular(path)
+        try:
+            data = os.pread(src, chunk_bytes, offset)
+        finally:
+            os.close(src)
     except OSError:
         data = b""
     if chunk_matches(h, data):
@@ -390,29 +437,39 @@ def _held(base: Path, held: dict[str, tuple[str, int]], h: str, chunk_bytes: int
     return None
 
 
-def _link_others(base: Path, dirs: _Dirs, new: Manifest, delete: set[str], owner: pwd.struct_passwd | None,
+def _link_others(d: Tree, n: Tree, new: Manifest, delete: set[str], owner: pwd.struct_passwd | None,
                  made: set[str]) -> tuple[str, ...]:
     """Hard-link into N what D holds besides the manifests' files: what jobs wrote there stays in
     the workspace across pushes. Entries the new manifest needs the place of lose (as an in-place
-    commit would remove them). ``made``: N's directories, which are the new manifest's."""
+    commit would remove them). ``made``: N's directories, which are the new manifest's. D is
+    walked by descriptors (``os.fwalk``), and each entry linked from its directory's."""
     files = {f.path for f in new.files}
     manifest_dirs = set(made)
     stray: list[str] = []
-    top = str(base)
-    for dirpath, subdirs, names in os.walk(top):
-        rel_dir = "" if dirpath == top else dirpath[len(top) + 1:]
+    for dirpath, subdirs, names, dir_fd in os.fwalk(".", dir_fd=d.top):
+        rel_dir = "" if dirpath == "." else dirpath[2:]
         if rel_dir in files:  # a directory where the new manifest has a file
             subdirs[:] = []
             continue
-        for entry in names + [d for d in subdirs if os.path.islink(os.path.join(dirpath, d))]:
+        for entry in names + [s for s in subdirs if _is_link_at(dir_fd, s)]:
             rel = f"{rel_dir}/{entry}" if rel_dir else entry
             if entry.endswith(TMP_SUFFIX):
                 stray.append(rel)
             elif rel not in files and rel not in delete and rel not in manifest_dirs and not _parents(rel) & files:
                 if rel_dir and rel_dir not in made:
-                    make_new_parents_at(dirs.n, rel_dir, owner, made)
-                os.link(rel, rel, src_dir_fd=dirs.d, dst_dir_fd=dirs.n, follow_symlinks=False)
+                    make_new_parents_at(n, rel_dir, owner, made)
+                try:
+                    os.link(entry, entry, src_dir_fd=dir_fd, dst_dir_fd=n.dir(rel_dir), follow_symlinks=False)
+                except FileNotFoundError:
+                    pass  # removed by a job since the listing: nothing to keep
     return tuple(stray)
+
+
+def _is_link_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _parents(rel: str) -> set[str]:
@@ -425,39 +482,45 @@ def _parents(rel: str) -> set[str]:
 def _apply(d: Path, n: Path, paths: Iterable[str], delete: tuple[str, ...], owner: pwd.struct_passwd | None) -> None:
     """Make D's files ``paths`` N's (same inodes), remove ``delete`` from D. Idempotent. A commit
     passes the files it wrote or copied into N (each other file of N is D's, linked); recovery
-    passes every file of the manifest (the ones already D's cost an lstat each)."""
-    dfd, nfd = open_dir(d), open_dir(n)
-    try:
+    passes every file of the manifest (the ones already D's cost an lstat each). Jobs run in D:
+    its paths are resolved without following a symlink (a removed file's directory may be one
+    by now, to another user's workspace)."""
+    with Tree.of(d) as dt, Tree.of(n) as nt:
         checked: set[str] = set()  # D's directories made or checked in this pass
         for path in paths:
             parent, _, name = path.rpartition("/")
             if parent:
-                make_parents_at(dfd, parent, owner, checked)
-            src = ino_at(nfd, path)
-            try:
-                st = os.lstat(path, dir_fd=dfd)
-            except FileNotFoundError:
-                st = None
-            if st is not None and st.st_ino == src != 0:
-                continue
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                remove_tree(d / path)
-            tmp = f"{parent}/.{name}{TMP_SUFFIX}" if parent else f".{name}{TMP_SUFFIX}"
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except FileNotFoundError:
-                pass  # the usual case: no earlier, killed try of this file
-            os.link(path, tmp, src_dir_fd=nfd, dst_dir_fd=dfd, follow_symlinks=False)
-            os.replace(tmp, path, src_dir_fd=dfd, dst_dir_fd=dfd)
+                make_parents_at(dt, parent, owner, checked)
+            _apply_one(dt, nt, path, parent, name)
         for rel in delete:
             try:
-                os.unlink(rel, dir_fd=dfd)
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                pass  # not there as a file: nothing to delete
-    finally:
-        os.close(dfd)
-        os.close(nfd)
+                fd, name = dt.parent(rel)
+                os.unlink(name, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in _GONE | {errno.EISDIR}:
+                    raise  # else not there as a file (of D's own directories): nothing to delete
     prune_empty_dirs(d)
+
+
+def _apply_one(dt: Tree, nt: Tree, path: str, parent: str, name: str) -> None:
+    src = ino_at(nt, path)
+    dfd = dt.dir(parent)
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        st = None
+    if st is not None and st.st_ino == src != 0:
+        return
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        remove_at(dfd, name)
+        dt.forget(path)
+    tmp = f".{name}{TMP_SUFFIX}"
+    try:
+        os.unlink(tmp, dir_fd=dfd)
+    except FileNotFoundError:
+        pass  # the usual case: no earlier, killed try of this file
+    os.link(name, tmp, src_dir_fd=nt.dir(parent), dst_dir_fd=dfd, follow_symlinks=False)
+    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
 # --------------------------------------------------------------------------------- recover
@@ -499,14 +562,20 @@ def _paths(m: Manifest) -> tuple[str, ...]:
 
 
 def clean_temporaries(base: Path) -> int:
-    """Remove temporary files of killed commits inside a workspace; returns how many."""
+    """Remove temporary files of killed commits inside a workspace; returns how many. Walked by
+    descriptors: each is unlinked from its own directory, never through a symlink."""
     n = 0
-    for dirpath, _dirs, names in os.walk(base):
-        for entry in names:
-            if entry.endswith(TMP_SUFFIX):
-                try:
-                    os.unlink(os.path.join(dirpath, entry))
-                    n += 1
-                except FileNotFoundError:
-                    pass  # removed meanwhile: what this sweep was for
+    try:
+        top = Tree.of(base)
+    except FileNotFoundError:
+        return 0
+    with top:
+        for _dirpath, _dirs, names, dir_fd in os.fwalk(".", dir_fd=top.top):
+            for entry in names:
+                if entry.endswith(TMP_SUFFIX):
+                    try:
+                        os.unlink(entry, dir_fd=dir_fd)
+                        n += 1
+                    except FileNotFoundError:
+                        pass  # removed meanwhile: what this sweep was for
     return n

@@ -1,7 +1,8 @@
 """Small filesystem steps shared by workspace commits and GC: ownership, parents, pruning, removal.
 
-The ``*_at`` helpers take a directory's file descriptor and a ``/``-separated path relative to it
-(plain strings): a commit does one or two of these per file of a 10,000-file tree, and building a
+The ``*_at`` helpers take a :class:`~hfai.storage.beneath.Tree` (a directory a job can write to,
+resolved without following a symlink) and a ``/``-separated path relative to it (plain strings):
+a commit does one or two of these per file of a 10,000-file tree, and building a
 :class:`~pathlib.Path` and resolving the whole absolute path again for each costed more than the
 system calls themselves (a tree's hard links: 1.0-1.3 s by Path, 0.1-0.2 s by descriptor here).
 """
@@ -13,6 +14,8 @@ import os
 import pwd
 import stat
 from pathlib import Path
+
+from hfai.storage.beneath import Tree
 
 
 def account(user: str) -> pwd.struct_passwd | None:
@@ -37,30 +40,18 @@ def open_dir(path: str | os.PathLike) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def make_parents(base: Path, parent: Path, owner: pwd.struct_passwd | None, known: set[str] | None = None) -> None:
-    """Create the directories between ``base`` and ``parent``; a non-directory in the way (a file
-    the new manifest replaces by a directory) is removed. ``known``: directories this caller
-    already made or checked (one commit step), not looked at again: a tree of 2,000 files in 100
-    directories then costs 100 checks, not 4,000."""
-    if known is not None and str(parent) in known:
-        return
-    cur = base
-    for part in parent.relative_to(base).parts:
-        cur = cur / part
-        if known is not None and str(cur) in known:
-            continue
-        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
-            cur.unlink()
-        if not cur.exists():
-            cur.mkdir()
-            chown(cur, owner)
-        if known is not None:
-            known.add(str(cur))
+def fchown(fd: int, owner: pwd.struct_passwd | None) -> None:
+    """Hand the file open at ``fd`` (one the service made) to ``owner``: by its descriptor, so a
+    name a job swapped meanwhile hands over nothing else."""
+    if owner is not None:
+        os.fchown(fd, owner.pw_uid, owner.pw_gid)
 
 
-def make_parents_at(fd: int, rel_dir: str, owner: pwd.struct_passwd | None, known: set[str]) -> None:
-    """:func:`make_parents` for the directory ``rel_dir`` (and those above it) under the directory
-    open at ``fd``; ``known`` holds the relative directories already made or checked."""
+def make_parents_at(tree: Tree, rel_dir: str, owner: pwd.struct_passwd | None, known: set[str]) -> None:
+    """Create the directory ``rel_dir`` (and those above it) in ``tree``; a non-directory in the
+    way (a file the new manifest replaces by a directory, or a job's symlink) is removed.
+    ``known``: directories this caller already made or checked (one commit step), not looked at
+    again: a tree of 2,000 files in 100 directories then costs 100 checks, not 4,000."""
     if rel_dir in known:
         return
     cur = ""
@@ -68,52 +59,75 @@ def make_parents_at(fd: int, rel_dir: str, owner: pwd.struct_passwd | None, know
         cur = f"{cur}/{part}" if cur else part
         if cur in known:
             continue
+        fd, name = tree.parent(cur)
         try:
-            st = os.lstat(cur, dir_fd=fd)
+            st = os.lstat(name, dir_fd=fd)
         except FileNotFoundError:
             st = None
         if st is not None and not stat.S_ISDIR(st.st_mode):
-            os.unlink(cur, dir_fd=fd)
+            os.unlink(name, dir_fd=fd)
+            tree.forget(cur)
             st = None
         if st is None:
-            _mkdir_at(fd, cur, owner)
+            _mkdir_at(tree, cur, owner)
         known.add(cur)
 
 
-def make_new_parents_at(fd: int, rel_dir: str, owner: pwd.struct_passwd | None, made: set[str]) -> None:
-    """Create ``rel_dir`` and the directories above it under the directory open at ``fd``, which
-    this caller made empty and alone fills (nothing can be in the way: no check); ``made`` holds
-    those made so far."""
+def make_new_parents_at(tree: Tree, rel_dir: str, owner: pwd.struct_passwd | None, made: set[str]) -> None:
+    """Create ``rel_dir`` and the directories above it in ``tree``, which this caller made empty
+    and alone fills (nothing of the caller's can be in the way: no check; a job's would make the
+    mkdir or the walk fail); ``made`` holds those made so far."""
     if rel_dir in made:
         return
     parent = rel_dir.rpartition("/")[0]
     if parent:
-        make_new_parents_at(fd, parent, owner, made)
-    _mkdir_at(fd, rel_dir, owner)
+        make_new_parents_at(tree, parent, owner, made)
+    _mkdir_at(tree, rel_dir, owner)
     made.add(rel_dir)
 
 
-def _mkdir_at(fd: int, rel: str, owner: pwd.struct_passwd | None) -> None:
-    os.mkdir(rel, dir_fd=fd)
+def _mkdir_at(tree: Tree, rel: str, owner: pwd.struct_passwd | None) -> None:
+    fd, name = tree.parent(rel)
+    os.mkdir(name, dir_fd=fd)
     if owner is not None:
-        os.chown(rel, owner.pw_uid, owner.pw_gid, dir_fd=fd, follow_symlinks=False)
+        os.chown(name, owner.pw_uid, owner.pw_gid, dir_fd=fd, follow_symlinks=False)
 
 
-def ino_at(fd: int, rel: str) -> int:
-    """The inode number of ``rel`` itself under the directory open at ``fd`` (0: nothing there)."""
+def ino_at(tree: Tree, rel: str) -> int:
+    """The inode number of ``rel`` itself in ``tree`` (0: nothing there)."""
     try:
-        return os.lstat(rel, dir_fd=fd).st_ino
+        return tree.lstat(rel).st_ino
     except FileNotFoundError:
         return 0
 
 
+def remove_at(fd: int, name: str) -> None:
+    """Remove the entry ``name`` of the directory open at ``fd``, whatever it is (a directory
+    tree is emptied through descriptors, never following a symlink)."""
+    if not _remove_subdir_at(fd, name):
+        os.unlink(name, dir_fd=fd)
+
+
 def prune_empty_dirs(base: Path) -> None:
-    for dirpath, dirs, files in os.walk(base, topdown=False):
-        if dirpath != str(base) and not dirs and not files:
-            try:
-                os.rmdir(dirpath)
-            except OSError:
-                pass  # filled or removed meanwhile: then it is not an empty directory to prune
+    """Remove the directories under ``base`` found empty, through descriptors (a job may swap any
+    of them for a symlink meanwhile: an rmdir by path would follow it)."""
+    try:
+        top = open_dir(base)
+    except FileNotFoundError:
+        return
+    try:
+        empty: set[str] = set()
+        for dirpath, dirs, files, fd in os.fwalk(".", topdown=False, dir_fd=top):
+            if dirpath != "." and not dirs and not files:
+                empty.add(dirpath)
+            for sub in dirs:
+                if f"{dirpath}/{sub}" in empty:
+                    try:
+                        os.rmdir(sub, dir_fd=fd)
+                    except OSError:
+                        pass  # filled or removed meanwhile: then it is not an empty directory to prune
+    finally:
+        os.close(top)
 
 
 def remove_tree(path: Path) -> None:

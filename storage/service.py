@@ -327,17 +327,9 @@ class StorageService:
         """Chunks of the cluster's copy (pull), read from the workspace's files."""
         if len(req.hashes) * self.sc.chunk_bytes > max(self.sc.request_bytes, self.sc.chunk_bytes):
             raise InvalidRequest("fetch fewer chunks at a time")
-        held = self.workspaces.held(user, req.workspace)
-        base = self.workspaces.path(user, req.workspace)
-        out = []
-        for h in req.hashes:
-            if h not in held:
-                raise InvalidRequest(f"the workspace has no chunk {h[:16]}… any more; list it again")
-            path, offset = held[h]
-            with open(base / path, "rb") as f:
-                f.seek(offset)
-                out.append(s.ChunkData(hash=h, data=f.read(self.sc.chunk_bytes)))
-        return s.Chunks(chunks=tuple(out))
+        plan.check_workspace_name(req.workspace)
+        return s.Chunks(chunks=await asyncio.to_thread(self.workspaces.read_chunks, user, req.workspace, req.hashes,
+                                                       self.sc.chunk_bytes))
 
     async def ws_list(self, user: str, _op: bool, _req: s.ListWorkspaces) -> s.WorkspaceList:
         return s.WorkspaceList(workspaces=self.workspaces.listing(user))

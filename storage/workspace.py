@@ -23,11 +23,13 @@ from pathlib import Path
 from hfai._atomic import write_atomic
 from hfai.protocol import decode, encode, names
 from hfai.protocol.codec import encode_packed, pack
-from hfai.protocol.errors import NotFound, ProtocolError
-from hfai.protocol.storage import CommitJournal, Manifest, WorkspaceInfo
+from hfai.protocol.errors import InvalidRequest, NotFound, ProtocolError
+from hfai.protocol.storage import ChunkData, CommitJournal, Manifest, WorkspaceInfo
 from hfai.storage import commit as commit_mod
 from hfai.storage import plan
-from hfai.storage.files import account, chown, open_dir, remove_tree
+from hfai.storage.beneath import Tree
+from hfai.storage.chunks import chunk_matches
+from hfai.storage.files import account, chown, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -117,22 +119,49 @@ class Workspaces:
         if not paths:
             return out
         try:
-            fd = open_dir(self.path(user, name))
+            tree = Tree.of(self.path(user, name))
         except OSError:  # no workspace (or not a directory): none of its files is there
             return out
-        try:
+        with tree:
             for path in paths:
                 try:
-                    # Relative to the workspace's descriptor, strings: Path's parsing was 50 µs
+                    # Relative to the workspace's descriptors, strings: Path's parsing was 50 µs
                     # a file, and resolving the whole absolute path again about half the rest.
-                    st = os.lstat(path, dir_fd=fd)
+                    # Never through a symlink a job made of a directory: that file is not there.
+                    st = tree.lstat(path)
                 except OSError:
                     continue
                 if stat.S_ISREG(st.st_mode):
                     out[path] = st.st_size
-        finally:
-            os.close(fd)
         return out
+
+    def read_chunks(self, user: str, name: str, hashes: Iterable[str], chunk_bytes: int) -> tuple[ChunkData, ...]:
+        """The chunks ``hashes`` read from the workspace's files (a pull; blocking). Each is
+        checked against its hash before it is sent: a job may have made a file a hard link to
+        one outside the workspace (docs/security.md). InvalidRequest when one is not held, or
+        its file no longer holds it (the client lists the workspace again)."""
+        wanted = tuple(hashes)
+        if not wanted:
+            return ()
+        held = self.held(user, name)
+        out = []
+        with Tree.of(self.path(user, name)) as tree:
+            for h in wanted:
+                if h not in held:
+                    raise InvalidRequest(f"the workspace has no chunk {h[:16]}… any more; list it again")
+                path, offset = held[h]
+                try:
+                    fd = tree.open_regular(path)
+                    try:
+                        data = os.pread(fd, chunk_bytes, offset)
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    data = b""
+                if not chunk_matches(h, data):
+                    raise InvalidRequest(f"{path[:80]!r} changed on the cluster since it was pushed; list it again")
+                out.append(ChunkData(hash=h, data=data))
+        return tuple(out)
 
     def discard(self, tree: Path) -> None:
         """Remove the directory ``tree`` (a commit's used side tree), now or, deferring, once

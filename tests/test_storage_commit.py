@@ -263,7 +263,17 @@ def test_a_commit_relinks_in_the_old_tree_only_the_files_it_wrote(tmp_path, monk
     before = {f.path: (ws.path(USER, NAME) / f.path).stat().st_ino for f in setup.m1.files}
     replaced: list[str] = []
     real = os.replace
-    monkeypatch.setattr(os, "replace", lambda a, b, **kw: (replaced.append(os.fspath(b)), real(a, b, **kw))[1])
+    trees = (str(ws.path(USER, NAME)) + "/", str(commit_mod.next_path(ws.path(USER, NAME))) + "/")
+
+    def record(a, b, **kw):  # a name in the directory open at dst_dir_fd: its path in D or N
+        if "dst_dir_fd" not in kw:  # the service's own records
+            replaced.append(os.fspath(b))
+        else:
+            full = os.path.join(os.readlink(f"/proc/self/fd/{kw['dst_dir_fd']}"), b)
+            replaced.append(next(full[len(t):] for t in trees if full.startswith(t)))
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(os, "replace", record)
     setup.commit_v2(ws)
     monkeypatch.undo()
     m1 = {f.path: f for f in setup.m1.files}
