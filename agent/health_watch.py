@@ -44,11 +44,12 @@ class HealthWatch:
 
     def __init__(self, node: str, gpus: GpuSource, interval_s: float, check_step_s: float, clock: Clock,
                  changed: Callable[[], None], runs: Callable[[], list[RunAssignment]],
-                 publish: Callable[[GpuFaultEvent], Awaitable[bool]]):
+                 publish: Callable[[GpuFaultEvent], Awaitable[bool]], idle_check_s: float = 0.0):
         self.node = node
         self.gpus = gpus
         self.interval_s = interval_s
         self.check_step_s = check_step_s
+        self.idle_check_s = idle_check_s  # the validator runs this often while no run is alive (0: never)
         self.clock = clock
         self.changed = changed
         self.runs = runs
@@ -66,7 +67,16 @@ class HealthWatch:
         while True:
             raise_if_cancelled()
             await self.poll()
+            if self.idle_check_due():
+                await self.validate()
             await self.clock.sleep(self.interval_s)
+
+    def idle_check_due(self) -> bool:
+        """Whether the periodic check is due: set, no run alive, and none for ``idle_check_s``."""
+        if self.idle_check_s <= 0 or self.runs():
+            return False
+        last = self.health.check
+        return last is None or self.clock.time() - last.ts >= self.idle_check_s
 
     async def poll(self) -> list[GpuFault]:
         """Take in what the GPUs went through since the last poll; returns the new faults."""

@@ -109,7 +109,8 @@ class Agent:
         self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self.health = HealthWatch(self.node, self.gpus, self.ac.health_interval_s, self.ac.health_check_step_s, clock,
-                                  changed=self._beat_now.set, runs=self._alive_runs, publish=self._publish_fault)
+                                  changed=self._beat_now.set, runs=self._alive_runs, publish=self._publish_fault,
+                                  idle_check_s=self.ac.health_check_idle_s)
         self._desired: dict[str, RunAssignment] = {}
         self._fence = self._load_fence()
         self._fence_unsaved = False  # a full disk refused the newest fence: saved once it can be

@@ -180,10 +180,12 @@ class AgentConfig:
     state_min_free_bytes: int = 64 * 1024 * 1024
     # Node health (agent/health.py, docs/health.md): the GPUs' Xid events and polled conditions
     # are read this often (a fault is detected within one interval); the node validator runs at
-    # agent start (health_check_on_start) and on `hfai admin validate`, each step at most
+    # agent start (health_check_on_start), on `hfai admin validate`, and every
+    # health_check_idle_s while no job runs on the node (0: not), each step at most
     # health_check_step_s.
     health_interval_s: float = 10.0
     health_check_on_start: bool = True
+    health_check_idle_s: float = 0.0
     health_check_step_s: float = 60.0
     # hfai exec / hfai shell (agent/exec.py): a session whose caller sent nothing for exec_idle_s
     # is killed (the caller sends something every third of it); after the command exits its

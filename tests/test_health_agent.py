@@ -310,3 +310,19 @@ def test_a_platform_stop_or_a_lost_node_makes_the_next_start_avoid_the_node():
     assert after.state is ChainState.SUSPENDING and after.avoid == ("n2",)
     lost = transitions.apply_node_lost(job, "n1", T0 + 1)
     assert lost.state is ChainState.SUSPENDED and lost.avoid == ("n1",)
+
+
+def test_the_periodic_check_runs_only_while_the_node_is_idle():
+    gpus = SimulatedGpus()
+    runs: list[RunAssignment] = []
+    w, _, _ = _watch(gpus)
+    w.runs = lambda: list(runs)
+    assert not w.idle_check_due()  # not set
+    w.idle_check_s = 60.0
+    assert w.idle_check_due()
+    asyncio.run(w.validate())
+    assert not w.idle_check_due()
+    asyncio.run(w.clock.advance(60.0))
+    assert w.idle_check_due()
+    runs.append(_ra())
+    assert not w.idle_check_due()  # a job runs: never under it
