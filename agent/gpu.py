@@ -136,7 +136,8 @@ class NvmlGpus:
         return [*self._xids(), *(s for i in range(len(self._handles)) for s in self._polled(i))]
 
     def _xids(self) -> list[GpuSignal]:
-        n, out = self._nvml, []
+        n = self._nvml
+        out: list[GpuSignal] = []
         if self._events is None:
             return out
         while True:
