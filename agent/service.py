@@ -39,6 +39,7 @@ from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
 from hfai._version import __version__
 from hfai.agent import safefs
+from hfai.agent.contain import make_containment
 from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.exec import ExecService
@@ -100,7 +101,11 @@ class Agent:
         self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
                               fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root,
                               launcher=make_launcher(self.ac.launcher, self.ac.launcher_reply_timeout_s),
-                              log_cap_bytes=self.ac.log_cap_bytes, clock=clock)
+                              log_cap_bytes=self.ac.log_cap_bytes, clock=clock,
+                              containment=make_containment(self.ac, self.node, config.storage.workspace_root,
+                                                           config.storage.dataset_root, config.dev.notebooks_root,
+                                                           psutil.virtual_memory().total),
+                              notebooks_root=config.dev.notebooks_root)
         self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes)
         # Runs this agent reported ended without a run directory (its state directory was full):
         # never started here, whatever the assignment still says (key -> the run and its report).
