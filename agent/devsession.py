@@ -88,7 +88,10 @@ def main() -> None:
     env = os.environ
     job_id, user, control = env["HFAI_JOB_ID"], env["HFAI_USER"], env["HFAI_CONTROL_DIR"]
     config = load_config(None)
-    root = notebooks_dir(config.dev.notebooks_root, user, hfai_home())
+    # In a compute container the agent names the folder it bound there (the cluster's config is
+    # not in the container).
+    given = env.get("HFAI_NOTEBOOKS_DIR")
+    root = Path(given) if given else notebooks_dir(config.dev.notebooks_root, user, hfai_home())
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     root.chmod(0o700)
     root.parent.chmod(0o700)

@@ -45,7 +45,9 @@ import subprocess
 import sys
 import time
 
+from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage
 from hfai.agent.output import Output, open_output
+from hfai.agent.sandbox import CONTAINER_BWRAP, signal_status
 from hfai.agent.statefile import write_state
 
 LAUNCH_FILE = "launch"
@@ -118,27 +120,49 @@ def main(argv: list[str]) -> int:
     with open_output(spec) as out:
         _become_subreaper()
         try:
+            cgroup = _enter_cgroup(spec)
+        except OSError as e:
+            out.write(f"hfai: cannot make the run's cgroup: {e}\n".encode())
+            write_state(exit_file, "127\n", durable=True)
+            return 127
+        try:
             child = _spawn(spec, out.job_fd)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             out.write(f"hfai: cannot start {spec['argv'][0]!r}{_as_whom(spec)}: {_reason(e, spec)}\n".encode())
             write_state(exit_file, "127\n", durable=True)
+            _leave_cgroup(cgroup)
             return 127
+        if cgroup is not None:
+            _floor_oom_score()  # after the spawn: the job must not inherit it
         out.job_started()
-        write_state(os.path.join(run_dir, "child_pid"), f"{child.pid}\n")  # see statefile.py
+        contained = spec.get("container") == CONTAINER_BWRAP
+        # The job's process group: in a container, the session bwrap made for it (led by the
+        # container's pid 1, which takes no signal it has no handler for but SIGKILL), so that
+        # signals reach the job and not bwrap, whose death ends the container.
+        group = [_container_init(child) if contained else child.pid]
+        write_state(os.path.join(run_dir, "child_pid"), f"{group[0]}\n")  # see statefile.py
 
         def forward(signum, _frame):
             try:
-                os.killpg(child.pid, signum)
+                os.killpg(group[0], signum)
             except ProcessLookupError:
                 pass
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        code = _supervise(child, spec, run_dir, out)
-        left = end_leftovers(child.pid)
+        code = _supervise(child, spec, run_dir, out, group[0])
+        if contained:
+            code = signal_status(code)
+        # The container's pid 1 outlives bwrap's monitor by a moment: not the job's leftover.
+        left = end_leftovers(child.pid, uncounted={group[0]} if contained else set())
+        usage = _end_cgroup(cgroup, run_dir)
+        if usage is not None:
+            left += usage[1]
         out.drain()
         if left:
             out.write(f"=== hfai: killed {left} process(es) the job left running ===\n".encode())
+        if usage is not None and usage[0].oom_kills:
+            out.write(f"=== hfai: {oom_message(int(spec.get('memory_bytes') or 0))} ===\n".encode())
         out.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
     write_state(exit_file, f"{code}\n")
     # The agent wakes when this process exits and reports the status at once; the status and the
@@ -179,9 +203,10 @@ def _fsync_all(paths: list[str]) -> None:
             os.close(fd)
 
 
-def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output) -> int:
+def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output, group: int) -> int:
     """Wait for the job to exit, relaying its output and fencing it (see the module doc) if the
-    agent stops confirming its liveness; returns the job's exit status."""
+    agent stops confirming its liveness (signalling process group ``group``); returns the job's
+    exit status."""
     fence_s = float(spec.get("fence_s") or 0.0)
     fencing = math.isfinite(fence_s) and fence_s > 0 and bool(spec.get("alive"))
     fence_kill_s = float(spec.get("fence_kill_s") or fence_s)
@@ -209,11 +234,94 @@ def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output) -
                 out.write(f"=== hfai: the agent of this node has not confirmed it is alive for {age:.1f}s; "
                           f"stopping the job, which will be requeued, at {time.strftime('%H:%M:%S')} ===\n".encode())
             termed, killed = True, act is Fence.KILL
-            _killpg(child.pid, signal.SIGKILL if killed else signal.SIGTERM)
+            _killpg(group, signal.SIGKILL if killed else signal.SIGTERM)
+            if killed and group != child.pid:
+                _killpg(child.pid, signal.SIGKILL)  # bwrap: its end ends the whole container
     finally:
         if pidfd is not None:
             os.close(pidfd)
     return code
+
+
+def oom_message(limit: int) -> str:
+    """What the log and the job's record say of an out-of-memory kill."""
+    return f"out of memory: the run's limit is {_gib(limit)}" if limit > 0 else "out of memory"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.0f} GiB" if n >= 10 * 2**30 else f"{n / 2**30:.2f} GiB".replace(".00 ", " ")
+
+
+USAGE_FILE = "usage"  # in the run directory: what the run used (JSON), written as it ends
+
+
+def _enter_cgroup(spec: dict) -> RunCgroup | None:
+    """Make the run's cgroup (see cgroup.py) and move this launcher into it, so that all the run's
+    processes start inside; None where the agent found no cgroups."""
+    cg = spec.get("cgroup")
+    if not cg:
+        return None
+    run = RunCgroup.create(CgroupKind(cg["kind"]), tuple(cg["dirs"]), int(spec.get("memory_bytes") or 0),
+                           int(spec.get("pids_max") or 0))
+    run.join(os.getpid())
+    return run
+
+
+def _leave_cgroup(run: RunCgroup | None) -> None:
+    if run is not None:
+        run.leave(os.getpid())
+        run.remove()
+
+
+def _end_cgroup(run: RunCgroup | None, run_dir: str) -> tuple[Usage, int] | None:
+    """Once the job ended: kill what is left in its cgroup, record what the run used, and remove
+    the cgroup; returns the usage and how many processes were killed."""
+    if run is None:
+        return None
+    killed = run.kill_all(spare=os.getpid())
+    usage = run.usage()
+    try:
+        write_state(os.path.join(run_dir, USAGE_FILE), json.dumps(usage.__dict__) + "\n")
+    except OSError:
+        pass  # the exit status matters more; the record goes without usage
+    _leave_cgroup(run)
+    return usage, killed
+
+
+def _floor_oom_score() -> None:
+    """An out-of-memory kill in the run's cgroup takes the job, never this launcher (root only)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-1000")
+    except OSError:
+        pass
+
+
+CONTAINER_FIND_S = 2.0  # how long the launcher looks for the job inside a new container
+
+
+def _container_init(child: subprocess.Popen) -> int:
+    """The pid (as this launcher sees it) of the container's pid 1 that bwrap ``child`` made:
+    bwrap's monitor -> pid 1 (a session and process group leader: ``--new-session``) -> the job,
+    in pid 1's group. ``child.pid`` if it cannot be found in time (a job that ended at once):
+    signalling bwrap then ends the container, which is the fallback."""
+    deadline = time.monotonic() + CONTAINER_FIND_S
+    while time.monotonic() < deadline and child.poll() is None:
+        for init in _children_of(child.pid):
+            if _children_of(init):  # pid 1 started the job: its session is made
+                return init
+        time.sleep(0.001)
+    return child.pid
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    except OSError:
+        return []
 
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -254,10 +362,11 @@ def _children_by_scan(parent: int) -> list[int]:
     return out
 
 
-def end_leftovers(pgid: int) -> int:
+def end_leftovers(pgid: int, uncounted: set[int] | frozenset[int] = frozenset()) -> int:
     """After the job (leader of group ``pgid``, already reaped) ended: SIGKILL its group and every
-    process it left behind, and reap them. Returns how many processes were killed. Called before
-    the exit status is written, while the launcher has started nothing else."""
+    process it left behind, and reap them. Returns how many processes were killed, but for those
+    ``uncounted``. Called before the exit status is written, while the launcher has started
+    nothing else."""
     _killpg(pgid, signal.SIGKILL)
     killed: set[int] = set()
     for _ in range(LEFTOVER_ROUNDS):
@@ -281,7 +390,7 @@ def end_leftovers(pgid: int) -> int:
                 if done:
                     break
                 time.sleep(0.002)
-    return len(killed)
+    return len(killed - set(uncounted))
 
 
 def _pidfd(pid: int) -> int | None:

@@ -36,6 +36,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,9 @@ from hfai._clock import SYSTEM, Clock
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive
 from hfai.agent import safefs
+from hfai.agent.contain import Containment
+from hfai.agent.devsession import ENTRYPOINT as DEV_ENTRYPOINT
+from hfai.agent.devsession import notebooks_dir
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
 from hfai.agent.jobenv import job_command
 from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE
@@ -77,9 +81,11 @@ class DiskFull(OSError):
 class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
                  run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = "",
-                 launcher: Launcher | None = None, log_cap_bytes: int = 0, clock: Clock = SYSTEM):
+                 launcher: Launcher | None = None, log_cap_bytes: int = 0, clock: Clock = SYSTEM,
+                 containment: Containment | None = None, notebooks_root: str = ""):
         """``launcher``: how runs' launchers start (default: forked from the zygote); ``clock``:
-        the agent's, for the times the plan reads back (SIGTERM's)."""
+        the agent's, for the times the plan reads back (SIGTERM's); ``containment``: the
+        container and cgroup of each run (None: neither)."""
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -101,6 +107,8 @@ class RunStore:
         self.agent = agent_account()
         self.launcher = launcher if launcher is not None else make_launcher()
         self.clock = clock
+        self.containment = containment
+        self.notebooks_root = notebooks_root
 
     # ------------------------------------------------------------------------------ inspect
 
@@ -258,8 +266,14 @@ class RunStore:
         control = self._make_control_dir(ra.key, who)
         argv, env = job_command(ra, who, node=self.node, control_dir=str(control), run_as=self.run_as,
                                 env_root=self.env_root, datasets_dir=self.datasets_dir)
+        contained: dict = {}
+        if self.containment is not None:
+            if self.notebooks_root and tuple(ra.entrypoint[1:3]) == DEV_ENTRYPOINT[1:3]:
+                env["HFAI_NOTEBOOKS_DIR"] = str(notebooks_dir(self.notebooks_root, ra.user, Path("/")))
+            python = str(self.env_root / ra.env_name / "bin" / "python") if ra.env_name else sys.executable
+            argv, contained = self.containment.wrap(ra, who, argv, env, str(control), self.run_as, python)
         spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
-                "log_cap": self.log_cap_bytes,
+                "log_cap": self.log_cap_bytes, **contained,
                 **fence_spec(ra.fence_s, self._real_root / ALIVE_FILE, self.fence_poll_s)}
         if who.switch:
             a = who.account

@@ -21,6 +21,7 @@ APPENDER = str(JOBS / "appender.py")
 
 
 def _lines(path) -> list[tuple[int, int, float]]:
+    """(writer: the run id, step, time) per line of the progress file."""
     if not path.exists():
         return []
     out = []

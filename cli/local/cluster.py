@@ -104,7 +104,8 @@ class LocalCluster:
             nats=NatsConfig(url=self.url, replicas=self.replicas, creds_dir=str(self.creds_dir) if self.auth else "",
                             tls_ca=self.tls_ca),
             controller=dataclasses.replace(self.controller, metrics_host=self.metrics_host),
-            agent=dataclasses.replace(self.agent, env_root=str(self.layout.envs), metrics_host=self.metrics_host),
+            agent=dataclasses.replace(self.agent, env_root=str(self.layout.envs), metrics_host=self.metrics_host,
+                                      home_root=self.agent.home_root or str(self.layout.homes)),
             web=self.web or WebConfig(),
             storage=self.storage_config(),
         )

@@ -68,6 +68,11 @@ class Layout:
         return self.root / "envs"
 
     @property
+    def homes(self) -> Path:
+        """Users' persistent homes: ``homes/<user>`` is a job's /home/<user> (compute containers)."""
+        return self.root / "home"
+
+    @property
     def agents(self) -> Path:
         """Each node's agent state (its runs, logs, fence) is ``agents/<node>``."""
         return self.root / "agents"

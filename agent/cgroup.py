@@ -1,0 +1,261 @@
+"""A cgroup per run: a memory and a pids limit, accounting (peak memory, CPU time, OOM kills), and
+a kill that nothing in the run escapes.
+
+The agent finds where it may make cgroups once, at start (:func:`detect`): a delegated cgroup v2
+subtree (the agent's own cgroup is writable and offers the memory and pids controllers), else the
+cgroup v1 hierarchies of the memory, pids and cpuacct controllers (writable by root). Runs then go
+in ``<base>/<run key>`` of each hierarchy. Without either, runs get no cgroup, which the agent
+says once at start and in ``hfai nodes``.
+
+The launcher (launcher.py) makes the run's cgroup and moves itself into it before it starts the
+container, so that every process of the run is born inside (moving the job in after it started
+would race with its first fork). The launcher is small and sets its own OOM score to the floor, so
+that an out-of-memory kill takes the job, not the process that records why it ended. Once the job
+ended, :meth:`RunCgroup.kill_all` kills what is left but the launcher, the launcher moves back out
+and removes the cgroup.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CgroupKind", "CgroupSetup", "RunCgroup", "Usage", "detect", "parse_flat_keyed"]
+
+CGROUP_FS = "/sys/fs/cgroup"
+V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+KILL_ROUNDS = 200  # kill-and-look rounds (each catches what forked meanwhile; the pids limit bounds it)
+
+
+class CgroupKind(enum.Enum):
+    V2 = "v2"
+    V1 = "v1"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class CgroupSetup:
+    """Where this agent's runs get their cgroups: ``bases`` holds one folder per hierarchy (v1: the
+    memory, pids and cpuacct ones, in that order; v2: one). ``reason``: why none, when NONE."""
+
+    kind: CgroupKind
+    bases: tuple[str, ...] = ()
+    reason: str = ""
+
+    def for_run(self, key: str) -> tuple[str, ...]:
+        return tuple(os.path.join(b, key) for b in self.bases)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a run used, read from its cgroup once it ended."""
+
+    peak_bytes: int = 0
+    cpu_s: float = 0.0
+    oom_kills: int = 0
+
+
+def detect(node: str, root: str = CGROUP_FS, name: str = "hfai") -> CgroupSetup:
+    """Where runs of ``node`` get cgroups on this host; made ready (folders, controllers) here."""
+    v2 = _detect_v2(node, root, name)
+    if v2.kind is CgroupKind.V2:
+        return v2
+    v1 = _detect_v1(node, root, name)
+    if v1.kind is CgroupKind.V1:
+        return v1
+    return CgroupSetup(CgroupKind.NONE, reason=f"no cgroups for runs: {v2.reason}; {v1.reason}")
+
+
+def _detect_v1(node: str, root: str, name: str) -> CgroupSetup:
+    bases = []
+    for ctrl in V1_CONTROLLERS:
+        top = Path(root) / ctrl
+        if not (top / "cgroup.procs").exists():
+            return CgroupSetup(CgroupKind.NONE, reason=f"cgroup v1 has no {ctrl} hierarchy at {top}")
+        base = top / name / node
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return CgroupSetup(CgroupKind.NONE, reason=f"cannot make {base}: {e.strerror}")
+        if not os.access(base, os.W_OK):
+            return CgroupSetup(CgroupKind.NONE, reason=f"{base} is not writable")
+        if ctrl == "memory":
+            _try_write(base.parent / "memory.use_hierarchy", "1")  # a run's limit covers its children
+        bases.append(str(base))
+    return CgroupSetup(CgroupKind.V1, tuple(bases))
+
+
+def _detect_v2(node: str, root: str, name: str) -> CgroupSetup:
+    """A delegated v2 subtree: the agent's own cgroup, writable, offering memory and pids. The agent
+    moves itself into a leaf (``<own>/agent``: v2 allows processes only in leaves once controllers
+    are enabled below) and enables the controllers for ``<own>/<name>-<node>``."""
+    rootp = Path(root)
+    if not (rootp / "cgroup.controllers").exists():
+        return CgroupSetup(CgroupKind.NONE, reason=f"{root} is not a cgroup v2 hierarchy")
+    own = _own_v2_path()
+    if own is None:
+        return CgroupSetup(CgroupKind.NONE, reason="this process is in no cgroup v2")
+    mine = rootp / own.lstrip("/")
+    try:
+        offered = set((mine / "cgroup.controllers").read_text().split())
+    except OSError as e:
+        return CgroupSetup(CgroupKind.NONE, reason=f"cannot read {mine}: {e.strerror}")
+    missing = {"memory", "pids"} - offered
+    if missing:
+        return CgroupSetup(CgroupKind.NONE, reason=f"cgroup v2 at {mine} offers no {', '.join(sorted(missing))}")
+    if not os.access(mine, os.W_OK):
+        return CgroupSetup(CgroupKind.NONE, reason=f"cgroup v2 at {mine} is not delegated to this user")
+    try:
+        leaf = mine / "agent"
+        leaf.mkdir(exist_ok=True)
+        (leaf / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        wanted = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in offered)
+        (mine / "cgroup.subtree_control").write_text(wanted)
+        base = mine / f"{name}-{node}"
+        base.mkdir(exist_ok=True)
+        (base / "cgroup.subtree_control").write_text(wanted)
+    except OSError as e:
+        return CgroupSetup(CgroupKind.NONE, reason=f"cannot set up cgroup v2 at {mine}: {e.strerror}")
+    return CgroupSetup(CgroupKind.V2, (str(base),))
+
+
+def _own_v2_path() -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                hier, _, path = line.rstrip("\n").partition("::")
+                if hier == "0":
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _try_write(path: Path, text: str) -> bool:
+    try:
+        path.write_text(text)
+        return True
+    except OSError:
+        return False
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """A cgroup "flat keyed" file (``key value`` per line: memory.events, memory.oom_control)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            continue
+    return out
+
+
+class RunCgroup:
+    """One run's cgroup (one folder per hierarchy), used by its launcher."""
+
+    def __init__(self, kind: CgroupKind, dirs: tuple[str, ...]):
+        self.kind = kind
+        self.dirs = tuple(Path(d) for d in dirs)
+
+    @classmethod
+    def create(cls, kind: CgroupKind, dirs: tuple[str, ...], memory_bytes: int, pids_max: int) -> RunCgroup:
+        cg = cls(kind, dirs)
+        for d in cg.dirs:
+            d.mkdir(exist_ok=True)
+        if memory_bytes > 0:
+            if kind is CgroupKind.V2:
+                (cg.dirs[0] / "memory.max").write_text(str(memory_bytes))
+                _try_write(cg.dirs[0] / "memory.swap.max", "0")
+            else:
+                (cg.dirs[0] / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                _try_write(cg.dirs[0] / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swapping past it
+        if pids_max > 0:
+            pids = cg.dirs[0] if kind is CgroupKind.V2 else cg.dirs[1]
+            (pids / "pids.max").write_text(str(pids_max))
+        return cg
+
+    def join(self, pid: int) -> None:
+        for d in self.dirs:
+            (d / "cgroup.procs").write_text(f"{pid}\n")
+
+    def leave(self, pid: int) -> None:
+        """Move ``pid`` back to the parent cgroups (so that this one can be removed)."""
+        for d in self.dirs:
+            parent = d.parent.parent if self.kind is CgroupKind.V2 else d.parent
+            target = parent / "agent" if self.kind is CgroupKind.V2 else parent
+            _try_write(target / "cgroup.procs", f"{pid}\n")
+
+    def members(self) -> set[int]:
+        try:
+            text = (self.dirs[0] / "cgroup.procs").read_text()
+        except OSError:
+            return set()
+        return {int(p) for p in text.split()}
+
+    def kill_all(self, spare: int = 0) -> int:
+        """SIGKILL every process of the run but ``spare`` (the launcher) until none is left;
+        returns how many were killed. A process forking meanwhile is caught in a later round."""
+        killed: set[int] = set()
+        for _ in range(KILL_ROUNDS):
+            left = self.members() - {spare}
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+                except PermissionError:  # in the cgroup, so ours to kill: a pid reused meanwhile
+                    pass
+            _reap_children()
+            time.sleep(0.005)
+        return len(killed)
+
+    def usage(self) -> Usage:
+        mem = self.dirs[0]
+        if self.kind is CgroupKind.V2:
+            peak = _read_int(mem / "memory.peak")
+            events = parse_flat_keyed(_read(mem / "memory.events"))
+            cpu = parse_flat_keyed(_read(mem / "cpu.stat")).get("usage_usec", 0) / 1e6
+            return Usage(peak, cpu, events.get("oom_kill", 0))
+        peak = _read_int(mem / "memory.max_usage_in_bytes")
+        oom = parse_flat_keyed(_read(mem / "memory.oom_control")).get("oom_kill", 0)
+        cpu = _read_int(self.dirs[2] / "cpuacct.usage") / 1e9 if len(self.dirs) > 2 else 0.0
+        return Usage(peak, cpu, oom)
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # still busy (a process that would not die): the agent removes it later
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(_read(path).split()[0])
+    except (ValueError, IndexError):
+        return 0
