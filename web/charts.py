@@ -19,7 +19,26 @@ function baseLayout(title, extra){return Object.assign({title:{text:esc(title), 
   legend:{orientation:'v', x:1.01, y:1, yanchor:'top'}}, extra||{});}
 function timeAxis(t0, t1, extra){return Object.assign({type:'date', title:{text:'time (UTC)'},
   range:(t0&&t1)?[ms(t0),ms(t1)]:undefined, showgrid:true}, extra||{});}
-function draw(div, traces, layout){Plotly.react(div, traces, layout, PLOT_CONFIG);}
+// plotly's toolbar sits at the top right, over the title's line: a title that would run under it
+// goes on more lines (the top margin and the chart grow by the lines added).
+const TITLE_FONT='14px system-ui,sans-serif', TITLE_LINE_PX=18, MODEBAR_PX=200;
+let measure=null;
+function textPx(text){measure=measure||document.createElement('canvas').getContext('2d');
+  measure.font=TITLE_FONT; return measure.measureText(text).width;}
+function fitTitle(div, layout){const t=layout.title; if(!t||!t.text||!div.clientWidth) return;
+  const bar=div.querySelector('.modebar'), barPx=bar&&bar.getBoundingClientRect().width||MODEBAR_PX;
+  const room=div.clientWidth-barPx-24, lines=[];
+  for(const word of t.text.split(' ')){const last=lines.length-1;
+    if(last>=0 && textPx(lines[last]+' '+word)<=room) lines[last]+=' '+word; else lines.push(word);}
+  if(lines.length<2) return;
+  t.text=lines.join('<br>');
+  const more=(lines.length-1)*TITLE_LINE_PX;
+  layout.margin=Object.assign({}, layout.margin, {t:(layout.margin&&layout.margin.t||40)+more});
+  if(layout.height) layout.height+=more;}
+function draw(div, traces, layout){fitTitle(div, layout); Plotly.react(div, traces, layout, PLOT_CONFIG);}
+// Ticks at whole numbers for counts (nodes, jobs): plotly picks 0.5 steps for a range of 1 or 2.
+function countTicks(hi){const raw=Math.max(1,hi)/6, mag=10**Math.floor(Math.log10(raw));
+  return {tick0:0, dtick:Math.max(1, [1,2,5,10].map(m=>m*mag).find(step=>step>=raw))};}
 function nothing(layout, text){layout.annotations=[{text:esc(text), showarrow:false, xref:'paper', yref:'paper',
   x:0.5, y:0.5, font:{size:13, color:'#777'}}]; return layout;}
 
@@ -35,12 +54,14 @@ function lineChart(div, title, lines, yTitle, opts){if(chartsMissing(div)) retur
   if(!lines.some(l=>l.v.length)) nothing(layout, opts.empty||'no figures in this window');
   draw(div, traces, layout);}
 
-// panels: [{title (the y axis), unit, lines:[{name, ts, v, colour?}], range?}] stacked on one time axis.
+// panels: [{title (the y axis), unit, lines:[{name, ts, v, colour?}], range?, counts?}] stacked on one
+// time axis; ``counts``: the values are whole numbers (ticks at whole numbers only).
 function stackedChart(div, title, panels, opts){if(chartsMissing(div)) return; opts=opts||{};
   const n=panels.length, gap=0.08, h=(1-gap*(n-1))/n, traces=[], layout=baseLayout(title,
     {height:opts.height||120+150*n, showlegend:true, xaxis:timeAxis(opts.t0, opts.t1, {anchor:'y'+(n>1?n:'')})});
   panels.forEach((p,i)=>{const ax=i?'y'+(i+1):'y', key=i?'yaxis'+(i+1):'yaxis', lo=1-(i+1)*h-i*gap;
     layout[key]={title:{text:p.title}, domain:[Math.max(0,lo), lo+h], range:p.range, rangemode:'tozero'};
+    if(p.counts) Object.assign(layout[key], countTicks(p.range?p.range[1]:Math.max(0, ...p.lines.flatMap(l=>l.v))));
     for(const l of p.lines) traces.push({type:'scatter', mode:'lines', name:esc(l.name), x:l.ts.map(ms), y:l.v,
       yaxis:ax, line:{width:1.8, color:l.colour, shape:l.shape||'linear'},
       hovertemplate:esc(l.name)+': %{y:.1f}'+(p.unit||'')+'<br>%{x|%H:%M:%S} UTC<extra></extra>'});});

@@ -16,7 +16,6 @@ or starting), never a bare 502. docs/web.md has the picture.
 from __future__ import annotations
 
 import asyncio
-import html
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Forbidden, HfaiError, NotFound, error_for_code
 from hfai.protocol.reasons import ReasonCode, describe
 from hfai.protocol.types import JOB_DEV, ChainState, DevSessionReply, DevSessionRequest, ErrorReply, JobRecord
+from hfai.web.pages import error_page
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +82,10 @@ def ended_words(job: JobRecord) -> str:
     return f"Development session {job.spec.name} ({job.id}) is {words}.{hint}"
 
 
-def status_page(title: str, text: str, refresh_s: int = 0) -> str:
-    """The page a browser gets for a session that is not there to proxy to."""
-    meta = f"<meta http-equiv='refresh' content='{refresh_s}'>" if refresh_s else ""
-    return (f"<!doctype html><html><head><meta charset='utf-8'>{meta}<title>{html.escape(title)}</title></head>"
-            f"<body><h1>{html.escape(title)}</h1><p id='dev-status'>{html.escape(text)}</p>"
-            "<p><a href='/jobs'>Back to the jobs</a></p></body></html>")
+def status_page(title: str, text: str, refresh_s: int = 0, user: str = "") -> str:
+    """The page a browser gets for a session that is not there to proxy to: the site's own, with
+    its navigation for ``user``."""
+    return error_page(title, text, user, refresh_s, text_id="dev-status")
 
 
 @dataclass
@@ -143,22 +141,22 @@ class DevProxy:
         try:
             job = await session.api.status(job_id)  # type: ignore[attr-defined]
         except NotFound:
-            return _page(404, "No such session", f"There is no development session {job_id}.")
+            return _page(404, "No such session", f"There is no development session {job_id}.", user=user)
         if job.spec.kind != JOB_DEV or job.id != job_id:
-            return _page(404, "Not a session", f"{job_id} is a job, not a development session.")
+            return _page(404, "Not a session", f"{job_id} is a job, not a development session.", user=user)
         if job.spec.user != user:
             return _page(403, "Forbidden", f"Development session {job_id} belongs to {job.spec.user}; "
-                                           "only its owner may open it.")
+                                           "only its owner may open it.", user=user)
         if job.state.final:
-            return _page(410, "Session stopped", ended_words(job))
+            return _page(410, "Session stopped", ended_words(job), user=user)
         if job.state is not ChainState.RUNNING or not job.nodes:
             return _page(503, "Session not running",
                          f"Development session {job.spec.name} ({job.id}) is {job.state.value}; "
-                         "this page reloads until it runs.", refresh_s=2)
+                         "this page reloads until it runs.", refresh_s=2, user=user)
         where = await self._ask_agent(job.nodes[0], job.id, user)
         if not where.ready:
             return _page(503, "Session starting", f"JupyterLab of {job.spec.name} ({job.id}) is starting on "
-                                                  f"{job.nodes[0]}; this page reloads until it answers.", refresh_s=2)
+                                                  f"{job.nodes[0]}; this page reloads until it answers.", 2, user)
         target = self._cache[key] = Target(job, where, now + CACHE_S)
         if len(self._cache) > 10_000:  # sessions come and go: keep the cache the size of the live ones
             self._cache = {k: t for k, t in self._cache.items() if t.until > now}
@@ -180,12 +178,13 @@ class DevProxy:
     # ------------------------------------------------------------------------ relaying
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        user = self._session_of(request).user  # type: ignore[attr-defined]
         try:
             target = await self._target(request)
         except Forbidden as e:
-            return _page(403, "Forbidden", str(e))
+            return _page(403, "Forbidden", str(e), user=user)
         except HfaiError as e:
-            return _page(503, "Session unavailable", str(e), refresh_s=5)
+            return _page(503, "Session unavailable", str(e), refresh_s=5, user=user)
         if isinstance(target, web.Response):
             return target
         where = target.where
@@ -201,7 +200,7 @@ class DevProxy:
                 return again
             self._cache.clear()
             return _page(503, "Session starting", f"JupyterLab of {target.job.spec.name} ({target.job.id}) does not "
-                                                  "answer yet; this page reloads until it does.", refresh_s=2)
+                                                  "answer yet; this page reloads until it does.", 2, user)
 
     async def _relay_http(self, request: web.Request, url: str, headers: dict[str, str],
                           token: str) -> web.StreamResponse:
@@ -235,8 +234,8 @@ class DevProxy:
             return down
 
 
-def _page(status: int, title: str, text: str, refresh_s: int = 0) -> web.Response:
-    return web.Response(status=status, text=status_page(title, text, refresh_s), content_type="text/html")
+def _page(status: int, title: str, text: str, refresh_s: int = 0, user: str = "") -> web.Response:
+    return web.Response(status=status, text=status_page(title, text, refresh_s, user), content_type="text/html")
 
 
 def _host(address: str) -> str:

@@ -63,7 +63,9 @@ function link(text, href){const a=el('a', text); a.href=href; return a;}
 async function load(){const j=await getJSON('/api/jobs/'+JOB);
   document.getElementById('state').textContent=j.state; document.getElementById('state').className='state-'+j.state;
   document.getElementById('reason').textContent=j.reason;
+  // A job not running now shows where it last ran, and says so.
   const nodes=j.on.length?j.on:j.last_nodes, box=document.getElementById('nodes');
+  document.getElementById('nodes-label').textContent=!j.on.length&&j.last_nodes.length?'last ran on':'nodes';
   box.replaceChildren(...nodes.flatMap((n,i)=>[...(i?[', ']:[]), link(n, '/nodes?node='+encodeURIComponent(n))]));
   if(!nodes.length) box.textContent='-';
   document.getElementById('spec').textContent=JSON.stringify(j.spec,null,1);
@@ -101,6 +103,19 @@ if(MAY_ACT){
     said(r.ok?'stop requested':'not stopped: '+b.error, r.ok); load();};
   poll(logs);
 }
+poll(load);
+"""
+
+ARRAY_JS = r"""
+const ARRAY=%(array)s;
+async function load(){const b=await getJSON('/api/arrays/'+encodeURIComponent(ARRAY));
+  document.getElementById('summary').textContent=b.summary;
+  document.getElementById('rows').replaceChildren(...b.jobs.map(j=>{const tr=el('tr'); tr.dataset.id=j.id;
+    tr.dataset.state=j.state; const a=el('a',j.name); a.href='/jobs/'+encodeURIComponent(j.id);
+    const td=el('td'); td.append(a);
+    tr.append(el('td',j.id), td, el('td',j.priority), el('td',j.state,'state-'+j.state),
+      el('td',j.on.join(', ')||'-'), el('td',String(j.suspends)), el('td',ago(j.submitted)), el('td',j.reason));
+    return tr;}));}
 poll(load);
 """
 
@@ -150,9 +165,9 @@ async function load(){const w=document.getElementById('window').value, b=await g
   stackedChart(document.getElementById('charts'), 'The cluster over the '+s.label, [
     {title:'GPU util (%)', unit:'%', range:[0,100], lines:[{name:'mean GPU utilisation (%)', ts:s.util.ts,
       v:s.util.v, colour:'#1f77b4'}]},
-    {title:'jobs waiting', unit:'', lines:[{name:'jobs waiting', ts:s.queue.ts, v:s.queue.v, colour:'#ff7f0e',
-      shape:'hv'}]},
-    {title:'nodes in use', unit:` of ${b.nodes}`, range:[0, Math.max(1,b.nodes)],
+    {title:'jobs waiting', unit:'', counts:true, lines:[{name:'jobs waiting', ts:s.queue.ts, v:s.queue.v,
+      colour:'#ff7f0e', shape:'hv'}]},
+    {title:'nodes in use', unit:` of ${b.nodes}`, range:[0, Math.max(1,b.nodes)], counts:true,
       lines:[{name:`nodes in use (of ${b.nodes})`, ts:s.used.ts, v:s.used.v, colour:'#2ca02c', shape:'hv'}]}],
     {t0:s.t0, t1:s.t1, height:480});
   gantt(document.getElementById('timeline'), 'Time-sharing: which job held which node, '+s.label, b.timeline,
@@ -185,10 +200,10 @@ document.getElementById('days').onchange=load; poll(load);
 
 
 def layout(title: str, body: str, user: str = "", script: str = "", poll_s: float = 2.0, charts: bool = False,
-           heading: str = "") -> str:
+           heading: str = "", refresh_s: int = 0) -> str:
     """A whole page. ``charts``: load plotly.js (served by hfai-web) and the chart helpers before
     the page's script. ``heading``: the h1 when it should differ from the tab's title (HTML, escaped
-    by the caller)."""
+    by the caller). ``refresh_s``: the browser reloads the page this often (0: never)."""
     nav = ""
     if user:
         nav = ('<nav><a href="/jobs">Jobs</a><a href="/nodes">Nodes</a><a href="/cluster">Cluster</a>'
@@ -199,9 +214,18 @@ def layout(title: str, body: str, user: str = "", script: str = "", poll_s: floa
         lib = f"<script src='{assets.script_url()}'></script>" if charts else ""
         js = lib + "<script>" + SCRIPT % {"poll_ms": int(poll_s * 1000)} + (CHARTS_JS if charts else "") + \
             script + "</script>"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)} · hfai</title>"
+    meta = f"<meta http-equiv='refresh' content='{int(refresh_s)}'>" if refresh_s else ""
+    return (f"<!doctype html><html><head><meta charset='utf-8'>{meta}<title>{html.escape(title)} · hfai</title>"
             f"<style>{STYLE}</style></head><body>{nav}<main><h1>{heading or html.escape(title)}</h1>"
             f"<p id='error' class='err'></p>{body}</main>{js}</body></html>")
+
+
+def error_page(title: str, text: str, user: str = "", refresh_s: int = 0, text_id: str = "error-text") -> str:
+    """What a browser gets where a page cannot be shown (no such job, not yours, the cluster not
+    answering): the site's own page, its navigation when signed in, the reason in words."""
+    body = (f"<p class='err' id='{text_id}'>{html.escape(text)}</p>"
+            "<p><a href='/jobs'>Back to the jobs</a></p>")
+    return layout(title, body, user, refresh_s=refresh_s)
 
 
 def login_page(error: str = "") -> str:
@@ -238,12 +262,12 @@ def job_page(user: str, job_id: str, poll_s: float, name: str = "", owner: str =
     import json
 
     if may_act:
-        actions = ("<p>nodes: <span id='nodes'></span> <button id='stop'>Stop</button></p>"
-                   "<p id='action'></p>")
+        actions = ("<p><span id='nodes-label'>nodes</span>: <span id='nodes'></span> "
+                   "<button id='stop'>Stop</button></p><p id='action'></p>")
         logs = ("<h2>Logs</h2><p><select id='rank'></select> <label><input type='checkbox' id='follow' checked>"
                 " follow</label> <a id='download' href='#'>download</a></p><pre id='log'></pre>")
     else:
-        actions = "<p>nodes: <span id='nodes'></span></p>"
+        actions = "<p><span id='nodes-label'>nodes</span>: <span id='nodes'></span></p>"
         logs = (f"<h2>Logs</h2><p class='note' id='no-logs'>Only {html.escape(owner or 'its owner')} and operators "
                 "may stop this job or read its logs.</p>")
     heading = (f"{html.escape(name or job_id)} <small class='sub'>job {html.escape(job_id)}"
@@ -256,6 +280,21 @@ def job_page(user: str, job_id: str, poll_s: float, name: str = "", owner: str =
             "<h2>History</h2><ol class='timeline' id='history'></ol><h2>Spec</h2><pre id='spec'></pre>")
     script = JOB_JS % {"job": json.dumps(job_id), "may_act": "true" if may_act else "false"}
     return layout(f"{name or job_id} · job {job_id}", body, user, script, poll_s, charts=True, heading=heading)
+
+
+def array_page(user: str, array_id: str, poll_s: float, name: str = "", owner: str = "") -> str:
+    """A job array's page: the line `hfai status ARRAY` prints about it (how many members are in
+    which state) and its members in index order, each linking to its own page."""
+    import json
+
+    heading = (f"{html.escape(name or array_id)} <small class='sub'>job array {html.escape(array_id)}"
+               f"{' of ' + html.escape(owner) if owner else ''}</small>")
+    heads = "".join(f"<th>{h}</th>" for h in ("id", "name", "priority", "state", "on", "suspends", "age", "why"))
+    body = (f"<p id='summary'></p><table id='members'><thead><tr>{heads}</tr></thead><tbody id='rows'></tbody>"
+            "</table><p class='note'>Stop, hold or release the whole array with its id or name: "
+            f"<code>hfai stop {html.escape(array_id)}</code>.</p>")
+    script = ARRAY_JS % {"array": json.dumps(array_id)}
+    return layout(f"{name or array_id} · job array {array_id}", body, user, script, poll_s, heading=heading)
 
 
 def nodes_page(user: str, poll_s: float) -> str:

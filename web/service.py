@@ -33,6 +33,8 @@ SESSION_KEY = web.RequestKey("session", Session)
 #: Largest log a download assembles (the rest is on the node; `hfai logs` reads all of it).
 MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024
 _STATUS = {Forbidden: 403, NotFound: 404, InvalidRequest: 400, Unavailable: 503}
+#: The heading of the page a browser gets for an error of that HTTP status.
+_TITLES = {403: "Forbidden", 404: "Not found", 400: "Bad request", 503: "Unavailable"}
 #: The windows the cluster page offers (seconds); the telemetry covers [web] telemetry_max_age_s.
 WINDOWS = {3600: "last hour", 86400: "last day"}
 
@@ -96,11 +98,12 @@ class WebService:
         for path, page in (("/jobs", pages.jobs_page), ("/nodes", pages.nodes_page), ("/cluster", pages.cluster_page),
                            ("/usage", pages.usage_page)):
             r.add_get(path, self._page(page))
-        r.add_get("/jobs/{id}", self.job_page)
+        r.add_get("/jobs/{id}", self.job_page)  # a job's, or a job array's (by the array's id or name)
         r.add_get("/jobs/{id}/logs/{rank}/download", self.log_download)
         r.add_get("/usage.csv", self.usage_csv)
         r.add_get("/api/jobs", self.api_jobs)
         r.add_get("/api/jobs/{id}", self.api_job)
+        r.add_get("/api/arrays/{id}", self.api_array)
         r.add_post("/api/jobs/{id}/stop", self.api_stop)
         r.add_get("/api/jobs/{id}/logs/{rank}", self.api_log)
         r.add_get("/api/nodes", self.api_nodes)
@@ -147,10 +150,19 @@ class WebService:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
+        """An error as JSON for the API (the pages' scripts read it), as a page of the site for
+        what a browser opens (a job's page, a log download, the usage CSV); no route: a page too."""
         try:
             return await handler(request)
         except HfaiError as e:
-            return web.json_response({"error": str(e), "code": e.code}, status=_status(e))
+            if request.path.startswith("/api/"):
+                return web.json_response({"error": str(e), "code": e.code}, status=_status(e))
+            return _error_page(request, _status(e), str(e))
+        except web.HTTPNotFound:
+            if request.path.startswith("/api/"):
+                return web.json_response({"error": f"no such endpoint: {request.path}", "code": "not_found"},
+                                         status=404)
+            return _error_page(request, 404, f"There is no page at {request.path}.")
 
     # ------------------------------------------------------------------------ sign-in
 
@@ -187,8 +199,18 @@ class WebService:
         return handler
 
     async def job_page(self, request: web.Request) -> web.Response:
+        """A job's page, or a job array's (``hfai status ARRAY``'s): the reference is looked up as the
+        CLI does, a job first, then an array by id or name; neither: a 404 page."""
+        from hfai.cli import arrays
+
         session = _session(request)
-        job = await session.api.status(request.match_info["id"])
+        [target] = await arrays.resolve(session.api, [request.match_info["id"]])
+        if target.is_array:
+            first = target.jobs[0]
+            text = pages.array_page(session.user, target.array_id, self.config.web.poll_s,
+                                    name=arrays.array_name(first), owner=first.spec.user)
+            return web.Response(text=text, content_type="text/html")
+        job = target.jobs[0]
         text = pages.job_page(session.user, job.id, self.config.web.poll_s, name=job.spec.name, owner=job.spec.user,
                               may_act=_may_act(session, job.spec.user))
         return web.Response(text=text, content_type="text/html")
@@ -216,6 +238,18 @@ class WebService:
         return web.json_response({**views.job_detail(job), "may_act": _may_act(session, job.spec.user),
                                   "timeline": tl.as_json(),
                                   "gpu": job_gpu(samples, [(s.nodes, s.start, s.end) for s in segments])})
+
+    async def api_array(self, request: web.Request) -> web.Response:
+        """A job array: the line `hfai status ARRAY` prints about it, and its members' rows in index order."""
+        from hfai.api.client import JobFilter
+        from hfai.cli import arrays
+
+        session, ref = _session(request), request.match_info["id"]
+        target = arrays.find_array(await session.api.jobs(JobFilter.of(finished=True)), ref, session.user)
+        if target is None:
+            raise NotFound(f"no job array with id or name {ref!r}")
+        return web.json_response({"array_id": target.array_id, "summary": arrays.summary(target),
+                                  "jobs": [views.job_row(j) for j in target.jobs]})
 
     async def api_stop(self, request: web.Request) -> web.Response:
         job = await _session(request).api.stop(request.match_info["id"])
@@ -313,6 +347,13 @@ class WebService:
 
 def _session(request: web.Request) -> Session:
     return request[SESSION_KEY]
+
+
+def _error_page(request: web.Request, status: int, text: str) -> web.Response:
+    """The site's page for an error, with its navigation when someone is signed in."""
+    session = request.get(SESSION_KEY)
+    page = pages.error_page(_TITLES.get(status, "Error"), text, session.user if session is not None else "")
+    return web.Response(status=status, text=page, content_type="text/html")
 
 
 def _window_start(now: float, window: int, jobs, first_sample: float | None) -> tuple[float, str]:
