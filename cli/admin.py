@@ -50,7 +50,7 @@ def _creds_dir() -> Path:
 
 @click.group()
 def admin():
-    """Operators: issue and revoke credentials (needs the issuer keys: $HFAI_ISSUER)."""
+    """Operators: issue and revoke credentials (needs the issuer keys: $HFAI_ISSUER), check nodes' GPU health."""
 
 
 @admin.command("init")

@@ -86,7 +86,7 @@ SUMMARIES = {
               "name): its waiting members.",
     "estimate": "When the waiting jobs would start if every job ran exactly its time limit (-t) and nothing new "
                 "arrived: a forward replay of the live policy (priorities, slices, holds, dependencies).",
-    "admin": "Operators: issue and revoke credentials (needs the issuer keys: $HFAI_ISSUER).",
+    "admin": "Operators: issue and revoke credentials (needs the issuer keys: $HFAI_ISSUER), check nodes' GPU health.",
     "quota": "Node quotas per (user, priority, group).",
     "node": "Take nodes out of service and back (operators).",
     "controller": "Run a controller replica (same as `hfai-controller`): it serves the API, and schedules while it "
