@@ -199,8 +199,15 @@ class ApiClient:
             self._nc = None
 
     async def call(self, verb: str, request, expect: type):
+        try:
+            payload = encode(request)
+        except OverflowError:
+            # The CLI bounds what a user types (hfai.protocol.limits); this is the last line for
+            # a caller of the Python API: one typed error, not msgpack's traceback.
+            raise InvalidRequest(f"{verb}: a number in the request is too large to send (the wire carries "
+                                 "64-bit integers)") from None
         # An operator sends everything on the operator subject: its verbs, and others' jobs.
-        return await self._request(names.api_subject(self.user, verb, operator=self.operator), encode(request), expect,
+        return await self._request(names.api_subject(self.user, verb, operator=self.operator), payload, expect,
                                    repeatable=verb in REPEATABLE_VERBS)
 
     @property

@@ -19,6 +19,7 @@ import click
 
 from hfai.cli import common, render
 from hfai.cli.errors import user_errors
+from hfai.protocol.limits import MAX_NODES
 from hfai.protocol.types import Priority
 
 DEFAULT_ISSUER = Path("/etc/hfai/issuer")
@@ -163,7 +164,7 @@ async def quota_show(as_json: bool = False):
 @quota.command("set", context_settings={"ignore_unknown_options": True})
 @click.argument("user")
 @click.argument("priority")
-@click.argument("nodes", type=click.IntRange(min=-1))
+@click.argument("nodes", type=click.IntRange(-1, MAX_NODES))
 @click.option("-g", "--group", default="*", show_default=True, help="Node group, or * for all.")
 @common.run_async
 async def quota_set(user: str, priority: str, nodes: int, group: str):

@@ -13,13 +13,13 @@ from hfai.api.spec import parse_duration
 from hfai.cli import common, render
 from hfai.cli.errors import user_errors
 from hfai.protocol.errors import InvalidRequest
+from hfai.protocol.limits import MAX_ARRAY, MAX_ARRAY_INDEX, MAX_NODES
 from hfai.protocol.reasons import describe
 from hfai.protocol.types import Priority
 
 run_async = user_errors()
 
 _ARRAY_PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
-MAX_ARRAY = 1000
 
 
 def parse_time(text: str, hint: str = "'-t' / '--time'") -> float:
@@ -39,8 +39,9 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int]:
         limit = int(limit_text) if limit_text else 0
     except ValueError:
         raise click.BadParameter(f"{text!r}: %N needs a whole number", param_hint=hint) from None
-    if limit_text and limit < 1:
-        raise click.BadParameter(f"{text!r}: %N must be at least 1", param_hint=hint)
+    if limit_text and not 1 <= limit <= MAX_ARRAY:
+        raise click.BadParameter(f"%N must be 1 to {MAX_ARRAY} (an array's most members), not {limit}",
+                                 param_hint=hint)
     indices: list[int] = []
     for part in spec.split(","):
         m = _ARRAY_PART.fullmatch(part.strip())
@@ -50,6 +51,8 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int]:
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) else lo
         step = int(m.group(3)) if m.group(3) else 1
+        if hi > MAX_ARRAY_INDEX:
+            raise click.BadParameter(f"indices go from 0 to {MAX_ARRAY_INDEX}, not {hi}", param_hint=hint)
         if hi < lo or step < 1:
             raise click.BadParameter(f"{text!r}: a range needs FIRST <= LAST and a step of at least 1",
                                      param_hint=hint)
@@ -126,7 +129,7 @@ async def requeue(job: str):
 @click.command()
 @click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
 @click.option("-p", "--priority", help=f"New priority: {Priority.choices()}.")
-@click.option("-n", "--nodes", type=click.IntRange(1), help="New node count (not for elastic jobs).")
+@click.option("-n", "--nodes", type=click.IntRange(1, MAX_NODES), help="New node count (not for elastic jobs).")
 @run_async
 async def update(jobs: tuple[str, ...], priority: str | None, nodes: int | None):
     """Change waiting JOBs' priority or node count (checked like a new submission); a job array

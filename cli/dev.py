@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from hfai.cli import common, render
+from hfai.protocol.limits import MAX_NODES
 from hfai.protocol.types import Priority
 
 DEFAULT_NAME = "dev"
@@ -40,7 +41,8 @@ def dev():
 
 @dev.command("start")
 @click.option("--name", default=DEFAULT_NAME, show_default=True, help="The session's name.")
-@click.option("-n", "--nodes", default=1, show_default=True, type=int, help="Nodes (a session runs on 1).")
+@click.option("-n", "--nodes", default=1, show_default=True, type=click.IntRange(1, MAX_NODES),
+              help="Nodes (a session runs on 1).")
 @click.option("-g", "--group", default="default", show_default=True, help="The node group to run on.")
 @click.option("-i", "--image", "env_name", default="", help="The environment (haienv) JupyterLab runs in.")
 @click.option("-p", "--priority", default="NORMAL", show_default=True, help="Priority level.")

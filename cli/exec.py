@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import click
 
 from hfai.cli.common import run_async
+from hfai.protocol.limits import MAX_RANK
 
 if TYPE_CHECKING:
     from hfai.protocol.types import ExecRequest, JobRecord
@@ -294,7 +295,7 @@ def _raw(fd: int):
 
 # ------------------------------------------------------------------------------------ commands
 
-rank_option = click.option("-r", "--rank", type=int, default=0, show_default=True,
+rank_option = click.option("-r", "--rank", type=click.IntRange(0, MAX_RANK), default=0, show_default=True,
                            help="Which rank's node to run on (one rank per node).")
 
 

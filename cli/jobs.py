@@ -12,6 +12,7 @@ import time
 import click
 
 from hfai.cli import common, render
+from hfai.protocol.limits import MAX_RANK
 
 
 def _column_help() -> str:
@@ -123,7 +124,8 @@ async def nodes(as_json: bool):
 @click.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
-@click.option("-r", "--rank", default=0, show_default=True, help="Which node rank's output.")
+@click.option("-r", "--rank", type=click.IntRange(0, MAX_RANK), default=0, show_default=True,
+              help="Which node rank's output.")
 @click.option("-n", "--tail", type=click.IntRange(min=0), metavar="N",
               help="Only the last N lines (then, with -f, what follows).")
 @click.option("-t", "--timestamps", is_flag=True,

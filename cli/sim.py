@@ -13,6 +13,10 @@ from __future__ import annotations
 import click
 
 from hfai.cli.errors import user_errors
+from hfai.protocol.limits import MAX_NODES
+
+#: A generated trace is built in memory: ten million jobs is far past any replay worth waiting for.
+MAX_TRACE_JOBS = 10_000_000
 
 POLICY_NAMES = ("hfai", "fifo", "las", "las-prio")
 #: Replayed when no --policy is given (las-prio is LAS honouring priorities: ask for it).
@@ -63,7 +67,8 @@ COLUMNS = (
 
 @sim.command("run", epilog=f"Columns: {COLUMNS}")
 @click.argument("trace", type=click.Path(dir_okay=False))
-@click.option("--nodes", "n_nodes", type=click.IntRange(min=1), required=True, help="Nodes in the simulated cluster.")
+@click.option("--nodes", "n_nodes", type=click.IntRange(1, MAX_NODES), required=True,
+              help="Nodes in the simulated cluster.")
 @click.option("--policy", "policies", type=click.Choice(POLICY_NAMES), multiple=True,
               help="Policy to replay; repeat for several. Default: hfai, fifo and las.")
 @click.option("--slice", "slice_s", type=click.FloatRange(min=0), default=1800.0, show_default=True,
@@ -130,13 +135,14 @@ def _check_matplotlib() -> None:
 
 @sim.command("gen")
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--jobs", type=click.IntRange(min=1), required=True, help="Number of jobs.")
-@click.option("--nodes", "n_nodes", type=click.IntRange(min=1), required=True, help="Cluster size the load refers to.")
+@click.option("--jobs", type=click.IntRange(1, MAX_TRACE_JOBS), required=True, help="Number of jobs.")
+@click.option("--nodes", "n_nodes", type=click.IntRange(1, MAX_NODES), required=True,
+              help="Cluster size the load refers to.")
 @click.option("--load", type=click.FloatRange(min=0, min_open=True), default=1.2, show_default=True,
               help="Offered load: the trace's demand / capacity over its arrival span (arrivals are "
                    "stretched to give exactly this).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--users", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--users", type=click.IntRange(1, MAX_TRACE_JOBS), default=8, show_default=True)
 @click.option("--elastic", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Fraction of multi-node jobs that are elastic (MIN:MAX nodes).")
 @_user_errors

@@ -16,6 +16,7 @@ import click
 from hfai.api.spec import INTERPRETER, entry_script
 from hfai.cli import common, render
 from hfai.protocol.errors import HfaiError
+from hfai.protocol.limits import MAX_NODES, MAX_RETRIES
 from hfai.protocol.types import Priority
 
 
@@ -39,7 +40,7 @@ def submit_options(f):
                           "each member sees HFAI_ARRAY_INDEX."),
         click.option("-t", "--time", "time_limit", metavar="DURATION",
                      help="Stop the job once it has run this long over all its runs: 90m, 2h, 1:30:00, 45s."),
-        click.option("--retry", "retries", type=click.IntRange(0, 100), default=0, show_default=True,
+        click.option("--retry", "retries", type=click.IntRange(0, MAX_RETRIES), default=0, show_default=True,
                      help="Requeue a run that fails (a rank's non-zero exit) up to N times."),
     ]
     for opt in reversed(options):
@@ -56,6 +57,8 @@ def parse_nodes(text: str) -> tuple[int, int, int]:
         raise click.UsageError(f"-n/--nodes expects N or MIN:MAX, got {text!r}") from None
     if low < 1:
         raise click.UsageError(f"-n/--nodes must be at least 1, not {low}")
+    if high > MAX_NODES:
+        raise click.UsageError(f"-n/--nodes takes at most {MAX_NODES} nodes, not {high}")
     if high < low:
         raise click.UsageError(f"-n/--nodes MIN:MAX needs MIN <= MAX, got {text!r}")
     return (high, low, high) if sep and high > low else (high, 0, 0)

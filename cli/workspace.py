@@ -63,7 +63,7 @@ def init(name: str | None):
 
 
 @workspace.command("push")
-@click.option("--bwlimit", type=int, default=0, help="At most this many KB/s (0: no limit).")
+@click.option("--bwlimit", type=click.IntRange(min=0), default=0, help="At most this many KB/s (0: no limit).")
 @click.option("-n", "--dry-run", is_flag=True, help="List what would move (files, chunks, bytes); send nothing.")
 @user_errors()
 def push(bwlimit: int, dry_run: bool):

@@ -34,6 +34,7 @@ from hfai.kv import KVCache, cas_update, cas_value
 from hfai.protocol import decode, encode, names
 from hfai.protocol.codec import Encoded, pack
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_for_code
+from hfai.protocol.limits import MAX_NODES
 from hfai.protocol.reasons import ReasonCode, reason
 from hfai.protocol.types import (
     AUTO_PRIORITY,
@@ -368,6 +369,8 @@ class ApiService:
                 names.check_token(what, value)
         if e.priority not in {p.value for p in Priority}:
             raise InvalidRequest(f"unknown priority {e.priority}")
+        if e.nodes > MAX_NODES:
+            raise InvalidRequest(f"a quota is at most {MAX_NODES} nodes, not {e.nodes}")
 
         def change(table: QuotaTable) -> QuotaTable:
             kept = [q for q in table.entries if (q.user, q.priority, q.group) != (e.user, e.priority, e.group)]

@@ -20,11 +20,10 @@ from collections.abc import Iterable
 from hfai.controller.policy import Quotas
 from hfai.protocol import encode, names
 from hfai.protocol.errors import Conflict, InvalidRequest
+from hfai.protocol.limits import MAX_ARRAY, MAX_ARRAY_INDEX, MAX_NODES, MAX_RETRIES
 from hfai.protocol.types import AUTO_PRIORITY, JOB_DEV, JOB_KINDS, JobSpec, NodeRecord, Priority
 
 MAX_NAME = 128
-# Far above any cluster we can imagine, far below what breaks arithmetic or memory in the policy.
-MAX_NODES = 100_000
 MAX_ARGS = 4096
 MAX_ENV_VARS = 1024
 MAX_ENV_KEY = 256
@@ -151,9 +150,7 @@ def check_spec(spec: JobSpec) -> JobSpec:
     return spec
 
 
-MAX_RETRIES = 100
 MAX_AFTER = 64
-MAX_ARRAY = 1000
 DEPENDENCY_KINDS = ("ok", "any")
 
 
@@ -176,16 +173,16 @@ def check_limits(spec: JobSpec) -> None:
         raise InvalidRequest(f"the time limit must be 0 (none) or more seconds, not {spec.time_limit_s}")
     if not 0 <= spec.retries <= MAX_RETRIES:
         raise InvalidRequest(f"--retry takes 0 to {MAX_RETRIES}, not {spec.retries}")
-    if spec.array_limit < 0:
-        raise InvalidRequest(f"an array's limit (%N) must be at least 1, not {spec.array_limit}")
+    if not 0 <= spec.array_limit <= MAX_ARRAY:
+        raise InvalidRequest(f"an array's limit (%N) must be 1 to {MAX_ARRAY}, not {spec.array_limit}")
 
 
 def check_array(indices: tuple[int, ...]) -> tuple[int, ...]:
-    """A job array's indices: distinct, 0 or more, at most MAX_ARRAY of them."""
+    """A job array's indices: distinct, 0 to MAX_ARRAY_INDEX, at most MAX_ARRAY of them."""
     if len(indices) > MAX_ARRAY:
         raise InvalidRequest(f"a job array has at most {MAX_ARRAY} members, not {len(indices)}")
-    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
-        raise InvalidRequest("a job array's indices must be distinct and not negative")
+    if len(set(indices)) != len(indices) or any(not 0 <= i <= MAX_ARRAY_INDEX for i in indices):
+        raise InvalidRequest(f"a job array's indices must be distinct and 0 to {MAX_ARRAY_INDEX}")
     return indices
 
 
