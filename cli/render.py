@@ -229,7 +229,8 @@ def job_details(j: JobRecord) -> str:
         *_extras(j),
         "history:",
     ]
-    for ev in j.history:
+    # GPU faults under its runs (protocol 1.4) among the states it entered, by time.
+    for ev in sorted((*j.history, *j.faults), key=lambda e: e.ts):
         at = time.strftime('%H:%M:%S', time.localtime(ev.ts))
         lines.append(f"  {at}  {ev.state.value:<11} {clean(describe(ev))}")
     return "\n".join(lines)
@@ -368,6 +369,7 @@ def _index(i: int) -> int | None:
     return i if i >= 0 else None
 
 
+        out["faults"] = [{"ts": ev.ts, "reason": describe(ev)} for ev in j.faults]
 def node_json(n: NodeInfo) -> dict[str, Any]:
     """One node as ``hfai nodes --json`` lists it. ``stale``: the node is down and its figures are
     from its last heartbeat, ``heartbeat_age_s`` ago."""

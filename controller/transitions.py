@@ -302,16 +302,17 @@ def avoiding(job: JobRecord, node: str) -> JobRecord:
 
 
 def apply_gpu_fault(job: JobRecord, ev: GpuFaultEvent) -> JobRecord | None:
-    """A GPU fault under the job's run, as a line of its history (no state change): the node and
-    the fault, and whether it was the job's own (an application Xid) or the hardware's. None when
-    the run is over or the line is there already (a redelivered event)."""
+    """A GPU fault under the job's run, kept in ``JobRecord.faults`` (no state change; the
+    history holds only the states entered, which usage and the timeline count): the node and the
+    fault, and whether it was the job's own (an application Xid) or the hardware's. None when the
+    run is over or the fault is there already (a redelivered event)."""
     if ev.job_id != job.id or ev.run_id != job.run_id or not job.state.holds_nodes or ev.node not in job.nodes:
         return None
     why = Reason(ev.fault.why.code, {**ev.fault.why.params, "node": ev.node})
-    if any(e.why == why and e.ts == ev.fault.ts for e in job.history):
+    if any(e.why == why and e.ts == ev.fault.ts for e in job.faults):
         return None
     line = JobEvent(ts=ev.fault.ts, state=job.state, reason=why.text(), why=why)
-    return replace(job, history=(*job.history, line)[-JobRecord.HISTORY_LIMIT:])
+    return replace(job, faults=(*job.faults, line)[-JobRecord.FAULTS_LIMIT:])
 
 
 def apply_stop(job: JobRecord, now: float, by: str) -> JobRecord | None:

@@ -287,7 +287,7 @@ def _running(nodes=("n1", "n2")) -> JobRecord:
                      started_ts=T0)
 
 
-def test_a_fault_event_is_one_line_of_the_jobs_history_once():
+def test_a_fault_event_is_kept_on_the_job_once():
     gpus = SimulatedGpus()
     w, _, sent = _watch(gpus, runs=[_ra("j1")])
     gpus.inject(GpuSignal(Signal.XID, 0, xid=13))
@@ -296,7 +296,8 @@ def test_a_fault_event_is_one_line_of_the_jobs_history_once():
     job = _running()
     after = transitions.apply_gpu_fault(job, ev)
     assert after is not None and after.state is ChainState.RUNNING and after.reason == job.reason
-    assert after.history[-1].reason.startswith("Xid 13 on GPU 0 of n1: graphics engine exception")
+    assert after.history == job.history  # only the states entered: usage and the timeline count them
+    assert after.faults[-1].reason.startswith("Xid 13 on GPU 0 of n1: graphics engine exception")
     assert transitions.apply_gpu_fault(after, ev) is None  # redelivered
     stale = GpuFaultEvent(node="n1", job_id="j1", run_id=0, fault=ev.fault)
     assert transitions.apply_gpu_fault(job, stale) is None

@@ -1,6 +1,7 @@
 """GPU health on a live cluster (issue 35 part 2): an injected hardware Xid drains its node and
 the checkpointing job there resumes on the other node from its checkpoint, not failed; an
-application Xid is recorded in the job's history and leaves its node in service; a node a fault
+application Xid is recorded on the job (`hfai status` shows it among its history) and leaves its
+node in service; a node a fault
 drained comes back only after a passing check, or forced. Prints how long detection took."""
 
 from __future__ import annotations
@@ -59,13 +60,15 @@ def test_hardware_xid_drains_the_node_and_the_job_resumes_elsewhere(tmp_path):
         interrupted = [e for e in resumed.history if e.why is not None and e.why.code == ReasonCode.GPU_ERROR]
         assert interrupted and "Xid 79 on GPU 3: fell off the bus" in interrupted[0].reason
         assert any(e.why is not None and e.why.code == ReasonCode.GPU_FAULT and "Xid 79" in e.reason
-                   for e in resumed.history)
+                   for e in resumed.faults)
 
         # An application Xid on the node the job now runs on: in its history, the node in service.
         r = c.cli("admin", "fault", good, "--xid", "13", "--gpu", "0", user="root")
         assert r.returncode == 0, r.stderr
-        c.wait(lambda: any("Xid 13 on GPU 0 of " + good in e.reason for e in c.job(job.id).history), 30,
-               "the application Xid in the job's history")
+        c.wait(lambda: any("Xid 13 on GPU 0 of " + good in e.reason for e in c.job(job.id).faults), 30,
+               "the application Xid on the job")
+        status = c.cli("status", job.id).stdout
+        assert f"Xid 13 on GPU 0 of {good}" in status and "(the job's own error: the node stays in service)" in status
         assert _node(c, good).state is NodeState.UP
         assert c.job(job.id).state is ChainState.RUNNING
 
