@@ -362,6 +362,7 @@ def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> d
     }
     if history:
         out["history"] = [{"ts": ev.ts, "state": ev.state.value, "reason": describe(ev)} for ev in j.history]
+        out["faults"] = [{"ts": ev.ts, "reason": describe(ev)} for ev in j.faults]
     return out
 
 
@@ -369,7 +370,6 @@ def _index(i: int) -> int | None:
     return i if i >= 0 else None
 
 
-        out["faults"] = [{"ts": ev.ts, "reason": describe(ev)} for ev in j.faults]
 def node_json(n: NodeInfo) -> dict[str, Any]:
     """One node as ``hfai nodes --json`` lists it. ``stale``: the node is down and its figures are
     from its last heartbeat, ``heartbeat_age_s`` ago."""
