@@ -38,7 +38,7 @@ from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled, wait_eve
 from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
 from hfai._version import __version__
-from hfai.agent import safefs
+from hfai.agent import logtimes, safefs
 from hfai.agent.contain import make_containment
 from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
@@ -636,7 +636,25 @@ class Agent:
             size = f.seek(0, 2)
             offset = min(req.offset, size)
             f.seek(offset)
-            return LogChunk(data=f.read(req.max_bytes), offset=offset, size=size)
+            data = f.read(req.max_bytes)
+            if not req.timestamps:
+                return LogChunk(data=data, offset=offset, size=size)
+            at_line_start = offset == 0 or os.pread(f.fileno(), 1, offset - 1) == b"\n"
+        data, line_ts = _line_times(path, offset, data, at_line_start)
+        return LogChunk(data=data, offset=offset, size=size, line_ts=line_ts)
+
+
+def _line_times(log_path, offset: int, data: bytes, at_line_start: bool) -> tuple[bytes, tuple[float, ...]]:
+    """When each line starting in ``data`` was read from the job (hfai.agent.logtimes)."""
+    try:
+        fd: int | None = safefs.open_log_for_reading(logtimes.times_path(log_path))
+    except (FileNotFoundError, NotADirectoryError):
+        fd = None  # a log of a run from before agents kept the times
+    try:
+        return logtimes.line_times(fd, offset, data, at_line_start)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _host_stat() -> HostStat:

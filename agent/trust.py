@@ -80,7 +80,7 @@ def check_log_request(req: LogRequest) -> LogRequest:
     if req.offset < 0:
         raise InvalidRequest(f"offset {req.offset} is negative")
     return LogRequest(job_id=req.job_id, rank=req.rank, offset=req.offset,
-                      max_bytes=max(0, min(req.max_bytes, LOG_CHUNK_MAX)))
+                      max_bytes=max(0, min(req.max_bytes, LOG_CHUNK_MAX)), timestamps=req.timestamps)
 
 
 def inside(root: Path, path: Path) -> Path:

@@ -318,7 +318,7 @@ class ApiService:
         if self._request is None:
             raise Unavailable("this controller cannot reach the agents' log service")
         ask = LogRequest(job_id=job.id, rank=req.rank, offset=max(0, req.offset),
-                         max_bytes=max(1, min(req.max_bytes, MAX_LOG_CHUNK)))
+                         max_bytes=max(1, min(req.max_bytes, MAX_LOG_CHUNK)), timestamps=req.timestamps)
         try:
             data = await self._request(names.agent_logs_subject(nodes[req.rank]), encode(ask),
                                        self._config.log_request_timeout_s)

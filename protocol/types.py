@@ -301,11 +301,16 @@ class JobRecord:
     # Protocol 1.3: ``reason`` as a typed value (hfai.protocol.reasons), when the controller gave
     # one; None in older records and for reasons that are only text (an exit code, a user's stop).
     why: Reason | None = None
+    # Protocol 1.4: GPU faults seen under the job's runs (a GPU_FAULT reason with the node, at the
+    # time the agent saw it; the newest FAULTS_LIMIT), beside its history, which holds only the
+    # states it entered: `hfai status` shows them among its history lines.
+    faults: tuple[JobEvent, ...] = ()
     # Protocol 1.4: nodes the job's next start avoids where it can (controller/plan.py): a node
     # whose fault interrupted it (a GPU fault, a lost node). Cleared when it starts again.
     avoid: tuple[str, ...] = ()
 
     HISTORY_LIMIT: ClassVar[int] = 50
+    FAULTS_LIMIT: ClassVar[int] = 20
 
     def transition(self, state: ChainState, ts: float, reason: str | Reason = "", **changes) -> JobRecord:
         """A copy in ``state`` (checked against ChainState's edges) with the event appended; a
