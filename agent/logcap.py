@@ -18,7 +18,9 @@ bytes were lost. A compaction needs no new space (it overwrites and truncates).
 from __future__ import annotations
 
 import os
+import time
 
+from hfai.agent.logtimes import TimesWriter
 from hfai.agent.statefile import disk_full
 
 # Below this a cap leaves no room for a head, a tail and the line between them.
@@ -39,11 +41,14 @@ class CappedLog:
     O_APPEND: the launcher is its only writer while the run lives), keeping at most ``cap`` bytes
     of it (0: everything)."""
 
-    def __init__(self, fd: int, cap: int):
+    def __init__(self, fd: int, cap: int, times: TimesWriter | None = None):
         self.fd = fd
         self.cap = check_cap(cap)
         self.start = os.fstat(fd).st_size  # this run's output begins here (after the agent's header)
         self.end = self.start
+        # When each line was read (hfai.agent.logtimes): ``hfai logs --timestamps``.
+        self.times = times
+        self.at_line_start = self.start == 0 or self._byte_at(self.start - 1) == b"\n"
         self.head = cap // 4
         self.keep = cap // 2
         self.marker_len = 0  # the "dropped" line's length, once there is one
@@ -67,7 +72,18 @@ class CappedLog:
             self.lost = 0
 
     def _append(self, data: bytes) -> bool:
-        """Write ``data`` at the end; False if the disk is full (what got written stays)."""
+        """Write ``data`` at the end, noting when its lines were read; False if the disk is full
+        (what got written stays)."""
+        offset = self.end
+        written = self._write_end(data)
+        n = self.end - offset
+        if n:
+            if self.times is not None:
+                self.times.note(offset, data[:n], self.at_line_start, time.time())
+            self.at_line_start = data[n - 1:n] == b"\n"
+        return written
+
+    def _write_end(self, data: bytes) -> bool:
         view = memoryview(data)
         while view:
             try:
@@ -92,6 +108,7 @@ class CappedLog:
                   f"first {self.head} and its latest ===\n").encode()
         os.pwrite(self.fd, marker, head_end)
         dst = head_end + len(marker)
+        kept_from = src
         # Forward copy to a lower offset: every chunk is read before anything overwrites it.
         while src < self.end:
             chunk = os.pread(self.fd, min(_COPY_BYTES, self.end - src), src)
@@ -101,6 +118,8 @@ class CappedLog:
             src += len(chunk)
             dst += len(chunk)
         os.ftruncate(self.fd, dst)
+        if self.times is not None:
+            self.times.compacted(head_end, len(marker), kept_from, self.end, time.time())
         self.end = dst
         self.marker_len = len(marker)
 

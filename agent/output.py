@@ -12,10 +12,12 @@ import contextlib
 import fcntl
 import os
 import select
+import stat
 import time
 from collections.abc import Iterator
 
 from hfai.agent.logcap import CappedLog
+from hfai.agent.logtimes import TimesWriter, times_path
 from hfai.agent.statefile import disk_full
 
 _READ_BYTES = 1 << 20
@@ -30,9 +32,11 @@ class Output:
     """The job's output channel: ``job_fd`` is what the job gets as stdout and stderr;
     ``pipe_fd`` (relayed only) is what the launcher waits on and :meth:`pump` reads."""
 
-    def __init__(self, log_fd: int, cap: int | None):
+    def __init__(self, log_fd: int, cap: int | None, times_fd: int | None = None):
         self._log_fd = log_fd
-        self._sink = CappedLog(log_fd, cap) if cap is not None else None
+        self._times_fd = times_fd
+        times = TimesWriter(times_fd) if times_fd is not None else None
+        self._sink = CappedLog(log_fd, cap, times) if cap is not None else None
         self.pipe_fd: int | None = None
         self._write_end: int | None = None
         if self._sink is not None:
@@ -92,6 +96,9 @@ class Output:
             if fd is not None:
                 os.close(fd)
         self.pipe_fd = self._write_end = None
+        if self._times_fd is not None:
+            os.close(self._times_fd)
+            self._times_fd = None
         os.close(self._log_fd)
 
 
@@ -101,12 +108,28 @@ def open_output(spec: dict) -> Iterator[Output]:
     relayed = "log_cap" in spec
     flags = os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDWR if relayed else os.O_WRONLY | os.O_APPEND)
     fd = os.open(spec["log"], flags)
+    times_fd = _open_times(spec["log"]) if relayed else None
     try:
-        out = Output(fd, int(spec["log_cap"]) if relayed else None)
+        out = Output(fd, int(spec["log_cap"]) if relayed else None, times_fd)
     except BaseException:
         os.close(fd)
+        if times_fd is not None:
+            os.close(times_fd)
         raise
     try:
         yield out
     finally:
         out.close()
+
+
+def _open_times(log_path: str) -> int | None:
+    """The log's times file (hfai.agent.logtimes), made if missing; None if it cannot be had (the
+    run goes on: its lines are then stamped when read, as before)."""
+    try:
+        fd = os.open(times_path(log_path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
