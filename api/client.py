@@ -332,9 +332,11 @@ class ApiClient:
         """The jobs ``only`` lets through: filtered by the server where the API can, else here."""
         return tuple(j for j in await self.list(request=only.request(self.user)) if only.match(j))
 
-    async def log_chunk(self, job_id: str, rank: int, offset: int, max_bytes: int = 65536) -> LogChunk:
-        """A slice of one rank's log, relayed by the controller (only owners and operators)."""
-        req = LogRequest(job_id=job_id, rank=rank, offset=offset, max_bytes=max_bytes)
+    async def log_chunk(self, job_id: str, rank: int, offset: int, max_bytes: int = 65536,
+                        timestamps: bool = False) -> LogChunk:
+        """A slice of one rank's log, relayed by the controller (only owners and operators);
+        ``timestamps``: with the time the node read each line that starts in it (``line_ts``)."""
+        req = LogRequest(job_id=job_id, rank=rank, offset=offset, max_bytes=max_bytes, timestamps=timestamps)
         return await self.call(names.VERB_LOGS, req, LogChunk)
 
     async def tail_offset(self, job_id: str, rank: int, lines: int, step: int = 65536) -> int:
@@ -359,11 +361,18 @@ class ApiClient:
 
     async def read_log(self, job_id: str, rank: int, offset: int = 0) -> AsyncIterator[bytes]:
         """One rank's log from ``offset`` to its current end, chunk by chunk."""
+        async for chunk in self.read_log_chunks(job_id, rank, offset):
+            yield chunk.data
+
+    async def read_log_chunks(self, job_id: str, rank: int, offset: int = 0,
+                              timestamps: bool = False) -> AsyncIterator[LogChunk]:
+        """As :meth:`read_log`, the chunks whole: with ``timestamps``, each with the time the node
+        read each of its lines (``hfai logs --timestamps``: :class:`hfai.cli.render.LineStamper`)."""
         while True:
-            chunk = await self.log_chunk(job_id, rank, offset)
+            chunk = await self.log_chunk(job_id, rank, offset, timestamps=timestamps)
             if not chunk.data:
                 return
-            yield chunk.data
+            yield chunk
             offset = chunk.offset + len(chunk.data)
             if offset >= chunk.size:
                 return

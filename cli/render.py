@@ -458,24 +458,34 @@ def states_help() -> str:
 
 
 class LineStamper:
-    """``hfai logs --timestamps``: puts the time each line was received before it. The agents keep
-    a job's output as the bytes it wrote, without times, so the time is the client's, taken when
-    the line's first bytes arrived; a line split across chunks is stamped once."""
+    """``hfai logs --timestamps``: puts the time each line was read before it: the time the node
+    read it from the job (``line_ts``, which agents keep with the log: hfai.agent.logtimes), else,
+    for a log an older agent wrote, the time this client received the line's first bytes. Fed
+    from the log's start or a line's start; a line split across chunks is stamped once."""
 
     def __init__(self) -> None:
         self._at_line_start = True
 
-    def feed(self, data: bytes, ts: float) -> bytes:
+    def feed(self, data: bytes, ts: float, line_ts: Sequence[float] = ()) -> bytes:
+        """``data`` stamped; ``line_ts``: the time of each line that starts in it (LogChunk.line_ts;
+        0.0 or missing: ``ts``)."""
         if not data:
             return data
-        stamp = (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d} ").encode()
         lines = data.split(b"\n")
         out = []
+        started = 0  # lines started so far in data: the index into line_ts
         for i, part in enumerate(lines):
             last = i == len(lines) - 1
             if last and not part:
                 break  # data ended with a newline: the next line is not here yet
             starts = self._at_line_start if i == 0 else True
-            out.append((stamp if starts else b"") + part + (b"" if last else b"\n"))
+            if starts:
+                at = line_ts[started] if started < len(line_ts) and line_ts[started] > 0 else ts
+                started += 1
+            out.append((_stamp(at) if starts else b"") + part + (b"" if last else b"\n"))
         self._at_line_start = data.endswith(b"\n")
         return b"".join(out)
+
+
+def _stamp(ts: float) -> bytes:
+    return (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d} ").encode()
