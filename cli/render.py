@@ -482,10 +482,10 @@ class LineStamper:
             if starts:
                 at = line_ts[started] if started < len(line_ts) and line_ts[started] > 0 else ts
                 started += 1
-            out.append((_stamp(at) if starts else b"") + part + (b"" if last else b"\n"))
+            out.append((_line_stamp(at) if starts else b"") + part + (b"" if last else b"\n"))
         self._at_line_start = data.endswith(b"\n")
         return b"".join(out)
 
 
-def _stamp(ts: float) -> bytes:
+def _line_stamp(ts: float) -> bytes:
     return (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d} ").encode()
