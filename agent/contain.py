@@ -23,6 +23,7 @@ from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
 from hfai.agent.sandbox import (
     CONTAINER_BWRAP,
     CONTAINER_NONE,
+    CONTROL_INSIDE,
     PRIVATE_DATASETS,
     PUBLIC_DATASETS,
     BwrapSandbox,
@@ -81,12 +82,14 @@ class Containment:
             return argv, spec
         account = who.account
         paths = ContainerPaths(
-            user=ra.user, workdir=ra.workdir, control_dir=control_dir, runtime=interpreter_paths(python),
+            user=ra.user, workdir=ra.workdir, control_dir=control_dir, control_inside=CONTROL_INSIDE,
+            runtime=interpreter_paths(python),
             home=self._home(ra.user, who, run_as), writable=self._writable(ra.user, env),
             public_datasets=self._datasets(account.groups + (account.gid,), public=True),
             private_datasets=self._datasets(account.groups + (account.gid,), public=False),
             devices=tuple(sorted(glob.glob("/dev/nvidia*"))), tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes)
         env["HOME"] = paths.home_inside
+        env["HFAI_CONTROL_DIR"] = CONTROL_INSIDE
         if self.dataset_root:
             env["HFAI_DATASETS_DIR"] = PUBLIC_DATASETS
             env["HFAI_PRIVATE_DATASETS_DIR"] = PRIVATE_DATASETS

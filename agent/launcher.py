@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
             code = signal_status(code)
         # The container's pid 1 outlives bwrap's monitor by a moment: not the job's leftover.
         left = end_leftovers(child.pid, uncounted={group[0]} if contained else set())
-        usage = _end_cgroup(cgroup, run_dir)
+        usage = _end_cgroup(cgroup, run_dir, int(spec.get("memory_bytes") or 0))
         if usage is not None:
             left += usage[1]
         out.drain()
@@ -273,7 +273,7 @@ def _leave_cgroup(run: RunCgroup | None) -> None:
         run.remove()
 
 
-def _end_cgroup(run: RunCgroup | None, run_dir: str) -> tuple[Usage, int] | None:
+def _end_cgroup(run: RunCgroup | None, run_dir: str, limit: int) -> tuple[Usage, int] | None:
     """Once the job ended: kill what is left in its cgroup, record what the run used, and remove
     the cgroup; returns the usage and how many processes were killed."""
     if run is None:
@@ -281,7 +281,7 @@ def _end_cgroup(run: RunCgroup | None, run_dir: str) -> tuple[Usage, int] | None
     killed = run.kill_all(spare=os.getpid())
     usage = run.usage()
     try:
-        write_state(os.path.join(run_dir, USAGE_FILE), json.dumps(usage.__dict__) + "\n")
+        write_state(os.path.join(run_dir, USAGE_FILE), json.dumps({**usage.__dict__, "limit_bytes": limit}) + "\n")
     except OSError:
         pass  # the exit status matters more; the record goes without usage
     _leave_cgroup(run)

@@ -49,6 +49,18 @@ class LocalRun:
     ack_stop: bool = False
     # Its launcher is gone and recorded no exit status (so it reads as killed, -9).
     lost: bool = False
+    # What it used, from its cgroup once it ended (None: no cgroup, or not ended yet).
+    usage: RunUsage | None = None
+
+
+@dataclass(frozen=True)
+class RunUsage:
+    """A run's cgroup figures as its launcher recorded them (launcher.USAGE_FILE)."""
+
+    peak_bytes: int = 0
+    cpu_s: float = 0.0
+    oom_kills: int = 0
+    limit_bytes: int = 0
 
 
 def platform_stopped(run: LocalRun | None) -> bool:

@@ -12,6 +12,7 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     runs/<job>.<run>/exit_code       written by the launcher when the job exits
     runs/<job>.<run>/term            time the agent sent SIGTERM
     runs/<job>.<run>/fenced          the launcher stopped the job: the agent was silent too long
+    runs/<job>.<run>/usage           what the run used (its cgroup: peak memory, CPU, OOM kills)
     alive                            time.monotonic() of the last heartbeat NATS accepted: the
                                      launchers stop their jobs when it gets too old (launcher.py)
     runs/<job>.<run>/<event>.sent    an event the leader has received (published and acked)
@@ -47,15 +48,16 @@ from hfai._clock import SYSTEM, Clock
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive
 from hfai.agent import safefs
+from hfai.agent.cgroup import CgroupKind, RunCgroup
 from hfai.agent.contain import Containment
 from hfai.agent.devsession import ENTRYPOINT as DEV_ENTRYPOINT
 from hfai.agent.devsession import notebooks_dir
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
 from hfai.agent.jobenv import job_command
-from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE
+from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE, USAGE_FILE
 from hfai.agent.launchers import Launched, Launcher, make_launcher
 from hfai.agent.logcap import check_cap
-from hfai.agent.plan import LocalRun, RunPhase
+from hfai.agent.plan import LocalRun, RunPhase, RunUsage
 from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.protocol import decode, encode
@@ -164,6 +166,7 @@ class RunStore:
             fenced=(d / FENCED_FILE).exists(),
             lost=first is None and not alive and second is None,
             sent=frozenset(k for k in RunEventKind if (d / f"{k.value}.sent").exists()),
+            usage=_read_usage(d / USAGE_FILE) if phase is RunPhase.EXITED else None,
         )
 
     def _launcher_alive(self, d: Path) -> bool:
@@ -368,6 +371,18 @@ class RunStore:
             finally:
                 os.close(fd)
 
+    def end_leftovers(self, key: str) -> int:
+        """Kill whatever is left of run ``key`` in its cgroup (its launcher died without ending
+        it: a container dies with its launcher, a bare process does not) and remove the cgroup;
+        returns how many processes were killed. Without a cgroup, nothing to go by: 0."""
+        c = self.containment
+        if c is None or c.cgroups.kind is CgroupKind.NONE:
+            return 0
+        cg = RunCgroup(c.cgroups.kind, c.cgroups.for_run(key))
+        killed = cg.kill_all()
+        cg.remove()
+        return killed
+
     def mark_sent(self, key: str, kind: RunEventKind) -> None:
         touch(self.dir(key) / f"{kind.value}.sent")  # not fsynced: see statefile.py
 
@@ -397,6 +412,7 @@ class RunStore:
         the agent's event loop: deleting them takes 5-8 ms per run, which the next run's exit and
         events would wait for."""
         self.launcher.forget(key)
+        self.end_leftovers(key)  # its launcher removed the cgroup as the job ended: mostly nothing
         try:
             self.trash_dir.mkdir(mode=0o700, exist_ok=True)
         except OSError as e:
@@ -479,6 +495,19 @@ def _read_int(path: Path) -> int | None:
     try:
         return int(text) if text else None
     except ValueError:
+        return None
+
+
+def _read_usage(path: Path) -> RunUsage | None:
+    """The usage its launcher recorded (the run directory is the agent's: trusted), None if none."""
+    text = _read_text(path)
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        return RunUsage(peak_bytes=int(raw.get("peak_bytes", 0)), cpu_s=float(raw.get("cpu_s", 0.0)),
+                        oom_kills=int(raw.get("oom_kills", 0)), limit_bytes=int(raw.get("limit_bytes", 0)))
+    except (ValueError, TypeError, AttributeError):
         return None
 
 

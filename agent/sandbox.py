@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["CONTAINER_BWRAP", "CONTAINER_NONE", "BindMode", "BwrapSandbox", "ContainerPaths", "Mount",
+__all__ = ["CONTAINER_BWRAP", "CONTAINER_NONE", "CONTROL_INSIDE", "BindMode", "BwrapSandbox", "ContainerPaths", "Mount",
            "NoSandbox", "Sandbox", "bwrap_args", "find_bwrap", "interpreter_paths", "plan_mounts", "probe",
            "signal_status"]
 
@@ -45,6 +45,7 @@ CONTAINER_BWRAP = "bwrap"
 CONTAINER_NONE = "none"
 
 PUBLIC_DATASETS = "/public_dataset"
+CONTROL_INSIDE = "/run/hfai/control"  # the run's control directory (suspend flag, ack), inside
 PRIVATE_DATASETS = "/private_dataset"
 # The original platform's datasets sat under /public_dataset/1/ffdataset/<Name> (hfai.datasets'
 # default and scripts such as yolov5 hard-code it): a link there to /public_dataset keeps both
@@ -85,6 +86,9 @@ class ContainerPaths:
     user: str
     workdir: str
     control_dir: str
+    # Where the control directory is inside ("": at its host path, whose parents, the agent's
+    # state folders, would show as empty folders).
+    control_inside: str = ""
     # Read-only at the same path: the job's interpreter (its environment or the cluster's
     # default) and the hfai it imports.
     runtime: tuple[str, ...] = ()
@@ -160,7 +164,7 @@ def plan_mounts(c: ContainerPaths) -> list[Mount]:
             out.append(Mount(BindMode.RO, f"{PRIVATE_DATASETS}/{name}", path))
     for p in _outermost((*c.writable, c.workdir)):
         out.append(Mount(BindMode.RW, p, p))
-    out.append(Mount(BindMode.RW, c.control_dir, c.control_dir))
+    out.append(Mount(BindMode.RW, c.control_inside or c.control_dir, c.control_dir))
     for d in c.devices:
         out.append(Mount(BindMode.DEV, d, d))
     return out

@@ -49,7 +49,7 @@ from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.operations import Operations
-from hfai.agent.plan import Act, Action, LocalRun, RunPhase, fence_problem, plan, platform_stopped, stale_logs
+from hfai.agent.plan import Act, Action, LocalRun, RunPhase, RunUsage, fence_problem, plan, platform_stopped, stale_logs
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
 from hfai.agent.trust import StartError, assignment_problem, check_log_request
@@ -69,6 +69,8 @@ from hfai.protocol.types import (
 )
 
 log = logging.getLogger(__name__)
+
+LAUNCHER_DIED = "its launcher died before the job ended"
 
 # The actions that publish an event (see Agent.reconcile).
 _REPORTS = frozenset({Act.REPORT_STARTED, Act.REPORT_ACK, Act.REPORT_EXIT, Act.REPORT_NEVER_RAN})
@@ -244,6 +246,7 @@ class Agent:
             gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
             drain_reason=self.health.drain_reason() or self.disk.check(),
             fault=self.health.health.fault, faults=tuple(self.health.health.faults), check=self.health.health.check,
+            containment=self.store.containment.summary if self.store.containment is not None else "",
         )
         if self._fence_unsaved:
             self._save_fence()
@@ -538,14 +541,25 @@ class Agent:
                 # Its launcher ended without recording the status, on a node whose disk was full:
                 # the platform lost the run, the user did not fail it.
                 stopped, message = True, f"its end could not be recorded: {self.store.full_reason()}"
+            elif run is not None and run.lost:
+                # Its launcher died (killed) before the job's end: the platform's fault. In a
+                # container the job died with it; a bare one's processes are killed through its
+                # cgroup here, before the report frees the node for another job.
+                stopped, message = True, LAUNCHER_DIED
+                left = self.store.end_leftovers(key)
+                if left:
+                    log.warning("killed %d process(es) of %s, whose launcher died", left, key)
             fault = self.health.health.fault
             if fault is not None and not stopped and (run is None or run.exit_code != 0):
                 # A run that failed on a node with a hardware fault failed because of it (a lost
                 # GPU ends the job's processes): a platform fault, requeued, never the user's.
                 stopped, message = True, f"GPU fault: {fault.text()}"
+            used = run.usage if run is not None and run.usage is not None else RunUsage()
             return RunEventKind.EXITED, dict(
                 exit_code=run.exit_code if run else -1, acked=bool(run and run.acked),
-                platform_stopped=stopped, whole_life_state=self.store.whole_life_state(key), message=message)
+                platform_stopped=stopped, whole_life_state=self.store.whole_life_state(key), message=message,
+                peak_bytes=used.peak_bytes, cpu_s=used.cpu_s,
+                oom_limit_bytes=used.limit_bytes if used.oom_kills else 0)
         assert a.act is Act.REPORT_NEVER_RAN, a
         message = "stopped before it started on this node"
         try:

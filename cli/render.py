@@ -250,6 +250,10 @@ def _env_lines(env: dict[str, str]) -> list[str]:
     return lines
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 def _extras(j: JobRecord) -> list[str]:
     """Lines for what only some jobs have (protocol 1.2 fields; older records lack them)."""
     s = j.spec
@@ -265,6 +269,9 @@ def _extras(j: JobRecord) -> list[str]:
     retries = int(getattr(s, "retries", 0))
     if retries:
         lines.append(f"retries    {int(getattr(j, 'retried', 0))} of {retries} used")
+    peak, cpu = int(getattr(j, "peak_bytes", 0)), float(getattr(j, "cpu_s", 0.0))
+    if peak or cpu:
+        lines.append(f"resources  peak memory {_size(peak)} (one rank's run, at most), CPU time {age(cpu)} (all runs)")
     if getattr(s, "array_id", ""):
         lines.append(f"array      {clean(getattr(s, 'array_id', ''))} index {getattr(s, 'array_index', -1)}"
                      + (f" (at most {getattr(s, 'array_limit', 0)} at once)" if getattr(s, "array_limit", 0) else ""))

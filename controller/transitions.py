@@ -57,7 +57,8 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
     # publishes a plan's events together, and one lost or late must not turn an acknowledged
     # interrupt into "finished while being suspended".
     acked = (*job.acked, ev.node) if ev.acked and ev.node not in job.acked else job.acked
-    job = replace(job, exits=exits, whole_life_state=wls, acked=acked)
+    job = replace(job, exits=exits, whole_life_state=wls, acked=acked, peak_bytes=max(job.peak_bytes, ev.peak_bytes),
+                  cpu_s=job.cpu_s + ev.cpu_s)
     rank = job.nodes.index(ev.node)
     dev = job.spec.kind == JOB_DEV  # one node: its one exit ends the run
     if dev and job.state is ChainState.RUNNING and not ev.platform_stopped and code == DEV_IDLE_EXIT:
@@ -80,6 +81,9 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
                 return requeue(job, now, why)
             return job.transition(ChainState.SUSPENDING, now, why)
         # One rank failing fails the gang; the other nodes lose the run from their assignment.
+        if ev.oom_limit_bytes:
+            return _finish(job, ChainState.FAILED, now,
+                           reason(ReasonCode.OUT_OF_MEMORY, rank=rank, node=ev.node, limit=ev.oom_limit_bytes))
         return _finish(job, ChainState.FAILED, now, reason(ReasonCode.EXITED, rank=rank, node=ev.node, code=code))
     if job.state is ChainState.RUNNING and ev.platform_stopped:
         # The platform stopped a rank (its launcher fenced the job when its agent went silent):

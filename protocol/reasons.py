@@ -48,7 +48,7 @@ class ReasonCode(enum.StrEnum):
     HELD = "held"  # by, job
     RETRY_BACKOFF = "retry_backoff"  # retried, retries, seconds
     AFTER = "after"  # job, until ("succeed" or "end")
-    ARRAY_LIMIT = "array_limit"  # array, limit
+    ARRAY_LIMIT = "array_limit"  # array, limit [, running: members holding nodes, ahead: members let start first]
     TIME_LIMIT = "time_limit"  # ran, limit (H:MM:SS)
     DEPENDENCY_FAILED = "dependency_failed"  # job, state (how it ended)
     # -- transitions: how runs begin and end (the timeline reads these)
@@ -59,6 +59,7 @@ class ReasonCode(enum.StrEnum):
     NODE_LOST = "node_lost"  # node [, cause: the stop it ended; without one the job is requeued]
     PLATFORM_STOPPED = "platform_stopped"  # rank, node, message [, requeued "1": every rank had exited]
     EXITED = "exited"  # rank, node, code (not 0) [, retry, retries: the retry it gets]
+    OUT_OF_MEMORY = "out_of_memory"  # rank, node, limit (bytes: the run's memory limit)
     START_FAILED = "start_failed"  # node, message
     FINISHED_SUSPENDING = "finished_suspending"  # every rank exited 0 before it saw the interrupt
     SUCCEEDED = "succeeded"
@@ -124,6 +125,21 @@ def _span(seconds: str) -> str:
     return f"{round(s / 60, 1):g} min" if s >= 60 else f"{s:g} s"
 
 
+def _bytes(n: int) -> str:
+    """A memory size as people say it: 96 GiB, 1.5 GiB, 200 MiB."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f}".removesuffix(".0") + " GiB"
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _array_limit(p: Mapping[str, str]) -> str:
+    limit = p["limit"]
+    if p.get("ahead", "0") != "0":  # fewer run than the limit: the members before this one start first
+        return (f"its job array {p['array']} runs at most {limit} member(s) at once (--array ...%{limit}): "
+                f"{p.get('running', '0')} running, {p['ahead']} waiting ahead of this one")
+    return f"its job array {p['array']} already runs {p.get('running', limit)} member(s) (--array ...%{limit})"
+
+
 def _dev_lost(p: Mapping[str, str]) -> str:
     if p.get("message"):
         return f"the platform stopped it on {p['node']}: {p['message']}"
@@ -183,8 +199,7 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
     ReasonCode.RETRY_BACKOFF: lambda p: (f"retry {p['retried']} of {p['retries']} after a failed run: backing off, "
                                          f"starts again in ~{p['seconds']} s"),
     ReasonCode.AFTER: lambda p: f"waiting for job {p['job']} to end ({p['until']})",
-    ReasonCode.ARRAY_LIMIT: lambda p: (f"its job array {p['array']} already runs {p['limit']} member(s) "
-                                       f"(--array ...%{p['limit']})"),
+    ReasonCode.ARRAY_LIMIT: lambda p: _array_limit(p),
     ReasonCode.TIME_LIMIT: lambda p: f"time limit reached: ran {p['ran']} of {p['limit']}",
     ReasonCode.DEPENDENCY_FAILED: lambda p: (f"dependency never satisfied: job {p['job']} {p['state']}, this job "
                                              f"needed it to succeed"),
@@ -199,6 +214,8 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
                                             + ("; requeued" if p.get("requeued") else "")),
     ReasonCode.EXITED: lambda p: (f"rank {p['rank']} on {p['node']} exited with code {p['code']}"
                                   + (f"; retry {p['retry']} of {p['retries']}" if p.get("retry") else "")),
+    ReasonCode.OUT_OF_MEMORY: lambda p: (f"rank {p['rank']} on {p['node']} ran out of memory: the run's limit is "
+                                         f"{_bytes(int(float(p['limit'])))}"),
     ReasonCode.START_FAILED: lambda p: f"could not start on {p['node']}: {p['message']}",
     ReasonCode.FINISHED_SUSPENDING: lambda p: "finished while being suspended",
     ReasonCode.SUCCEEDED: lambda p: "all ranks exited 0",

@@ -308,6 +308,10 @@ class JobRecord:
     # Protocol 1.4: nodes the job's next start avoids where it can (controller/plan.py): a node
     # whose fault interrupted it (a GPU fault, a lost node). Cleared when it starts again.
     avoid: tuple[str, ...] = ()
+    # Protocol 1.5, compute containers: the most memory one rank's run used at once (its cgroup's
+    # peak, bytes) over the job's runs, and the CPU time of all its runs and ranks (seconds).
+    peak_bytes: int = 0
+    cpu_s: float = 0.0
 
     HISTORY_LIMIT: ClassVar[int] = 50
     FAULTS_LIMIT: ClassVar[int] = 20
@@ -401,6 +405,9 @@ class NodeRecord:
     fault: GpuFault | None = None
     faults: tuple[GpuFault, ...] = ()
     check: HealthCheck | None = None
+    # Protocol 1.5: how the node contains its runs, in one line ("bwrap, cgroup v1", or what is
+    # missing and why: agent/contain.py).
+    containment: str = ""
 
 
 # Self-fencing (see RunAssignment.fence_s): the launcher SIGTERMs its job once the agent has not
@@ -476,6 +483,11 @@ class RunEvent:
     platform_stopped: bool = False
     whole_life_state: int | None = None
     message: str = ""
+    # Protocol 1.5: what the run used (its cgroup: 0 where it had none), and the memory limit it
+    # met when the kernel killed it for memory (0: it was not).
+    peak_bytes: int = 0
+    cpu_s: float = 0.0
+    oom_limit_bytes: int = 0
 
 
 @message("gpu_fault_event")

@@ -218,27 +218,6 @@ class AgentConfig:
     memory_reserve_bytes: int = 4 * 2**30
     run_pids_max: int = 65536
 
-    # Compute containers (agent/contain.py, docs/security.md): "bwrap" (a container per run) or
-    # "none". A node that runs jobs as their submitters refuses "none", and a bwrap that cannot
-    # work there, unless allow_uncontained is set.
-    container: str = "bwrap"
-    allow_uncontained: bool = False
-    # The private /tmp and /dev/shm of a container (tmpfs; bytes, 0: the kernel's default, half
-    # the node's memory; a tmpfs takes memory only as it is filled).
-    container_tmp_bytes: int = 0
-    container_shm_bytes: int = 0
-    # <home_root>/<user> is bound at /home/<user> in the container ("": the account's own home
-    # when jobs run as their submitters, else an empty one).
-    home_root: str = ""
-    # A cgroup per run (agent/cgroup.py): <cgroup fs>/<controller>/<cgroup_name>/<node>/<run>.
-    cgroups: bool = True
-    cgroup_name: str = "hfai"
-    # Each run's memory limit: run_memory_bytes, or (0) the node's memory less memory_reserve_bytes
-    # that the agent keeps for itself and the system; and its limit on processes and threads.
-    run_memory_bytes: int = 0
-    memory_reserve_bytes: int = 4 * 2**30
-    run_pids_max: int = 65536
-
     def resolved_node(self) -> str:
         return self.node or socket.gethostname().split(".")[0]
 

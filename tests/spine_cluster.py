@@ -54,9 +54,10 @@ class Cluster:
     """A LocalCluster plus synchronous helpers for tests."""
 
     def __init__(self, root: Path, nodes: int = 2, controllers: int = 1, nats_url: str | None = None,
-                 replicas: int = 1, tls_ca: str = "", **controller_overrides):
+                 replicas: int = 1, tls_ca: str = "", agent: AgentConfig | None = None, **controller_overrides):
         cc = dataclasses.replace(TEST_CONTROLLER, **controller_overrides)
-        self.local = LocalCluster(root=root, nodes=nodes, controllers=controllers, controller=cc, agent=TEST_AGENT,
+        self.local = LocalCluster(root=root, nodes=nodes, controllers=controllers, controller=cc,
+                                  agent=agent or TEST_AGENT,
                                   replicas=replicas, tls_ca=tls_ca)
         self.nodes = nodes
         self.nats_url = nats_url  # join these NATS servers instead of starting one

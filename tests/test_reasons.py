@@ -53,6 +53,7 @@ SAMPLES: dict[ReasonCode, dict[str, object]] = {
     ReasonCode.NODE_LOST: {"node": "n7"},
     ReasonCode.PLATFORM_STOPPED: {"rank": 3, "node": "n4", "message": "fenced", "requeued": 1},
     ReasonCode.EXITED: {"rank": 2, "node": "n5", "code": -9, "retry": 2, "retries": 4},
+    ReasonCode.OUT_OF_MEMORY: {"rank": 0, "node": "n9", "limit": 96.0 * 2**30},  # written as "96 GiB"
     ReasonCode.START_FAILED: {"node": "n6", "message": "no such file"},
     ReasonCode.FINISHED_SUSPENDING: {},
     ReasonCode.SUCCEEDED: {},
