@@ -112,6 +112,7 @@ class _Terminal:
     stderr: BinaryIO
     stdin_fd: int | None = None  # relayed when set
     tty_fd: int | None = None  # its size is relayed (SIGWINCH) when set
+    typed_ahead: bytes = b""  # keys typed before the session, sent first (see _raw)
 
 
 async def _session(job_ref: str, rank: int, argv: tuple[str, ...], tty: bool, term: _Terminal) -> int:
@@ -162,6 +163,8 @@ async def _session(job_ref: str, rank: int, argv: tuple[str, ...], tty: bool, te
         order = ChunkOrder()
         loop = asyncio.get_running_loop()
         helpers = [asyncio.create_task(_keepalive(send, order, started.idle_s / 3))]
+        if term.typed_ahead:
+            await send(data=term.typed_ahead)
         if term.stdin_fd is not None:
             helpers.append(asyncio.create_task(_relay_stdin(loop, term.stdin_fd, send, tty)))
         handled: list[int] = []
@@ -281,16 +284,42 @@ def _size(fd: int | None) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def _raw(fd: int):
-    """The terminal ``fd`` in raw mode, put back however the block ends."""
+    """The terminal ``fd`` in raw mode, put back however the block ends. Yields what was typed
+    ahead as whole lines, for the remote shell (not TCSAFLUSH: keys typed ahead are the user's)."""
     import termios
     import tty
 
     saved = termios.tcgetattr(fd)
     try:
-        tty.setraw(fd, termios.TCSADRAIN)  # not TCSAFLUSH: keys typed ahead go to the shell
-        yield
+        ahead = _typed_ahead(fd)
+        tty.setraw(fd, termios.TCSADRAIN)
+        yield ahead
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+# Reads of typed-ahead input at most (a hung-up terminal would read as end-of-file for ever).
+_AHEAD_READS = 64
+
+
+def _typed_ahead(fd: int) -> bytes:
+    """The complete lines waiting on the terminal ``fd`` while it is still in canonical mode, an
+    end-of-file typed ahead (Ctrl-D; script(1) types one when its own input ends) as the EOF key
+    (Ctrl-D) the remote terminal understands. Read now because Linux hands a reader that switched
+    to raw mode each pending end-of-file as a NUL byte, which the remote shell would echo as ^@."""
+    blocking = os.get_blocking(fd)
+    os.set_blocking(fd, False)
+    out = bytearray()
+    try:
+        for _ in range(_AHEAD_READS):
+            try:
+                data = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
+                break
+            out += data or b"\x04"
+    finally:
+        os.set_blocking(fd, blocking)
+    return bytes(out)
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -335,8 +364,8 @@ def shell(job: str, rank: int, command: tuple[str, ...]):
     if fd is None or not os.isatty(fd):
         raise click.ClickException("hfai shell needs a terminal on stdin; use hfai exec JOB -- CMD without one")
     stdout = sys.stdout.buffer
-    term = _Terminal(stdout, stdout, stdin_fd=fd, tty_fd=fd)
-    with _raw(fd):
+    with _raw(fd) as ahead:
+        term = _Terminal(stdout, stdout, stdin_fd=fd, tty_fd=fd, typed_ahead=ahead)
         code = run_async(_session)(job, rank, tuple(command), True, term)
     sys.exit(code)
 
