@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 from hfai.agent.logtimes import TimesWriter
 from hfai.agent.statefile import disk_full
@@ -41,8 +42,10 @@ class CappedLog:
     O_APPEND: the launcher is its only writer while the run lives), keeping at most ``cap`` bytes
     of it (0: everything)."""
 
-    def __init__(self, fd: int, cap: int, times: TimesWriter | None = None):
+    def __init__(self, fd: int, cap: int, times: TimesWriter | None = None,
+                 clock: Callable[[], float] = time.time):
         self.fd = fd
+        self.clock = clock  # when output is read (the times' clock: wall time, shown to users)
         self.cap = check_cap(cap)
         self.start = os.fstat(fd).st_size  # this run's output begins here (after the agent's header)
         self.end = self.start
@@ -79,7 +82,7 @@ class CappedLog:
         n = self.end - offset
         if n:
             if self.times is not None:
-                self.times.note(offset, data[:n], self.at_line_start, time.time())
+                self.times.note(offset, data[:n], self.at_line_start, self.clock())
             self.at_line_start = data[n - 1:n] == b"\n"
         return written
 
@@ -119,7 +122,7 @@ class CappedLog:
             dst += len(chunk)
         os.ftruncate(self.fd, dst)
         if self.times is not None:
-            self.times.compacted(head_end, len(marker), kept_from, self.end, time.time())
+            self.times.compacted(head_end, len(marker), kept_from, self.end, self.clock())
         self.end = dst
         self.marker_len = len(marker)
 

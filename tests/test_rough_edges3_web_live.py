@@ -8,10 +8,12 @@ Skipped without Chromium, except under CI=true where it fails (see tests/browser
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -198,3 +200,26 @@ def test_pages_in_chromium_for_arrays_suspended_jobs_errors_and_the_cluster_at_8
         for job in (pretrain, urgent, lab):
             c.run(lambda api, jid=job.id: api.stop(jid), user="root")
         c.cli("stop", array_id, user="alice")
+
+
+def test_log_lines_keep_the_time_the_node_read_them(cluster, tmp_path):
+    """Issue 39 item 9: `hfai logs --timestamps` gave every line of a finished job the same time,
+    the time it was read. Lines printed a second apart keep their own times, read at once."""
+    from hfai.cli.render import LineStamper
+
+    c = cluster
+    job = c.submit(["bash", "-c", "echo first; sleep 1.5; echo second"], name="paced", user="alice",
+                   workdir=tmp_path)
+    c.wait_state(job.id, ChainState.SUCCEEDED)
+
+    async def read(api):
+        stamper, out = LineStamper(), b""
+        async for chunk in api.read_log_chunks(job.id, 0, timestamps=True):
+            out += stamper.feed(chunk.data, time.time() + 3600, chunk.line_ts)  # "read" an hour later
+        return out.decode()
+
+    lines = [line for line in c.run(read, user="alice").splitlines() if line.endswith(("first", "second"))]
+    assert len(lines) == 2, lines
+    stamps = [datetime.datetime.fromisoformat(line.split(" ", 1)[0]).timestamp() for line in lines]
+    assert 1.0 <= stamps[1] - stamps[0] < 600, lines  # apart by the job's sleep, not read at once
+    assert stamps[1] < time.time(), lines  # the node's times, not the reader's
