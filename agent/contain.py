@@ -14,7 +14,9 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shutil
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +40,7 @@ from hfai.protocol.errors import HfaiError
 from hfai.protocol.names import is_token
 from hfai.protocol.types import RunAssignment
 
-__all__ = ["ContainmentError", "Containment", "make_containment", "run_memory_limit"]
+__all__ = ["Containment", "ContainmentError", "enter_argv", "make_containment", "reachable", "run_memory_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +85,25 @@ class Containment:
         account = who.account
         paths = ContainerPaths(
             user=ra.user, workdir=ra.workdir, control_dir=control_dir, control_inside=CONTROL_INSIDE,
-            runtime=interpreter_paths(python),
+            # The agent's own interpreter too: `hfai exec` starts its helper with it, inside. Only
+            # what the job's user may reach: bwrap, run as that user, refuses a bind it cannot see.
+            runtime=tuple(p for p in interpreter_paths(python) + interpreter_paths(sys.executable)
+                          if not who.switch or reachable(p, account.uid, account.groups + (account.gid,))),
             home=self._home(ra.user, who, run_as), writable=self._writable(ra.user, env),
             public_datasets=self._datasets(account.groups + (account.gid,), public=True),
             private_datasets=self._datasets(account.groups + (account.gid,), public=False),
             devices=tuple(sorted(glob.glob("/dev/nvidia*"))), tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes)
-        env["HOME"] = paths.home_inside
+        self.inside_env(env, ra.user)
+        return self.sandbox.wrap(argv, paths), spec
+
+    def inside_env(self, env: dict[str, str], user: str) -> None:
+        """Change a job's environment ``env`` for inside its container (its paths there)."""
+        env["HOME"] = f"/home/{user}"
         env["HFAI_CONTROL_DIR"] = CONTROL_INSIDE
         if self.dataset_root:
             env["HFAI_DATASETS_DIR"] = PUBLIC_DATASETS
             env["HFAI_PRIVATE_DATASETS_DIR"] = PRIVATE_DATASETS
         env.pop("TMPDIR", None)  # the host's may not exist inside: the container's /tmp is the run's
-        return self.sandbox.wrap(argv, paths), spec
 
     def _home(self, user: str, who: JobIdentity, run_as: str) -> str:
         """The user's persistent home on the host ("" : an empty one of the container's)."""
@@ -105,7 +114,7 @@ class Containment:
                 if who.switch:
                     os.chown(home, who.account.uid, who.account.gid)
             return str(home)
-        if run_as == RUN_AS_SUBMITTER and who.account.home not in ("", "/"):
+        if run_as == RUN_AS_SUBMITTER and who.account.home not in ("", "/") and os.path.isdir(who.account.home):
             return who.account.home
         return ""  # the agent's own account's home holds the cluster's own files: never bound
 
@@ -143,6 +152,33 @@ class Containment:
             elif not public and not is_public and st.st_gid in gids:
                 out.append((entry, os.path.realpath(path)))
         return tuple(out)
+
+
+def reachable(path: str, uid: int, gids: tuple[int, ...]) -> bool:
+    """May ``uid`` (with groups ``gids``) pass through every folder down to ``path`` and read it?
+    The owner's, the group's or the others' bits, as the kernel picks them (ACLs are not read)."""
+    p = Path(path)
+    for i, d in enumerate((p, *p.parents)):
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        shift = 6 if st.st_uid == uid else 3 if st.st_gid in gids else 0
+        bits = (st.st_mode >> shift) & 0o7
+        need = 0o5 if i == 0 else 0o1  # read and enter the folder itself; enter its parents
+        if bits & need != need:
+            return False
+    return True
+
+
+def enter_argv(pid1: int, userns: bool) -> list[str]:
+    """The command line prefix that runs a command in the container whose pid 1 is ``pid1``
+    (``hfai exec``/``hfai shell``: the shell sees what the job sees). ``userns``: the container
+    was made by an unprivileged bwrap (a user namespace, which the job's user may enter)."""
+    nsenter = shutil.which("nsenter")
+    if nsenter is None:
+        raise ContainmentError("cannot enter the job's container: nsenter (util-linux) is not installed on this node")
+    return [nsenter, f"--target={pid1}", "--mount", "--pid", *(("--user", "--preserve-credentials") if userns else ())]
 
 
 def run_memory_limit(total_bytes: int, reserve_bytes: int, configured: int) -> int:

@@ -45,13 +45,14 @@ from nats.aio.client import Client
 from hfai import _nats
 from hfai._clock import SYSTEM, Clock
 from hfai._daemon import raise_if_cancelled
+from hfai.agent.contain import ContainmentError, enter_argv
 from hfai.agent.identity import Account, decide, lookup_account
 from hfai.agent.jobenv import check_command, job_command
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.runs import RunStore
 from hfai.agent.trust import short
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable
 from hfai.protocol.types import ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted
 
 log = logging.getLogger(__name__)
@@ -255,14 +256,23 @@ class ExecService:
         check_command(argv, env, ra.workdir)
         if req.tty:
             env["TERM"] = req.term or "xterm"
-        s = await self._spawn(user, req, run.key, argv, env, who.account if who.switch else None, ra.workdir)
+        enter: list[str] = []
+        pid1 = self.store.container_pid(run.key)
+        if pid1 is not None and self.store.containment is not None:
+            # Into the job's container: the command sees what the job sees, and no more.
+            self.store.containment.inside_env(env, ra.user)
+            try:
+                enter = enter_argv(pid1, userns=who.switch or os.geteuid() != 0)
+            except ContainmentError as e:
+                raise Unavailable(str(e)) from None
+        s = await self._spawn(user, req, run.key, argv, env, who.account if who.switch else None, ra.workdir, enter)
         log.info("%s%s runs %s in job %s rank %d (session %s, pid %d)", "operator " if operator else "", user,
                  short(argv[0]), ra.job_id, ra.rank, req.session, s.proc.pid)
         return ExecStarted(session=req.session, node=self.node, run=run.key, pid=s.proc.pid, idle_s=self.idle_s,
                            window=self.window)
 
     async def _spawn(self, user: str, req: ExecRequest, run: str, argv: list[str], env: dict[str, str],
-                     account: Account | None, workdir: str) -> _Session:
+                     account: Account | None, workdir: str, enter: list[str]) -> _Session:
         ids = {} if account is None else {"user": account.uid, "group": account.gid,
                                           "extra_groups": list(account.groups)}
         mine: list[int] = []  # the agent's ends
@@ -289,7 +299,7 @@ class ExecService:
                 os.set_blocking(fd, False)
                 os.set_inheritable(fd, False)
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", "-c", _CHILD, workdir, "tty" if req.tty else "pipe", *argv,
+                *enter, sys.executable, "-I", "-S", "-c", _CHILD, workdir, "tty" if req.tty else "pipe", *argv,
                 env=env, cwd="/", start_new_session=True, close_fds=True, **stdio, **ids)  # type: ignore[arg-type]
         except BaseException:
             for fd in mine:

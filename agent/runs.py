@@ -58,6 +58,7 @@ from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FIL
 from hfai.agent.launchers import Launched, Launcher, make_launcher
 from hfai.agent.logcap import check_cap
 from hfai.agent.plan import LocalRun, RunPhase, RunUsage
+from hfai.agent.sandbox import CONTAINER_BWRAP
 from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.protocol import decode, encode
@@ -370,6 +371,18 @@ class RunStore:
                 os.pwrite(fd, text, 0)
             finally:
                 os.close(fd)
+
+    def container_pid(self, key: str) -> int | None:
+        """The pid of the container's pid 1 of run ``key`` (what its launcher wrote as the job's
+        group), None if the run is in no container or has no pid yet."""
+        d = self.dir(key)
+        try:
+            spec = json.loads((d / LAUNCH_FILE).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(spec, dict) or spec.get("container") != CONTAINER_BWRAP:
+            return None
+        return _read_int(d / "child_pid")
 
     def end_leftovers(self, key: str) -> int:
         """Kill whatever is left of run ``key`` in its cgroup (its launcher died without ending

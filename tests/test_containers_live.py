@@ -211,3 +211,22 @@ def test_a_killed_launcher_takes_its_job_with_it_and_the_run_is_requeued(tmp_pat
         done = c.wait_state(job.id, ChainState.SUCCEEDED)
         assert done.run_id == 2 and done.suspend_count == 1, done
         assert any("launcher" in e.reason for e in done.history), [e.reason for e in done.history]
+
+
+def test_hfai_exec_enters_the_jobs_container(tmp_path):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    root = tmp_path / "cluster"
+    with Cluster(root, nodes=1) as c:
+        job = c.submit(["python", "-c", "import time; print('up', flush=True); time.sleep(300)"], name="shell-me",
+                       workdir=workdir)
+        c.wait(lambda: "up" in c.log(job.id), 30, "the job to start")
+        seen = c.cli("exec", job.id, "--", "sh", "-c",
+                     f"ls /proc | grep -c '^[0-9]'; echo home=$HOME; ls {root / 'creds'} || echo no-creds; "
+                     "echo hi > /tmp/from-exec; pwd")
+        assert seen.returncode == 0, seen.stderr
+        lines = seen.stdout.split()
+        assert int(lines[0]) < 10, seen.stdout  # the container's processes, not the node's hundreds
+        assert "home=/home/tester" in lines and "no-creds" in lines and str(workdir) in lines, seen.stdout
+        assert not Path("/tmp/from-exec").exists()  # the container's own /tmp
+        c.cli("stop", job.id)
