@@ -89,9 +89,12 @@ def build_spec(command: list[str], nodes: str, name: str | None, priority: str, 
         prio = Priority.parse(priority)
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
+    if name is not None and not name.strip():
+        raise click.UsageError("--name needs a name; leave it out to name the job after its script")
     count, min_nodes, max_nodes = parse_nodes(nodes)
     limit = parse_array(array)[1] if array else 0
-    return JobSpec(name=name or entry_script(command)[1], entrypoint=tuple(command), workdir=_workdir(), nodes=count,
+    name = entry_script(command)[1] if name is None else name
+    return JobSpec(name=name, entrypoint=tuple(command), workdir=_workdir(), nodes=count,
                    priority=prio, group=group, env_name=env_name, env=env, min_nodes=min_nodes,
                    max_nodes=max_nodes, after=tuple(after), retries=retries, array_limit=limit,
                    time_limit_s=parse_time(time_limit) if time_limit else 0.0)
@@ -147,9 +150,23 @@ def _check_script(command: list[str]) -> None:
     path = entry_script(command)[0]
     if path is not None and not Path(path).is_file():
         raise click.UsageError(f"file {path!r} does not exist (relative to {os.getcwd()})")
+    if names_workdir_file(command[0]) and not os.path.lexists(command[0]):
+        raise click.UsageError(f"file {command[0]!r} does not exist (relative to {os.getcwd()}, where the job runs)")
     problem = program_problem(command[0])
     if problem:
         raise click.UsageError(f"{problem}: did you mean {_run_hint(command)}?")
+
+
+def names_workdir_file(program: str) -> bool:
+    """Does ``program`` name a file of the directory the job runs in (``./run``, ``bin/train``, an
+    absolute path below it)? The job runs in this directory or in the cluster's copy of it, so such
+    a file must be here; another absolute path may exist on the nodes alone."""
+    if "/" not in program:
+        return False  # looked up on PATH
+    if not os.path.isabs(program):
+        return True
+    cwd = os.getcwd()
+    return os.path.commonpath([cwd, os.path.abspath(program)]) == cwd
 
 
 #: Script suffixes that are never a program name on PATH (a missing one is a typo).

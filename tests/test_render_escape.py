@@ -132,7 +132,7 @@ class FakeClient:
 @pytest.mark.parametrize("args", [
     ["ps"], ["ps", "-a"], ["status", "j"], ["stop", "j"], ["nodes"], ["quota", "ls"], ["logs", "j"],
     ["node", "drain", "n" + EVIL], ["node", "undrain", "n" + EVIL],
-    ["submit", "--name", "ok", "./run.sh"],
+    ["submit", "--name", "ok", "true"],
     ["ps", "-a", "-w", "-o", ",".join(render.JOB_COLUMNS)], ["quota"],
 ])
 def test_cli_output_is_escaped(monkeypatch, args):
