@@ -111,7 +111,12 @@ async def apply_each(targets: Sequence[Target], act, what: str, applies) -> None
         if t.is_array:
             left = len(t.jobs) - len(members)
             click.echo(clean(summary(t)) + (f"; {left} left as they are (not to be {what})" if left else ""))
-        for j in members:
+        ended = [j for j in members if j.state.final] if not t.is_array else []
+        for j in ended:  # nothing can change a job that ended: say so rather than echo its state
+            failed += 1
+            click.echo(f"job {clean(j.spec.name)} ({clean(j.id)}): not {what}: it has already ended "
+                       f"({clean(j.state.value)}{', ' + clean(describe(j)) if j.reason else ''})", err=True)
+        for j in (j for j in members if j not in ended):
             try:
                 done = await act(j.id)
             except HfaiError as e:

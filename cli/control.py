@@ -198,7 +198,7 @@ async def estimate(assume: str | None, as_json: bool):
     click.echo(render.table_text(["ID", "NAME", "USER", "PRIORITY", "STARTS"], rows))
     if guessed:
         click.echo(f"guess: jobs without a time limit (-t) are taken to run {render.age(reply.guessed_run_s)} "
-                   "(the median of the jobs that finished here), or as long again as they have run already; "
-                   "--assume DURATION says how long instead")
+                   "(the median of the jobs that finished here; 1h before any has), or as long again as they have "
+                   "run already; --assume DURATION says how long instead")
     if len(reply.starts) < len(waiting):
         click.echo("-: no estimate (a job ahead runs without a time limit; see --assume)")

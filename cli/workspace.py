@@ -186,8 +186,18 @@ async def pull(name: str, dest: Path | None):
 
     dest = dest or Path.cwd() / name
     async with _client() as client:
-        with _bar("pulling", 0) as bar:
-            n = await do_pull(client, name, dest, _config().storage.request_bytes, on_bytes=bar.update)
+        with contextlib.ExitStack() as drawn:
+            bar = None
+
+            def moved(n: int) -> None:
+                # The bar appears with the first bytes: a pull refused at once (no such workspace)
+                # prints its error alone.
+                nonlocal bar
+                if bar is None:
+                    bar = drawn.enter_context(_bar("pulling", 0))
+                bar.update(n)
+
+            n = await do_pull(client, name, dest, _config().storage.request_bytes, on_bytes=moved)
     click.echo(f"pulled {name} into {dest}: {n} file(s) written")
 
 

@@ -40,8 +40,15 @@ class Guess:
 
 def guess_from_history(records: Iterable[JobRecord], fallback_s: float = 3600.0) -> Guess:
     """The guess from the jobs that succeeded (their whole running time); ``fallback_s`` when none did."""
-    done = [r.run_s for r in records if r.state is ChainState.SUCCEEDED and r.run_s > 0]
+    done = [t for t in (whole_run_s(r) for r in records if r.state is ChainState.SUCCEEDED) if t > 0]
     return Guess(statistics.median(done) if done else fallback_s)
+
+
+def whole_run_s(record: JobRecord) -> float:
+    """How long a finished job ran over all its runs: ``run_s`` counts the runs before its last
+    (a job that finished in one run has none), the last one ran from ``started_ts`` to ``ended_ts``."""
+    last = record.ended_ts - record.started_ts if 0 < record.started_ts <= record.ended_ts else 0.0
+    return record.run_s + last
 
 
 def estimate_starts(records: Iterable[JobRecord], nodes: Sequence[PlanNode], settings: PlanSettings, now: float,

@@ -357,12 +357,13 @@ class Planner:
         for array_id, members in arrays.items():
             # Only as many as the array may still start, in index order, go to the policy.
             limit = members[0].spec.array_limit
-            room = max(0, limit - len(self._array_active.get(array_id, ())))
+            running = len(self._array_active.get(array_id, ()))
+            room = max(0, limit - running)
             members.sort(key=lambda j: (j.spec.array_index, j.id))
+            why = reason(ReasonCode.ARRAY_LIMIT, array=array_id, limit=limit, running=running, ahead=room)
             for job in members[room:]:
                 hidden.append(job.id)
-                self._explain(actions, job, reason(ReasonCode.ARRAY_LIMIT, array=array_id, limit=limit), now,
-                              settings)
+                self._explain(actions, job, why, now, settings)
         for after in overlay.values():
             index.put(job_view(after))
         for job_id in hidden:
