@@ -23,6 +23,9 @@ VERB_WS_COMMIT_STATUS = "ws_commit_status"
 # ends with this one question, without sending the manifest or committing it.
 VERB_WS_CURRENT = "ws_current"
 VERB_WS_MANIFEST = "ws_manifest"
+# A manifest too large for one message travels in pieces (ManifestPart up, ManifestSlice down).
+VERB_WS_MANIFEST_PART = "ws_manifest_part"
+VERB_WS_MANIFEST_SLICE = "ws_manifest_slice"
 VERB_WS_FETCH = "ws_fetch"
 VERB_WS_LIST = "ws_list"
 VERB_WS_REMOVE = "ws_remove"
@@ -102,11 +105,56 @@ class PutReply:
 
 @message("ws_commit_request")
 class CommitRequest:
-    """Make the cluster's copy of the workspace exactly this manifest."""
+    """Make the cluster's copy of the workspace exactly this manifest. ``upload``: if set, the
+    manifest is not in this request (``manifest`` is empty) but was sent before it in
+    :class:`ManifestPart` pieces of that upload; ``digest`` is then the SHA-256 (hex) of the
+    whole encoded manifest, which the service checks before it decodes it."""
 
     KIND: ClassVar[str]
     workspace: str
     manifest: Manifest
+    upload: str = ""
+    digest: str = ""
+
+
+@message("ws_manifest_part")
+class ManifestPart:
+    """``data`` is the bytes at ``offset`` of an encoded manifest of ``total`` bytes, uploaded
+    as ``upload`` (32 hex digits of the client's choosing) for the commit that names it."""
+
+    KIND: ClassVar[str]
+    workspace: str
+    upload: str
+    offset: int
+    total: int
+    data: bytes
+
+
+@message("ws_manifest_part_reply")
+class ManifestPartReply:
+    KIND: ClassVar[str]
+    stored: int = 0
+
+
+@message("ws_manifest_slice_request")
+class ManifestSliceRequest:
+    """At most ``limit`` bytes, from ``offset``, of the workspace's last committed manifest, encoded."""
+
+    KIND: ClassVar[str]
+    workspace: str
+    offset: int = 0
+    limit: int = 0
+
+
+@message("ws_manifest_slice")
+class ManifestSlice:
+    """A piece of the encoded manifest: ``total`` bytes in all, ``digest`` their SHA-256 (hex), so
+    a client that read pieces of two manifests (a commit between its requests) can tell."""
+
+    KIND: ClassVar[str]
+    data: bytes = b""
+    total: int = 0
+    digest: str = ""
 
 
 @message("ws_commit_status")

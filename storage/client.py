@@ -9,6 +9,8 @@ before an interruption stay staged on the cluster, so the next push sends only t
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import json
 import os
 import time
@@ -17,13 +19,15 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import nats.errors
+
 from hfai._atomic import write_atomic
 from hfai.api.client import ApiClient
 from hfai.api.workspace import MARKER_DIR, find_root, read_marker, write_marker
 from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.codec import encode_packed, pack
-from hfai.protocol.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound, Unavailable
 from hfai.storage import plan
 from hfai.storage.chunks import (
     Walked,
@@ -43,9 +47,18 @@ SENT = "sent.jsonl"  # files sent unhashed by a push not yet committed (_Journal
 #: at most IN_FLIGHT_BYTES of them (the service holds what waits for its handlers in memory).
 IN_FLIGHT = 8
 IN_FLIGHT_BYTES = 16 * 1024 * 1024
-#: Room left in a message beside its chunks (the request's other fields, msgpack's framing).
+#: Room left in a message beside its chunks (the request's other fields, msgpack's framing); at
+#: most a quarter of a small max_payload.
 ENVELOPE_BYTES = 64 * 1024
-#: Hashes one ws_missing request asks about (the service takes up to 8,192).
+#: What one chunk costs a put or fetch beside its bytes: its name in the request, again in
+#: ``whole`` and in the reply's list of names (64 hex digits each), and msgpack's framing. A put
+#: of many tiny files is bounded by their count as much as by their bytes.
+CHUNK_COST = 160
+#: A request's fixed fields (workspace, file key, envelope), bounded by the names' limits.
+FRAME_BYTES = 4096
+#: What one chunk name costs a ws_missing request or reply (64 hex digits and framing).
+NAME_COST = 72
+#: Hashes one ws_missing request asks about at most (the service takes up to 8,192).
 MISSING_BATCH = 4096
 #: How often a client waiting for its commit asks whether the service is still at it.
 COMMIT_PING_S = 1.0
@@ -76,17 +89,35 @@ class StorageClient(ApiClient):
         if timeout_s is not None:
             caller = copy.copy(self)
             caller.config = replace(self.config, nats=replace(self.config.nats, request_timeout_s=timeout_s))
+        payload = encode(request)
         try:
-            return await caller._request(subject, encode(request), expect)
+            return await caller._request(subject, payload, expect)
         except Unavailable as e:
             if "no controller" in str(e):
                 raise Unavailable("no storage service answers; is `hfai-storage` running?") from None
             raise
+        except nats.errors.MaxPayloadError:
+            raise InvalidRequest(f"a {verb} request of {len(payload)} bytes is over the NATS server's max_payload "
+                                 f"({self._conn.max_payload} bytes); this client should have split it: "
+                                 "please report it") from None
+        except nats.errors.Error as e:
+            raise Unavailable(f"NATS: {e or type(e).__name__} (during {verb}); push again") from None
+
+    def room(self) -> int:
+        """The most bytes one message may carry beside its envelope, within the max_payload the
+        NATS server announced (a larger message is refused): read from the connection, never
+        assumed."""
+        announced = self._conn.max_payload
+        return max(1, announced - min(ENVELOPE_BYTES, announced // 4))
+
+    def message_bytes(self) -> int:
+        """The most bytes of chunks and their costs (:data:`CHUNK_COST`) one message may carry."""
+        return max(1, self._conn.max_payload - FRAME_BYTES)
 
     def request_size(self, configured: int) -> int:
         """The most chunk bytes one put or fetch carries: ``configured`` ([storage] request_bytes),
-        within the max_payload the NATS server announced (a larger message is refused)."""
-        return max(1, min(configured, self._conn.max_payload - ENVELOPE_BYTES))
+        within :meth:`room`."""
+        return max(1, min(configured, self.room()))
 
 
 # ---------------------------------------------------------------------------- the marker
@@ -225,8 +256,9 @@ def _with_lacking(out: Outgoing, lacking: tuple[str, ...], chunk_bytes: int) -> 
 
 
 async def _ask_missing(client: StorageClient, name: str, hashes: tuple[str, ...]) -> tuple[str, ...]:
-    asks = [client.scall(s.VERB_WS_MISSING, s.MissingRequest(workspace=name, hashes=hashes[i:i + MISSING_BATCH]),
-                         s.MissingReply) for i in range(0, len(hashes), MISSING_BATCH)]
+    batch = max(1, min(MISSING_BATCH, client.room() // NAME_COST))
+    asks = [client.scall(s.VERB_WS_MISSING, s.MissingRequest(workspace=name, hashes=hashes[i:i + batch]),
+                         s.MissingReply) for i in range(0, len(hashes), batch)]
     lacking: list[str] = []
     for reply in await asyncio.gather(*asks):  # in flight together: one round trip, not one per batch
         lacking.extend(reply.hashes)
@@ -242,7 +274,25 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     bytes to send)`` what will move;
     ``on_hash``/``on_send`` of the bytes hashed and sent; ``bwlimit`` (bytes/s, 0: none) paces the
     sends. ``walking``: the tree's :func:`start_scan`, if begun already (while connecting, say).
-    Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`)."""
+    Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`).
+    Every failure is an HfaiError (one line from the CLI): a local file that cannot be read
+    (removed or made unreadable during the push) is InvalidRequest, naming it."""
+    try:
+        return await _push(client, root, chunk_bytes, request_bytes, commit_timeout_s, on_hash, on_send, on_plan,
+                           bwlimit, ping_s, on_total, walking)
+    except HfaiError:
+        raise
+    except TimeoutError as e:
+        raise Unavailable(f"timed out during the push ({e or 'no answer'}); push again") from None
+    except OSError as e:
+        raise InvalidRequest(f"cannot read {e.filename or 'a file of the workspace'} ({e.strerror or e}); push "
+                             "again once it is readable, or list it in .hfignore") from None
+
+
+async def _push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
+                on_hash: Progress | None, on_send: Progress | None, on_plan: Callable[[int, int], object] | None,
+                bwlimit: int, ping_s: float, on_total: Progress | None,
+                walking: asyncio.Future[Walked] | None) -> PushResult:
     marker = read_marker(root)
     name = plan.check_workspace_name(marker["name"])
     request_bytes = client.request_size(request_bytes)
@@ -427,10 +477,14 @@ async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout
     every ``ping_s`` whether the service is still committing: a service that died (no
     responders), hangs (no answer within ``[nats] request_timeout_s``) or restarted (no longer
     committing it) ends the wait with Unavailable within seconds, not ``timeout_s``."""
-    request = s.CommitRequest(workspace=name, manifest=manifest)
-    ask = asyncio.ensure_future(client.scall(s.VERB_WS_COMMIT, request if packed is None else
-                                             encode_packed(request, manifest=packed), s.WorkspaceInfo,
-                                             timeout_s=timeout_s))
+    if packed is None:
+        packed = pack(manifest)
+    request: object = encode_packed(s.CommitRequest(workspace=name, manifest=manifest), manifest=packed)
+    if len(packed) > client.room():  # the manifest goes ahead in pieces, the commit names them
+        whole = _manifest_head() + packed
+        request = s.CommitRequest(workspace=name, manifest=s.Manifest(), upload=await _upload(client, name, whole),
+                                  digest=hashlib.sha256(whole).hexdigest())
+    ask = asyncio.ensure_future(client.scall(s.VERB_WS_COMMIT, request, s.WorkspaceInfo, timeout_s=timeout_s))
     forgotten = 0
     try:
         while True:
@@ -454,6 +508,28 @@ async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout
 
 
 _RESTARTED = "restarted"
+#: Manifest pieces in flight at once.
+PIECES_IN_FLIGHT = 4
+
+
+@functools.cache
+def _manifest_head() -> bytes:
+    """What encode() writes before a manifest's packed body (the same for every manifest)."""
+    empty = s.Manifest()
+    whole, body = encode(empty), pack(empty)
+    return whole[:len(whole) - len(body)]
+
+
+async def _upload(client: StorageClient, name: str, whole: bytes) -> str:
+    """Send the encoded manifest ``whole`` in pieces that fit one message each; its upload id."""
+    upload = os.urandom(16).hex()
+    piece = client.room()
+    offsets = list(range(0, len(whole), piece))
+    for i in range(0, len(offsets), PIECES_IN_FLIGHT):
+        await asyncio.gather(*(client.scall(s.VERB_WS_MANIFEST_PART, s.ManifestPart(
+            workspace=name, upload=upload, offset=at, total=len(whole), data=whole[at:at + piece]),
+            s.ManifestPartReply) for at in offsets[i:i + PIECES_IN_FLIGHT]))
+    return upload
 
 
 async def _commit_alive(client: StorageClient, name: str) -> str:
@@ -481,16 +557,20 @@ def _read_quick(root: Path, chunk_bytes: int) -> tuple[dict, str]:
 
 
 def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int,
-          part_of: dict[str, str] | None = None) -> list[list[str]]:
-    """Group chunks into requests of at most ``request_bytes`` (pure; a chunk alone may fill one).
-    ``part_of``: chunk -> the key of the file it is sent as part of; such chunks go in requests of
-    that file's alone (the service then writes them at their places in one file)."""
+          part_of: dict[str, str] | None = None, message_bytes: int = 0) -> list[list[str]]:
+    """Group chunks into requests of at most ``request_bytes`` of chunks (pure; a chunk alone may
+    fill one). ``message_bytes``: if set, also at most that many counting :data:`CHUNK_COST` a
+    chunk (many tiny files). ``part_of``: chunk -> the key of the file it is sent as part of;
+    such chunks go in requests of that file's alone (the service then writes them at their
+    places in one file)."""
     out: list[list[str]] = []
     cur: list[str] = []
     used = 0
     part_of = part_of or {}
     for h in lacking:
-        if cur and (used + sizes[h] > request_bytes or part_of.get(h) != part_of.get(cur[-1])):
+        over = used + sizes[h] > request_bytes or (
+            message_bytes > 0 and used + sizes[h] + (len(cur) + 1) * CHUNK_COST > message_bytes)
+        if cur and (over or part_of.get(h) != part_of.get(cur[-1])):
             out.append(cur)
             cur, used = [], 0
         cur.append(h)
@@ -577,9 +657,10 @@ async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, o
 
     small = {f.path: f for f in out.unhashed if f.path not in part_names}
     works: list[Callable[[], Awaitable[int]]] = [
-        partial(put_named, g) for g in packs(lacking, out.sizes, request_bytes, part_of)]
+        partial(put_named, g) for g in packs(lacking, out.sizes, request_bytes, part_of, client.message_bytes())]
     works += [partial(put_unhashed, [small[p] for p in g])
-              for g in packs(list(small), {f.path: f.size for f in small.values()}, request_bytes)]
+              for g in packs(list(small), {f.path: f.size for f in small.values()}, request_bytes,
+                             message_bytes=client.message_bytes())]
     per = max(1, request_bytes // chunk_bytes)
     for f in out.unhashed:
         if f.path in part_names:
@@ -646,29 +727,75 @@ def _holds(path: Path, chunks: tuple[str, ...], chunk_bytes: int) -> bool:
 async def pull(client: StorageClient, name: str, dest: Path, request_bytes: int,
                on_bytes: Progress | None = None) -> int:
     """Write the cluster's copy of workspace ``name`` into ``dest``; returns the files written.
-    Files already there with the right content are left alone."""
+    Files already there with the right content are left alone. Chunks are fetched across files,
+    as many a request as fit (a tree of many small files is not a request a file)."""
     request_bytes = client.request_size(request_bytes)
-    m = await client.scall(s.VERB_WS_MANIFEST, s.WorkspaceRequest(workspace=name), s.Manifest)
+    m = await _pulled_manifest(client, name)
     plan.check_manifest(m, m.chunk_bytes)
-    written = 0
-    for f in m.files:
-        target = dest / f.path
-        if target.is_file() and _holds(target, f.chunks, m.chunk_bytes):
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.hfai-tmp")
-        with open(tmp, "wb") as out:
-            per = max(1, request_bytes // max(1, m.chunk_bytes))
-            for i in range(0, len(f.chunks), per):
-                got = await client.scall(s.VERB_WS_FETCH, s.FetchRequest(workspace=name, hashes=f.chunks[i:i + per]),
-                                         s.Chunks)
-                for c in got.chunks:
-                    out.write(c.data)
-                    if on_bytes is not None:
-                        on_bytes(len(c.data))
-        os.chmod(tmp, f.mode & 0o777)
-        os.replace(tmp, target)
-        written += 1
+    todo = [f for f in m.files if not ((dest / f.path).is_file() and _holds(dest / f.path, f.chunks, m.chunk_bytes))]
+    per = max(1, min(request_bytes // m.chunk_bytes, (client.message_bytes() - request_bytes) // CHUNK_COST))
+    slots = [(f, i, h) for f in todo for i, h in enumerate(f.chunks)]
+    writing: dict[str, int] = {}
+    try:
+        for f in todo:
+            if not f.chunks:
+                _open_pulled(dest, f, writing)
+                _finish_pulled(dest, f, writing.pop(f.path))
+        for at in range(0, len(slots), per):
+            batch = slots[at:at + per]
+            got = await client.scall(s.VERB_WS_FETCH, s.FetchRequest(
+                workspace=name, hashes=tuple(dict.fromkeys(h for _f, _i, h in batch))), s.Chunks)
+            data = {c.hash: c.data for c in got.chunks}
+            for f, i, h in batch:
+                fd = writing[f.path] if i else _open_pulled(dest, f, writing)  # opened at its first chunk
+                os.write(fd, data[h])
+                if on_bytes is not None:
+                    on_bytes(len(data[h]))
+                if i == len(f.chunks) - 1:
+                    _finish_pulled(dest, f, writing.pop(f.path))
+    finally:
+        for fd in writing.values():
+            os.close(fd)
     if not m.files and not dest.exists():
         raise NotFound(f"workspace {name!r} is empty")
-    return written
+    return len(todo)
+
+
+def _tmp_of(target: Path) -> Path:
+    return target.with_name(f".{target.name}.hfai-tmp")
+
+
+def _open_pulled(dest: Path, f: s.FileEntry, writing: dict[str, int]) -> int:
+    target = dest / f.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = writing[f.path] = os.open(_tmp_of(target), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return fd
+
+
+def _finish_pulled(dest: Path, f: s.FileEntry, fd: int) -> None:
+    os.close(fd)
+    target = dest / f.path
+    os.chmod(_tmp_of(target), f.mode & 0o777)
+    os.replace(_tmp_of(target), target)
+
+
+async def _pulled_manifest(client: StorageClient, name: str, tries: int = 3) -> s.Manifest:
+    """The workspace's manifest, read in slices that fit one reply each (a manifest of many files
+    is larger than one message); read again if a commit changed it between two slices."""
+    from hfai.protocol import decode
+
+    for _ in range(tries):
+        first = await client.scall(s.VERB_WS_MANIFEST_SLICE,
+                                   s.ManifestSliceRequest(workspace=name, limit=client.room()), s.ManifestSlice)
+        parts, got = [first.data], len(first.data)
+        while got < first.total:
+            more = await client.scall(s.VERB_WS_MANIFEST_SLICE, s.ManifestSliceRequest(
+                workspace=name, offset=got, limit=client.room()), s.ManifestSlice)
+            if more.digest != first.digest or not more.data:
+                break
+            parts.append(more.data)
+            got += len(more.data)
+        whole = b"".join(parts)
+        if hashlib.sha256(whole).hexdigest() == first.digest:
+            return decode(whole, s.Manifest)
+    raise Unavailable(f"workspace {name!r} kept changing while its manifest was read; pull again")

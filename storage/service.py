@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import nats.errors
@@ -35,7 +36,8 @@ from hfai.protocol.types import RestrictedUsers
 from hfai.storage import datasets, plan
 from hfai.storage.gc import run_gc
 from hfai.storage.staging import Staging, remove_packs, stage_put
-from hfai.storage.workspace import Workspaces, remove_trees
+from hfai.storage.uploads import Uploads
+from hfai.storage.workspace import Workspaces, packed_body, remove_trees
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ MAX_HASHES = 8192
 MAX_HANDLERS = 16
 #: The furthest chunk of a file a put may place (PutRequest.first): a petabyte at 512 KiB.
 MAX_CHUNK_INDEX = 2**31
+#: Room a reply keeps beside a manifest slice (its other fields, msgpack's framing).
+SLICE_ROOM = 4096
 #: nats-py reads the service's socket this many bytes at a time (hfai._nats.read_in), not 32 KiB.
 READ_BYTES = 1024 * 1024
 #: Requests waiting for a handler are held by the subscription up to this many bytes (beyond it,
@@ -95,6 +99,7 @@ class StorageService:
         self.sc = config.storage
         self.shutdown_timeout_s = self.sc.shutdown_timeout_s
         self.workspaces = Workspaces(self.sc.workspace_root, self.sc.state_dir, defer_removal=True)
+        self.uploads = Uploads(Path(self.sc.state_dir) / "uploads")
         self._nc: Client | None = None
         self._sub: Subscription | None = None
         self._supervisor = Supervisor()
@@ -115,6 +120,8 @@ class StorageService:
             s.VERB_WS_COMMIT_STATUS: (s.WorkspaceRequest, self.ws_commit_status),
             s.VERB_WS_CURRENT: (s.CurrentRequest, self.ws_current),
             s.VERB_WS_MANIFEST: (s.WorkspaceRequest, self.ws_manifest),
+            s.VERB_WS_MANIFEST_PART: (s.ManifestPart, self.ws_manifest_part),
+            s.VERB_WS_MANIFEST_SLICE: (s.ManifestSliceRequest, self.ws_manifest_slice),
             s.VERB_WS_FETCH: (s.FetchRequest, self.ws_fetch),
             s.VERB_WS_LIST: (s.ListWorkspaces, self.ws_list),
             s.VERB_WS_REMOVE: (s.WorkspaceRequest, self.ws_remove),
@@ -131,6 +138,7 @@ class StorageService:
         buckets = await _nats.ensure_shared_state(js, self.config)
         self._users_kv = buckets.users
         self._staging = await asyncio.to_thread(Staging.open, self.sc.workspace_root, self.sc.staging_ttl_s)
+        await asyncio.to_thread(self.uploads.clear)
         await self._recover()
         self._sub = await nc.subscribe(names.STORAGE_WILDCARD, queue=names.STORAGE_QUEUE, cb=self.handle,
                                        pending_bytes_limit=PENDING_BYTES)
@@ -226,7 +234,13 @@ class StorageService:
         if verb == s.VERB_WS_COMMIT:
             # Its manifest is recorded as the request carried it: packing it again took 50 ms
             # of a one-edit push of 10,000 files.
-            return await self.ws_commit(user, operator, decode(data, kind), packed_field(data, "manifest"))
+            req = decode(data, kind)
+            if not req.upload:
+                return await self.ws_commit(user, operator, req, packed_field(data, "manifest"))
+            whole = await asyncio.to_thread(self.uploads.take, user, req.upload, req.digest)
+            m = await asyncio.to_thread(decode, whole, s.Manifest)
+            return await self.ws_commit(user, operator, s.CommitRequest(workspace=req.workspace, manifest=m),
+                                        packed_body(whole))
         return await handler(user, operator, decode(data, kind))
 
     def _lock(self, user: str, name: str) -> asyncio.Lock:
@@ -322,6 +336,20 @@ class StorageService:
         m = self.workspaces.manifest(user, req.workspace)
         assert m is not None
         return m
+
+    async def ws_manifest_part(self, user: str, _op: bool, req: s.ManifestPart) -> s.ManifestPartReply:
+        plan.check_workspace_name(req.workspace)
+        await asyncio.to_thread(self.uploads.write, user, req.upload, req.offset, req.total, req.data)
+        return s.ManifestPartReply(stored=len(req.data))
+
+    async def ws_manifest_slice(self, user: str, _op: bool, req: s.ManifestSliceRequest) -> s.ManifestSlice:
+        """A piece of the last committed manifest, at most what one reply can carry."""
+        plan.check_workspace_name(req.workspace)
+        whole, digest = await asyncio.to_thread(self.workspaces.manifest_bytes, user, req.workspace)
+        room = max(1, (self._nc.max_payload if self._nc is not None else 1024 * 1024) - SLICE_ROOM)
+        limit = min(req.limit, room) if req.limit > 0 else room
+        start = max(0, req.offset)
+        return s.ManifestSlice(data=whole[start:start + limit], total=len(whole), digest=digest)
 
     async def ws_fetch(self, user: str, _op: bool, req: s.FetchRequest) -> s.Chunks:
         """Chunks of the cluster's copy (pull), read from the workspace's files."""

@@ -97,6 +97,16 @@ class Workspaces:
         m = self.manifest(user, name)
         return m is not None and plan.up_to_date(m, self.present(user, name, m))
 
+    def manifest_bytes(self, user: str, name: str) -> tuple[bytes, str]:
+        """The last committed manifest as recorded (``encode()``'s bytes) and their SHA-256;
+        NotFound if none (blocking)."""
+        p = self._manifest_path(user, name)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"no workspace {name!r}; `hfai workspace push` it first") from None
+        return data, plan.digest_bytes(data)
+
     def save_manifest(self, user: str, name: str, m: Manifest, packed: bytes | None = None) -> None:
         """Record ``m`` (``packed``: :func:`hfai.protocol.codec.pack` of it, when the caller has
         it). The bytes are ``encode(m)``'s, whose SHA-256 is what ``ws_current`` compares."""
@@ -345,6 +355,13 @@ class Workspaces:
         chown(d, owner)
         os.chmod(d, 0o700)
         return owner
+
+
+def packed_body(whole: bytes) -> bytes | None:
+    """The packed body of ``whole``, an encoded manifest (:meth:`Workspaces.save_manifest`'s
+    ``packed``), or None if it is not laid out as ``encode()`` writes one."""
+    head = _envelope(Manifest)
+    return whole[len(head):] if whole.startswith(head) else None
 
 
 def _envelope(tp: type) -> bytes:

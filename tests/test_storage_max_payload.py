@@ -1,0 +1,129 @@
+"""A workspace whose manifest, chunk names or file count outgrow one NATS message is pushed and
+pulled all the same, in pieces that fit the max_payload the server announces (issue 38 §5), and a
+push that fails for any reason ends with a typed error, never a traceback. A real nats-server with
+a small max_payload, the storage service and client in this process."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from spine_cluster import start_nats
+
+from hfai.config import Config, NatsConfig, StorageConfig
+from hfai.protocol import encode
+from hfai.protocol.errors import HfaiError
+from hfai.protocol.storage import CommitRequest
+from hfai.storage import client as sclient
+from hfai.storage.chunks import build_manifest
+from hfai.storage.service import StorageService
+
+MAX_PAYLOAD = 128 * 1024
+CHUNK = 1024
+FILES = 3000  # ~330 KB of manifest, and ~3,000 tiny new files: names of them all in one reply
+
+
+@pytest.fixture
+def small_nats(tmp_path):
+    conf = tmp_path / "nats.conf"
+    conf.write_text(f"max_payload: {MAX_PAYLOAD}\n")
+    proc, url = start_nats(tmp_path / "js", tmp_path / "nats.log", config_file=conf)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _config(tmp_path: Path, url: str) -> Config:
+    return Config(nats=NatsConfig(url=url),
+                  storage=StorageConfig(workspace_root=str(tmp_path / "root"), state_dir=str(tmp_path / "state"),
+                                        chunk_bytes=CHUNK, request_bytes=64 * 1024))
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    files = {f"d{i // 100:02d}/some/longer/path/file-{i:05d}.txt": f"file {i}\n".encode() for i in range(FILES)}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+async def _with_service(config: Config, work):
+    svc = StorageService(config)
+    await svc.start()
+    try:
+        async with sclient.StorageClient(config, user="alice") as client:
+            return await work(client)
+    finally:
+        await svc.close()
+
+
+def test_a_tree_whose_manifest_is_over_max_payload_is_pushed_and_pulled(tmp_path, small_nats, monkeypatch):
+    monkeypatch.setenv("HFAI_HOME", str(tmp_path / "home"))
+    config = _config(tmp_path, small_nats)
+    root = tmp_path / "local"
+    files = _tree(root)
+    sclient.init(root, "big")
+    m = build_manifest(root, CHUNK)
+    assert len(encode(CommitRequest(workspace="big", manifest=m))) > MAX_PAYLOAD  # the case at hand
+
+    async def push_edit_pull(client):
+        first = await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
+        (root / "d00/some/longer/path/file-00000.txt").write_bytes(b"edited\n")
+        second = await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
+        pulled = await sclient.pull(client, "big", tmp_path / "pulled", config.storage.request_bytes)
+        # The local index lost: every chunk is hashed and asked about (in batches that fit).
+        (root / ".hfai" / sclient.QUICK).unlink()
+        (root / "d01/some/longer/path/file-00100.txt").write_bytes(b"edited too\n")
+        third = await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
+        return first, second, pulled, third
+
+    first, second, pulled, third = asyncio.run(_with_service(config, push_edit_pull))
+    assert first.files == FILES and second.sent_chunks == 1 and pulled == FILES and third.sent_chunks == 1
+    remote = tmp_path / "root" / "alice" / "big"
+    files["d00/some/longer/path/file-00000.txt"] = b"edited\n"
+    pulled_files = dict(files)
+    files["d01/some/longer/path/file-00100.txt"] = b"edited too\n"
+    for rel, data in files.items():
+        assert (remote / rel).read_bytes() == data, rel
+        assert (tmp_path / "pulled" / rel).read_bytes() == pulled_files[rel], rel
+
+
+def test_a_push_the_server_refuses_ends_with_a_typed_error(tmp_path, small_nats, monkeypatch):
+    """Whatever goes wrong on the wire (here: a request over max_payload, as a client that
+    assumed a size would send), the push raises an HfaiError: the CLI prints one line."""
+    monkeypatch.setenv("HFAI_HOME", str(tmp_path / "home"))
+    config = _config(tmp_path, small_nats)
+    root = tmp_path / "local"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "big.bin").write_bytes(b"x" * 4 * CHUNK)
+    sclient.init(root, "w")
+    monkeypatch.setattr(sclient.StorageClient, "request_size", lambda self, configured: 4 * MAX_PAYLOAD)
+
+    async def push(client):
+        return await sclient.push(client, root, 2 * MAX_PAYLOAD, 4 * MAX_PAYLOAD, 60.0)
+
+    (root / "a" / "big.bin").write_bytes(b"x" * 3 * MAX_PAYLOAD)
+    with pytest.raises(HfaiError, match="max_payload"):
+        asyncio.run(_with_service(config, push))
+
+
+def test_a_file_gone_during_the_push_ends_with_a_typed_error(tmp_path, small_nats, monkeypatch):
+    monkeypatch.setenv("HFAI_HOME", str(tmp_path / "home"))
+    config = _config(tmp_path, small_nats)
+    root = tmp_path / "local"
+    (root / "a").mkdir(parents=True)
+    for i in range(3):
+        (root / "a" / f"f{i}").write_bytes(b"x" * (3 * CHUNK))
+    sclient.init(root, "w")
+
+    async def push(client):
+        walked = sclient.start_scan(root)
+        await walked
+        (root / "a" / "f1").unlink()  # after the walk listed it, before it is read
+        return await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0, walking=walked)
+
+    with pytest.raises(HfaiError, match="a/f1"):
+        asyncio.run(_with_service(config, push))
