@@ -26,6 +26,7 @@ from hfai.agent.sandbox import (
     CONTAINER_BWRAP,
     CONTAINER_NONE,
     CONTROL_INSIDE,
+    CREDS_INSIDE,
     PRIVATE_DATASETS,
     PUBLIC_DATASETS,
     BwrapSandbox,
@@ -63,6 +64,9 @@ class Containment:
     workspace_root: str = ""
     dataset_root: str = ""
     notebooks_root: str = ""
+    nats_url: str = ""
+    creds_dir: str = ""  # [nats] creds_dir: users' credentials on this node ("": none here)
+    dev_idle_s: float | None = None
     # What is missing, in one line each ("" = nothing): shown in `hfai nodes`.
     notes: list[str] = field(default_factory=list)
 
@@ -92,12 +96,30 @@ class Containment:
             home=self._home(ra.user, who, run_as), writable=self._writable(ra.user, env),
             public_datasets=self._datasets(account.groups + (account.gid,), public=True),
             private_datasets=self._datasets(account.groups + (account.gid,), public=False),
-            devices=tuple(sorted(glob.glob("/dev/nvidia*"))), tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes)
+            devices=tuple(sorted(glob.glob("/dev/nvidia*"))), tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes,
+            files=self._creds(ra.user))
         self.inside_env(env, ra.user)
         return self.sandbox.wrap(argv, paths), spec
 
+    def _creds(self, user: str) -> tuple[tuple[str, str], ...]:
+        """The user's own credentials file where this node keeps users' files (a local cluster's
+        creds folder), bound alone: the job's hfai commands act as its user, as outside."""
+        if not self.creds_dir:
+            return ()
+        path = os.path.join(self.creds_dir, f"{user}.creds")
+        return ((path, CREDS_INSIDE),) if is_token(user) and os.path.isfile(path) else ()
+
     def inside_env(self, env: dict[str, str], user: str) -> None:
-        """Change a job's environment ``env`` for inside its container (its paths there)."""
+        """Change a job's environment ``env`` for inside its container (its paths there). The
+        cluster's config file is not there: what a job's hfai commands need of it comes as
+        variables (the NATS address, the user's credentials)."""
+        env.pop("HFAI_CONFIG", None)
+        if self.nats_url:
+            env["HFAI_NATS_URL"] = self.nats_url
+        if self._creds(user):
+            env["HFAI_NATS_CREDS"] = CREDS_INSIDE
+        if self.dev_idle_s is not None:
+            env["HFAI_DEV_IDLE_S"] = str(self.dev_idle_s)
         env["HOME"] = f"/home/{user}"
         env["HFAI_CONTROL_DIR"] = CONTROL_INSIDE
         if self.dataset_root:
@@ -190,7 +212,8 @@ def run_memory_limit(total_bytes: int, reserve_bytes: int, configured: int) -> i
 
 
 def make_containment(ac, node: str, storage_workspace_root: str, dataset_root: str, notebooks_root: str,
-                     total_memory: int) -> Containment:
+                     total_memory: int, nats_url: str = "", creds_dir: str = "",
+                     dev_idle_s: float | None = None) -> Containment:
     """The containment ``[agent]`` settings ``ac`` ask for on this node; ContainmentError if this
     node may not run jobs so. Logs one line for whatever is missing."""
     kind = ac.container
@@ -226,5 +249,5 @@ def make_containment(ac, node: str, storage_workspace_root: str, dataset_root: s
         memory_bytes=run_memory_limit(total_memory, ac.memory_reserve_bytes, ac.run_memory_bytes),
         pids_max=ac.run_pids_max, tmp_bytes=ac.container_tmp_bytes, shm_bytes=ac.container_shm_bytes,
         home_root=ac.home_root, workspace_root=storage_workspace_root, dataset_root=dataset_root,
-        notebooks_root=notebooks_root, notes=notes)
+        notebooks_root=notebooks_root, nats_url=nats_url, creds_dir=creds_dir, dev_idle_s=dev_idle_s, notes=notes)
 

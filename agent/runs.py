@@ -68,6 +68,8 @@ from hfai.protocol.types import FENCE_KILL_FACTOR, RunAssignment, RunEventKind
 
 __all__ = ["DiskFull", "RunStore", "fence_spec", "settle_exit"]
 
+CONTAINMENT_FILE = "containment"  # in the state directory: Containment.summary, written at start
+
 log = logging.getLogger(__name__)
 
 
@@ -112,6 +114,9 @@ class RunStore:
         self.clock = clock
         self.containment = containment
         self.notebooks_root = notebooks_root
+        if containment is not None:
+            # For `hfai local status`, which reads the node's state rather than asking the API.
+            write_atomic(self.root / CONTAINMENT_FILE, f"{containment.summary}\n".encode())
 
     # ------------------------------------------------------------------------------ inspect
 

@@ -37,15 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["CONTAINER_BWRAP", "CONTAINER_NONE", "CONTROL_INSIDE", "BindMode", "BwrapSandbox", "ContainerPaths", "Mount",
-           "NoSandbox", "Sandbox", "bwrap_args", "find_bwrap", "interpreter_paths", "plan_mounts", "probe",
-           "signal_status"]
+__all__ = ["CONTAINER_BWRAP", "CONTAINER_NONE", "CONTROL_INSIDE", "CREDS_INSIDE", "BindMode", "BwrapSandbox",
+           "ContainerPaths", "Mount", "NoSandbox", "Sandbox", "bwrap_args", "find_bwrap", "interpreter_paths",
+           "plan_mounts", "probe", "signal_status"]
 
 CONTAINER_BWRAP = "bwrap"
 CONTAINER_NONE = "none"
 
 PUBLIC_DATASETS = "/public_dataset"
 CONTROL_INSIDE = "/run/hfai/control"  # the run's control directory (suspend flag, ack), inside
+CREDS_INSIDE = "/run/hfai/user.creds"  # the job's user's own NATS credentials, when the node has them
 PRIVATE_DATASETS = "/private_dataset"
 # The original platform's datasets sat under /public_dataset/1/ffdataset/<Name> (hfai.datasets'
 # default and scripts such as yolov5 hard-code it): a link there to /public_dataset keeps both
@@ -101,6 +102,8 @@ class ContainerPaths:
     public_datasets: tuple[tuple[str, str], ...] = ()
     private_datasets: tuple[tuple[str, str], ...] = ()
     devices: tuple[str, ...] = ()  # /dev/nvidia*: the node is the job's whole
+    # (host file, path inside): read-only single files (the user's own NATS credentials).
+    files: tuple[tuple[str, str], ...] = ()
     tmp_bytes: int = 0  # the private /tmp's size (0: the kernel's default, half the memory)
     shm_bytes: int = 0  # the private /dev/shm's size
     system: tuple[str, ...] = SYSTEM_DIRS
@@ -165,6 +168,8 @@ def plan_mounts(c: ContainerPaths) -> list[Mount]:
     for p in _outermost((*c.writable, c.workdir)):
         out.append(Mount(BindMode.RW, p, p))
     out.append(Mount(BindMode.RW, c.control_inside or c.control_dir, c.control_dir))
+    for src, dst in c.files:
+        out.append(Mount(BindMode.RO, dst, src))
     for d in c.devices:
         out.append(Mount(BindMode.DEV, d, d))
     return out
@@ -183,7 +188,10 @@ def _outermost(paths: Iterable[str]) -> list[str]:
 
 def bwrap_args(c: ContainerPaths, mounts: Sequence[Mount]) -> list[str]:
     """bwrap's options for ``mounts`` (pure), before the ``--`` and the job's command."""
-    args = ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session",
+    # No IPC namespace: making one costs several ms per run (the kernel waits for RCU), and what
+    # it would add is SysV IPC, whose objects carry owners and modes; POSIX shared memory, which
+    # hfreduce uses, lives in the container's own /dev/shm.
+    args = ["--unshare-pid", "--die-with-parent", "--new-session",
             "--proc", "/proc", "--dev", "/dev"]
     args += [*_size(c.tmp_bytes), "--tmpfs", "/tmp"]
     args += [*_size(c.shm_bytes), "--tmpfs", "/dev/shm"]

@@ -106,7 +106,9 @@ class Agent:
                               log_cap_bytes=self.ac.log_cap_bytes, clock=clock,
                               containment=make_containment(self.ac, self.node, config.storage.workspace_root,
                                                            config.storage.dataset_root, config.dev.notebooks_root,
-                                                           psutil.virtual_memory().total),
+                                                           psutil.virtual_memory().total, nats_url=config.nats.url,
+                                                           creds_dir=config.nats.creds_dir,
+                                                           dev_idle_s=config.dev.idle_s),
                               notebooks_root=config.dev.notebooks_root)
         self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes)
         # Runs this agent reported ended without a run directory (its state directory was full):

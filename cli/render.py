@@ -307,6 +307,10 @@ def store_line(health: StoreHealth | None, now: float) -> str | None:
             "NATS server's disk, then restart nats-server (`hfai local up` does it on a local cluster)")
 
 
+#: A node's containment line when its runs get all of it (agent/contain.py: Containment.summary).
+FULLY_CONTAINED = ("bwrap, cgroup v1", "bwrap, cgroup v2")
+
+
 def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
     """One row per node. A node without heartbeat still has the GPU figures of its last one:
     they are shown in parentheses, and REASON says how old they are."""
@@ -329,6 +333,9 @@ def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
         check = n.record.check  # protocol 1.4: the node validator's last run
         if check is not None and not check.ok:
             why.append(f"health check failed: {clean(check.detail)}")
+        contained = getattr(n.record, "containment", "")  # protocol 1.5: says what is missing, if anything
+        if contained and contained not in FULLY_CONTAINED:
+            why.append(clean(contained))
         rows.append([clean(n.record.name), clean(n.record.group), n.state.value, *figures,
                      clean(n.record.gpu_source), f"{n.age_s:.1f}s", clean(",".join(n.jobs)) or "-", "; ".join(why)])
     return table_text(["NODE", "GROUP", "STATE", "GPUS BUSY", "UTIL", "GPU MEMORY", "SOURCE", "HEARTBEAT", "JOBS",
@@ -366,6 +373,7 @@ def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> d
         "after": list(getattr(s, "after", ())), "time_limit_s": float(getattr(s, "time_limit_s", 0.0)),
         "retries": int(getattr(s, "retries", 0)), "retried": int(getattr(j, "retried", 0)),
         "array_id": str(getattr(s, "array_id", "")) or None, "array_index": _index(getattr(s, "array_index", -1)),
+        "peak_memory_bytes": int(getattr(j, "peak_bytes", 0)), "cpu_s": round(float(getattr(j, "cpu_s", 0.0)), 3),
     }
     if history:
         out["history"] = [{"ts": ev.ts, "state": ev.state.value, "reason": describe(ev)} for ev in j.history]
@@ -389,6 +397,8 @@ def node_json(n: NodeInfo) -> dict[str, Any]:
         "utilization": round(sum(g.utilization for g in gpus) / len(gpus), 2) if gpus else 0.0,
         "memory_used": sum(g.memory_used for g in gpus), "memory_total": sum(g.memory_total for g in gpus),
         "jobs": list(n.jobs),
+        # How its runs are contained (docs/security.md): "bwrap, cgroup v1", or what is missing.
+        "containment": getattr(n.record, "containment", "") or None,
         # Node health (docs/health.md): the fault that drains it, its latest faults, the last check.
         "fault": n.record.fault.text() if n.record.fault is not None else None,
         "faults": [{"ts": f.ts, "fault": f.text(), "hardware": f.hardware} for f in n.record.faults],

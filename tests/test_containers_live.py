@@ -92,6 +92,7 @@ def test_another_users_job_reaches_nothing_of_alices_nor_the_clusters(tmp_path):
     p = _setup(tmp_path)
     with Cluster(p["root"], nodes=2) as c:
         seen = _run_escape(c, p)
+        assert any("jobs: bwrap, cgroup" in line for line in c.local.status_lines()), c.local.status_lines()
     reached = [t for t in _escape_targets(p) if seen.get(t) != "BLOCKED"]
     assert len(seen) == len(_escape_targets(p)) + len(ALLOWED), seen
     assert not reached, f"bob's job reached {reached}"
@@ -106,6 +107,9 @@ def test_uncontained_jobs_reach_everything(tmp_path):
     agent = dataclasses.replace(TEST_AGENT, container="none")
     with Cluster(p["root"], nodes=2, agent=agent) as c:
         seen = _run_escape(c, p)
+        # What is missing shows where an operator looks.
+        assert 'containers off ([agent] container = "none")' in c.cli("nodes").stdout
+        assert any("jobs: no container, cgroup" in line for line in c.local.status_lines()), c.local.status_lines()
     reached = [t for t in _escape_targets(p) if seen.get(t) == "REACHED"]
     assert len(reached) >= len(_escape_targets(p)) - 3, seen  # /private_dataset, /public_dataset: no such paths
 

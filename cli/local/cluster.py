@@ -446,6 +446,10 @@ class LocalCluster:
                 ago = time.time() - seen.get("last_restart", 0.0)
                 state += f", restarted {seen['restarts']}x (last {ago:.0f}s ago"
                 state += f"; how it ended: {seen['last_exit']})" if seen.get("last_exit") else ")"
+            if name.startswith("agent-") and alive:
+                contained = _read_containment(self.layout.agents / name.removeprefix("agent-"))
+                if contained:
+                    state += f"; jobs: {contained}"
             lines.append(f"  {name:<16} {state}")
         sup = self.supervision.get("pid")
         lines.append(f"  {'supervisor':<16} " + ("running" if pid_alive(sup) else
@@ -454,6 +458,14 @@ class LocalCluster:
         if store and not store.get("writable", True):
             lines.append(f"  NATS store refuses writes: {store.get('detail', '')} (restarted when its disk has room)")
         return lines
+
+
+def _read_containment(state_dir: Path) -> str:
+    """How an agent contains its runs, as it wrote at start (agent/runs.py: CONTAINMENT_FILE)."""
+    try:
+        return (state_dir / "containment").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _web_of(layout: Layout, state: ClusterState) -> WebConfig | None:
