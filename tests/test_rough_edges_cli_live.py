@@ -58,3 +58,13 @@ def test_empty_listings_say_none(cluster, command, says):
 def test_empty_usage_says_none(cluster):
     out = hfai(cluster, "usage", "--user", "nobody-yet")
     assert out.startswith("no GPU use recorded in the last 7 day(s) by nobody-yet") and len(out.splitlines()) == 1
+
+
+def test_a_job_sees_the_original_platform_s_names(cluster):
+    """Issue 39 item 1: scripts read MASTER_IP with no fallback (`os.environ['MASTER_IP']`)."""
+    code = "import os; print(*(os.environ[k] for k in ('MASTER_IP', 'MASTER_ADDR', 'MARSV2_TASK_TYPE', 'MARSV2_UID')))"
+    job = cluster.submit(["python", "-c", code], "original-names")
+    cluster.wait_state(job.id, ChainState.SUCCEEDED)
+    [printed] = [line.split() for line in cluster.log(job.id).splitlines() if not line.startswith("===")]
+    master_ip, master_addr, task_type, uid = printed
+    assert master_ip == master_addr != "" and task_type == "training" and uid.isdigit()
