@@ -252,3 +252,59 @@ def test_a_tree_keeps_a_bounded_number_of_descriptors_and_closes_them(tmp_path):
     t.close()
     t.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+# ----------------------------------------------------------------------------------- GC
+
+def test_gc_does_not_move_a_file_through_a_symlink_swapped_in_after_its_scan(tmp_path, monkeypatch):
+    """GC found bob's a/b/old.bin untouched for long; the job then makes a/ a symlink to alice's
+    a/, which has a b/old.bin too. The move must not take alice's file into bob's GC area."""
+    from hfai.storage import gc
+
+    ws = Workspaces(tmp_path / "root", tmp_path / "state")
+    now, old = 1_000_000_000.0, 1_000_000_000.0 - 30 * 86400
+    for user, body, t in (("alice", SECRET, now), ("bob", BOBS, old)):  # alice's is in use: GC keeps it
+        f = ws.path(user, NAME) / "a/b/old.bin"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(body)
+        os.utime(f, (t, t))
+    real = plan.gc_moves
+
+    def then_swap(*a, **kw):
+        out = real(*a, **kw)
+        if out:
+            mine = ws.path("bob", NAME) / "a"
+            shutil.rmtree(mine)
+            mine.symlink_to(ws.path("alice", NAME) / "a")
+        return out
+
+    monkeypatch.setattr(plan, "gc_moves", then_swap)
+    gc.run_gc(ws, tmp_path / "gc", now, 7 * 86400, 7 * 86400)
+    assert (ws.path("alice", NAME) / "a/b/old.bin").read_bytes() == SECRET
+    assert _files_with(tmp_path / "gc" / "bob", SECRET) == []
+
+
+def test_gc_to_another_filesystem_copies_through_descriptors_and_keeps_links_as_links(tmp_path, monkeypatch):
+    from hfai.storage import gc
+
+    ws = Workspaces(tmp_path / "root", tmp_path / "state")
+    now, old = 1_000_000_000.0, 1_000_000_000.0 - 30 * 86400
+    base = ws.path("bob", NAME)
+    (base / "a/b/deep").mkdir(parents=True)
+    (base / "a/b/deep/y.txt").write_bytes(BOBS)
+    (base / "a/b/deep/out").symlink_to(ws.path("alice", NAME))
+    for p in (base / "a/b/deep/y.txt", base / "a/b/deep/out", base / "a/b/deep"):
+        os.utime(p, (old, old), follow_symlinks=False)
+    real = os.rename
+
+    def other_filesystem(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        if src_dir_fd is not None:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(os, "rename", other_filesystem)
+    result = gc.run_gc(ws, tmp_path / "gc", now, 7 * 86400, 7 * 86400)
+    moved = tmp_path / "gc" / "bob" / str(int(now)) / NAME / "a/b/deep"
+    assert result.moved == (f"bob/{NAME}/a/b/deep",) and not (base / "a/b/deep").exists()
+    assert (moved / "y.txt").read_bytes() == BOBS and (moved / "y.txt").stat().st_mtime == old
+    assert (moved / "out").is_symlink()
