@@ -93,7 +93,7 @@ class Containment:
             # what the job's user may reach: bwrap, run as that user, refuses a bind it cannot see.
             runtime=tuple(p for p in interpreter_paths(python) + interpreter_paths(sys.executable)
                           if not who.switch or reachable(p, account.uid, account.groups + (account.gid,))),
-            home=self._home(ra.user, who, run_as), writable=self._writable(ra.user, env),
+            home=self._home(ra.user, who, run_as), writable=self._writable(ra.user, who, env),
             public_datasets=self._datasets(account.groups + (account.gid,), public=True),
             private_datasets=self._datasets(account.groups + (account.gid,), public=False),
             devices=tuple(sorted(glob.glob("/dev/nvidia*"))), tmp_bytes=self.tmp_bytes, shm_bytes=self.shm_bytes,
@@ -140,7 +140,7 @@ class Containment:
             return who.account.home
         return ""  # the agent's own account's home holds the cluster's own files: never bound
 
-    def _writable(self, user: str, env: dict[str, str]) -> tuple[str, ...]:
+    def _writable(self, user: str, who: JobIdentity, env: dict[str, str]) -> tuple[str, ...]:
         out = []
         if self.workspace_root:
             mine = Path(self.workspace_root) / user
@@ -148,7 +148,14 @@ class Containment:
                 out.append(str(mine))
         notebooks = env.get("HFAI_NOTEBOOKS_DIR")
         if notebooks:
-            Path(notebooks).mkdir(mode=0o700, parents=True, exist_ok=True)
+            # <root>/<user>/notebooks and <root>/<user>: the user's alone. Made here, as bwrap
+            # needs the folder to bind it (the session, inside, sees only the bound one).
+            nb = Path(notebooks)
+            nb.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for d in (nb, nb.parent):
+                d.chmod(0o700)
+                if who.switch:
+                    os.chown(d, who.account.uid, who.account.gid)
             out.append(notebooks)
         return tuple(out)
 
