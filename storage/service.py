@@ -234,7 +234,7 @@ class StorageService:
         if verb == s.VERB_WS_COMMIT:
             # Its manifest is recorded as the request carried it: packing it again took 50 ms
             # of a one-edit push of 10,000 files.
-            req = decode(data, kind)
+            req: s.CommitRequest = decode(data, s.CommitRequest)
             if not req.upload:
                 return await self.ws_commit(user, operator, req, packed_field(data, "manifest"))
             whole = await asyncio.to_thread(self.uploads.take, user, req.upload, req.digest)
