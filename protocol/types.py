@@ -753,8 +753,9 @@ class ErrorReply:
 
 @message("log_request")
 class LogRequest:
-    """Asks an agent for a slice of one rank's log file; ``timestamps``: with the time each line
-    starting in it was read from the job (``LogChunk.line_ts``; an older agent sends none)."""
+    """Asks an agent for a slice of one rank's log file; ``timestamps`` (protocol 1.6): with the
+    time each line starting in it was read from the job (``LogChunk.line_ts``; an older agent
+    sends none)."""
 
     KIND: ClassVar[str]
     job_id: str
@@ -771,10 +772,10 @@ class LogChunk:
     offset: int
     size: int
     exists: bool = True
-    # Asked for (LogRequest.timestamps): when the node read each line that starts in ``data``, in
-    # order (Unix time; 0.0: not known, a log written before agents kept the times). A line starts
-    # at data[0] when it is the log's first byte or follows a newline, and after every newline but
-    # a last one (hfai.agent.logtimes).
+    # Protocol 1.6, asked for (LogRequest.timestamps): when the node read each line that starts in
+    # ``data``, in order (Unix time; 0.0: not known, a log written before agents kept the times). A
+    # line starts at data[0] when it is the log's first byte or follows a newline, and after every
+    # newline but a last one (hfai.agent.logtimes).
     line_ts: tuple[float, ...] = ()
 
 
