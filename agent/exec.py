@@ -298,9 +298,9 @@ class ExecService:
             for fd in mine:
                 os.set_blocking(fd, False)
                 os.set_inheritable(fd, False)
+            cmd = [*enter, sys.executable, "-I", "-S", "-c", _CHILD, workdir, "tty" if req.tty else "pipe", *argv]
             proc = await asyncio.create_subprocess_exec(
-                *enter, sys.executable, "-I", "-S", "-c", _CHILD, workdir, "tty" if req.tty else "pipe", *argv,
-                env=env, cwd="/", start_new_session=True, close_fds=True, **stdio, **ids)  # type: ignore[arg-type]
+                cmd[0], *cmd[1:], env=env, cwd="/", start_new_session=True, close_fds=True, **stdio, **ids)  # type: ignore[arg-type]
         except BaseException:
             for fd in mine:
                 os.close(fd)

