@@ -27,7 +27,9 @@ as root), it sets up the namespaces directly. :func:`probe` tries it once at age
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 import os
 import shutil
 import subprocess
@@ -118,10 +120,8 @@ class ContainerPaths:
 
     def with_host(self) -> ContainerPaths:
         """This, with what the host has at each system and hidden path."""
-        seen = {}
-        for p in (*self.system, *self.hidden):
-            seen[p] = _kind(p)
-        return ContainerPaths(**{**self.__dict__, "host": {k: v for k, v in seen.items() if v}})
+        seen = {p: _kind(p) for p in (*self.system, *self.hidden)}
+        return dataclasses.replace(self, host={k: v for k, v in seen.items() if v})
 
 
 def _kind(path: str) -> str:
@@ -252,7 +252,7 @@ class BwrapSandbox:
     def wrap(self, argv: list[str], paths: ContainerPaths) -> list[str]:
         if self._host is None:
             self._host = paths.with_host().host
-        c = ContainerPaths(**{**paths.__dict__, "host": self._host})
+        c = dataclasses.replace(paths, host=self._host)
         return [self.bwrap, *bwrap_args(c, plan_mounts(c)), "--", *argv]
 
 
@@ -283,10 +283,11 @@ def probe(bwrap: str | None, timeout_s: float = 10.0) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
 def interpreter_paths(python: str) -> tuple[str, ...]:
     """The folders a job needs to run ``python`` and import hfai: its prefix (an environment or a
     venv), the interpreter it was made from, and where this hfai's source lies (an editable
-    install's checkout)."""
+    install's checkout). Cached: an environment's interpreter does not move under a running agent."""
     out = []
     exe = Path(python)
     prefix = exe.parent.parent

@@ -1,0 +1,148 @@
+"""The compute container's pure parts (agent/sandbox.py: the layout and bwrap's options) and the
+run cgroup's file protocol (agent/cgroup.py) against a folder laid out as the kernel's, for both
+cgroup v1 and v2 (this machine has only v1; tests/test_containers_live.py uses it for real)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage, parse_flat_keyed
+from hfai.agent.contain import run_memory_limit
+from hfai.agent.sandbox import (
+    BindMode,
+    ContainerPaths,
+    Mount,
+    bwrap_args,
+    interpreter_paths,
+    plan_mounts,
+    signal_status,
+)
+
+HOST = {"/usr": "dir", "/bin": "link:usr/bin", "/lib": "link:usr/lib", "/etc": "dir", "/etc/shadow": "file",
+        "/etc/hfai": "dir"}
+
+
+def _paths(**kw) -> ContainerPaths:
+    base = dict(user="alice", workdir="/ws/alice/proj", control_dir="/var/lib/hfai/agent/control/j.1",
+                control_inside="/run/hfai/control", runtime=("/opt/py", "/opt/py/lib", "/srv/hfai"),
+                home="/homes/alice", writable=("/ws/alice",), public_datasets=(("coco", "/data/coco"),),
+                private_datasets=(("med", "/data/med"),), devices=("/dev/nvidia0",), host=HOST)
+    return ContainerPaths(**{**base, **kw})
+
+
+def test_the_layout_is_the_guides_and_holds_nothing_else():
+    mounts = plan_mounts(_paths())
+    by_dst = {m.dst: m for m in mounts}
+    assert by_dst["/usr"] == Mount(BindMode.RO, "/usr", "/usr")
+    assert by_dst["/bin"] == Mount(BindMode.LINK, "/bin", "usr/bin")  # a merged /usr stays a link
+    assert by_dst["/etc/shadow"].mode is BindMode.HIDE_FILE and by_dst["/etc/hfai"].mode is BindMode.HIDE_DIR
+    assert by_dst["/opt/py"].mode is BindMode.RO and "/opt/py/lib" not in by_dst  # the outer bind shows it
+    assert by_dst["/home/alice"] == Mount(BindMode.RW, "/home/alice", "/homes/alice")
+    assert by_dst["/public_dataset/coco"] == Mount(BindMode.RO, "/public_dataset/coco", "/data/coco")
+    assert by_dst["/public_dataset/1/ffdataset"] == Mount(BindMode.LINK, "/public_dataset/1/ffdataset",
+                                                          "/public_dataset")
+    assert by_dst["/private_dataset/med"].mode is BindMode.RO
+    # The workdir lies in the user's workspaces: one read-write bind shows both.
+    assert by_dst["/ws/alice"].mode is BindMode.RW and "/ws/alice/proj" not in by_dst
+    assert by_dst["/run/hfai/control"] == Mount(BindMode.RW, "/run/hfai/control", "/var/lib/hfai/agent/control/j.1")
+    assert by_dst["/dev/nvidia0"].mode is BindMode.DEV
+    # Nothing of the agent's state but the control directory, bound elsewhere.
+    assert not [m for m in mounts if m.dst.startswith("/var/lib/hfai")]
+    # Hidden entries come after the system binds they lie in, writable ones after read-only ones.
+    order = [m.dst for m in mounts]
+    assert order.index("/etc") < order.index("/etc/shadow")
+    assert order.index("/opt/py") < order.index("/ws/alice")
+
+
+def test_no_home_no_private_datasets_and_absent_system_folders():
+    mounts = plan_mounts(_paths(home="", private_datasets=(), host={"/usr": "dir"}))
+    by_dst = {m.dst: m for m in mounts}
+    assert by_dst["/home/alice"].mode is BindMode.DIR  # an empty home of the container's own
+    assert "/private_dataset" not in by_dst and "/etc" not in by_dst and "/lib64" not in by_dst
+
+
+def test_bwrap_options():
+    c = _paths(tmp_bytes=2**30, shm_bytes=2**31)
+    args = bwrap_args(c, plan_mounts(c))
+    for flag in ("--unshare-pid", "--die-with-parent", "--new-session"):
+        assert flag in args
+    assert "--unshare-net" not in args and "--unshare-all" not in args  # the host's network
+    i = args.index("/tmp")
+    assert args[i - 3: i + 1] == ["--size", str(2**30), "--tmpfs", "/tmp"]
+    i = args.index("/dev/shm")
+    assert args[i - 3: i + 1] == ["--size", str(2**31), "--tmpfs", "/dev/shm"]
+    assert args[args.index("--symlink") + 1: args.index("--symlink") + 3] == ["usr/bin", "/bin"]
+    at = args.index("/etc/shadow")
+    assert args[at - 2: at + 1] == ["--ro-bind", "/dev/null", "/etc/shadow"]
+    assert args[-2:] == ["--chdir", "/ws/alice/proj"]
+
+
+def test_exit_status_through_bwrap():
+    # bwrap exits 128+N for a job killed by signal N: the platform says -N, as for a bare process.
+    assert signal_status(137) == -9 and signal_status(143) == -15
+    assert signal_status(0) == 0 and signal_status(1) == 1 and signal_status(128) == 128 and signal_status(255) == 255
+
+
+def test_memory_limit():
+    assert run_memory_limit(100 * 2**30, 4 * 2**30, 0) == 96 * 2**30
+    assert run_memory_limit(100 * 2**30, 4 * 2**30, 8 * 2**30) == 8 * 2**30  # as configured
+    assert run_memory_limit(6 * 2**30, 4 * 2**30, 0) == 3 * 2**30  # less than twice the reserve: half
+
+
+def test_interpreter_paths_hold_this_interpreter_and_hfai():
+    paths = interpreter_paths(sys.executable)
+    import hfai
+
+    for needed in (sys.prefix, sys.base_prefix, str(Path(hfai.__file__).resolve().parent)):
+        assert any(needed == p or needed.startswith(p + "/") for p in paths), (needed, paths)
+
+
+def _fake_v1(root: Path) -> tuple[str, ...]:
+    dirs = []
+    for ctrl in ("memory", "pids", "cpuacct"):
+        d = root / ctrl / "hfai" / "n0"
+        d.mkdir(parents=True)
+        dirs.append(str(d / "run.1"))
+    return tuple(dirs)
+
+
+def test_v1_cgroup_files(tmp_path):
+    dirs = _fake_v1(tmp_path)
+    cg = RunCgroup.create(CgroupKind.V1, dirs, memory_bytes=2**30, pids_max=100)
+    mem, pids, cpu = (Path(d) for d in dirs)
+    assert (mem / "memory.limit_in_bytes").read_text() == str(2**30)
+    assert (pids / "pids.max").read_text() == "100"
+    cg.join(4242)
+    assert all((Path(d) / "cgroup.procs").read_text() == "4242\n" for d in dirs)
+    (mem / "memory.max_usage_in_bytes").write_text("123456\n")
+    (mem / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (cpu / "cpuacct.usage").write_text("2500000000\n")
+    assert cg.usage() == Usage(peak_bytes=123456, cpu_s=2.5, oom_kills=2)
+
+
+def test_v2_cgroup_files(tmp_path):
+    run = tmp_path / "agent-cg" / "hfai-n0" / "run.1"
+    run.parent.mkdir(parents=True)
+    cg = RunCgroup.create(CgroupKind.V2, (str(run),), memory_bytes=2**30, pids_max=100)
+    assert (run / "memory.max").read_text() == str(2**30) and (run / "pids.max").read_text() == "100"
+    (run / "memory.peak").write_text("777\n")
+    (run / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (run / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\n")
+    assert cg.usage() == Usage(peak_bytes=777, cpu_s=1.5, oom_kills=1)
+
+
+def test_kill_all_spares_the_launcher_and_returns_when_the_cgroup_is_empty(tmp_path):
+    dirs = _fake_v1(tmp_path)
+    cg = RunCgroup.create(CgroupKind.V1, dirs, 0, 0)
+    (Path(dirs[0]) / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    assert cg.kill_all(spare=os.getpid()) == 0  # only the launcher itself: nothing to kill
+
+
+@pytest.mark.parametrize("text,expected", [("oom_kill 3\nunder_oom 0\n", {"oom_kill": 3, "under_oom": 0}),
+                                           ("garbage\nx y\n", {})])
+def test_flat_keyed(text, expected):
+    assert parse_flat_keyed(text) == expected
