@@ -129,8 +129,8 @@ async def nodes(as_json: bool):
 @click.option("-n", "--tail", type=click.IntRange(min=0), metavar="N",
               help="Only the last N lines (then, with -f, what follows).")
 @click.option("-t", "--timestamps", is_flag=True,
-              help="Put the time before each line: when this command received it (the nodes keep output "
-                   "without times), so for lines already written it is the time you read them.")
+              help="Put the time before each line: when its node read it from the job (for a log written "
+                   "by an older agent: when this command received it).")
 @click.option("--poll", default=0.5, hidden=True)
 @common.run_async
 async def logs(job: str, follow: bool, rank: int, tail: int | None, timestamps: bool, poll: float):
@@ -146,9 +146,12 @@ async def logs(job: str, follow: bool, rank: int, tail: int | None, timestamps: 
             if nodes:
                 if offset is None:
                     offset = 0 if tail is None else await client.tail_offset(record.id, rank, tail)
-                async for data in client.read_log(record.id, rank, offset):
+                async for chunk in client.read_log_chunks(record.id, rank, offset, timestamps=stamper is not None):
+                    data = chunk.data
                     offset += len(data)
-                    sys.stdout.buffer.write(stamper.feed(data, time.time()) if stamper else data)
+                    # Each line's time is when its node read it (an older agent's log has none:
+                    # then when this command received it).
+                    sys.stdout.buffer.write(stamper.feed(data, time.time(), chunk.line_ts) if stamper else data)
                     sys.stdout.flush()
             elif not follow:
                 click.echo(f"job {render.clean(record.id)} has not run yet ({record.state.value}: "

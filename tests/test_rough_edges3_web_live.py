@@ -223,3 +223,10 @@ def test_log_lines_keep_the_time_the_node_read_them(cluster, tmp_path):
     stamps = [datetime.datetime.fromisoformat(line.split(" ", 1)[0]).timestamp() for line in lines]
     assert 1.0 <= stamps[1] - stamps[0] < 600, lines  # apart by the job's sleep, not read at once
     assert stamps[1] < time.time(), lines  # the node's times, not the reader's
+
+    # The command itself: each line with its own time, not the time of the call.
+    out = c.cli("logs", job.id, "--timestamps", user="alice")
+    assert out.returncode == 0, out.stderr
+    cli_lines = [line for line in out.stdout.splitlines() if line.endswith(("first", "second"))]
+    cli_stamps = [datetime.datetime.fromisoformat(line.split(" ", 1)[0]).timestamp() for line in cli_lines]
+    assert len(cli_stamps) == 2 and cli_stamps[1] - cli_stamps[0] >= 1.0, cli_lines
