@@ -49,6 +49,7 @@ from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage
 from hfai.agent.output import Output, open_output
 from hfai.agent.sandbox import CONTAINER_BWRAP, signal_status
 from hfai.agent.statefile import write_state
+from hfai.agent.watchdog import RunWatchdog
 
 LAUNCH_FILE = "launch"
 ALIVE_FILE = "alive"  # in the agent's state directory (see RunStore.mark_alive)
@@ -150,7 +151,9 @@ def main(argv: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        code = _supervise(child, spec, run_dir, out, group[0])
+        # Not the job's own: the container's processes get no stack dump from the watchdog.
+        spare = frozenset({child.pid, group[0]}) if contained else frozenset()
+        code = _supervise(child, spec, run_dir, out, group[0], spare)
         if contained:
             code = signal_status(code)
         # The container's pid 1 outlives bwrap's monitor by a moment: not the job's leftover.
@@ -203,14 +206,18 @@ def _fsync_all(paths: list[str]) -> None:
             os.close(fd)
 
 
-def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output, group: int) -> int:
-    """Wait for the job to exit, relaying its output and fencing it (see the module doc) if the
-    agent stops confirming its liveness (signalling process group ``group``); returns the job's
-    exit status."""
+def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output, group: int,
+               spare: frozenset[int] = frozenset()) -> int:
+    """Wait for the job to exit, relaying its output, ending it as hung once silent for its
+    watchdog time (agent/watchdog.py), and fencing it (see the module doc) if the agent stops
+    confirming its liveness (signalling process group ``group``); returns the job's exit status."""
     fence_s = float(spec.get("fence_s") or 0.0)
     fencing = math.isfinite(fence_s) and fence_s > 0 and bool(spec.get("alive"))
     fence_kill_s = float(spec.get("fence_kill_s") or fence_s)
     poll = poll_interval(fence_s, float(spec.get("fence_poll_s") or 0.5)) if fencing else 3600.0
+    watch = RunWatchdog.from_spec(spec, run_dir)
+    if watch is not None:
+        poll = min(poll, watch.poll_s)
     # Without a stamp yet (the agent writes one before it starts any run), count from now.
     last_alive = (read_stamp(spec["alive"]) or time.monotonic()) if fencing else 0.0
     termed = killed = False
@@ -220,6 +227,8 @@ def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output, g
             code = _wait(child, pidfd, min(poll, 0.5) if pidfd is None else poll, out)
             if code is not None:
                 break
+            if watch is not None:
+                watch.check(out, group, spare)
             if not fencing:
                 continue
             if not termed:

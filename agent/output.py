@@ -39,6 +39,9 @@ class Output:
         self._sink = CappedLog(log_fd, cap, times) if cap is not None else None
         self.pipe_fd: int | None = None
         self._write_end: int | None = None
+        # When the job last wrote anything (time.monotonic(); its start until then): the
+        # watchdog's silence is measured from it (agent/watchdog.py). Relayed output only.
+        self.last_output = time.monotonic()
         if self._sink is not None:
             self.pipe_fd, self._write_end = os.pipe2(os.O_CLOEXEC)
             try:
@@ -53,6 +56,7 @@ class Output:
 
     def job_started(self) -> None:
         """The job holds its end now: the launcher's copy goes, so the pipe ends with the job's."""
+        self.last_output = time.monotonic()
         if self._write_end is not None:
             os.close(self._write_end)
             self._write_end = None
@@ -79,6 +83,7 @@ class Output:
                 return True
             if not data:
                 return False
+            self.last_output = time.monotonic()
             self._sink.write(data)
 
     def drain(self, limit_s: float = DRAIN_S) -> None:

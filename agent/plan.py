@@ -45,6 +45,8 @@ class LocalRun:
     sent: frozenset[RunEventKind] = frozenset()
     # Its launcher stopped it because this agent was silent too long (self-fencing).
     fenced: bool = False
+    # Its launcher ended it as hung: the watchdog time (seconds) it went past without output (0: not).
+    hung_s: float = 0.0
     # The ack asks the platform to stop the job now (``go_suspend(exit=False)``): no exit grace.
     ack_stop: bool = False
     # Its launcher is gone and recorded no exit status (so it reads as killed, -9).

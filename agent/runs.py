@@ -12,6 +12,8 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     runs/<job>.<run>/exit_code       written by the launcher when the job exits
     runs/<job>.<run>/term            time the agent sent SIGTERM
     runs/<job>.<run>/fenced          the launcher stopped the job: the agent was silent too long
+    runs/<job>.<run>/hung            the launcher ended the job as hung: it wrote nothing for its
+                                     watchdog time (watchdog.py)
     runs/<job>.<run>/usage           what the run used (its cgroup: peak memory, CPU, OOM kills)
     alive                            time.monotonic() of the last heartbeat NATS accepted: the
                                      launchers stop their jobs when it gets too old (launcher.py)
@@ -61,10 +63,11 @@ from hfai.agent.plan import LocalRun, RunPhase, RunUsage
 from hfai.agent.sandbox import CONTAINER_BWRAP
 from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
+from hfai.agent.watchdog import HUNG_FILE, WatchdogSettings, run_watchdog_s, watchdog_spec
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import InvalidRequest, ProtocolError
 from hfai.protocol.names import is_token
-from hfai.protocol.types import FENCE_KILL_FACTOR, RunAssignment, RunEventKind
+from hfai.protocol.types import FENCE_KILL_FACTOR, JOB_DEV, RunAssignment, RunEventKind
 
 __all__ = ["DiskFull", "RunStore", "fence_spec", "settle_exit"]
 
@@ -87,10 +90,12 @@ class RunStore:
     def __init__(self, state_dir: str | os.PathLike, node: str, env_root: str | os.PathLike,
                  run_as: str = RUN_AS_SUBMITTER, fence_poll_s: float = 0.5, datasets_dir: str = "",
                  launcher: Launcher | None = None, log_cap_bytes: int = 0, clock: Clock = SYSTEM,
-                 containment: Containment | None = None, notebooks_root: str = ""):
+                 containment: Containment | None = None, notebooks_root: str = "",
+                 watchdog: WatchdogSettings | None = None):
         """``launcher``: how runs' launchers start (default: forked from the zygote); ``clock``:
         the agent's, for the times the plan reads back (SIGTERM's); ``containment``: the
-        container and cgroup of each run (None: neither)."""
+        container and cgroup of each run (None: neither); ``watchdog``: the runs' log watchdog
+        (watchdog.py; None: runs have one only if the job asks, HF_WATCHDOG_TIME)."""
         self.root = Path(state_dir)
         self.runs_dir = self.root / "runs"
         self.logs_dir = self.root / "logs"
@@ -114,6 +119,7 @@ class RunStore:
         self.clock = clock
         self.containment = containment
         self.notebooks_root = notebooks_root
+        self.watchdog = watchdog if watchdog is not None else WatchdogSettings(default_s=0.0)
         if containment is not None:
             # For `hfai local status`, which reads the node's state rather than asking the API.
             write_atomic(self.root / CONTAINMENT_FILE, f"{containment.summary}\n".encode())
@@ -170,6 +176,7 @@ class RunStore:
             ack_stop=ack_ts is not None and _asks_to_stop(safefs.read_small(control, ACK_FILE)),
             term_ts=_read_float(d / "term"),
             fenced=(d / FENCED_FILE).exists(),
+            hung_s=_read_hung(d / HUNG_FILE),
             lost=first is None and not alive and second is None,
             sent=frozenset(k for k in RunEventKind if (d / f"{k.value}.sent").exists()),
             usage=_read_usage(d / USAGE_FILE) if phase is RunPhase.EXITED else None,
@@ -248,7 +255,7 @@ class RunStore:
         """The assignment, and the reserves of the files a run must write even on a full disk
         (statefile.py): the job's pid, its exit status, the fence and SIGTERM markers."""
         write_volatile(d / "assignment", encode(ra))
-        for name in ("exit_code", "child_pid", FENCED_FILE, "term"):
+        for name in ("exit_code", "child_pid", FENCED_FILE, HUNG_FILE, "term"):
             make_reserve(d / name)
 
     def full_reason(self, e: OSError | None = None) -> str:
@@ -284,6 +291,9 @@ class RunStore:
         spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
                 "log_cap": self.log_cap_bytes, **contained,
                 **fence_spec(ra.fence_s, self._real_root / ALIVE_FILE, self.fence_poll_s)}
+        watchdog_s = run_watchdog_s(ra.env, _is_dev(ra), self.watchdog.default_s)
+        if watchdog_s > 0:
+            spec.update(watchdog_spec(watchdog_s, str(control), self.watchdog, ra.kill_window_s))
         if who.switch:
             a = who.account
             spec.update(uid=a.uid, gid=a.gid, groups=list(a.groups))
@@ -484,6 +494,21 @@ def fence_spec(fence_s: float, alive: Path, fence_poll_s: float) -> dict:
         return {}
     return {"alive": str(alive), "fence_s": fence_s, "fence_kill_s": FENCE_KILL_FACTOR * fence_s,
             "fence_poll_s": fence_poll_s}
+
+
+def _is_dev(ra: RunAssignment) -> bool:
+    """A development session's run (an older controller's assignment has no kind: its command
+    tells)."""
+    return ra.kind == JOB_DEV or tuple(ra.entrypoint[1:3]) == DEV_ENTRYPOINT[1:3]
+
+
+def _read_hung(path: Path) -> float:
+    """The watchdog time a hung run went past (its launcher's HUNG_FILE), 0.0 if it did not."""
+    text = _read_text(path)
+    try:
+        return max(0.0, float(text.split()[0])) if text else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _warn_if_unreachable(path: Path) -> None:

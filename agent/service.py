@@ -53,6 +53,7 @@ from hfai.agent.plan import Act, Action, LocalRun, RunPhase, RunUsage, fence_pro
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
 from hfai.agent.trust import StartError, assignment_problem, check_log_request
+from hfai.agent.watchdog import WatchdogSettings, span
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import ProtocolError
@@ -104,6 +105,8 @@ class Agent:
                               fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root,
                               launcher=make_launcher(self.ac.launcher, self.ac.launcher_reply_timeout_s),
                               log_cap_bytes=self.ac.log_cap_bytes, clock=clock,
+                              watchdog=WatchdogSettings(self.ac.watchdog_s, self.ac.watchdog_poll_s,
+                                                        self.ac.watchdog_dump_s),
                               containment=make_containment(self.ac, self.node, config.storage.workspace_root,
                                                            config.storage.dataset_root, config.dev.notebooks_root,
                                                            psutil.virtual_memory().total, nats_url=config.nats.url,
@@ -557,11 +560,14 @@ class Agent:
                 # GPU ends the job's processes): a platform fault, requeued, never the user's.
                 stopped, message = True, f"GPU fault: {fault.text()}"
             used = run.usage if run is not None and run.usage is not None else RunUsage()
+            hung_s = run.hung_s if run is not None else 0.0
+            if hung_s and not message:
+                message = f"hung: no output for {span(hung_s)}; stacks in the log"
             return RunEventKind.EXITED, dict(
                 exit_code=run.exit_code if run else -1, acked=bool(run and run.acked),
                 platform_stopped=stopped, whole_life_state=self.store.whole_life_state(key), message=message,
                 peak_bytes=used.peak_bytes, cpu_s=used.cpu_s,
-                oom_limit_bytes=used.limit_bytes if used.oom_kills else 0)
+                oom_limit_bytes=used.limit_bytes if used.oom_kills else 0, hung_s=hung_s)
         assert a.act is Act.REPORT_NEVER_RAN, a
         message = "stopped before it started on this node"
         try:

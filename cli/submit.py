@@ -16,7 +16,7 @@ import click
 from hfai.api.spec import INTERPRETER, entry_script
 from hfai.cli import common, render
 from hfai.protocol.errors import HfaiError
-from hfai.protocol.limits import MAX_NODES, MAX_RETRIES
+from hfai.protocol.limits import MAX_HANG_RESTARTS, MAX_NODES, MAX_RETRIES
 from hfai.protocol.types import Priority
 
 
@@ -42,6 +42,10 @@ def submit_options(f):
                      help="Stop the job once it has run this long over all its runs: 90m, 2h, 1:30:00, 45s."),
         click.option("--retry", "retries", type=click.IntRange(0, MAX_RETRIES), default=0, show_default=True,
                      help="Requeue a run that fails (a rank's non-zero exit) up to N times."),
+        click.option("--restart-on-hang", "restart_on_hang", type=click.IntRange(0, MAX_HANG_RESTARTS), default=0,
+                     show_default=True, metavar="N",
+                     help="Requeue a run ended as hung (no output for its watchdog time: hfai.set_watchdog_time, "
+                          "HF_WATCHDOG_TIME) up to N times; else it fails."),
     ]
     for opt in reversed(options):
         f = opt(f)
@@ -75,7 +79,7 @@ def _workdir() -> str:
 
 def build_spec(command: list[str], nodes: str, name: str | None, priority: str, group: str,
                env_vars: tuple[str, ...], env_name: str, after: tuple[str, ...] = (), time_limit: str | None = None,
-               retries: int = 0, array: str | None = None):
+               retries: int = 0, array: str | None = None, restart_on_hang: int = 0):
     from hfai.cli.control import parse_array, parse_time
     from hfai.protocol.types import JobSpec
 
@@ -97,7 +101,7 @@ def build_spec(command: list[str], nodes: str, name: str | None, priority: str, 
     return JobSpec(name=name, entrypoint=tuple(command), workdir=_workdir(), nodes=count,
                    priority=prio, group=group, env_name=env_name, env=env, min_nodes=min_nodes,
                    max_nodes=max_nodes, after=tuple(after), retries=retries, array_limit=limit,
-                   time_limit_s=parse_time(time_limit) if time_limit else 0.0)
+                   time_limit_s=parse_time(time_limit) if time_limit else 0.0, restart_on_hang=restart_on_hang)
 
 
 @common.run_async
@@ -246,7 +250,8 @@ def python_cmd(file: str, args: tuple[str, ...]):
     with ctx:
         p = ctx.params
         spec = build_spec(["python", *argv], p["nodes"], p["name"], p["priority"], p["group"],
-                          p["env_vars"], p["env_name"], p["after"], p["time_limit"], p["retries"], p["array"])
+                          p["env_vars"], p["env_name"], p["after"], p["time_limit"], p["retries"], p["array"],
+                          p["restart_on_hang"])
     _submit(spec, p["force"], p["array"])
 
 
@@ -259,9 +264,11 @@ def _submit_parser(**_kwargs):
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @submit_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def submit(command, nodes, name, priority, group, env_vars, env_name, force, after, array, time_limit, retries):
+def submit(command, nodes, name, priority, group, env_vars, env_name, force, after, array, time_limit, retries,
+           restart_on_hang):
     """Submit any COMMAND (python file.py ..., bash file.sh, an executable) as a job."""
     command = list(command)
     _check_script(command)
-    spec = build_spec(command, nodes, name, priority, group, env_vars, env_name, after, time_limit, retries, array)
+    spec = build_spec(command, nodes, name, priority, group, env_vars, env_name, after, time_limit, retries, array,
+                      restart_on_hang)
     _submit(spec, force, array)

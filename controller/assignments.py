@@ -59,7 +59,7 @@ def _run(job: JobRecord, rank: int, desired: DesiredRun, ack_window_s: float, ki
         rank=rank, world_size=len(job.nodes), master_addr=job.master_addr, master_port=job.master_port,
         entrypoint=s.entrypoint, workdir=s.workdir, desired=desired, env_name=s.env_name, env=dict(s.env),
         suspend_count=job.suspend_count, whole_life_state=job.whole_life_state, retry_count=job.retried,
-        ack_window_s=ack_window_s, kill_window_s=kill_window_s, fence_s=fence_s,
+        ack_window_s=ack_window_s, kill_window_s=kill_window_s, fence_s=fence_s, kind=s.kind,
     )
 
 

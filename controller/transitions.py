@@ -70,6 +70,8 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
         # (apply_node_lost says why).
         return _finish(job, ChainState.STOPPED, now,
                        reason(ReasonCode.DEV_NODE_LOST, node=ev.node, message=ev.message or "interrupted"))
+    if job.state is ChainState.RUNNING and not ev.platform_stopped and ev.hung_s > 0:
+        return _hung(job, now, rank, ev)
     if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
         if job.retried < job.spec.retries:
             # --retry: like an interruption, the other ranks are asked to stop first and the
@@ -97,6 +99,21 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
     if len(exits) < len(job.nodes):
         return job
     return _all_exited(job, now)
+
+
+def _hung(job: JobRecord, now: float, rank: int, ev: RunEvent) -> JobRecord:
+    """A rank's launcher ended the run as hung (no output for its watchdog time; its stacks are
+    in the log): the user's failure, not the platform's, unless ``--restart-on-hang`` grants a
+    restart. A restart is a requeue once every rank has exited (the others are asked to stop
+    first, as for a --retry), counted in ``hang_restarts``, never in ``retried``."""
+    hung = {"rank": rank, "node": ev.node, "silent_s": ev.hung_s}
+    if job.hang_restarts >= job.spec.restart_on_hang:
+        return _finish(job, ChainState.FAILED, now, reason(ReasonCode.HUNG, **hung))
+    job = replace(job, hang_restarts=job.hang_restarts + 1)
+    why = reason(ReasonCode.HUNG, **hung, restart=job.hang_restarts, restarts=job.spec.restart_on_hang)
+    if len(job.exits) == len(job.nodes):
+        return requeue(job, now, why)
+    return job.transition(ChainState.SUSPENDING, now, why)
 
 
 def ranks_exited(job: JobRecord, now: float) -> JobRecord:

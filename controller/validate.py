@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from hfai.controller.policy import Quotas
 from hfai.protocol import encode, names
 from hfai.protocol.errors import Conflict, InvalidRequest
-from hfai.protocol.limits import MAX_ARRAY, MAX_ARRAY_INDEX, MAX_NODES, MAX_RETRIES
+from hfai.protocol.limits import MAX_ARRAY, MAX_ARRAY_INDEX, MAX_HANG_RESTARTS, MAX_NODES, MAX_RETRIES
 from hfai.protocol.types import AUTO_PRIORITY, JOB_DEV, JOB_KINDS, JobSpec, NodeRecord, Priority
 
 MAX_NAME = 128
@@ -173,6 +173,8 @@ def check_limits(spec: JobSpec) -> None:
         raise InvalidRequest(f"the time limit must be 0 (none) or more seconds, not {spec.time_limit_s}")
     if not 0 <= spec.retries <= MAX_RETRIES:
         raise InvalidRequest(f"--retry takes 0 to {MAX_RETRIES}, not {spec.retries}")
+    if not 0 <= spec.restart_on_hang <= MAX_HANG_RESTARTS:
+        raise InvalidRequest(f"--restart-on-hang takes 0 to {MAX_HANG_RESTARTS}, not {spec.restart_on_hang}")
     if not 0 <= spec.array_limit <= MAX_ARRAY:
         raise InvalidRequest(f"an array's limit (%N) must be 1 to {MAX_ARRAY}, not {spec.array_limit}")
 

@@ -8,7 +8,7 @@ policy's arithmetic and memory could take.
 
 from __future__ import annotations
 
-__all__ = ["MAX_ARRAY", "MAX_ARRAY_INDEX", "MAX_NODES", "MAX_RANK", "MAX_RETRIES"]
+__all__ = ["MAX_ARRAY", "MAX_ARRAY_INDEX", "MAX_HANG_RESTARTS", "MAX_NODES", "MAX_RANK", "MAX_RETRIES"]
 
 #: Nodes a job may ask for (also a quota's largest value).
 MAX_NODES = 100_000
@@ -20,3 +20,5 @@ MAX_ARRAY = 1000
 MAX_ARRAY_INDEX = 999_999
 #: Retries of a failed run (--retry).
 MAX_RETRIES = 100
+#: Restarts of a run ended as hung (--restart-on-hang).
+MAX_HANG_RESTARTS = 100

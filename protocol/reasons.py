@@ -60,6 +60,7 @@ class ReasonCode(enum.StrEnum):
     PLATFORM_STOPPED = "platform_stopped"  # rank, node, message [, requeued "1": every rank had exited]
     EXITED = "exited"  # rank, node, code (not 0) [, retry, retries: the retry it gets]
     OUT_OF_MEMORY = "out_of_memory"  # rank, node, limit (bytes: the run's memory limit)
+    HUNG = "hung"  # rank, node, silent_s (its watchdog time) [, restart, restarts: the restart it gets]
     START_FAILED = "start_failed"  # node, message
     FINISHED_SUSPENDING = "finished_suspending"  # every rank exited 0 before it saw the interrupt
     SUCCEEDED = "succeeded"
@@ -216,6 +217,9 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
                                   + (f"; retry {p['retry']} of {p['retries']}" if p.get("retry") else "")),
     ReasonCode.OUT_OF_MEMORY: lambda p: (f"rank {p['rank']} on {p['node']} ran out of memory: the run's limit is "
                                          f"{_bytes(int(float(p['limit'])))}"),
+    ReasonCode.HUNG: lambda p: (f"hung: no output for {_span(p['silent_s'])} on rank {p['rank']} ({p['node']}); "
+                                f"stacks in the log"
+                                + (f"; restart {p['restart']} of {p['restarts']}" if p.get("restart") else "")),
     ReasonCode.START_FAILED: lambda p: f"could not start on {p['node']}: {p['message']}",
     ReasonCode.FINISHED_SUSPENDING: lambda p: "finished while being suspended",
     ReasonCode.SUCCEEDED: lambda p: "all ranks exited 0",

@@ -237,6 +237,9 @@ class JobSpec:
     # What kind of job: JOB_BATCH, or JOB_DEV, a development session (JupyterLab, docs/dev.md),
     # which the scheduler never time-slices and limits per user (docs/scheduling.md).
     kind: str = "batch"
+    # Protocol 1.7: a run its node ended as hung (no output for its watchdog time, docs/health.md)
+    # is requeued this many times before the job fails (--restart-on-hang).
+    restart_on_hang: int = 0
 
     @property
     def elastic(self) -> bool:
@@ -312,6 +315,8 @@ class JobRecord:
     # peak, bytes) over the job's runs, and the CPU time of all its runs and ranks (seconds).
     peak_bytes: int = 0
     cpu_s: float = 0.0
+    # Protocol 1.7: runs ended as hung that were requeued (``spec.restart_on_hang`` at most).
+    hang_restarts: int = 0
 
     HISTORY_LIMIT: ClassVar[int] = 50
     FAULTS_LIMIT: ClassVar[int] = 20
@@ -448,6 +453,8 @@ class RunAssignment:
     fence_s: float = 0.0
     # Failed runs of the chain requeued by --retry so far (HFAI_RETRY_COUNT).
     retry_count: int = 0
+    # Protocol 1.7: the job's kind (JobSpec.kind): a development session's run has no watchdog.
+    kind: str = "batch"
 
     @property
     def key(self) -> str:
@@ -488,6 +495,9 @@ class RunEvent:
     peak_bytes: int = 0
     cpu_s: float = 0.0
     oom_limit_bytes: int = 0
+    # Protocol 1.7: the watchdog time (seconds) the run went past without output, when its
+    # launcher ended it as hung (0: it did not).
+    hung_s: float = 0.0
 
 
 @message("gpu_fault_event")

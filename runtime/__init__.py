@@ -34,6 +34,12 @@ _LAZY_FUNCTIONS = {
 if os.environ.get("HFAI_SIMULATE_SUSPEND_S"):
     importlib.import_module("hfai._job")
 
+# In a job on the platform (it has a control directory): a process the watchdog finds hung and
+# py-spy cannot read writes its own stacks into the log on a signal (hfai.watchdog). Nowhere else:
+# a CLI command or a script off the platform keeps its signals as they were.
+if os.environ.get("HFAI_CONTROL_DIR"):
+    importlib.import_module("hfai.watchdog").register_stack_dump()
+
 _LAZY_SUBMODULES = frozenset(
     {
         "nn",

@@ -2,8 +2,8 @@
 
 In a job: ``hfai.client.receive_suspend_command()``, ``go_suspend()`` and the whole-life state,
 plain Python as ever; ``bind_hf_except_hook(Process)`` (:mod:`hfai.except_hook`) and
-``set_watchdog_time`` (:mod:`hfai.watchdog`, a no-op here). From anywhere with credentials: the submission API of
-:mod:`hfai.experiment` (``create_experiment``, ``submit``, ``get_experiment``,
+``set_watchdog_time`` (:mod:`hfai.watchdog`: the job's log watchdog). From anywhere with
+credentials: the submission API of :mod:`hfai.experiment` (``create_experiment``, ``submit``, ``get_experiment``,
 ``list_experiments``, ``Experiment``, ``Client``), loaded on first use so that a job importing
 this module for the suspend calls does not import nats.
 """

@@ -163,6 +163,13 @@ class AgentConfig:
     # heartbeat is older than the bound the leader sets (0.6 of its heartbeat_timeout_s), and then
     # stops the job. Capped at an eighth of the bound (see agent/launcher.py).
     fence_poll_s: float = 0.5
+    # The log watchdog (agent/watchdog.py, docs/health.md): a run that writes no output for
+    # watchdog_s (a job's own HF_WATCHDOG_TIME or hfai.set_watchdog_time first; 0: none by
+    # default) is ended as hung, after its processes' Python stacks are written into its log,
+    # which may take watchdog_dump_s; its launcher looks every watchdog_poll_s.
+    watchdog_s: float = 1800.0
+    watchdog_poll_s: float = 1.0
+    watchdog_dump_s: float = 10.0
     # Prometheus /metrics on this port (0: off; -1: any free port, written to <state_dir>/metrics_port),
     # on this address (a local cluster: loopback, as [controller] metrics_host).
     metrics_port: int = 0

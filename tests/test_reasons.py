@@ -54,6 +54,7 @@ SAMPLES: dict[ReasonCode, dict[str, object]] = {
     ReasonCode.PLATFORM_STOPPED: {"rank": 3, "node": "n4", "message": "fenced", "requeued": 1},
     ReasonCode.EXITED: {"rank": 2, "node": "n5", "code": -9, "retry": 2, "retries": 4},
     ReasonCode.OUT_OF_MEMORY: {"rank": 0, "node": "n9", "limit": 96.0 * 2**30},  # written as "96 GiB"
+    ReasonCode.HUNG: {"rank": 1, "node": "n3", "silent_s": 1800.0, "restart": 2, "restarts": 3},  # "30 min"
     ReasonCode.START_FAILED: {"node": "n6", "message": "no such file"},
     ReasonCode.FINISHED_SUSPENDING: {},
     ReasonCode.SUCCEEDED: {},
