@@ -241,8 +241,10 @@ async def _health(client, node: str, req, wait_s: float = 0.0):
 
 @admin.command("fault")
 @click.argument("node_name", metavar="NODE")
-@click.option("--xid", type=click.IntRange(min=1), help="Inject this Xid (see docs/health.md).")
-@click.option("--gpu", type=click.IntRange(min=0), default=0, show_default=True, help="On this GPU.")
+# Bounds a typed number must keep to (hfai.protocol.limits says why): an Xid is a C int in the
+# driver's log; no node has a thousand GPUs.
+@click.option("--xid", type=click.IntRange(1, 2**31 - 1), help="Inject this Xid (see docs/health.md).")
+@click.option("--gpu", type=click.IntRange(0, 1023), default=0, show_default=True, help="On this GPU.")
 @click.option("--signal", "signal_name", type=click.Choice(["dbe", "retired", "lost", "thermal", "power"]),
               help="Inject a polled condition instead of an Xid.")
 @click.option("--clear", is_flag=True, help="Forget the injected faults (the GPUs as new).")

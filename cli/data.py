@@ -158,16 +158,19 @@ class _Bar:
 @click.argument("kind", type=click.Choice(CONVERT_KINDS))
 @click.argument("src", type=click.Path(exists=True))
 @click.argument("dst", type=click.Path(file_okay=False))
-@click.option("--nfiles", type=click.IntRange(min=1), help="Parts per split (imagenet: 150 train, 10 val; else 1).")
+# Parts are named PART_%05d.ffr: at most 100000 of them keep their names' order the parts' order.
+@click.option("--nfiles", type=click.IntRange(1, 100_000),
+              help="Parts per split (imagenet: 150 train, 10 val; else 1).")
 @click.option("--encoded", is_flag=True, help="imagenet: keep the files' encoded bytes (smaller; this platform only).")
 @click.option("--miniset", is_flag=True, help="imagenet: write DST/mini/ImageNet (what miniset=True reads).")
 @click.option("--split", type=click.Choice(("train", "val")), default="train", show_default=True,
               help="gcc: the split the index is.")
 @click.option("--task", help="clue: the task name (default: SRC's folder name without _public).")
 @click.option("--vocab", type=click.Path(exists=True, dir_okay=False), help="clue: vocabulary file, a token a line.")
-@click.option("--vocab-size", type=click.IntRange(min=6), default=8021, show_default=True,
+# Token ids are stored as int32; a sequence is padded to max_length in every batch.
+@click.option("--vocab-size", type=click.IntRange(6, 2**31 - 1), default=8021, show_default=True,
               help="clue: size of a vocabulary built from the text (when there is none).")
-@click.option("--max-length", type=click.IntRange(min=3), default=128, show_default=True,
+@click.option("--max-length", type=click.IntRange(3, 1 << 20), default=128, show_default=True,
               help="clue: tokens per sequence, [CLS] and [SEP] included.")
 @_user_errors
 def convert(kind: str, src: str, dst: str, nfiles: int | None, encoded: bool, miniset: bool, split: str,

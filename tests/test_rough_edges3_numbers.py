@@ -36,6 +36,10 @@ HUGE = "99999999999999999999"  # > 2**64: what msgpack cannot carry
     ["dev", "start", "-n", HUGE],
     ["quota", "set", "alice", "HIGH", HUGE],
     ["sim", "gen", "trace.csv", "--jobs", HUGE, "--nodes", "4"],
+    ["admin", "fault", "node-0", "--xid", HUGE],
+    ["admin", "fault", "node-0", "--xid", "79", "--gpu", HUGE],
+    ["data", "convert", "clue", ".", "out", "--max-length", HUGE],
+    ["data", "convert", "imagenet", ".", "out", "--nfiles", HUGE],
 ])
 def test_a_huge_number_is_one_line_and_a_non_zero_exit(tmp_path, monkeypatch, args):
     monkeypatch.chdir(tmp_path)
