@@ -22,6 +22,10 @@ So the launcher records ``RUN_DIR/fenced`` (the platform stopped the job: an int
 failure), SIGTERMs the job's group and SIGKILLs it once the stamp is ``fence_kill_s`` old, which the
 leader chose to fall inside its heartbeat timeout. ``fence_s`` 0 (or absent): no fencing.
 
+The log watchdog (``watchdog_s`` in the spec; agent/watchdog.py): a job that writes nothing for
+its watchdog time is recorded ``RUN_DIR/hung``, its processes' Python stacks go into the log, and
+it is stopped (SIGTERM, SIGKILL ``watchdog_kill_s`` later).
+
 Nothing outlives its run: whichever way the job ends (it exits, the agent stops
 it, the launcher fences it), the launcher then SIGKILLs what is left of the job's process group
 and every other process the job started, before it records the exit status: a child that

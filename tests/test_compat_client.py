@@ -161,8 +161,10 @@ def test_the_hook_is_idempotent_and_checks_its_argument():
 
 # ------------------------------------------------------- watchdog, nccl level, suspend signatures
 
-def test_set_watchdog_time_is_a_checked_no_op(monkeypatch):
+def test_set_watchdog_time_is_checked_and_off_the_platform_only_recorded(monkeypatch):
+    # On the platform it reaches the run's launcher too: tests/test_watchdog.py.
     monkeypatch.delenv("HFAI_WATCHDOG_TIME", raising=False)
+    monkeypatch.delenv("HFAI_CONTROL_DIR", raising=False)
     assert hfai.set_watchdog_time(1800) is None and hfai.client.set_watchdog_time is hfai.set_watchdog_time
     assert os.environ["HFAI_WATCHDOG_TIME"] == "1800"
     with pytest.raises(TypeError):
