@@ -57,7 +57,10 @@ ORIGINAL_DATASETS = "/public_dataset/1/ffdataset"
 
 # The system, bound read-only at the same path when present on the host (a link, as /bin -> usr/bin
 # on a merged-/usr system, is recreated as the same link).
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+               # The hardware's description: NCCL's topology, hfai.numa's bind_numa, NVML and torch
+               # read it. And the resolver's files where /etc/resolv.conf links into /run.
+               "/sys", "/run/systemd/resolve")
 # Host files and folders under SYSTEM_DIRS a job must not read (secrets, the platform's config and
 # credentials), covered inside by an empty file or folder.
 HIDDEN = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",

@@ -67,9 +67,10 @@ def _escape_targets(p: dict[str, Path]) -> list[str]:
 
 
 # What bob's job must still reach: the datasets read-only at the guide's paths (and the original's
-# /public_dataset/1/ffdataset), its workdir and its private /tmp read-write.
+# /public_dataset/1/ffdataset), its workdir and its private /tmp read-write, the node's /sys.
 ALLOWED = ["read:/public_dataset/pub/data.txt", "read:/public_dataset/1/ffdataset/pub/data.txt",
-           "write:out.txt", "write:/tmp/scratch", "write:/dev/shm/scratch"]
+           "write:out.txt", "write:/tmp/scratch", "write:/dev/shm/scratch",
+           "list:/sys/devices/system/node"]  # the hardware's description: hfai.numa, NCCL
 
 
 def _run_escape(c: Cluster, p: dict[str, Path]) -> dict[str, str]:
