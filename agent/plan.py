@@ -4,7 +4,9 @@ Level-triggered: the same inputs always give the same plan, so the agent can re-
 and after a restart. A run is started only if this node has never had it (its run directory is
 the record), so no run is ever started twice on a node.
 
-Interrupt windows, per run, measured from when the agent raised the suspend flag:
+Interrupt windows, per run, measured from when the agent raised the suspend flag, on the boot
+clock (``Clock.boottime``: never stepped, the same for an agent restarted mid-window; the stamps
+are the agent's own, agent/stamps.py), never on the wall clock or a time a job can set:
   no ack within ``ack_window_s`` -> SIGTERM;
   ack -> the job normally exits by itself (``go_suspend`` exits); still alive ``ack_exit_grace_s``
   after its ack -> SIGTERM (at once if the ack asked to be stopped: ``go_suspend(exit=False)``);
@@ -38,6 +40,8 @@ class LocalRun:
     assignment: RunAssignment
     phase: RunPhase
     exit_code: int | None = None
+    # On the agent's boot clock (Clock.boottime): when it raised the suspend flag, first saw the
+    # job's acknowledgement, sent the SIGTERM (None: not yet).
     suspend_ts: float | None = None
     acked: bool = False
     ack_ts: float | None = None
@@ -107,6 +111,7 @@ class Action:
 
 def plan(desired: dict[str, RunAssignment], local: dict[str, LocalRun], now: float,
          ack_exit_grace_s: float = ACK_EXIT_GRACE_S) -> list[Action]:
+    """``now``: the agent's boot clock (Clock.boottime), which the runs' stamps are on."""
     actions: list[Action] = []
     for key, ra in desired.items():
         lr = local.get(key)

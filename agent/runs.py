@@ -10,7 +10,10 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     runs/<job>.<run>/launcher_pid    pid and start time of the launcher
     runs/<job>.<run>/child_pid       the job's pid = its process group (written by the launcher)
     runs/<job>.<run>/exit_code       written by the launcher when the job exits
-    runs/<job>.<run>/term            time the agent sent SIGTERM
+    runs/<job>.<run>/term            when the agent sent SIGTERM (a stamp: wall and boot clock,
+                                     stamps.py; the interrupt windows run on the boot clock)
+    runs/<job>.<run>/suspend_raised  when the agent raised the suspend flag (a stamp)
+    runs/<job>.<run>/ack_seen        when the agent first saw the job's acknowledgement (a stamp)
     runs/<job>.<run>/fenced          the launcher stopped the job: the agent was silent too long
     runs/<job>.<run>/hung            the launcher ended the job as hung: it wrote nothing for its
                                      watchdog time (watchdog.py)
@@ -49,7 +52,7 @@ from hfai._atomic import write_atomic
 from hfai._clock import SYSTEM, Clock
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive
-from hfai.agent import safefs
+from hfai.agent import safefs, stamps
 from hfai.agent.cgroup import CgroupKind, RunCgroup
 from hfai.agent.contain import Containment
 from hfai.agent.devsession import ENTRYPOINT as DEV_ENTRYPOINT
@@ -61,6 +64,7 @@ from hfai.agent.launchers import Launched, Launcher, make_launcher
 from hfai.agent.logcap import check_cap
 from hfai.agent.plan import LocalRun, RunPhase, RunUsage
 from hfai.agent.sandbox import CONTAINER_BWRAP
+from hfai.agent.stamps import ACK_STAMP, SUSPEND_STAMP
 from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.agent.watchdog import HUNG_FILE, WatchdogSettings, run_watchdog_s, watchdog_spec
@@ -167,20 +171,33 @@ class RunStore:
         second = _read_int(exit_file) if first is None and not alive else None
         phase, exit_code = settle_exit(first, alive, second)
         control = self.control_dir(d.name)
-        ack_ts = safefs.lstat_mtime(control, ACK_FILE)
+        acked = safefs.lstat_mtime(control, ACK_FILE) is not None
         return LocalRun(
             key=d.name, assignment=ra, phase=phase, exit_code=exit_code,
-            suspend_ts=safefs.lstat_mtime(control, SUSPEND_FILE),
-            acked=ack_ts is not None,
-            ack_ts=ack_ts,
-            ack_stop=ack_ts is not None and _asks_to_stop(safefs.read_small(control, ACK_FILE)),
-            term_ts=_read_float(d / "term"),
+            # The agent's own stamps (stamps.py): a flag without one is an older agent's, or a
+            # full disk's (raise_suspend), and its time is converted once.
+            suspend_ts=stamps.read(d / SUSPEND_STAMP, self.clock, safefs.lstat_mtime(control, SUSPEND_FILE)),
+            acked=acked,
+            ack_ts=self._ack_seen(d, control) if acked else None,
+            ack_stop=acked and _asks_to_stop(safefs.read_small(control, ACK_FILE)),
+            term_ts=stamps.read(d / "term", self.clock),
             fenced=(d / FENCED_FILE).exists(),
             hung_s=_read_hung(d / HUNG_FILE),
             lost=first is None and not alive and second is None,
             sent=frozenset(k for k in RunEventKind if (d / f"{k.value}.sent").exists()),
             usage=_read_usage(d / USAGE_FILE) if phase is RunPhase.EXITED else None,
         )
+
+    def _ack_seen(self, d: Path, control: Path) -> float | None:
+        """When the agent first saw the run's acknowledgement, on the boot clock: the job wrote the
+        ack file and may date it as it likes, so only its existence counts. If the first sight
+        cannot be recorded (a full disk and no reserve), the file's own time stands in."""
+        try:
+            return stamps.write_once(d / ACK_STAMP, self.clock)
+        except OSError as e:
+            log.warning("could not record when run %s acknowledged: %s", d.name, e)
+            mtime = safefs.lstat_mtime(control, ACK_FILE)
+            return None if mtime is None else stamps.from_wall(mtime, self.clock)
 
     def _launcher_alive(self, d: Path) -> bool:
         text = _read_text(d / "launcher_pid")
@@ -255,7 +272,7 @@ class RunStore:
         """The assignment, and the reserves of the files a run must write even on a full disk
         (statefile.py): the job's pid, its exit status, the fence and SIGTERM markers."""
         write_volatile(d / "assignment", encode(ra))
-        for name in ("exit_code", "child_pid", FENCED_FILE, HUNG_FILE, "term"):
+        for name in ("exit_code", "child_pid", FENCED_FILE, HUNG_FILE, "term", SUSPEND_STAMP, ACK_STAMP):
             make_reserve(d / name)
 
     def full_reason(self, e: OSError | None = None) -> str:
@@ -339,6 +356,12 @@ class RunStore:
         return logf
 
     def raise_suspend(self, key: str) -> None:
+        # The window runs from the agent's own stamp, made first: a flag the job deletes or dates
+        # moves nothing. Without the stamp (a full disk past its reserve) the flag's time stands in.
+        try:
+            write_state(self.dir(key) / SUSPEND_STAMP, stamps.stamp(self.clock), durable=True)
+        except OSError as e:
+            log.warning("could not stamp the suspend of %s: %s", key, e)
         # Created, never overwritten: the control directory is the job's (see safefs.py).
         if not safefs.create_flag(self.control_dir(key), SUSPEND_FILE, f"{self.clock.time()}\n".encode()):
             log.warning("could not raise the suspend flag of %s: something is already at its place", key)
@@ -346,7 +369,7 @@ class RunStore:
     def signal(self, key: str, sig: int) -> None:
         d = self.dir(key)
         if sig == signal.SIGTERM and not (d / "term").exists():
-            write_state(d / "term", f"{self.clock.time()}\n", durable=True)  # a full disk: its reserve
+            write_state(d / "term", stamps.stamp(self.clock), durable=True)  # a full disk: its reserve
         pgid = _read_int(d / "child_pid")
         if pgid is None:
             # The launcher has not started the job yet: stop the launcher itself.
@@ -551,12 +574,4 @@ def _read_usage(path: Path) -> RunUsage | None:
         return RunUsage(peak_bytes=int(raw.get("peak_bytes", 0)), cpu_s=float(raw.get("cpu_s", 0.0)),
                         oom_kills=int(raw.get("oom_kills", 0)), limit_bytes=int(raw.get("limit_bytes", 0)))
     except (ValueError, TypeError, AttributeError):
-        return None
-
-
-def _read_float(path: Path) -> float | None:
-    text = _read_text(path)
-    try:
-        return float(text) if text else None
-    except ValueError:
         return None

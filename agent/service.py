@@ -445,7 +445,7 @@ class Agent:
         await self._report_not_started()
         local = self.store.snapshot()
         reports: list[Action] = []
-        for action in plan(self.ops.wanted(self._wanted(local), local), local, self.clock.time(),
+        for action in plan(self.ops.wanted(self._wanted(local), local), local, self.clock.boottime(),
                            self.ac.ack_exit_grace_s):
             if action.act in _REPORTS:
                 reports.append(action)

@@ -16,7 +16,13 @@ class Clock(Protocol):
         """Wall-clock seconds (records, leases' ``since``)."""
 
     def monotonic(self) -> float:
-        """Seconds for intervals and deadlines."""
+        """Seconds for intervals and deadlines within this process."""
+
+    def boottime(self) -> float:
+        """Seconds since the host booted, counting time suspended (``CLOCK_BOOTTIME``): the same in
+        every process of one boot and never stepped, so a deadline stamped by one process (an agent
+        since restarted, a launcher) holds in another. Stamps kept on disk use it; the wall clock
+        is only for showing when."""
 
     async def sleep(self, seconds: float) -> None: ...
 
@@ -30,6 +36,9 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def boottime(self) -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
@@ -40,7 +49,8 @@ SYSTEM = SystemClock()
 class FakeClock:
     """A clock that stands still until :meth:`advance`; ``sleep`` waits for the fake time to pass.
 
-    ``time()`` is ``monotonic()`` plus a fixed offset, so the two never disagree about an interval.
+    ``time()`` is ``monotonic()`` plus ``wall_offset``, which a test may change to step the wall
+    clock alone; ``boottime()`` is ``monotonic()``: neither moves when the wall clock is stepped.
     """
 
     def __init__(self, start: float = 1000.0, wall_offset: float = 1.7e9) -> None:
@@ -53,6 +63,9 @@ class FakeClock:
         return self.now + self.wall_offset
 
     def monotonic(self) -> float:
+        return self.now
+
+    def boottime(self) -> float:
         return self.now
 
     async def sleep(self, seconds: float) -> None:

@@ -17,6 +17,7 @@ import pytest
 from hfai._clock import FakeClock
 from hfai._daemon import wait_event
 from hfai._job import SUSPEND_FILE
+from hfai.agent import stamps
 from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.service import Agent
@@ -36,8 +37,7 @@ STUBBORN = ("import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, si
 
 
 def _clock_at_now() -> FakeClock:
-    """A fake clock reading the real time when made: the plan compares its ``time()`` with the
-    suspend flag's mtime, which the filesystem stamps."""
+    """A fake clock reading the real time when made (the wall times it stamps look real)."""
     mono = time.monotonic()
     return FakeClock(start=mono, wall_offset=time.time() - mono)
 
@@ -76,8 +76,15 @@ async def _real_wait(done, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _advance_to(clock: FakeClock, wall: float) -> None:
-    await clock.advance(max(0.0, wall - clock.time()))
+async def _advance_to(clock: FakeClock, boot: float) -> None:
+    """Move the fake clock to ``boot`` on its boot clock, which the windows run on."""
+    await clock.advance(max(0.0, boot - clock.boottime()))
+
+
+def _boot_stamp(path: Path) -> float:
+    boot = stamps.parse(path.read_text())[1]
+    assert boot is not None, f"{path} holds no boot-clock stamp"
+    return boot
 
 
 async def test_the_ack_and_kill_windows_run_on_the_agents_clock(tmp_path):
@@ -94,14 +101,14 @@ async def test_the_ack_and_kill_windows_run_on_the_agents_clock(tmp_path):
         _assign(agent, _ra(tmp_path, DesiredRun.SUSPEND), fence=2)
         flag = agent.store.control_dir(key) / SUSPEND_FILE
         await _real_wait(flag.exists, "the suspend flag")
-        term_at = flag.lstat().st_mtime + ACK_WINDOW_S
+        term_at = _boot_stamp(agent.store.dir(key) / stamps.SUSPEND_STAMP) + ACK_WINDOW_S
         term_file = agent.store.dir(key) / "term"
 
         await _advance_to(clock, term_at - TICK_S)
         assert not term_file.exists(), "SIGTERM before the ack window was over"
         await clock.advance(2 * TICK_S)
         assert term_file.exists(), "no SIGTERM once the ack window was over"
-        termed = float(term_file.read_text())
+        termed = _boot_stamp(term_file)
         assert term_at <= termed <= term_at + 2 * TICK_S  # stamped on the agent's clock
 
         await _advance_to(clock, termed + KILL_WINDOW_S - TICK_S)
