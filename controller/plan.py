@@ -360,10 +360,10 @@ class Planner:
             running = len(self._array_active.get(array_id, ()))
             room = max(0, limit - running)
             members.sort(key=lambda j: (j.spec.array_index, j.id))
-            why = reason(ReasonCode.ARRAY_LIMIT, array=array_id, limit=limit, running=running, ahead=room)
+            full = reason(ReasonCode.ARRAY_LIMIT, array=array_id, limit=limit, running=running, ahead=room)
             for job in members[room:]:
                 hidden.append(job.id)
-                self._explain(actions, job, why, now, settings)
+                self._explain(actions, job, full, now, settings)
         for after in overlay.values():
             index.put(job_view(after))
         for job_id in hidden:
