@@ -71,6 +71,10 @@ def fail(code, text):
     os._exit(code)
 if mode == "tty":
     import fcntl, termios
+    if os.getsid(0) != os.getpid():
+        # Forked by nsenter into the job's container: a session of its own there, so that the
+        # terminal's process groups are ones its shell can see and restore.
+        os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 try:
     os.chdir(cwd)
@@ -81,6 +85,8 @@ try:
 except OSError as e:
     fail(127 if isinstance(e, FileNotFoundError) else 126, "cannot run %r: %s" % (argv[0], e.strerror))
 """
+
+RUN_ENDED = "its job's run on this node ended"
 
 # Signals a caller may send to its command's process group (Ctrl-C and friends of a pipe session).
 _SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL})
@@ -148,9 +154,12 @@ class _Session:
     tasks: list[asyncio.Task] = field(default_factory=list)
     sub: object = None
 
+    leader: int = 0  # in a container under a terminal: the command's own session (see _CHILD)
+    container: int = 0  # the pid of the job's container's pid 1 the command runs in (0: none)
+
     @property
     def sid(self) -> int:
-        return self.proc.pid  # it leads the session it made
+        return self.leader or self.proc.pid  # it leads the session it made
 
 
 class ExecService:
@@ -205,7 +214,7 @@ class ExecService:
             if s.reason:
                 continue
             if s.run not in alive:
-                self._end(s, "its job's run on this node ended")
+                self._end(s, RUN_ENDED)
             elif now - s.heard > self.idle_s:
                 self._end(s, f"its caller sent nothing for {self.idle_s:g}s")
         for record in records:
@@ -265,14 +274,15 @@ class ExecService:
                 enter = enter_argv(pid1, userns=who.switch or os.geteuid() != 0)
             except ContainmentError as e:
                 raise Unavailable(str(e)) from None
-        s = await self._spawn(user, req, run.key, argv, env, who.account if who.switch else None, ra.workdir, enter)
+        s = await self._spawn(user, req, run.key, argv, env, who.account if who.switch else None, ra.workdir, enter,
+                              pid1 if enter else None)
         log.info("%s%s runs %s in job %s rank %d (session %s, pid %d)", "operator " if operator else "", user,
                  short(argv[0]), ra.job_id, ra.rank, req.session, s.proc.pid)
         return ExecStarted(session=req.session, node=self.node, run=run.key, pid=s.proc.pid, idle_s=self.idle_s,
                            window=self.window)
 
     async def _spawn(self, user: str, req: ExecRequest, run: str, argv: list[str], env: dict[str, str],
-                     account: Account | None, workdir: str, enter: list[str]) -> _Session:
+                     account: Account | None, workdir: str, enter: list[str], pid1: int | None = None) -> _Session:
         ids = {} if account is None else {"user": account.uid, "group": account.gid,
                                           "extra_groups": list(account.groups)}
         mine: list[int] = []  # the agent's ends
@@ -321,8 +331,14 @@ class ExecService:
             s.stdout, s.stderr = mine[0], mine[1]
             s.stdin = mine[2] if req.stdin else None
         s.window.set()
+        s.container = pid1 or 0
+        if enter and req.tty:
+            # nsenter forked the command into the container, where it made a session of its own.
+            s.leader = await _forked_child(proc.pid)
+            with contextlib.suppress(psutil.Error):
+                started = s.started = psutil.Process(s.leader).create_time() if s.leader else started
         try:
-            _append_record(self.dir / run, proc.pid, started)
+            _append_record(self.dir / run, s.sid, started)
         except OSError as e:  # the session still dies with the run while this agent lives
             log.warning("could not record exec session %s of run %s: %s", s.id, run, e)
         self.sessions[(user, s.id)] = s
@@ -343,6 +359,9 @@ class ExecService:
         code = -1
         try:
             code = exit_status(await s.proc.wait())
+            if not s.reason and s.container and not psutil.pid_exists(s.container):
+                # The job's container ended (its run did), and took the command with it.
+                s.reason = RUN_ENDED
             if pumps:
                 _, late = await asyncio.wait(pumps, timeout=self.drain_s)
                 for p in late:
@@ -448,6 +467,21 @@ class ExecService:
 
 
 # --------------------------------------------------------------------------- the system side
+
+async def _forked_child(pid: int, within_s: float = 2.0) -> int:
+    """The child ``pid`` forked (nsenter's command), 0 if none came within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            return 0
+        if kids:
+            return kids[0]
+        await asyncio.sleep(0.002)
+    return 0
+
 
 def _shell(account: Account) -> str:
     try:

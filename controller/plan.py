@@ -89,6 +89,10 @@ class PlanSettings:
     #: its interrupt this long after it began is stopped (SIGTERM), killed ``kill_window_s`` later.
     ack_window_s: float = 60.0
     kill_window_s: float = 30.0
+    #: Seconds each job holding nodes has run in its current run, as the leader measures them on
+    #: its monotonic clock (controller/runclock.py); a job not in it counts ``now - started_ts``
+    #: (the simulator, whose one clock is virtual). Time limits are judged on it.
+    ran: Mapping[str, float] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------ actions
@@ -331,8 +335,9 @@ class Planner:
                         overlay[job_id] = after
         for job_id in sorted(self._timed):
             job = overlay.get(job_id, self.records[job_id])
-            if transitions.time_limit_reached(job, now):
-                ran = job.run_s + now - job.started_ts
+            this_run = settings.ran.get(job_id)
+            if transitions.time_limit_reached(job, now, this_run):
+                ran = transitions.run_time(job, now, this_run)
                 out_of_time = reason(ReasonCode.TIME_LIMIT, ran=_hms(ran), limit=_hms(job.spec.time_limit_s))
                 after = transitions.apply_platform_stop(job, now, out_of_time)
                 if after is not None:
