@@ -36,11 +36,13 @@ from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, same_work
+from hfai.controller.clockcheck import ClockWatch
 from hfai.controller.election import LeaseElection
 from hfai.controller.faults import ASSIGNMENT_PUT, freeze_point
 from hfai.controller.inputs import plan_nodes, plan_settings
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings
+from hfai.controller.runclock import RunClock, recount, with_ages
 from hfai.kv import KVCache, cas_update
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, NotFound, ProtocolError
@@ -98,6 +100,10 @@ class Leader:
         self.planner = Planner()  # this term's scheduling state (controller/plan.py)
         self._changed: set[str] | None = None  # job keys changed since the planner last caught up
         self._explain = ExplainClock(self.cc.explain_interval_s, self.cc.explain_new_interval_s)
+        # The replica's (service.py), which saw runs begin before this term; made alone, a leader
+        # counts a run from its own first sight of it.
+        self.run_clock = RunClock(clock)
+        self.clock_watch: ClockWatch | None = None  # the replica's check of its clock (service.py)
         self.last_beat = self._clock.monotonic()
 
     def beat(self) -> None:
@@ -203,10 +209,26 @@ class Leader:
             self._next_gc = self._clock.monotonic() + self.cc.gc_interval_s
             await self._forget_finished()
 
+    def _retention_now(self) -> float | None:
+        """The time finished jobs' ages are judged at: the NATS server's (controller/clockcheck.py);
+        None while this host's clock is unchecked or disagrees with it (nothing is forgotten then);
+        this host's own where no check runs (a leader made alone, in tests)."""
+        if self.clock_watch is None:
+            return self._clock.time()
+        now = self.clock_watch.server_now(self._clock.time(), self._clock.monotonic())
+        if now is None:
+            log.warning("not forgetting finished jobs: this host's clock is %s",
+                        self.clock_watch.describe() if self.clock_watch.skewed
+                        else "not yet checked against the NATS server's")
+        return now
+
     async def _forget_finished(self) -> None:
         """Delete the records of jobs finished longer ago than the retention (a final record
         never changes again, so a plain purge races with nothing)."""
-        for job_id in transitions.expired(self.jobs.values.values(), self._clock.time(), self.cc.finished_retention_s):
+        now = self._retention_now()
+        if now is None:
+            return
+        for job_id in transitions.expired(self.jobs.values.values(), now, self.cc.finished_retention_s):
             try:
                 await self._jobs_kv.purge(job_id)
             except nats.errors.Error as e:
@@ -343,7 +365,7 @@ class Leader:
             log.warning("node %s is down", name)
         self._lost_nodes = lost
         explain = self._explain.due(self._clock.monotonic(), self.planner.unexplained())
-        for action in self.planner.plan(nodes, self._settings(explain), self._clock.time()):
+        for action in self.planner.plan(nodes, self._round_settings(explain), self._clock.time()):
             if not self.election.is_leader:
                 return
             self.beat()  # a long round of writes is progress, not a stall
@@ -370,6 +392,10 @@ class Leader:
     def _settings(self, explain: bool) -> PlanSettings:
         return plan_settings(self.cc, self.settings.values if self.settings is not None else {}, explain)
 
+    def _round_settings(self, explain: bool) -> PlanSettings:
+        """The round's settings, with the runs' ages as this replica measures them (runclock.py)."""
+        return with_ages(self._settings(explain), self.run_clock, self.planner.records)
+
     def _fenced(self, change):
         """``change`` as a decision of this term: a no-op on a record a later term has written
         (its ``term`` is higher: then this loop leads no more) or once this loop no longer leads;
@@ -395,7 +421,8 @@ class Leader:
 
         def tracked(job: JobRecord) -> JobRecord | None:
             before[:] = [job.state]
-            return change(job)
+            # A requeue adds the run's time to run_s: as this replica measured it, not by wall stamps.
+            return recount(job, change(job), self.run_clock)
 
         try:
             record, rev, changed = await cas_update(self._jobs_kv, job_id, tracked, cached=self.jobs.cached(job_id))

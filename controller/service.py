@@ -24,9 +24,11 @@ from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.controller.api import ApiService
+from hfai.controller.clockcheck import ClockCheck, ClockMetrics
 from hfai.controller.election import LeaseElection
 from hfai.controller.leader import Leader
 from hfai.controller.nodes import NodeTracker
+from hfai.controller.runclock import RunClock
 from hfai.controller.store_health import StoreProbe
 from hfai.kv import KVCache
 from hfai.protocol import names
@@ -53,6 +55,8 @@ class Controller:
         self._nc: Client | None = None
         self._sub: Subscription | None = None
         self._supervisor = Supervisor()
+        self.run_clock: RunClock | None = None  # made by start(), as is clock_check
+        self.clock_check: ClockCheck | None = None
         self._caches: list[KVCache] = []
         self.election: LeaseElection | None = None
         self.leader: Leader | None = None  # the loop leading now, if any
@@ -64,7 +68,10 @@ class Controller:
         self._nc = nc = await _nats.connect(self.config, name=f"hfai-controller-{self.id}")
         js = nc.jetstream()
         buckets = await _nats.ensure_shared_state(js, self.config)
-        self.jobs = KVCache(buckets.jobs, JobRecord, on_change=lambda _k: self.wake.set())
+        # When each run began, on this replica's monotonic clock (controller/runclock.py): the
+        # records of the bucket's first snapshot were written before it watched.
+        self.run_clock = RunClock(live=lambda: self.jobs.ready.is_set(), offset=self._clock_offset)
+        self.jobs = KVCache(buckets.jobs, JobRecord, on_change=self._job_changed)
         self.node_cache = KVCache(buckets.nodes, NodeRecord, on_change=lambda _k: None)
         # Quota or drain changes take effect at once: they wake the scheduler.
         self.settings: KVCache[QuotaTable | DrainedNodes | RestrictedUsers] = KVCache(
@@ -83,6 +90,9 @@ class Controller:
                                       cc.store_probe_timeout_s, cc.store_probe_failures)
         self.api.store_health = lambda: self.store_probe.health
         self._supervisor.spawn(self.store_probe.run(), "store-probe")
+        self.clock_check = ClockCheck(js, _probe_key(self.id) + "-clock", self.config.nats.replicas, cc.clock_check_s,
+                                      cc.store_probe_timeout_s, cc.clock_skew_alarm_s)
+        self._supervisor.spawn(self.clock_check.run(), "clock-check")
         await self._start_extras(js)
         self._sub = await nc.subscribe(names.API_WILDCARD, queue=names.API_QUEUE, cb=self.api.handle)
         self.election = LeaseElection(buckets.leader, self.id, cc.lease_ttl_s, cc.lease_poll_s, cc.leader_stall_s)
@@ -110,6 +120,8 @@ class Controller:
                                              lambda: self.nodes.infos(list(self.jobs.values.values())),
                                              lambda: self._nc.stats["reconnects"] if self._nc else 0,
                                              store=lambda: self.store_probe.health)
+            if self.clock_check is not None:
+                self.metrics.registry.register(ClockMetrics(self.clock_check.watch))
             cc = self.config.controller
             self.metrics_server = server = MetricsServer(self.metrics.registry, cc.metrics_host, cc.metrics_port)
             await server.start()
@@ -118,6 +130,21 @@ class Controller:
 
                 write_atomic(self.config.controller.metrics_port_file, f"{server.port}\n")
             self._supervisor.spawn(self.metrics.run(lambda: self.leader is not None), "metrics")
+
+    def _job_changed(self, key: str) -> None:
+        if self.run_clock is not None:
+            self.run_clock.observe(key, self.jobs.values.get(key))
+        self.wake.set()
+
+    def _clock_offset(self) -> float:
+        return self.clock_check.watch.offset(time.monotonic()) if self.clock_check is not None else 0.0
+
+    def _share_clocks(self, leader: Leader) -> None:
+        """Give a term's leader the replica's run clock and clock check, which outlive terms."""
+        if self.run_clock is not None:
+            leader.run_clock = self.run_clock
+        if self.clock_check is not None:
+            leader.clock_watch = self.clock_check.watch
 
     async def _relay(self, subject: str, data: bytes, timeout_s: float) -> bytes:
         """Request/reply on the controller's own connection (log requests relayed to agents)."""
@@ -140,6 +167,7 @@ class Controller:
             await election.elected.wait()
             self.leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
                                  election, self.wake, self.settings)
+            self._share_clocks(self.leader)
             if self.metrics_server is not None:
                 self.metrics.time_rounds(self.leader)
             try:

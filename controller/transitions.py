@@ -219,10 +219,18 @@ def apply_platform_stop(job: JobRecord, now: float, why: Reason) -> JobRecord | 
     return job.transition(ChainState.STOPPING, now, why)
 
 
-def time_limit_reached(job: JobRecord, now: float) -> bool:
-    """Has a running job used up its --time over all its runs?"""
+def run_time(job: JobRecord, now: float, ran: float | None = None) -> float:
+    """Seconds the job ran over all its runs: its earlier runs' ``run_s`` and ``ran``, its
+    current run's time as the leader measured it (controller/runclock.py), or else ``now -
+    started_ts`` (one clock only, as in the simulator: the wall stamps of two hosts differ by
+    their skew)."""
+    return job.run_s + (now - job.started_ts if ran is None else ran)
+
+
+def time_limit_reached(job: JobRecord, now: float, ran: float | None = None) -> bool:
+    """Has a running job used up its --time over all its runs (``ran``: see :func:`run_time`)?"""
     limit = job.spec.time_limit_s
-    return limit > 0 and job.state is ChainState.RUNNING and job.run_s + (now - job.started_ts) >= limit
+    return limit > 0 and job.state is ChainState.RUNNING and run_time(job, now, ran) >= limit
 
 
 def apply_hold(job: JobRecord, by: str, hold: bool) -> JobRecord:

@@ -121,6 +121,11 @@ class ControllerConfig:
     store_probe_s: float = 5.0
     store_probe_timeout_s: float = 5.0
     store_probe_failures: int = 3
+    # This host's clock against the NATS server's (controller/clockcheck.py): measured this often;
+    # more than clock_skew_alarm_s apart raises the alarm (hfai_controller_clock_skewed), and the
+    # leader forgets no finished job until they agree (or while no measurement is fresh).
+    clock_check_s: float = 30.0
+    clock_skew_alarm_s: float = 5.0
     # --retry: a job whose run failed waits retry_backoff_s before its first retry, twice as long
     # before each further one, at most retry_backoff_max_s.
     retry_backoff_s: float = 30.0
