@@ -30,6 +30,7 @@ from hfai.controller.policy import resolve_auto
 from hfai.controller.transitions import apply_stop
 from hfai.controller.validate import check_array, parse_dependency
 from hfai.controller.views import job_view, quotas_of
+from hfai.controller.waits import WaitBoard
 from hfai.kv import KVCache, cas_update, cas_value
 from hfai.protocol import decode, encode, names
 from hfai.protocol.codec import Encoded, pack
@@ -98,9 +99,12 @@ class ApiService:
                  on_submit: Callable[[], None] | None = None, settings_kv: KeyValue | None = None,
                  settings: KVCache | None = None, config: ControllerConfig | None = None,
                  request: Callable[[str, bytes, float], Awaitable[bytes]] | None = None,
-                 dev: DevConfig | None = None):
+                 dev: DevConfig | None = None, waits: WaitBoard | None = None):
         self._kv = jobs_kv
         self._jobs = jobs
+        # Why waiting jobs wait, as the leader last published it (controller/waits.py).
+        self._waits = waits if waits is not None else WaitBoard({})  # none: nothing noted
+        self._by_user = _ByUser(jobs)
         self._nodes = nodes
         self._node_pages = NodePages(nodes)
         self._on_submit = on_submit or (lambda: None)
@@ -217,20 +221,21 @@ class ApiService:
     async def list(self, caller: Caller, req: ListRequest) -> Encoded:
         """A page of jobs (a ``JobList``, encoded), each encoded once (controller/paging.py)."""
         after = (req.after_ts, req.after_id)
+        # Only my jobs: looked up by user, not found among everyone's (20,000 queued of others).
+        candidates = self._jobs.values.values() if req.all_users else self._by_user.jobs_of(caller.user)
         jobs = [
-            j for j in self._jobs.values.values()
-            if (req.all_users or j.spec.user == caller.user) and (req.include_finished or not j.state.final)
-            and (j.submit_ts, j.id) > after
+            j for j in candidates
+            if (req.include_finished or not j.state.final) and (j.submit_ts, j.id) > after
         ]
         jobs.sort(key=lambda j: (j.submit_ts, j.id))
         keep = req.history  # < 0: all of it
         trimmed = (j if keep < 0 or len(j.history) <= keep else evolve(j, history=j.history[len(j.history) - keep:])
                    for j in jobs)
-        return paged_reply(JobList, "jobs", (pack(_shown_to(caller, j)) for j in trimmed),
+        return paged_reply(JobList, "jobs", (pack(_shown_to(caller, self._waits.shown(j))) for j in trimmed),
                            self._config.api_reply_bytes)
 
     async def status(self, caller: Caller, req: JobRequest) -> JobReply:
-        return JobReply(job=_shown_to(caller, await self._find(caller.user, req.job)))
+        return JobReply(job=_shown_to(caller, await self._find(caller.user, req.job, shown=True)))
 
     async def stop(self, caller: Caller, req: StopRequest) -> JobReply:
         job = await self._find(caller.user, req.job)
@@ -400,16 +405,52 @@ class ApiService:
         self._on_submit()
         return await self.settings(caller, QuotasRequest())
 
-    async def _find(self, user: str, ref: str) -> JobRecord:
-        """A job by id, else by name (see :func:`pick_named`)."""
+    async def _find(self, user: str, ref: str, shown: bool = False) -> JobRecord:
+        """A job by id, else by name (see :func:`pick_named`); ``shown``: with the reason it
+        waits for, if the leader noted one (controller/waits.py)."""
         if not ref:
             raise InvalidRequest("name a job by id or name")
         try:
             if names.is_token(ref):
-                return decode((await self._kv.get(ref)).value, JobRecord)
+                entry = await self._kv.get(ref)
+                job = decode(entry.value, JobRecord)
+                return self._waits.shown(job, entry.revision or 0) if shown else job
         except nats.js.errors.KeyNotFoundError:
             pass  # no job has that id: it may be a name
-        return pick_named([j for j in self._jobs.values.values() if j.spec.name == ref], user, ref)
+        job = pick_named([j for j in self._jobs.values.values() if j.spec.name == ref], user, ref)
+        return self._waits.shown(job) if shown else job
+
+
+class _ByUser:
+    """Each user's job ids, kept up with the jobs copy's changes (O(changes) a call): a user's
+    own list is found without looking at everyone's records."""
+
+    def __init__(self, jobs: KVCache[JobRecord]):
+        self._jobs = jobs
+        self._changed: set[str] | None = None
+        self._ids: dict[str, set[str]] = {}
+        self._user: dict[str, str] = {}  # job id -> its user
+
+    def jobs_of(self, user: str) -> list[JobRecord]:
+        values = self._jobs.values
+        if self._changed is None:
+            self._changed = self._jobs.track()
+            keys: list[str] = list(values)
+        else:
+            keys = list(self._changed)
+            self._changed.clear()
+        for key in keys:
+            job = values.get(key)
+            was = self._user.get(key)
+            if job is not None and job.spec.user == was:
+                continue
+            if was is not None:
+                self._ids[was].discard(key)
+                del self._user[key]
+            if job is not None:
+                self._ids.setdefault(job.spec.user, set()).add(key)
+                self._user[key] = job.spec.user
+        return [values[k] for k in self._ids.get(user, ()) if k in values]
 
 
 def pick_named(named: list[JobRecord], user: str, ref: str) -> JobRecord:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 
 import nats.errors
 import nats.js.errors
@@ -41,8 +42,9 @@ from hfai.controller.election import LeaseElection
 from hfai.controller.faults import ASSIGNMENT_PUT, freeze_point
 from hfai.controller.inputs import plan_nodes, plan_settings
 from hfai.controller.nodes import NodeTracker
-from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings
+from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
 from hfai.controller.runclock import RunClock, recount, with_ages
+from hfai.controller.waits import WaitBoard
 from hfai.kv import KVCache, cas_update
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, NotFound, ProtocolError
@@ -52,6 +54,10 @@ log = logging.getLogger(__name__)
 
 EVENT_BATCH = 256
 STAMP_BATCH = 64  # records stamped at once at a takeover
+#: A round writes its decisions for at most this share of the lease's time to live, then ends
+#: (the next round plans again from the records): the loop beats at least once a round, and a
+#: round as long as leader_stall_s would give the lease up.
+ROUND_SHARE_OF_TTL = 0.25
 ASSIGN_ATTEMPTS = 4  # compare-and-set attempts of one assignment write
 #: Jittered waits before fetching or subscribing to the events again after NATS refused (every
 #: replica's leader loop meets a NATS restart at the same moment).
@@ -78,7 +84,8 @@ class ExplainClock:
 class Leader:
     def __init__(self, config: Config, js: JetStreamContext, jobs_kv: KeyValue, assign_kv: KeyValue,
                  jobs: KVCache[JobRecord], nodes: NodeTracker, election: LeaseElection, wake: asyncio.Event,
-                 settings: KVCache | None = None, clock: Clock = SYSTEM):
+                 settings: KVCache | None = None, clock: Clock = SYSTEM, board: WaitBoard | None = None,
+                 publish: Callable[[str, bytes], Awaitable[None]] | None = None):
         self.config = config
         self._clock = clock
         self.cc = config.controller
@@ -104,6 +111,14 @@ class Leader:
         # counts a run from its own first sight of it.
         self.run_clock = RunClock(clock)
         self.clock_watch: ClockWatch | None = None  # the replica's check of its clock (service.py)
+        # Why the waiting jobs wait: in memory, published to the replicas (controller/waits.py),
+        # never written into the records; every note of an older term is dropped.
+        self.board = board if board is not None else WaitBoard(jobs.revisions if jobs is not None else {})
+        self.board.notes.clear()
+        self.board.term = self.fence
+        self._publish = publish
+        self._next_full = 0.0  # monotonic time of the next publish of every note
+        self._stamping: asyncio.Task | None = None  # the waiting records' stamps (see _take_over)
         self.last_beat = self._clock.monotonic()
 
     def beat(self) -> None:
@@ -135,6 +150,9 @@ class Leader:
                 if events.done():  # never silently lead without consuming events
                     events.result()  # re-raises what stopped it, for the service to log and retry
                     raise RuntimeError("the event consumer stopped")
+                if self._stamping is not None and self._stamping.done():
+                    self._stamping.result()  # a stamp that could not be written fails the loop
+                    self._stamping = None
                 self.beat()
                 # Clear before the tick: a wake-up that arrives during the tick must start another.
                 self.wake.clear()
@@ -144,23 +162,30 @@ class Leader:
             if self._changed is not None:
                 self.jobs.untrack(self._changed)
             # Bounded: StuckTasksError if the consumer will not stop; the controller then exits.
-            if events is not None:
-                await cancel_and_wait([events], self.cc.cancel_timeout_s)
+            tasks = [t for t in (events, self._stamping) if t is not None]
+            if tasks:
+                await cancel_and_wait(tasks, self.cc.cancel_timeout_s)
         log.info("no longer leading (fence %d)", self.fence)
 
     async def _take_over(self) -> None:
-        """Stamp this term on everything an older leader could still write, before any decision:
-        every live job record (once this replica's copy holds every write made before the term
-        began) and every node's assignment. From then on the server refuses the older term's
-        writes (see the module docstring); a stamp that cannot be written fails the loop, which
-        the service starts again."""
+        """Stamp this term on everything an older leader could still write: before any decision,
+        every node's assignment and every live record that is not waiting (once this replica's
+        copy holds every write made before the term began); the waiting records in a task of
+        their own, while the rounds go on (20,000 queued jobs would hold the first round back
+        for many seconds). From then on the server refuses the older term's writes (see the
+        module docstring). A waiting record an older leader wrote before its stamp can only
+        have been started, on nodes this term may have given to another job meanwhile: the
+        plan takes such a claim back (PlanSettings.term). A stamp that cannot be written fails
+        the loop, which the service starts again."""
         await self._load_assignments()
         await self._reach_bucket_end()
-        await self._stamp_records()
+        await self._stamp_records(waiting=False)
         self._catch_up()
         await self._publish_assignments()
         if self.leading():
-            log.info("fence %d stamped on the live jobs and %d nodes' assignments", self.fence, len(self._assigned))
+            log.info("fence %d stamped on the jobs holding nodes and %d nodes' assignments", self.fence,
+                     len(self._assigned))
+            self._stamping = asyncio.create_task(self._stamp_records(waiting=True), name="leader-stamps")
 
     async def _reach_bucket_end(self) -> None:
         """Wait until the jobs copy has applied every write the bucket held when this term began
@@ -175,20 +200,30 @@ class Leader:
             self.beat()
             await self._clock.sleep(0.01)
 
-    async def _stamp_records(self) -> None:
+    async def _stamp_records(self, waiting: bool) -> None:
+        """Stamp this term on the live records that wait (``waiting``), or on the others. The
+        waiting ones go in queue order (priority, then arrival), the likeliest to start first;
+        their stamping is no progress of the scheduling loop, so it does not beat."""
         fence = self.fence
 
         def stamp(job: JobRecord) -> JobRecord | None:
             return None if job.state.final or job.term >= fence else evolve(job, term=fence)
 
-        live = [k for k, j in self.jobs.values.items() if not j.state.final and j.term < fence]
-        for i in range(0, len(live), STAMP_BATCH):
+        live = [j for j in self.jobs.values.values()
+                if not j.state.final and j.term < fence and j.state.waiting == waiting]
+        if waiting:
+            live.sort(key=lambda j: (-j.spec.priority, j.submit_ts, j.id))
+        keys = [j.id for j in live]
+        for i in range(0, len(keys), STAMP_BATCH):
             if not self.leading():
                 return  # the loop ends at once (run checks leading())
-            self.beat()
+            if not waiting:
+                self.beat()
+            batch = keys[i:i + STAMP_BATCH]
+            before = [self.jobs.revisions.get(k, 0) for k in batch]
             written = await asyncio.gather(*(cas_update(self._jobs_kv, k, stamp, cached=self.jobs.cached(k))
-                                             for k in live[i:i + STAMP_BATCH]), return_exceptions=True)
-            for key, result in zip(live[i:i + STAMP_BATCH], written, strict=True):
+                                             for k in batch), return_exceptions=True)
+            for key, old_rev, result in zip(batch, before, written, strict=True):
                 if isinstance(result, NotFound):
                     continue  # forgotten meanwhile (a finished record's purge)
                 if isinstance(result, BaseException):
@@ -196,6 +231,7 @@ class Leader:
                 record, rev, changed = result
                 if changed:
                     self.jobs.put_local(key, record, rev)
+                    self.board.restamp(key, old_rev, rev)  # why it waits did not change
                 elif record.term > fence:
                     log.warning("job %s was decided on by a later term (%d > %d): this term leads no more",
                                 key, record.term, fence)
@@ -205,6 +241,7 @@ class Leader:
     async def tick(self) -> None:
         await self._plan_round()
         await self._publish_assignments()
+        await self._publish_waits()
         if self._clock.monotonic() >= self._next_gc:
             self._next_gc = self._clock.monotonic() + self.cc.gc_interval_s
             await self._forget_finished()
@@ -365,14 +402,51 @@ class Leader:
             log.warning("node %s is down", name)
         self._lost_nodes = lost
         explain = self._explain.due(self._clock.monotonic(), self.planner.unexplained())
-        for action in self.planner.plan(nodes, self._round_settings(explain), self._clock.time()):
+        # The pure plan is O(queue) of Python: in a thread, so that this replica's lease renewal
+        # and API answers run meanwhile. Nothing else touches the planner while it plans.
+        actions = await asyncio.to_thread(self.planner.plan, nodes, self._round_settings(explain), self._clock.time())
+        decisions = []
+        for action in actions:
+            if isinstance(action, Explain):
+                self._note(action)
+            else:
+                decisions.append(action)
+        # Starts first: they are what a waiting queue waits for; the rest follow in plan order.
+        decisions.sort(key=lambda a: not isinstance(a, StartRun))
+        ends = self._clock.monotonic() + ROUND_SHARE_OF_TTL * self.cc.lease_ttl_s
+        for action in decisions:
             if not self.election.is_leader:
                 return
+            if self._clock.monotonic() >= ends:
+                # What is left is planned again next round, from the records as they are then.
+                log.info("round cut short after %.1fs; the rest of its decisions next round",
+                         ROUND_SHARE_OF_TTL * self.cc.lease_ttl_s)
+                self.wake.set()
+                return
             self.beat()  # a long round of writes is progress, not a stall
-            if isinstance(action, Explain):  # a reason, not a decision: nothing to fence
-                await self._update(action.job_id, lambda j, a=action: a.apply(j, self._clock.time()))
-            else:
-                await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, self._clock.time())))
+            await self._update(action.job_id, self._fenced(lambda j, a=action: a.apply(j, self._clock.time())))
+
+    def _note(self, action: Explain) -> None:
+        """Why a waiting job waits, on the board (not in its record: no write), if its record is
+        still the one the plan worked it out on."""
+        job_id = action.job_id
+        if self.jobs.values.get(job_id) is self.planner.records.get(job_id):
+            self.board.note(job_id, self.jobs.revisions.get(job_id, 0), action.why)
+
+    async def _publish_waits(self) -> None:
+        """Publish the reasons noted this round to the replicas (every one, now and then)."""
+        if self._publish is None or not self.leading():
+            return
+        full = self._clock.monotonic() >= self._next_full
+        if full:
+            self._next_full = self._clock.monotonic() + self.cc.wait_reason_interval_s
+        for batch in self.board.batches(self.fence, self.cc.api_reply_bytes, full=full):
+            try:
+                await self._publish(names.WAITS_SUBJECT, batch.data)
+            except (TimeoutError, nats.errors.Error) as e:
+                # Nothing is lost for good: the next full publish carries every reason again.
+                log.warning("could not publish wait reasons: %s", e)
+                return
 
     def _catch_up(self) -> None:
         """Bring the planner up to the records: all of them the first time in a term, then only
@@ -390,7 +464,8 @@ class Leader:
         return plan_nodes(self.nodes, self.planner.records.values(), self._clock.monotonic() - self._led_since)
 
     def _settings(self, explain: bool) -> PlanSettings:
-        return plan_settings(self.cc, self.settings.values if self.settings is not None else {}, explain)
+        settings = plan_settings(self.cc, self.settings.values if self.settings is not None else {}, explain)
+        return replace(settings, term=self.fence)
 
     def _round_settings(self, explain: bool) -> PlanSettings:
         """The round's settings, with the runs' ages as this replica measures them (runclock.py)."""

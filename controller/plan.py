@@ -53,7 +53,7 @@ from hfai.controller.policy import (
 from hfai.controller.queues import JobIndex
 from hfai.controller.views import job_view
 from hfai.protocol.reasons import Reason, ReasonCode, reason
-from hfai.protocol.types import ChainState, JobRecord
+from hfai.protocol.types import ChainState, JobRecord, evolve
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,10 @@ class PlanSettings:
     #: its monotonic clock (controller/runclock.py); a job not in it counts ``now - started_ts``
     #: (the simulator, whose one clock is virtual). Time limits are judged on it.
     ran: Mapping[str, float] = field(default_factory=dict)
+    #: The leader's term (0: none, as in the simulator). A record of an older term that claims a
+    #: node a record of this term holds lost it: an older leader started it after this term
+    #: began, before this term's stamp reached its record (controller/leader.py _take_over).
+    term: int = 0
 
 
 # ------------------------------------------------------------------------------------ actions
@@ -180,6 +184,9 @@ class Planner:
         self._views: dict[str, JobView] = {}
         self.index: JobIndex | None = None
         self.explained: dict[str, float] = {}  # job id -> when its reason was last written
+        # job id -> the record a reason was last given for, and that reason: what the job shows
+        # while its record stays that one (the leader keeps reasons out of the records).
+        self.told: dict[str, tuple[JobRecord, Reason]] = {}
         self._fresh: set[str] = set()  # jobs that began waiting since the last explaining round
         self._nodes_seen: tuple[Sequence[PlanNode], list[NodeView], dict[str, str], list[PlanNode]] | None = None
         # Only these jobs need looking at for gates and limits each round (O(them), not O(jobs)).
@@ -188,6 +195,7 @@ class Planner:
         self._array_active: dict[str, set[str]] = {}  # array id -> members holding nodes
         self.ended: dict[str, ChainState] = {}  # final state of jobs seen to end (dependencies)
         self._ports: dict[str, dict[int, int]] = {}  # address -> master port -> runs holding nodes with it
+        self._claims: dict[str, set[str]] = {}  # node -> jobs whose records hold it
         self._ended_records: dict[str, JobRecord] = {}  # the final records sync saw (skipped next time)
 
     # -- feeding it
@@ -202,6 +210,8 @@ class Planner:
         before = self._views.get(record.id)
         self._count_port(self.records.get(record.id), -1)
         self._count_port(record, +1)
+        self._claim(self.records.get(record.id), False)
+        self._claim(record, True)
         self.records[record.id] = record
         view = self._views[record.id] = job_view(record)
         if record.state.waiting and (before is None or not before.state.waiting):
@@ -210,6 +220,24 @@ class Planner:
             self.index.put(view)
         if not record.state.waiting:
             self.explained.pop(record.id, None)
+        self._retell(record)
+
+    def _retell(self, record: JobRecord) -> None:
+        """A reason given for the record before it changed holds on only if the change is a new
+        term's stamp of a waiting job (nothing it waits for changed)."""
+        told = self.told.get(record.id)
+        if told is None or told[0] is record:
+            return
+        if record.state.waiting and told[0].term != record.term and evolve(told[0], term=record.term) == record:
+            self.told[record.id] = (record, told[1])
+        else:
+            del self.told[record.id]
+
+    def shown(self, job: JobRecord) -> Reason | None:
+        """Why ``job`` says it waits now: the reason last given for this very record, else the
+        one its record carries."""
+        told = self.told.get(job.id)
+        return told[1] if told is not None and told[0] is job else job.why
 
     def unexplained(self) -> bool:
         """Some job began waiting since the last round that explained every wait."""
@@ -240,9 +268,11 @@ class Planner:
         self._timed.discard(job_id)
         self._fresh.discard(job_id)
         self._count_port(r, -1)
+        self._claim(r, False)
         self.records.pop(job_id, None)
         self._views.pop(job_id, None)
         self.explained.pop(job_id, None)
+        self.told.pop(job_id, None)
         if self.index is not None:
             self.index.discard(job_id)
 
@@ -298,6 +328,13 @@ class Planner:
         # the index is put back as it was before returning.
         overlay: dict[str, JobRecord] = {}
         views, address, troubled = self._node_views(nodes)
+        if settings.term:
+            for job_id, node in self._superseded_claims(settings.term):
+                lose = LoseNode(job_id, node)
+                after = lose.apply(overlay.get(job_id, self.records[job_id]), now)
+                if after is not None:
+                    actions.append(lose)
+                    overlay[job_id] = after
         for n in troubled:
             job_id = index.holder.get(n.name)
             if job_id is None:
@@ -486,10 +523,12 @@ class Planner:
 
     def _explain(self, actions: list[Action], job: JobRecord, why: Reason, now: float,
                  settings: PlanSettings) -> None:
-        if job.why == why or not transitions.wait_reason_due(
-                job, why, self.explained.get(job.id), now, settings.wait_reason_interval_s):
+        shown = self.shown(job)
+        if shown == why or not _reason_due(job.state.waiting, shown, why, self.explained.get(job.id), now,
+                                           settings.wait_reason_interval_s):
             return
         self.explained[job.id] = now
+        self.told[job.id] = (job, why)
         actions.append(Explain(job.id, why))
 
     def _node_views(self, nodes: Sequence[PlanNode]) -> tuple[list[NodeView], dict[str, str], list[PlanNode]]:
@@ -502,6 +541,28 @@ class Planner:
         troubled = [n for n in nodes if not n.alive or n.faulty]
         self._nodes_seen = (nodes, views, address, troubled)
         return views, address, troubled
+
+    def _claim(self, r: JobRecord | None, holds: bool) -> None:
+        if r is None or not r.state.holds_nodes:
+            return
+        for n in r.nodes:
+            claims = self._claims.setdefault(n, set())
+            if holds:
+                claims.add(r.id)
+            else:
+                claims.discard(r.id)
+                if not claims:
+                    del self._claims[n]
+
+    def _superseded_claims(self, term: int) -> list[tuple[str, str]]:
+        """(job, node) for each claim of an older term's record on a node that a record of
+        ``term`` holds too (an older leader's start that landed after this term's began)."""
+        out = []
+        for node, holders in self._claims.items():
+            if len(holders) < 2 or not any(self.records[j].term >= term for j in holders):
+                continue
+            out += [(j, node) for j in sorted(holders) if self.records[j].term < term]
+        return out
 
     def _count_port(self, r: JobRecord | None, delta: int) -> None:
         """Keep the master ports of the runs that hold nodes, per address, as records change."""
@@ -529,6 +590,16 @@ class _InUse:
 
 #: The policy's reasons for a job that counts on nodes other jobs are releasing.
 _RELEASE_WAITS = frozenset({ReasonCode.RELEASING, ReasonCode.PREEMPTING})
+
+
+def _reason_due(waiting: bool, shown: Reason | None, why: Reason, last: float | None, now: float,
+                interval_s: float) -> bool:
+    """:func:`transitions.wait_reason_due` for a job that shows ``shown`` (the reason last given
+    for its record, which the leader keeps out of the record): a new gist, at most once per
+    ``interval_s``."""
+    if not waiting or (shown is not None and why.gist() == shown.gist()):
+        return False
+    return last is None or now - last >= interval_s
 
 
 def _hms(seconds: float) -> str:

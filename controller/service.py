@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from hfai import _nats
+from hfai._clock import SYSTEM
 from hfai._daemon import StuckTasksError, Supervisor, raise_if_cancelled
 from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
@@ -30,6 +31,7 @@ from hfai.controller.leader import Leader
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.runclock import RunClock
 from hfai.controller.store_health import StoreProbe
+from hfai.controller.waits import WaitBoard
 from hfai.kv import KVCache
 from hfai.protocol import names
 from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable, RestrictedUsers
@@ -54,6 +56,8 @@ class Controller:
         self.wake = asyncio.Event()
         self._nc: Client | None = None
         self._sub: Subscription | None = None
+        self._waits_sub: Subscription | None = None
+        self.waits: WaitBoard | None = None  # made by start()
         self._supervisor = Supervisor()
         self.run_clock: RunClock | None = None  # made by start(), as is clock_check
         self.clock_check: ClockCheck | None = None
@@ -81,9 +85,12 @@ class Controller:
             await c.start()
             self._supervisor.watch(c.task)
         self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s, self.settings)
+        # Why the waiting jobs wait: the leader's notes, in memory on every replica (controller/waits.py).
+        self.waits = waits = WaitBoard(self.jobs.revisions)
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
                               settings_kv=buckets.users, settings=self.settings, config=self.config.controller,
-                              request=self._relay, dev=self.config.dev)
+                              request=self._relay, dev=self.config.dev, waits=waits)
+        self._waits_sub = await nc.subscribe(names.WAITS_SUBJECT, cb=self._on_waits)
         cc = self.config.controller
         # Probes as this replica (the key is a KV token: no dots in an id made of a host name).
         self.store_probe = StoreProbe(js, _probe_key(self.id), self.config.nats.replicas, cc.store_probe_s,
@@ -151,6 +158,17 @@ class Controller:
         assert self._nc is not None, "start() first"
         return (await self._nc.request(subject, data, timeout=timeout_s)).data
 
+    async def _publish(self, subject: str, data: bytes) -> None:
+        assert self._nc is not None, "start() first"
+        await self._nc.publish(subject, data)
+
+    async def _on_waits(self, msg) -> None:
+        leader = self.leader
+        if leader is not None and leader.leading():
+            return  # our own notes, already on the board
+        if self.waits is not None:
+            self.waits.receive(msg.data)
+
     async def failed(self) -> str:
         """Returns (with the reason) when this replica must stop: the daemon then exits non-zero."""
         return await self._supervisor.failed()
@@ -166,7 +184,7 @@ class Controller:
             raise_if_cancelled()
             await election.elected.wait()
             self.leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
-                                 election, self.wake, self.settings)
+                                 election, self.wake, self.settings, SYSTEM, self.waits, self._publish)
             self._share_clocks(self.leader)
             if self.metrics_server is not None:
                 self.metrics.time_rounds(self.leader)
@@ -211,8 +229,9 @@ class Controller:
         finally:
             if self.election is not None:  # release the lease even if a task is stuck
                 await self.election.close(bound)
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        for sub in (self._sub, self._waits_sub):
+            if sub is not None:
+                await sub.unsubscribe()
         for c in self._caches:
             await c.stop()
         if self.metrics_server is not None:

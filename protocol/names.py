@@ -16,6 +16,10 @@ API_WILDCARD = f"{API_PREFIX}.>"
 # The token that marks an operator's request: hfai.api.<user>.op.<verb>.
 OPERATOR_TOKEN = "op"
 API_QUEUE = "hfai-controller"
+# Why waiting jobs wait (protocol/waits.py): the leader publishes, every controller replica reads.
+# Core NATS, not JetStream: nothing is stored, and a replica that missed a batch has every
+# reason again at the leader's next full publish.
+WAITS_SUBJECT = "hfai.waits"
 
 VERB_SUBMIT = "submit"
 VERB_LIST = "list"
