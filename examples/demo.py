@@ -27,9 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN = "examples/train.py"
-# The demo's HFAI_HOME and the environment its commands run in, set by main() (nothing at import).
+TRAIN = str(REPO / "examples" / "train.py")
+# The demo's HFAI_HOME, the folder its commands run in (the jobs' workdir: in a compute container,
+# the workdir and the user's home are what persists between runs, so the checkpoints go there)
+# and their environment, set by main() (nothing at import).
 HOME = Path()
+WORK = Path()
 ENV: dict[str, str] = {}
 
 
@@ -58,7 +61,7 @@ def _exit_on_sigterm(signum, _frame) -> None:
 def hfai(*args: str, show: bool = True, check: bool = True) -> str:
     if show:
         print(f"\n$ hfai {' '.join(args)}", flush=True)
-    r = subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=REPO, env=ENV, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "hfai.cli.main", *args], cwd=WORK, env=ENV, capture_output=True,
                        text=True)
     if show:
         print((r.stdout + r.stderr).rstrip(), flush=True)
@@ -96,16 +99,17 @@ def wait_log(name: str, pattern: str, timeout: float = 120.0) -> None:
 
 
 def main() -> int:
-    global HOME, ENV
+    global HOME, WORK, ENV
     with temporary_home(keep=os.environ.get("HFAI_DEMO_KEEP") == "1") as home:
-        HOME = home
+        HOME, WORK = home, home / "work"
+        WORK.mkdir()
         # You, as the login name says: `hfai local up` issues your (operator) credentials for it.
         ENV = dict(os.environ, HFAI_HOME=str(HOME))
         ENV.pop("HFAI_CONFIG", None)
         print(f"hfai demo: task-level time-sharing on a local 2-node cluster (state in {HOME})", flush=True)
         try:
             hfai("local", "up", "--nodes", "2")
-            run_demo(HOME / "checkpoints")
+            run_demo(Path("checkpoints"))  # in the workdir
         finally:
             hfai("local", "down", check=False)
     return 0
