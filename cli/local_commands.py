@@ -27,8 +27,9 @@ def local():
               help="Time slice, seconds (default 600 here): a job that has held its nodes this long yields them "
                    "to a waiting job of the same priority and another user (never to its own user's). To try it, "
                    "add a user (hfai admin user add bob) and submit as them (HFAI_USER=bob hfai submit ...): "
-                   "a second name, not a second person, since every job here runs as your account and, unless "
-                   "compute containers are on, can read your files.")
+                   "a second name, not a second person: every job here runs as your account (its compute "
+                   "container keeps it from your files; where bwrap cannot work, `hfai local status` says so and "
+                   "jobs can read them).")
 @click.option("--fresh", is_flag=True,
               help="First forget what an earlier local cluster left here: jobs, nodes, logs and every "
                    "credential (as hfai local reset).")
