@@ -137,18 +137,21 @@ def _field_keys(tp: type) -> dict[str, bytes]:
 
 
 @overload
-def decode(data: bytes | bytearray | memoryview | None, expect: type[M]) -> M: ...
+def decode(data: bytes | bytearray | memoryview | None, expect: type[M], *, max_bytes: int = ...) -> M: ...
 @overload
-def decode(data: bytes | bytearray | memoryview | None, expect: tuple[type, ...] | None = None) -> Any: ...
+def decode(data: bytes | bytearray | memoryview | None, expect: tuple[type, ...] | None = None, *,
+           max_bytes: int = ...) -> Any: ...
 
 
-def decode(data: bytes | bytearray | memoryview | None, expect: type | tuple[type, ...] | None = None) -> Any:
+def decode(data: bytes | bytearray | memoryview | None, expect: type | tuple[type, ...] | None = None, *,
+           max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     """Parse bytes into a message; with ``expect``, also insist on its type(s). Anything else
-    (None: a KV entry without a value) raises ProtocolError like garbage does."""
+    (None: a KV entry without a value) raises ProtocolError like garbage does. ``max_bytes``:
+    more than one NATS message allows, only for what travels in pieces (a workspace manifest)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"not a msgpack message: got {type(data).__name__}, not bytes")
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {len(data)} bytes is larger than the {MAX_MESSAGE_BYTES} "
+    if len(data) > max_bytes:
+        raise ProtocolError(f"message of {len(data)} bytes is larger than the {max_bytes} "
                             "an hfai message may be")
     try:
         envelope = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=MAX_STR_BYTES,

@@ -26,6 +26,9 @@ VERB_WS_MANIFEST = "ws_manifest"
 # A manifest too large for one message travels in pieces (ManifestPart up, ManifestSlice down).
 VERB_WS_MANIFEST_PART = "ws_manifest_part"
 VERB_WS_MANIFEST_SLICE = "ws_manifest_slice"
+#: The largest encoded manifest (some ten million files): it travels in pieces, and is decoded
+#: with this bound where one message's would refuse it.
+MAX_MANIFEST_BYTES = 1024**3
 VERB_WS_FETCH = "ws_fetch"
 VERB_WS_LIST = "ws_list"
 VERB_WS_REMOVE = "ws_remove"

@@ -56,6 +56,10 @@ ENVELOPE_BYTES = 64 * 1024
 CHUNK_COST = 160
 #: A request's fixed fields (workspace, file key, envelope), bounded by the names' limits.
 FRAME_BYTES = 4096
+#: Chunks one put carries at most: the service stages a small file's chunk as a file of its own,
+#: and a put of tens of thousands of them (what 8 MB of tiny files make) outlasted the request's
+#: timeout on a busy disk, where a thousand take a fraction of a second.
+PUT_CHUNKS = 1000
 #: What one chunk name costs a ws_missing request or reply (64 hex digits and framing).
 NAME_COST = 72
 #: Hashes one ws_missing request asks about at most (the service takes up to 8,192).
@@ -557,19 +561,20 @@ def _read_quick(root: Path, chunk_bytes: int) -> tuple[dict, str]:
 
 
 def packs(lacking: list[str], sizes: dict[str, int], request_bytes: int,
-          part_of: dict[str, str] | None = None, message_bytes: int = 0) -> list[list[str]]:
+          part_of: dict[str, str] | None = None, message_bytes: int = 0, max_chunks: int = 0) -> list[list[str]]:
     """Group chunks into requests of at most ``request_bytes`` of chunks (pure; a chunk alone may
     fill one). ``message_bytes``: if set, also at most that many counting :data:`CHUNK_COST` a
-    chunk (many tiny files). ``part_of``: chunk -> the key of the file it is sent as part of;
-    such chunks go in requests of that file's alone (the service then writes them at their
-    places in one file)."""
+    chunk (many tiny files); ``max_chunks``: if set, at most that many chunks. ``part_of``:
+    chunk -> the key of the file it is sent as part of; such chunks go in requests of that
+    file's alone (the service then writes them at their places in one file)."""
     out: list[list[str]] = []
     cur: list[str] = []
     used = 0
     part_of = part_of or {}
     for h in lacking:
         over = used + sizes[h] > request_bytes or (
-            message_bytes > 0 and used + sizes[h] + (len(cur) + 1) * CHUNK_COST > message_bytes)
+            message_bytes > 0 and used + sizes[h] + (len(cur) + 1) * CHUNK_COST > message_bytes) or (
+            0 < max_chunks <= len(cur))
         if cur and (over or part_of.get(h) != part_of.get(cur[-1])):
             out.append(cur)
             cur, used = [], 0
@@ -657,10 +662,11 @@ async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, o
 
     small = {f.path: f for f in out.unhashed if f.path not in part_names}
     works: list[Callable[[], Awaitable[int]]] = [
-        partial(put_named, g) for g in packs(lacking, out.sizes, request_bytes, part_of, client.message_bytes())]
+        partial(put_named, g) for g in packs(lacking, out.sizes, request_bytes, part_of, client.message_bytes(),
+                                             PUT_CHUNKS)]
     works += [partial(put_unhashed, [small[p] for p in g])
               for g in packs(list(small), {f.path: f.size for f in small.values()}, request_bytes,
-                             message_bytes=client.message_bytes())]
+                             message_bytes=client.message_bytes(), max_chunks=PUT_CHUNKS)]
     per = max(1, request_bytes // chunk_bytes)
     for f in out.unhashed:
         if f.path in part_names:
@@ -797,5 +803,5 @@ async def _pulled_manifest(client: StorageClient, name: str, tries: int = 3) -> 
             got += len(more.data)
         whole = b"".join(parts)
         if hashlib.sha256(whole).hexdigest() == first.digest:
-            return decode(whole, s.Manifest)
+            return decode(whole, s.Manifest, max_bytes=s.MAX_MANIFEST_BYTES)
     raise Unavailable(f"workspace {name!r} kept changing while its manifest was read; pull again")

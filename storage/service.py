@@ -238,7 +238,7 @@ class StorageService:
             if not req.upload:
                 return await self.ws_commit(user, operator, req, packed_field(data, "manifest"))
             whole = await asyncio.to_thread(self.uploads.take, user, req.upload, req.digest)
-            m = await asyncio.to_thread(decode, whole, s.Manifest)
+            m = await asyncio.to_thread(lambda: decode(whole, s.Manifest, max_bytes=s.MAX_MANIFEST_BYTES))
             return await self.ws_commit(user, operator, s.CommitRequest(workspace=req.workspace, manifest=m),
                                         packed_body(whole))
         return await handler(user, operator, decode(data, kind))

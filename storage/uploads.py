@@ -19,10 +19,10 @@ from pathlib import Path
 
 from hfai.protocol import names
 from hfai.protocol.errors import InvalidRequest
+from hfai.protocol.storage import MAX_MANIFEST_BYTES
 
 _UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
-#: An encoded manifest of some ten million files.
-MAX_BYTES = 2 * 1024**3
+MAX_BYTES = MAX_MANIFEST_BYTES
 KEEP_PER_USER = 4
 
 

@@ -24,7 +24,7 @@ from hfai._atomic import write_atomic
 from hfai.protocol import decode, encode, names
 from hfai.protocol.codec import encode_packed, pack
 from hfai.protocol.errors import InvalidRequest, NotFound, ProtocolError
-from hfai.protocol.storage import ChunkData, CommitJournal, Manifest, WorkspaceInfo
+from hfai.protocol.storage import MAX_MANIFEST_BYTES, ChunkData, CommitJournal, Manifest, WorkspaceInfo
 from hfai.storage import commit as commit_mod
 from hfai.storage import plan
 from hfai.storage.beneath import Tree
@@ -70,7 +70,7 @@ class Workspaces:
             hit = self._decoded.get(p)
             if hit is not None and hit[0] == (st.st_mtime_ns, st.st_size):
                 return hit[1]
-            m = decode(p.read_bytes(), Manifest)
+            m = decode(p.read_bytes(), Manifest, max_bytes=MAX_MANIFEST_BYTES)
         except (FileNotFoundError, ProtocolError):
             return None
         if len(self._decoded) > 64:
@@ -260,7 +260,7 @@ class Workspaces:
         one is dropped: the workspace then keeps what is on disk)."""
         p = self._journal_path(user, name)
         try:
-            journal = decode(p.read_bytes(), CommitJournal)
+            journal = decode(p.read_bytes(), CommitJournal, max_bytes=MAX_MANIFEST_BYTES + 4096)
         except FileNotFoundError:
             return None
         except (OSError, ProtocolError):

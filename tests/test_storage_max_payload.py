@@ -127,3 +127,38 @@ def test_a_file_gone_during_the_push_ends_with_a_typed_error(tmp_path, small_nat
 
     with pytest.raises(HfaiError, match="a/f1"):
         asyncio.run(_with_service(config, push))
+
+
+def test_a_put_of_many_tiny_files_is_bounded_by_their_count_and_fits_a_message():
+    """CHUNK_COST covers what a chunk adds to a put beside its bytes (its name, again in
+    ``whole``, and in the reply), so the largest put packs() makes encodes within max_payload."""
+    from hfai.protocol import storage as s
+
+    hs = [f"{i:064x}" for i in range(5000)]
+    sizes = {h: 10 for h in hs}
+    room = MAX_PAYLOAD - sclient.FRAME_BYTES
+    groups = sclient.packs(hs, sizes, 4 * 1024 * 1024, message_bytes=room, max_chunks=sclient.PUT_CHUNKS)
+    assert [h for g in groups for h in g] == hs and max(len(g) for g in groups) <= sclient.PUT_CHUNKS
+    biggest = max(groups, key=len)
+    put = s.PutRequest(workspace="w" * 64, chunks=tuple(s.ChunkData(hash=h, data=b"x" * 10) for h in biggest),
+                       whole=tuple(biggest), file="k" * 64, first=2**31)
+    reply = s.PutReply(stored=len(biggest), hashes=tuple(biggest))
+    assert len(encode(put)) <= MAX_PAYLOAD and len(encode(reply)) <= MAX_PAYLOAD
+    assert len(sclient.packs(hs, sizes, 4 * 1024 * 1024, max_chunks=sclient.PUT_CHUNKS)) == 5
+
+
+def test_a_manifest_over_one_message_s_size_is_recorded_and_read_back(tmp_path):
+    """A tree of 100,000 files has a manifest of some 11 MB, over the 8 MiB any one message may
+    be: the service's record of it (and its commit journal) must still read back."""
+    from hfai.protocol.codec import MAX_MESSAGE_BYTES
+    from hfai.protocol.storage import FileEntry, Manifest
+    from hfai.storage.workspace import Workspaces
+
+    h = "ab" * 32
+    m = Manifest(files=tuple(FileEntry(path=f"d{i // 1000:03d}/file-{i:07d}.py", size=9, chunks=(h,))
+                             for i in range(90_000)), chunk_bytes=CHUNK)
+    ws = Workspaces(tmp_path / "root", tmp_path / "state")
+    ws.save_manifest("alice", "big", m)
+    assert ws._manifest_path("alice", "big").stat().st_size > MAX_MESSAGE_BYTES
+    ws._decoded.clear()
+    assert ws.manifest("alice", "big") == m
