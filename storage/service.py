@@ -332,7 +332,12 @@ class StorageService:
         return s.CommitStatus(workspace=req.workspace, committing=(user, req.workspace) in self._committing)
 
     async def ws_manifest(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.Manifest:
+        """The whole manifest in one reply (older clients); newer ones read it in slices."""
         self.workspaces.info(user, req.workspace)  # NotFound if none
+        whole, _digest = await asyncio.to_thread(self.workspaces.manifest_bytes, user, req.workspace)
+        if self._nc is not None and len(whole) > self._nc.max_payload - SLICE_ROOM:
+            raise InvalidRequest(f"workspace {req.workspace!r} lists too many files for one message; pull it with "
+                                 "a newer hfai (it reads the list in pieces)")
         m = self.workspaces.manifest(user, req.workspace)
         assert m is not None
         return m
