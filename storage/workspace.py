@@ -154,11 +154,12 @@ class Workspaces:
         if not wanted:
             return ()
         held = self.held(user, name)
+        gone = next((h for h in wanted if h not in held), None)
+        if gone is not None:
+            raise InvalidRequest(f"the workspace has no chunk {gone[:16]}… any more; list it again")
         out = []
         with Tree.of(self.path(user, name)) as tree:
             for h in wanted:
-                if h not in held:
-                    raise InvalidRequest(f"the workspace has no chunk {h[:16]}… any more; list it again")
                 path, offset = held[h]
                 try:
                     fd = tree.open_regular(path)
