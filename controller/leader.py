@@ -430,7 +430,9 @@ class Leader:
         """Why a waiting job waits, on the board (not in its record: no write), if its record is
         still the one the plan worked it out on."""
         job_id = action.job_id
-        if self.jobs.values.get(job_id) is self.planner.records.get(job_id):
+        now, planned = self.jobs.values.get(job_id), self.planner.records.get(job_id)
+        # The same record, or an equal copy (the watch delivering our own write again).
+        if now is not None and (now is planned or now == planned):
             self.board.note(job_id, self.jobs.revisions.get(job_id, 0), action.why)
 
     async def _publish_waits(self) -> None:

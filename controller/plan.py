@@ -223,15 +223,21 @@ class Planner:
         self._retell(record)
 
     def _retell(self, record: JobRecord) -> None:
-        """A reason given for the record before it changed holds on only if the change is a new
-        term's stamp of a waiting job (nothing it waits for changed)."""
+        """A reason given for the record before it changed holds on only if nothing it waits for
+        changed: the same record again (a copy of our own write, as the watch delivers it), the
+        record with that reason written in (the simulator's Explain), or a new term's stamp."""
         told = self.told.get(record.id)
         if told is None or told[0] is record:
             return
-        if record.state.waiting and told[0].term != record.term and evolve(told[0], term=record.term) == record:
+        if record.state.waiting and (told[0] == record or record.why == told[1] or (
+                told[0].term != record.term and evolve(told[0], term=record.term) == record)):
             self.told[record.id] = (record, told[1])
-        else:
-            del self.told[record.id]
+            return
+        del self.told[record.id]
+        if record.state.waiting:
+            # It shows its record's reason again: say why it waits at the next explaining round.
+            self.explained.pop(record.id, None)
+            self._fresh.add(record.id)
 
     def shown(self, job: JobRecord) -> Reason | None:
         """Why ``job`` says it waits now: the reason last given for this very record, else the

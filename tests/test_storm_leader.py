@@ -26,7 +26,7 @@ from hfai.controller.policy import Start
 from hfai.controller.waits import WaitBoard
 from hfai.kv import KVCache
 from hfai.protocol import decode, encode, names
-from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority
+from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority, evolve
 from hfai.protocol.waits import WaitNotes
 
 
@@ -39,7 +39,7 @@ def job(job_id: str, user: str = "bob", prio: int = Priority.NORMAL.value, term:
 
 def running(job_id: str, node: str, term: int = 0, prio: int = Priority.HIGH.value) -> JobRecord:
     j = tr.apply_start(job(job_id, prio=prio), Start(job_id, (node,)), 1.0, "10.0.0.1", 20000)
-    return tr.evolve(j, term=term) if hasattr(tr, "evolve") else j.__class__(**{**j.__dict__, "term": term})
+    return evolve(j, term=term)
 
 
 class CountingKV(FakeKV):
@@ -199,3 +199,20 @@ def test_wait_notes_are_shown_until_the_record_changes_and_an_older_term_is_igno
     replica.receive(next(iter(leader_board.batches(term=5, budget_bytes=1 << 16, full=True))).data)
     assert replica.receive(next(iter(stale.batches(term=4, budget_bytes=1 << 16))).data) == 0
     assert replica.shown(w).reason == why.text()
+
+
+def test_a_reason_holds_for_a_copy_of_its_record_and_a_changed_record_is_explained_again_at_once():
+    nodes, settings = [PlanNode("n0")], PlanSettings()
+    planner = Planner()
+    for r in (running("big", "n0"), job("w")):
+        planner.observe(r)
+    [first] = [a for a in planner.plan(nodes, settings, 10.0) if a.job_id == "w"]
+    # The watch hands the leader an equal copy of the record: the reason still holds, unrepeated.
+    planner.observe(evolve(planner.records["w"]))
+    assert planner.shown(planner.records["w"]) == first.why
+    assert not [a for a in planner.plan(nodes, settings, 11.0) if a.job_id == "w"]
+    # Its priority changed (hfai update): it shows its record's reason, and is explained again at
+    # the next round, not a wait_reason_interval_s later.
+    planner.observe(tr.apply_update(planner.records["w"], Priority.LOW.value, None))
+    assert planner.shown(planner.records["w"]) != first.why
+    assert [a.why for a in planner.plan(nodes, settings, 12.0) if a.job_id == "w"] == [first.why]
