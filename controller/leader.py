@@ -8,8 +8,14 @@ No stale writer wins (docs/architecture.md, "Fencing" and "No stale writer wins"
 compare-and-set on the revision this term read or wrote, onto a value whose fence is at most this
 term's; every decision is a compare-and-set on a record whose ``term`` is at most this term's,
 and stamps it with this term. Before its first decision a new leader stamps its term on every
-node's assignment and every live record, so from then on the server refuses any write of an
-older term, however long that leader was paused and wherever.
+node's assignment and every live record that holds nodes, and the waiting records while it
+schedules, so the server refuses any write of an older term, however long that leader was paused
+and wherever; an older term's start that lands on a waiting record first is taken back by the
+plan if its nodes were given away (see _take_over).
+
+Wait reasons are no writes: the leader notes them on its board (controller/waits.py) and
+publishes them to the replicas in batches. The pure plan runs in a thread, so the lease's renewal
+runs meanwhile, and a round writes for at most ROUND_SHARE_OF_TTL of the lease's TTL.
 
 The loop reports progress (:meth:`Leader.beat`) at every tick and every record written; the lease
 is renewed only while it does, and the controller's watchdog ends a loop that stopped (see
