@@ -107,14 +107,15 @@ class Launched:
     """A run's launcher as started: its pid, and a wait for its end (it may be the agent's child
     or the zygote's, so this polls the pid and its creation time rather than reaping it)."""
 
-    def __init__(self, pid: int, created: float):
+    def __init__(self, pid: int, created: float, ticks: int | None = None):
         self.pid = pid
         self.created = created
+        self.ticks = ticks  # its start in clock ticks since boot (_proc.start_ticks), if read
 
     def poll(self) -> bool | None:
         """True once the launcher has ended, else None (like Popen.poll, without a status: the
         status is the job's, in the run directory)."""
-        return None if pid_alive(self.pid, self.created) else True
+        return None if pid_alive(self.pid, self.created, self.ticks) else True
 
     def wait(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout

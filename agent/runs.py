@@ -7,7 +7,8 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     runs/                            0700, the agent's alone: nothing in it is the job's to read
     runs/<job>.<run>/assignment      the RunAssignment (msgpack) this run was started from
     runs/<job>.<run>/launch          what the launcher runs, as whom (see launcher.py)
-    runs/<job>.<run>/launcher_pid    pid and start time of the launcher
+    runs/<job>.<run>/launcher_pid    pid and start time of the launcher (wall, then clock ticks
+                                     since boot: _proc.start_ticks, which a clock step leaves be)
     runs/<job>.<run>/child_pid       the job's pid = its process group (written by the launcher)
     runs/<job>.<run>/exit_code       written by the launcher when the job exits
     runs/<job>.<run>/term            when the agent sent SIGTERM (a stamp: wall and boot clock,
@@ -51,7 +52,7 @@ import psutil
 from hfai._atomic import write_atomic
 from hfai._clock import SYSTEM, Clock
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
-from hfai._proc import pid_alive
+from hfai._proc import pid_alive, start_ticks
 from hfai.agent import safefs, stamps
 from hfai.agent.cgroup import CgroupKind, RunCgroup
 from hfai.agent.contain import Containment
@@ -203,12 +204,13 @@ class RunStore:
         text = _read_text(d / "launcher_pid")
         if text is None:
             return False
-        pid_s, _, created_s = text.partition(" ")
+        fields = text.split()
         try:
-            pid, created = int(pid_s), float(created_s)
-        except ValueError:
+            pid, created = int(fields[0]), float(fields[1])
+            ticks = int(fields[2]) if len(fields) > 2 else None  # none: an older agent's
+        except (ValueError, IndexError):
             return False
-        return pid_alive(pid, created)  # a recycled pid belongs to a process created at another time
+        return pid_alive(pid, created, ticks)  # a recycled pid belongs to a process created at another time
 
     def whole_life_state(self, key: str) -> int | None:
         """The job's last whole-life state; None unless its file holds a 64-bit integer."""
@@ -326,8 +328,10 @@ class RunStore:
             created = psutil.Process(pid).create_time()
         except psutil.Error:
             created = time.time()  # already gone: it wrote its exit status, or none and counts as killed
-        write_volatile(d / "launcher_pid", f"{pid} {created}".encode())  # a pid means nothing after a reboot
-        return Launched(pid, created)
+        ticks = start_ticks(pid)
+        stamp = f"{pid} {created}" if ticks is None else f"{pid} {created} {ticks}"
+        write_volatile(d / "launcher_pid", stamp.encode())  # a pid means nothing after a reboot
+        return Launched(pid, created, ticks)
 
     def _make_control_dir(self, key: str, who: JobIdentity) -> Path:
         """The job's control directory, its user's alone (0700): no other job can raise a suspend

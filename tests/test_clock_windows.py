@@ -207,3 +207,18 @@ async def test_an_older_agents_wall_stamps_are_converted_once(tmp_path):
         assert r.agent.store.snapshot()[KEY].phase is RunPhase.ALIVE, "SIGKILL before the kill window was over"
         await r.clock.advance(2 * TICK_S)
         await _real_wait(lambda: r.agent.store.snapshot()[KEY].phase is RunPhase.EXITED, "the SIGKILL")
+
+
+async def test_a_stepped_wall_clock_does_not_make_a_live_launcher_look_gone(tmp_path):
+    """psutil's creation time of a process is the boot time plus its start in ticks, and Linux
+    reports the boot time as the wall clock less the time since boot: a clock stepped back 300 s
+    reads every launcher's creation time 300 s earlier than the agent recorded it, which it took
+    for a recycled pid: the run read as killed (-9) while it ran on. Simulated by recording it
+    300 s later, as a step back would make it: the start in ticks since boot still matches."""
+    async with _Running(tmp_path) as r:
+        pidfile = r.run_dir / "launcher_pid"
+        fields = pidfile.read_text().split()
+        fields[1] = repr(float(fields[1]) + 300.0)
+        pidfile.write_text(" ".join(fields))
+        run = r.agent.store.snapshot()[KEY]
+        assert run.phase is RunPhase.ALIVE and not run.lost, "a clock step made the live run look gone"
