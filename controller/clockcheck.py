@@ -64,9 +64,9 @@ class ClockWatch:
     def fresh(self, mono: float) -> bool:
         return self.measured is not None and mono - self.measured <= self.fresh_s
 
-    def offset(self, mono: float) -> float:
-        """The offset to correct this clock by (0 while none is fresh)."""
-        return self.offset_s if self.fresh(mono) else 0.0
+    def offset(self, mono: float) -> float | None:
+        """The offset to correct this clock by (None while no measurement is fresh)."""
+        return self.offset_s if self.fresh(mono) else None
 
     def server_now(self, wall: float, mono: float) -> float | None:
         """The NATS server's time at this host's ``wall``, for judging the age of records: None

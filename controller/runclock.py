@@ -9,10 +9,12 @@ start within milliseconds, to every replica), and a leader measures a run from t
 inherits nothing but the records, and still counts right.
 
 Only a run that began before this replica saw the bucket (the replica started, or restarted,
-while it ran) has no such sight; it is counted from its wall stamp once, when first seen, on the
-NATS server's clock where the replica measured its own against it (controller/clockcheck.py), and
-on the monotonic clock from then on. A replica whose watch of the bucket broke and resumed sees
-runs that started meanwhile late, and counts them short by that gap.
+while it ran) has no such sight; it is counted from its wall stamp once, on the NATS server's
+clock as the replica measured its own against it (controller/clockcheck.py), and on the monotonic
+clock from then on. Until that measurement it counts from the replica's first sight: too short,
+never too long, so a replica whose clock is off stops no job early while it does not know. A
+replica whose watch of the bucket broke and resumed sees runs that started meanwhile late, and
+counts them short by that gap.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from hfai.protocol.types import JobRecord
 class _Sight:
     run_id: int
     mono: float  # this replica's monotonic clock when it first saw the run
-    before: float  # seconds the run had run by then (0: it saw the run begin)
+    # Seconds the run had run by then: 0 if it saw the run begin; None for a run older than the
+    # replica until this host's clock is measured against the server's.
+    before: float | None
 
 
 class RunClock:
@@ -37,10 +41,10 @@ class RunClock:
 
     ``live`` tells whether what is observed now is news (a record written just now) or the
     bucket's first snapshot (records written before this replica watched); ``offset`` is how far
-    this host's wall clock is ahead of the NATS server's (0 while unknown)."""
+    this host's wall clock is ahead of the NATS server's (None while unknown)."""
 
     def __init__(self, clock: Clock = SYSTEM, live: Callable[[], bool] = lambda: True,
-                 offset: Callable[[], float] = lambda: 0.0):
+                 offset: Callable[[], float | None] = lambda: 0.0):
         self._clock = clock
         self._live = live
         self._offset = offset
@@ -53,8 +57,7 @@ class RunClock:
             return
         sight = self._runs.get(job_id)
         if sight is None or sight.run_id != job.run_id:
-            before = 0.0 if self._live() else self._wall_ran(job)
-            self._runs[job_id] = _Sight(job.run_id, self._clock.monotonic(), before)
+            self._runs[job_id] = _Sight(job.run_id, self._clock.monotonic(), 0.0 if self._live() else None)
 
     def ran(self, job: JobRecord) -> float:
         """Seconds ``job``'s current run has run (0 if it holds no nodes). A run not observed yet
@@ -63,11 +66,19 @@ class RunClock:
             return 0.0
         self.observe(job.id, job)
         sight = self._runs[job.id]
-        return sight.before + max(0.0, self._clock.monotonic() - sight.mono)
+        if sight.before is None:
+            sight = self._runs[job.id] = self._dated(job, sight)
+        return (sight.before or 0.0) + max(0.0, self._clock.monotonic() - sight.mono)
 
-    def _wall_ran(self, job: JobRecord) -> float:
-        server_now = self._clock.time() - self._offset()
-        return max(0.0, server_now - job.started_ts) if job.started_ts > 0 else 0.0
+    def _dated(self, job: JobRecord, sight: _Sight) -> _Sight:
+        """A run older than the replica, with the time it had run when first seen, from its wall
+        stamp on the server's clock; as it was while this host's clock is not measured."""
+        offset = self._offset()
+        if offset is None:
+            return sight
+        server_at_sight = self._clock.time() - offset - (self._clock.monotonic() - sight.mono)
+        before = max(0.0, server_at_sight - job.started_ts) if job.started_ts > 0 else 0.0
+        return replace(sight, before=before)
 
 
 def recount(before: JobRecord, after: JobRecord | None, clock: RunClock) -> JobRecord | None:

@@ -143,8 +143,8 @@ class Controller:
             self.run_clock.observe(key, self.jobs.values.get(key))
         self.wake.set()
 
-    def _clock_offset(self) -> float:
-        return self.clock_check.watch.offset(time.monotonic()) if self.clock_check is not None else 0.0
+    def _clock_offset(self) -> float | None:
+        return self.clock_check.watch.offset(time.monotonic()) if self.clock_check is not None else None
 
     def _share_clocks(self, leader: Leader) -> None:
         """Give a term's leader the replica's run clock and clock check, which outlive terms."""

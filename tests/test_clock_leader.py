@@ -155,15 +155,22 @@ def test_the_run_clock_counts_on_the_monotonic_clock_from_its_first_sight():
 
 def test_a_run_older_than_the_replica_is_counted_from_its_stamp_on_the_servers_clock():
     """A replica that started while the run ran saw it only in the bucket's first snapshot: the
-    wall stamp it has, corrected by this host's measured offset to the NATS server's clock."""
+    wall stamp it has, corrected by this host's measured offset to the NATS server's clock. Until
+    the offset is measured it counts from its own first sight: never long enough to stop a job
+    early on an unmeasured clock."""
     clock = FakeClock()
-    live = False
-    rc = RunClock(clock, live=lambda: live, offset=lambda: SKEW_S)
+    live, offset = False, None
+    rc = RunClock(clock, live=lambda: live, offset=lambda: offset)
     job = _started_elsewhere(clock, ago_s=600.0)  # by a host on the server's time
     rc.observe(job.id, job)
     live = True
     clock.now += 5.0
-    assert rc.ran(job) == pytest.approx(605.0)
+    assert rc.ran(job) == 5.0  # unmeasured: this replica's own sight (the wall stamps say 2:10:05)
+    offset = SKEW_S
+    clock.now += 5.0
+    assert rc.ran(job) == pytest.approx(610.0)
+    offset = None  # a check gone stale later changes nothing: the run was dated once
+    assert rc.ran(job) == pytest.approx(610.0)
 
 
 def test_the_clock_watch_raises_the_alarm_only_beyond_the_setting_and_the_round_trip():
