@@ -13,7 +13,10 @@ Cases:
   * many files: 1 GB in 10,000 files;
   * one file: one 1 GB file;
   * no change: the many-files tree pushed (and rsynced) again unchanged;
-  * one edit: one line of one file of the many-files tree changed, pushed again (the everyday case).
+  * one edit: one line of one file of the many-files tree changed, pushed again (the everyday case);
+  * small files: a source tree of ``HFAI_BENCH_WS_SMALL`` files of some 100 bytes (default
+    1,000,000; 0 skips it), pushed once, with the peak memory of the push process and of rsync
+    (its manifest is larger than one NATS message: it travels in pieces).
 
 Before each timed command the page cache's dirty pages are written out (``sync``, not timed), so
 that no command pays for the writeback of the one before it.
@@ -26,10 +29,12 @@ its own, so each copies everything.
 
 Prints seconds for each and the ratios hfai/rsync (lower is better for hfai). Scale everything
 down with ``HFAI_BENCH_WS_MB`` (default 1000) and ``HFAI_BENCH_WS_FILES`` (default 10000); set
-``HFAI_BENCH_WS_SSH=0`` to skip the ssh peer (e.g. without openssh-server).
+``HFAI_BENCH_WS_SSH=0`` to skip the ssh peer (e.g. without openssh-server), and
+``HFAI_BENCH_WS_ONLY=small`` to run only the small-files case.
 
     python bench/bench_workspace.py            # the full 1 GB cases (minutes here)
     HFAI_BENCH_WS_MB=200 HFAI_BENCH_WS_FILES=2000 python bench/bench_workspace.py   # quick
+    HFAI_BENCH_WS_ONLY=small HFAI_BENCH_WS_SMALL=100000 HFAI_BENCH_WS_SSH=0 python bench/bench_workspace.py
 """
 
 from __future__ import annotations
@@ -66,6 +71,30 @@ def edit_one(root: Path) -> None:
     with open(f, "r+b") as out:
         out.seek(f.stat().st_size // 2)
         out.write(b"# edited\n")
+
+
+def make_small_tree(root: Path, files: int) -> None:
+    """``files`` files of some 100 bytes, a thousand a directory (a source tree's shape)."""
+    for i in range(files):
+        d = root / f"pkg{i // 1000:04d}"
+        if i % 1000 == 0:
+            d.mkdir(parents=True)
+        (d / f"mod{i % 1000:03d}.py").write_bytes(b"# module %d\n" % i + b"x = 1\n" * 14)
+
+
+def timed_rss(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """:func:`timed`, and the command's peak resident memory in MB (its own, from wait4)."""
+    os.sync()
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    took = time.perf_counter() - t
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed: {err.decode(errors='replace').strip()[-500:]}")
+    return took, usage.ru_maxrss / 1024
 
 
 def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -126,6 +155,8 @@ def main() -> None:
     nfiles = int(os.environ.get("HFAI_BENCH_WS_FILES", "10000"))
     use_ssh = os.environ.get("HFAI_BENCH_WS_SSH", "1") != "0"
     rounds = max(1, int(os.environ.get("HFAI_BENCH_WS_ROUNDS", "3")))
+    small = int(os.environ.get("HFAI_BENCH_WS_SMALL", "1000000"))
+    only_small = os.environ.get("HFAI_BENCH_WS_ONLY", "") == "small"
     rsync = shutil.which("rsync")
     if rsync is None:
         sys.exit("rsync is not installed: the benchmark compares against it")
@@ -136,7 +167,14 @@ def main() -> None:
             ssh = stack.enter_context(local_sshd(base)) if use_ssh else None
             cluster.up()
             cluster.wait_ready()
-            rows = run_cases(cluster, base, rsync, ssh, total, nfiles, rounds)
+            rows = [] if only_small else run_cases(cluster, base, rsync, ssh, total, nfiles, rounds)
+            small_row = run_small(cluster, base, rsync, small) if small else None
+        if small_row is not None:
+            (t_hfai, rss_hfai), (t_rsync, rss_rsync) = small_row
+            print(f"small files: {small} files of ~100 B: hfai push {t_hfai:7.2f} s, {rss_hfai:6.0f} MB peak   "
+                  f"rsync -a {t_rsync:7.2f} s, {rss_rsync:6.0f} MB peak   hfai/rsync {t_hfai / t_rsync:6.2f}")
+        if only_small:
+            return
         print(f"workspace push vs rsync, {total / MB:.0f} MB; many files: {nfiles} files; medians of {rounds} "
               f"round(s); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         for label, size, t_hfai, t_rsync, t_ssh, times in rows:
@@ -156,14 +194,29 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run_cases(cluster: LocalCluster, base: Path, rsync: str, ssh: list[str] | None, total: int, nfiles: int,
-              rounds: int) -> list:
-    """Each case ``rounds`` times, hfai and its peers taking turns; the medians. A round of the
-    copying cases sends to a workspace (and directories) of its own, so each copies everything."""
+def _env(cluster: LocalCluster) -> dict[str, str]:
     # Without PYTHONDONTWRITEBYTECODE: with it, every hfai command would compile every hfai module
     # it imports from source (tens of milliseconds a call), where an installed hfai has its bytecode.
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFAI_NATS_") and k != "PYTHONDONTWRITEBYTECODE"}
     env["HFAI_CONFIG"] = str(cluster.config_path)
+    return env
+
+
+def run_small(cluster: LocalCluster, base: Path, rsync: str, files: int) -> tuple[tuple[float, float], ...]:
+    """One push of a tree of ``files`` small files, and one ``rsync -a`` of it: (seconds, MB)."""
+    env, hfai = _env(cluster), [sys.executable, "-m", "hfai.cli.main"]
+    tree = base / "small"
+    make_small_tree(tree, files)
+    timed([*hfai, "workspace", "init", "small"], tree, env)
+    return timed_rss([*hfai, "workspace", "push"], tree, env), timed_rss([rsync, "-a", f"{tree}/",
+                                                                          str(base / "rsync-small")], base, env)
+
+
+def run_cases(cluster: LocalCluster, base: Path, rsync: str, ssh: list[str] | None, total: int, nfiles: int,
+              rounds: int) -> list:
+    """Each case ``rounds`` times, hfai and its peers taking turns; the medians. A round of the
+    copying cases sends to a workspace (and directories) of its own, so each copies everything."""
+    env = _env(cluster)
     hfai = [sys.executable, "-m", "hfai.cli.main"]
     many, one = base / "many", base / "one"
     make_tree(many, total, nfiles)
