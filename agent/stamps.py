@@ -62,10 +62,10 @@ def from_wall(wall: float, clock: Clock) -> float:
 
 
 def read(path: Path, clock: Clock, legacy_wall: float | None = None) -> float | None:
-    """The boot time stamped in ``path``, never later than now (a stamp of an earlier boot reads
-    as now). A wall-only stamp, or none but ``legacy_wall`` (a time an older agent left elsewhere),
-    is converted by :func:`from_wall` and written back to ``path`` in the new form (best effort: on
-    a full disk it is converted again next time). None: nothing was stamped."""
+    """The boot time stamped in ``path``, never later than now. A wall-only stamp, or none but
+    ``legacy_wall`` (a time an older agent left elsewhere), is converted by :func:`from_wall` and
+    written back to ``path`` in the new form (best effort: on a full disk it is converted again
+    next time). None: nothing was stamped."""
     wall, boot = parse(_read_text(path))
     if boot is not None:
         return min(boot, clock.boottime())
@@ -75,8 +75,8 @@ def read(path: Path, clock: Clock, legacy_wall: float | None = None) -> float | 
     boot = from_wall(wall, clock)
     try:
         write_state(path, _text(wall, boot))
-    except OSError as e:
-        log.warning("could not record the boot-clock stamp %s: %s", path, e)
+    except OSError as e:  # each load converts it again meanwhile: no warning every tick on a full disk
+        log.debug("could not record the boot-clock stamp %s: %s", path, e)
     return boot
 
 
