@@ -31,6 +31,7 @@ every commit: ``built``, ``swapped``, ``applied``, so a test can look at the tre
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import logging
@@ -294,9 +295,10 @@ def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: di
     has_old = base.is_dir()
     # Descriptors and relative string paths: per file, Path objects and the resolution of the
     # whole absolute path cost several times the link itself.
-    n = Tree.of(nxt)
-    d = Tree.of(base) if has_old else None
-    try:
+    with contextlib.ExitStack() as held_open:
+        held_open.callback(staged.close)
+        n = held_open.enter_context(Tree.of(nxt))
+        d = held_open.enter_context(Tree.of(base)) if has_old else None
         if d is not None:
             os.fchmod(n.top, stat.S_IMODE(os.fstat(d.top).st_mode))
         fchown(n.top, owner)
@@ -310,11 +312,6 @@ def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: di
         if not complete:
             raise _Changed(sorted(changed))
         return _link_others(d, n, new, set(todo.delete), owner, made) if d is not None else ()
-    finally:
-        staged.close()
-        n.close()
-        if d is not None:
-            d.close()
 
 
 #: What resolving a path of D can meet when a job changed it since the plan: the file is gone, or
