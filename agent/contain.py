@@ -78,7 +78,7 @@ class Containment:
         return "; ".join([f"{what}, {cg}", *self.notes])
 
     def wrap(self, ra: RunAssignment, who: JobIdentity, argv: list[str], env: dict[str, str], control_dir: str,
-             run_as: str, python: str) -> tuple[list[str], dict]:
+             run_as: str, python: str, env_root: str = "") -> tuple[list[str], dict]:
         """The command line of ``ra``'s run inside its container, with ``env`` changed for inside,
         and the launch spec's containment part (container, cgroup, limits)."""
         spec: dict = {"container": self.sandbox.name, "memory_bytes": self.memory_bytes, "pids_max": self.pids_max}
@@ -91,7 +91,9 @@ class Containment:
             user=ra.user, workdir=ra.workdir, control_dir=control_dir, control_inside=CONTROL_INSIDE,
             # The agent's own interpreter too: `hfai exec` starts its helper with it, inside. Only
             # what the job's user may reach: bwrap, run as that user, refuses a bind it cannot see.
-            runtime=tuple(p for p in interpreter_paths(python) + interpreter_paths(sys.executable)
+            # And the cluster's environments: hf_env.set_env(NAME) switches to another one in-job.
+            runtime=tuple(p for p in (*interpreter_paths(python), *interpreter_paths(sys.executable),
+                                      *((env_root,) if env_root and os.path.isdir(env_root) else ()))
                           if not who.switch or reachable(p, account.uid, account.groups + (account.gid,))),
             home=self._home(ra.user, who, run_as), writable=self._writable(ra.user, who, env),
             public_datasets=self._datasets(account.groups + (account.gid,), public=True),

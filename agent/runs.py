@@ -306,7 +306,8 @@ class RunStore:
             if self.notebooks_root and tuple(ra.entrypoint[1:3]) == DEV_ENTRYPOINT[1:3]:
                 env["HFAI_NOTEBOOKS_DIR"] = str(notebooks_dir(self.notebooks_root, ra.user, Path("/")))
             python = str(self.env_root / ra.env_name / "bin" / "python") if ra.env_name else sys.executable
-            argv, contained = self.containment.wrap(ra, who, argv, env, str(control), self.run_as, python)
+            argv, contained = self.containment.wrap(ra, who, argv, env, str(control), self.run_as, python,
+                                                    str(self.env_root))
         spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
                 "log_cap": self.log_cap_bytes, **contained,
                 **fence_spec(ra.fence_s, self._real_root / ALIVE_FILE, self.fence_poll_s)}

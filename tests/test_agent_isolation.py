@@ -69,7 +69,8 @@ def test_the_attackers_assignment_is_refused_and_nothing_is_written_outside(tmp_
     assert not (agent.store.root / "fence").exists()
     assert sent == [] and not pwned.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
-    assert sorted(p.name for p in agent.store.root.iterdir()) == ["control", "logs", "runs"]
+    # (containment: how this node contains its runs, written at start for `hfai local status`)
+    assert sorted(p.name for p in agent.store.root.iterdir()) == ["containment", "control", "logs", "runs"]
     assert not any(agent.store.runs_dir.iterdir())
     with pytest.raises(InvalidRequest):  # the executor refuses such a key on its own as well
         agent.store.start(evil)

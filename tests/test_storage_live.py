@@ -163,7 +163,8 @@ def test_a_job_runs_in_the_pushed_copy(cluster, tmp_path):
     assert job.spec.workdir == str(remote)
     log = cluster.log(job.id)
     assert f"CWD {remote}" in log and "DATA from-the-workspace" in log
-    assert f"DATASETS {cluster.local.root / 'datasets'}" in log
+    # In its compute container the datasets are at the user guide's /public_dataset.
+    assert "DATASETS /public_dataset" in log
 
 
 def test_over_the_limit_restricts_until_cleaned_up(cluster, tmp_path):
