@@ -259,10 +259,10 @@ class Leader:
         if self.clock_watch is None:
             return self._clock.time()
         now = self.clock_watch.server_now(self._clock.time(), self._clock.monotonic())
-        if now is None:
-            log.warning("not forgetting finished jobs: this host's clock is %s",
-                        self.clock_watch.describe() if self.clock_watch.skewed
-                        else "not yet checked against the NATS server's")
+        if now is None and self.clock_watch.skewed:
+            log.warning("not forgetting finished jobs: this host's clock is %s", self.clock_watch.describe())
+        elif now is None:  # a replica just started, or NATS does not answer: the next sweep tells
+            log.info("not forgetting finished jobs: this host's clock is not checked against the NATS server's")
         return now
 
     async def _forget_finished(self) -> None:
