@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CgroupKind", "CgroupSetup", "RunCgroup", "Usage", "detect", "parse_flat_keyed"]
+__all__ = ["CgroupKind", "CgroupSetup", "RunCgroup", "Usage", "detect", "parse_flat_keyed", "sigkill_each"]
 
 CGROUP_FS = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpuacct")
@@ -205,14 +205,7 @@ class RunCgroup:
             left = self.members() - {spare}
             if not left:
                 break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
-                except ProcessLookupError:
-                    pass
-                except PermissionError:  # in the cgroup, so ours to kill: a pid reused meanwhile
-                    pass
+            killed |= sigkill_each(left)
             _reap_children()
             time.sleep(0.005)
         return len(killed)
@@ -235,6 +228,19 @@ class RunCgroup:
                 d.rmdir()
             except OSError:
                 pass  # still busy (a process that would not die): the agent removes it later
+
+
+def sigkill_each(pids) -> set[int]:
+    """SIGKILL each of ``pids``; returns those that were there to kill (gone or no longer ours:
+    skipped)."""
+    killed = set()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
 
 
 def _reap_children() -> None:

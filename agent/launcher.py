@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 
-from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage
+from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage, sigkill_each
 from hfai.agent.output import Output, open_output
 from hfai.agent.sandbox import CONTAINER_BWRAP, signal_status
 from hfai.agent.statefile import write_state
@@ -386,12 +386,7 @@ def end_leftovers(pgid: int, uncounted: set[int] | frozenset[int] = frozenset())
         kids = _children()
         if not kids:
             break
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
+        killed |= sigkill_each(kids)
         _killpg(pgid, signal.SIGKILL)  # members that had not been re-parented yet
         deadline = time.monotonic() + 0.1
         for pid in kids:  # a killed process's own children come to us once it is gone

@@ -10,7 +10,7 @@ import os
 import shutil
 
 import pytest
-from unix_users import USERS, passable_tmp, probe, python_for_everyone
+from unix_users import ATTEMPT, USERS, passable_tmp, probe, python_for_everyone
 from waits import wait_for
 
 from hfai.agent.contain import make_containment, reachable
@@ -24,12 +24,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd")
 
 PROBE = r"""
 import json, os
-def attempt(fn):
-    try:
-        fn()
-        return "ok"
-    except OSError as e:
-        return type(e).__name__
+""" + ATTEMPT + r"""
 out = {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
        "home": os.environ["HOME"], "control": os.environ["HFAI_CONTROL_DIR"],
        "read_state": attempt(lambda: os.listdir(os.environ["STATE_DIR"])),
