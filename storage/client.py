@@ -9,12 +9,13 @@ before an interruption stay staged on the cluster, so the next push sends only t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -58,8 +59,8 @@ CHUNK_COST = 160
 FRAME_BYTES = 4096
 #: Chunks one put carries at most: the service stages a small file's chunk as a file of its own,
 #: and a put of tens of thousands of them (what 8 MB of tiny files make) outlasted the request's
-#: timeout on a busy disk, where a thousand take a fraction of a second.
-PUT_CHUNKS = 1000
+#: timeout on a busy disk; a few hundred stay well within it even on a machine under heavy load.
+PUT_CHUNKS = 256
 #: What one chunk name costs a ws_missing request or reply (64 hex digits and framing).
 NAME_COST = 72
 #: Hashes one ws_missing request asks about at most (the service takes up to 8,192).
@@ -191,9 +192,10 @@ async def outgoing(client: StorageClient, root: Path, name: str, chunk_bytes: in
     the service which chunks it lacks. ``on_total``: the bytes of the files found, before hashing.
     Changes nothing anywhere (``hfai workspace push --dry-run``); the files a push would send
     unhashed (:func:`hfai.storage.chunks.sent_unhashed`) are listed as moving, unread."""
-    known, _last = _read_known(root, chunk_bytes)
-    unhashed: list[int] | None = [] if _may_send_unhashed(read_marker(root), known) else None
-    manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known, unhashed=unhashed)
+    with _typed_errors("push", "read", "once it is readable, or list it in .hfignore"):
+        known, _last = _read_known(root, chunk_bytes)
+        unhashed: list[int] | None = [] if _may_send_unhashed(read_marker(root), known) else None
+        manifest = await _manifest(root, chunk_bytes, on_hash, stamps, on_total, known, unhashed=unhashed)
     return await _outgoing_of(client, name, manifest, chunk_bytes, unhashed=unhashed)
 
 
@@ -281,16 +283,24 @@ async def push(client: StorageClient, root: Path, chunk_bytes: int, request_byte
     Raises Unavailable within seconds if the service dies during the commit (see :func:`commit`).
     Every failure is an HfaiError (one line from the CLI): a local file that cannot be read
     (removed or made unreadable during the push) is InvalidRequest, naming it."""
-    try:
+    with _typed_errors("push", "read", "once it is readable, or list it in .hfignore"):
         return await _push(client, root, chunk_bytes, request_bytes, commit_timeout_s, on_hash, on_send, on_plan,
                            bwlimit, ping_s, on_total, walking)
+
+
+@contextlib.contextmanager
+def _typed_errors(what: str, verb: str, when: str) -> Iterator[None]:
+    """Every failure of a push or pull as an HfaiError (the CLI prints one line, never a
+    traceback): a local file's (``verb``: "read", "write") is InvalidRequest naming it."""
+    try:
+        yield
     except HfaiError:
         raise
-    except TimeoutError as e:
-        raise Unavailable(f"timed out during the push ({e or 'no answer'}); push again") from None
+    except TimeoutError as e:  # an OSError too: not a file's
+        raise Unavailable(f"timed out during the {what} ({e or 'no answer'}); {what} again") from None
     except OSError as e:
-        raise InvalidRequest(f"cannot read {e.filename or 'a file of the workspace'} ({e.strerror or e}); push "
-                             "again once it is readable, or list it in .hfignore") from None
+        raise InvalidRequest(f"cannot {verb} {e.filename or 'a file of the workspace'} ({e.strerror or e}); "
+                             f"{what} again {when}") from None
 
 
 async def _push(client: StorageClient, root: Path, chunk_bytes: int, request_bytes: int, commit_timeout_s: float,
@@ -735,6 +745,11 @@ async def pull(client: StorageClient, name: str, dest: Path, request_bytes: int,
     """Write the cluster's copy of workspace ``name`` into ``dest``; returns the files written.
     Files already there with the right content are left alone. Chunks are fetched across files,
     as many a request as fit (a tree of many small files is not a request a file)."""
+    with _typed_errors("pull", "write", "once there is room and permission"):
+        return await _pull(client, name, dest, request_bytes, on_bytes)
+
+
+async def _pull(client: StorageClient, name: str, dest: Path, request_bytes: int, on_bytes: Progress | None) -> int:
     request_bytes = client.request_size(request_bytes)
     m = await _pulled_manifest(client, name)
     plan.check_manifest(m, m.chunk_bytes)
