@@ -7,9 +7,10 @@ controller and agents as processes, the `hfai local` windows) and prints, in one
   * KV writes per job: revisions added to the jobs bucket and to the assignments bucket while
     the batch ran (every revision is one JetStream write, replicated on a real cluster).
 
-Once per launcher kind ([agent] launcher: forked from a zygote, or exec'd), with their ratio.
+Once per launcher kind ([agent] launcher: forked from a zygote, or exec'd) and container ([agent]
+container: bwrap, or none), with their ratios.
 
-    python bench/bench_throughput.py [--jobs 500] [--nodes 3] [--launchers fork,exec]
+    python bench/bench_throughput.py [--jobs 500] [--nodes 3] [--launchers fork,exec] [--containers bwrap,none]
 """
 
 from __future__ import annotations
@@ -88,13 +89,15 @@ def breakdown(jobs: list[JobRecord]) -> tuple[float, float]:
     return statistics.median(runs), statistics.median(gaps) if gaps else 0.0
 
 
-def measure(args, launcher: str) -> tuple[float, list[JobRecord], dict[str, int], dict[str, int]]:
-    """One batch on a fresh cluster whose agents start launchers the way ``launcher`` says."""
+def measure(args, launcher: str, container: str) -> tuple[float, list[JobRecord], dict[str, int], dict[str, int]]:
+    """One batch on a fresh cluster whose agents start launchers the way ``launcher`` says and
+    run jobs in ``container`` ("bwrap" or "none": bare processes, without cgroups either)."""
     with tempfile.TemporaryDirectory(prefix="hfai-bench-tp-") as tmp:
         if args.keep:
-            tmp = f"{args.keep}/{launcher}"
+            tmp = f"{args.keep}/{launcher}-{container}"
         # Jobs run as the agent's own account: "bench" has no Unix account here.
-        agent = dataclasses.replace(LOCAL_AGENT, run_as="agent", launcher=launcher)
+        agent = dataclasses.replace(LOCAL_AGENT, run_as="agent", launcher=launcher, container=container,
+                                    cgroups=container != "none")
         cluster = LocalCluster(root=Path(tmp), nodes=args.nodes, agent=agent)
         try:
             cluster.up()
@@ -116,18 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--launchers", default="fork,exec",
                    help="[agent] launcher of each run, in order: fork (zygote) and/or exec (one interpreter per run)")
+    p.add_argument("--containers", default="bwrap",
+                   help="[agent] container of each run, in order: bwrap (a compute container and cgroup per run) "
+                        "and/or none (bare processes); with both, their ratio")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--keep", help="run the clusters under this directory and keep them (logs) afterwards")
     args = p.parse_args(argv)
     rates = {}
-    for launcher in args.launchers.split(","):
+    for launcher, container in itertools.product(args.launchers.split(","), args.containers.split(",")):
         load_before = os.getloadavg()[0]
-        took, jobs, before, after = measure(args, launcher)
-        rate = rates[launcher] = args.jobs / took
+        took, jobs, before, after = measure(args, launcher, container)
+        rate = rates[launcher, container] = args.jobs / took
         jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
         assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
         # The host's other work takes cores from the cluster under test: say how busy it was.
-        print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes, launchers by {launcher}: {took:.1f} s "
+        print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes, launchers by {launcher}, container "
+              f"{container}: {took:.1f} s "
               f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)")
         print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
               f"{rate / SLURM_JOBS_PER_S:.2f}x)")
@@ -135,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         agent_s, leader_s = breakdown(jobs)
         print(f"  per job (medians)   {agent_s * 1000:8.0f} ms start decided -> exit recorded, "
               f"{leader_s * 1000:.0f} ms exit recorded -> next start on the node", flush=True)
-    if {"fork", "exec"} <= rates.keys():
-        print(f"fork vs exec launchers, same run: {rates['fork']:.2f} / {rates['exec']:.2f} jobs/s = "
-              f"{rates['fork'] / rates['exec']:.2f}x")
+    first = args.containers.split(",")[0]
+    if {("fork", first), ("exec", first)} <= rates.keys():
+        print(f"fork vs exec launchers, same run: {rates['fork', first]:.2f} / {rates['exec', first]:.2f} jobs/s = "
+              f"{rates['fork', first] / rates['exec', first]:.2f}x")
+    for launcher in args.launchers.split(","):
+        if {(launcher, "bwrap"), (launcher, "none")} <= rates.keys():
+            print(f"containers vs bare processes ({launcher}), same run: {rates[launcher, 'bwrap']:.2f} / "
+                  f"{rates[launcher, 'none']:.2f} jobs/s = {rates[launcher, 'bwrap'] / rates[launcher, 'none']:.2f}x")
     return 0
 
 
