@@ -258,6 +258,9 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
         wait.until(lambda _d: "suspending at step" in d.find_element(By.ID, "log").text)
         assert d.find_element(By.ID, "state").text == "suspended"
         assert "suspending" in d.find_element(By.ID, "history").text
+        # Its first run ended: what it used, from the run's cgroup (compute containers).
+        wait.until(lambda _d: "peak memory" in d.find_element(By.ID, "meta").text)
+        assert "MiB" in d.find_element(By.ID, "meta").text or "GiB" in d.find_element(By.ID, "meta").text
         d.save_screenshot(str(shots / "4-job-logs.png"))
 
         d.get(_url(c, f"/jobs/{high.id}"))

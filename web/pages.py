@@ -69,8 +69,11 @@ async function load(){const j=await getJSON('/api/jobs/'+JOB);
   box.replaceChildren(...nodes.flatMap((n,i)=>[...(i?[', ']:[]), link(n, '/nodes?node='+encodeURIComponent(n))]));
   if(!nodes.length) box.textContent='-';
   document.getElementById('spec').textContent=JSON.stringify(j.spec,null,1);
+  // Peak memory and CPU time: measured in each run's cgroup (0 where the node has none).
+  const gib=b=>b>=2**30?(b/2**30).toFixed(1)+' GiB':Math.round(b/2**20)+' MiB';
+  const used=j.peak_bytes||j.cpu_s?` · peak memory ${gib(j.peak_bytes)} · CPU time ${Math.round(j.cpu_s)} s`:'';
   document.getElementById('meta').textContent=`${j.user} · ${j.group} · ${j.priority} · run ${j.run_id} · `+
-    `${j.suspends} suspend(s) · submitted ${when(j.submitted)}`;
+    `${j.suspends} suspend(s) · submitted ${when(j.submitted)}${used}`;
   document.getElementById('history').replaceChildren(
     ...j.history.map(e=>el('li',`${when(e.ts)}  ${e.state}  ${e.reason}`)));
   gantt(document.getElementById('timeline'), 'Its nodes over its life: this job and any other that held them',

@@ -50,6 +50,8 @@ def job_detail(j: JobRecord) -> dict:
                                    "env": dict(s.env)},
             "run_id": j.run_id, "last_nodes": list(j.last_nodes), "ranks": len(j.nodes or j.last_nodes),
             "started": j.started_ts, "ended": j.ended_ts, "waiting": j.state.waiting,
+            # What its runs used (their cgroups): one rank's peak memory, all runs' CPU time.
+            "peak_bytes": j.peak_bytes, "cpu_s": round(j.cpu_s, 3),
             "history": [{"ts": e.ts, "state": e.state.value, "reason": describe(e)} for e in j.history]}
 
 
