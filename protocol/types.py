@@ -258,6 +258,18 @@ class JobEvent:
     why: Reason | None = None
 
 
+@message("size_rate")
+class SizeRate:
+    """A job's throughput measured at one size (protocol 1.8): its steps (or samples) per second
+    on ``nodes`` nodes, averaged over ``seconds`` of its runs at that size. The policy fits its
+    speedup curve to these (hfai.controller.policy.speedup)."""
+
+    KIND: ClassVar[str]
+    nodes: int
+    rate: float
+    seconds: float = 0.0
+
+
 @message("job_record")
 class JobRecord:
     """The whole truth about one job chain, stored in KV ``hfai_jobs`` under its id.
@@ -317,6 +329,9 @@ class JobRecord:
     cpu_s: float = 0.0
     # Protocol 1.7: runs ended as hung that were requeued (``spec.restart_on_hang`` at most).
     hang_restarts: int = 0
+    # Protocol 1.8: the job's throughput per size it ran at (one SizeRate per size, by nodes),
+    # what the policy sizes an elastic job by (docs/scheduling.md, "Elastic jobs").
+    throughput: tuple[SizeRate, ...] = ()
 
     HISTORY_LIMIT: ClassVar[int] = 50
     FAULTS_LIMIT: ClassVar[int] = 20
