@@ -127,9 +127,9 @@ def main(argv: list[str]) -> int:
         try:
             cgroup = _enter_cgroup(spec)
         except OSError as e:
-            out.write(f"hfai: cannot make the run's cgroup: {e}\n".encode())
-            write_state(exit_file, "127\n", durable=True)
-            return 127
+            # The node's fault, not the job's: it runs without limits rather than not at all.
+            out.write(f"=== hfai: this run has no cgroup (no memory or process limit): {e} ===\n".encode())
+            cgroup = None
         try:
             child = _spawn(spec, out.job_fd)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
