@@ -100,6 +100,8 @@ def _detect_v2(node: str, root: str, name: str) -> CgroupSetup:
     if own is None:
         return CgroupSetup(CgroupKind.NONE, reason="this process is in no cgroup v2")
     mine = rootp / own.lstrip("/")
+    if mine.name == "agent":  # already in its leaf (an earlier start, or systemd's DelegateSubgroup=agent)
+        mine = mine.parent
     try:
         offered = set((mine / "cgroup.controllers").read_text().split())
     except OSError as e:
