@@ -108,6 +108,7 @@ def test_the_documented_example_config_loads_and_sets_what_it_says():
     cfg = load_config(example, env={})  # unknown or mistyped keys would raise
     assert cfg.nats.replicas == 3 and cfg.nats.url.count(",") == 2
     assert cfg.controller.api_reply_bytes < 1024 * 1024 and cfg.controller.finished_retention_s == 30 * 86400
+    assert cfg.agent.container == "bwrap" and not cfg.agent.allow_uncontained and cfg.agent.run_pids_max == 65536
 
 
 def test_job_environment_has_torch_hfai_and_marsv2_names():
