@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import nats.errors
-
 from hfai._atomic import write_atomic
 from hfai.api.client import ApiClient
 from hfai.api.workspace import MARKER_DIR, find_root, read_marker, write_marker
@@ -95,6 +93,10 @@ class StorageClient(ApiClient):
             caller = copy.copy(self)
             caller.config = replace(self.config, nats=replace(self.config.nats, request_timeout_s=timeout_s))
         payload = encode(request)
+        # Here, not at the top: hfai.api.client loads nats-py first, its own way (api/_light_nats.py:
+        # without aiohttp); by now it has.
+        import nats.errors
+
         try:
             return await caller._request(subject, payload, expect)
         except Unavailable as e:
