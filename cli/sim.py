@@ -18,7 +18,7 @@ from hfai.protocol.limits import MAX_NODES
 #: A generated trace is built in memory: ten million jobs is far past any replay worth waiting for.
 MAX_TRACE_JOBS = 10_000_000
 
-POLICY_NAMES = ("hfai", "fifo", "las", "las-prio")
+POLICY_NAMES = ("hfai", "hfai-gain", "fifo", "las", "las-prio")
 #: Replayed when no --policy is given (las-prio is LAS honouring priorities: ask for it).
 DEFAULT_POLICIES = ("hfai", "fifo", "las")
 

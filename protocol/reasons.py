@@ -38,7 +38,7 @@ class ReasonCode(enum.StrEnum):
     # -- the policy: why a running job is interrupted or resized
     PREEMPTED = "preempted"  # job, priority, victim_priority [, size: shrinks to]
     TIME_SLICE = "time_slice"  # job, minutes (held so far) [, size: shrinks to]
-    GROWS = "grows"  # held, size
+    GROWS = "grows"  # held, size [, gain: % more throughput expected (1.8)]
     # -- the plan: gates and the platform's own interruptions
     UNACKED = "unacked"  # job, since, stop_at, kill_at, late ("1": past stop_at)
     RESTRICTED = "restricted"  # why ("" : by an operator)
@@ -106,7 +106,11 @@ def _utc(ts: str) -> str:
 
 
 def _shrinks(p: Mapping[str, str]) -> str:
-    return f": shrinks to {p['size']} node(s)" if p.get("size") else ""
+    if not p.get("size"):
+        return ""
+    # Protocol 1.8: what the nodes it gives up added, by its measured speedup curve.
+    lost = f" (the nodes it gives up added {p['lost']}% throughput)" if p.get("lost") else ""
+    return f": shrinks to {p['size']} node(s){lost}"
 
 
 def _unacked(p: Mapping[str, str]) -> str:
@@ -188,7 +192,8 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
                                      f"{p['victim_priority']}){_shrinks(p)}"),
     ReasonCode.TIME_SLICE: lambda p: (f"time slice: yields to job {p['job']} of equal priority and less service so "
                                       f"far after {p['minutes']} min{_shrinks(p)}"),
-    ReasonCode.GROWS: lambda p: f"grows from {p['held']} to {p['size']} nodes into idle nodes",
+    ReasonCode.GROWS: lambda p: (f"grows from {p['held']} to {p['size']} nodes into idle nodes"
+                                 + (f": +{p['gain']}% throughput expected" if p.get("gain") else "")),
     ReasonCode.UNACKED: _unacked,
     ReasonCode.RESTRICTED: lambda p: f"restricted: {p['why']}" if p.get("why") else "restricted by an operator",
     ReasonCode.RESTRICTED_INTERRUPT: lambda p: (f"interrupted: user {p['user']!r} is "

@@ -14,9 +14,12 @@ Time model: the plan runs at most once per ``tick_s`` of virtual time (like the 
 scheduling period, 1 s) and only when something happened since its last run, or every ``wake_s``
 while jobs wait (time slices, priority decay and LAS demotions depend on the clock alone). An
 interrupt costs ``checkpoint_s`` (the job holds its nodes but makes no progress) and ``restart_s``
-at its next start (holding nodes, no progress). Work is ``duration_s * nodes`` node-seconds (for an
-elastic job ``duration_s`` is its run time at ``max_nodes``) and runs at one node-second per node
-per second, so an elastic job at half size takes twice as long.
+at its next start (holding nodes, no progress). Work is ``duration_s`` at the job's largest size
+(``max_nodes`` for an elastic job), done at the rate of its ``speedup`` curve on the nodes it
+holds, one node-second per node per second without a curve (an elastic job at half size then
+takes twice as long). A run's throughput at its size is known to the policy as soon as the run
+starts (``JobRecord.throughput``, as a live job's runtime reports it a few times a minute): only
+sizes a job ran at are measured, the rest the policy predicts.
 
 Trace files: sim/trace.py; results and the table: sim/report.py.
 """
@@ -30,15 +33,15 @@ from dataclasses import dataclass, field, replace
 
 from hfai.controller import transitions
 from hfai.controller.plan import Explain, Interrupt, Planner, PlanNode, PlanSettings, StartRun
-from hfai.controller.policy import HFAI, Policy, PolicyConfig
+from hfai.controller.policy import HFAI, HFAI_GAIN, Policy, PolicyConfig
 from hfai.protocol.errors import HfaiError, InvalidRequest
-from hfai.protocol.types import ChainState, JobRecord, JobSpec
+from hfai.protocol.types import ChainState, JobRecord, JobSpec, SizeRate
 from hfai.sim.baselines import FIFO, LAS, LAS_PRIO
 from hfai.sim.report import Sample, SimResult, jain, quantile
 from hfai.sim.trace import TraceJob
 
 #: The policies a replay can be run with, by name.
-POLICIES: dict[str, Policy] = {p.name: p for p in (HFAI, FIFO, LAS, LAS_PRIO)}
+POLICIES: dict[str, Policy] = {p.name: p for p in (HFAI, HFAI_GAIN, FIFO, LAS, LAS_PRIO)}
 
 
 class PolicyViolation(HfaiError):
@@ -94,7 +97,7 @@ class Simulator:
         self.n = n_nodes
         self.nodes = [PlanNode(f"n{i:05d}") for i in range(n_nodes)]
         self.ids = [f"j{i:07d}" for i in range(len(trace))]
-        self.jobs = [_Work(t, work_left=t.duration_s * t.hi) for t in trace]
+        self.jobs = [_Work(t, work_left=t.work) for t in trace]
         self.index = {job_id: i for i, job_id in enumerate(self.ids)}
         self.owner: dict[str, str] = {}
         self.used: dict[tuple[str, int, str], int] = {}
@@ -239,7 +242,7 @@ class Simulator:
         key = (spec.user, spec.priority, spec.group)
         self.used[key] = self.used.get(key, 0) + len(a.nodes)
         limit = self.config.policy.quotas.limit(*key, spec.by_operator)
-        if self.policy is HFAI and limit is not None and self.used[key] > limit:
+        if self.policy in (HFAI, HFAI_GAIN) and limit is not None and self.used[key] > limit:
             raise PolicyViolation(f"{self.name}: {job.id} exceeds the quota of {key}: {self.used[key]} > {limit}")
         after = a.apply(job, self.now)
         if after is None:
@@ -256,7 +259,10 @@ class Simulator:
         self.busy += len(a.nodes)
         self.waiting -= 1
         self.overhead_node_s += restart * len(a.nodes)
-        self.push(w.progress_from + w.work_left / len(a.nodes), _FINISH, i, w.gen)
+        size = len(a.nodes)
+        self.push(w.progress_from + w.work_left / w.trace.rate(size), _FINISH, i, w.gen)
+        if all(r.nodes != size for r in after.throughput):  # measured: the runtime reports it
+            after = replace(after, throughput=(*after.throughput, SizeRate(size, w.trace.rate(size))))
         self.planner.observe(after)
         w.state = after.state
 
@@ -267,7 +273,7 @@ class Simulator:
             return  # like the leader: only a running job can be interrupted
         i = self.index[job.id]
         w = self.jobs[i]
-        done = max(0.0, self.now - w.progress_from) * len(job.nodes)
+        done = max(0.0, self.now - w.progress_from) * w.trace.rate(len(job.nodes))
         w.work_left = max(w.work_left - done, 1e-6)
         w.interrupts += 1
         w.gen += 1
@@ -292,6 +298,7 @@ class Simulator:
             overhead=self.overhead_node_s / self.busy_node_s if self.busy_node_s else 0.0,
             avg_jct_s=sum(jct) / n, median_jct_s=quantile(jct, 0.5), p99_jct_s=quantile(jct, 0.99),
             avg_queue_s=sum(w.first_start - w.trace.submit_s for w in self.jobs) / n,
+            p99_queue_s=quantile(sorted(w.first_start - w.trace.submit_s for w in self.jobs), 0.99),
             interrupts_per_job=sum(w.interrupts for w in self.jobs) / n,
             fairness=jain(shares), decisions=self.calls, samples=self.samples,
         )

@@ -34,6 +34,7 @@ class SimResult:
     fairness: float  # Jain's index over users of (their run time / their JCT)
     decisions: int  # policy calls
     samples: list[Sample] = field(default_factory=list)
+    p99_queue_s: float = 0.0  # 99th percentile of submit to first start (bench/bench_elastic.py)
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

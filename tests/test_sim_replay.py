@@ -188,7 +188,7 @@ def test_trace_format_round_trip_with_optional_columns(tmp_path):
 
 @pytest.mark.parametrize("row, message", [
     ("1,x,2", "could not convert"),
-    ("1,10", "3 to 5 columns"),
+    ("1,10", "3 to 6 columns"),
     ("1,10,0", "nodes must be"),
     ("1,10,8:2", "nodes must be"),
     ("-1,10,1", "submit_s must be"),

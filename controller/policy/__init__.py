@@ -31,6 +31,10 @@ docs/scheduling.md states the rules for users; in short, per node group:
    are shrunk (a ``Resize`` to a smaller size) before whole jobs are taken as victims.
 8. Nodes that are not schedulable (drained, down, GPU errors) get no work.
 
+:data:`HFAI_GAIN` (:mod:`~hfai.controller.policy.gain`) keeps these rules and sizes elastic jobs
+by the throughput their next node adds, fitted to what they were measured at
+(:mod:`~hfai.controller.policy.speedup`).
+
 Cost: O((W + R) log(W + R)) for W waiting and R running jobs, with per-priority totals so that a
 waiting job never scans the running jobs just to learn it cannot preempt any.
 
@@ -41,6 +45,7 @@ order), :mod:`~hfai.controller.policy.victims` (the victim pool: rules 4, 5 and 
 :mod:`~hfai.controller.policy.interface` says what a policy is to its callers.
 """
 
+from hfai.controller.policy.gain import HFAI_GAIN
 from hfai.controller.policy.interface import FunctionPolicy, Policy
 from hfai.controller.policy.rounds import HFAI, QUIET_MARGIN_S, decide, quiet_until
 from hfai.controller.policy.rules import effective_priority, indexed, ordering, quota_usage, resolve_auto, service_band
@@ -58,7 +63,7 @@ from hfai.controller.policy.views import (
 )
 
 __all__ = [
-    "ANY", "HFAI", "QUIET_MARGIN_S", "Decision", "FunctionPolicy", "JobView", "NodeView", "Policy",
+    "ANY", "HFAI", "HFAI_GAIN", "QUIET_MARGIN_S", "Decision", "FunctionPolicy", "JobView", "NodeView", "Policy",
     "PolicyConfig", "Quotas", "Resize", "Start", "Suspend", "Wait", "decide", "effective_priority", "indexed",
     "ordering", "quiet_until", "quota_usage", "resolve_auto", "service_band",
 ]

@@ -24,6 +24,13 @@ def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: f
 
     ``jobs`` is either the live jobs or a :class:`~hfai.controller.queues.JobIndex` of them kept
     between rounds (what the leader and the simulator pass: a round then costs what it touches)."""
+    return decide_with(GroupRound, jobs, nodes, now, config)
+
+
+def decide_with(round_cls: type[GroupRound], jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView],
+                now: float, config: PolicyConfig) -> list[Decision]:
+    """:func:`decide` with each group's round made by ``round_cls`` (the gain policy's rounds,
+    controller/policy/gain.py, differ from hfai's only in how elastic jobs are sized)."""
     jobs = indexed(jobs, ordering(config))
     layout = jobs.layout(nodes)
     free = jobs.free_nodes(nodes)
@@ -31,7 +38,7 @@ def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: f
     for group in sorted(jobs.groups):
         g = jobs.groups[group]
         if g.levels or g.growable:  # something waits, or an elastic job can grow
-            decisions.extend(GroupRound(g, layout.usable.get(group, []), free.get(group, []), jobs, group, now,
+            decisions.extend(round_cls(g, layout.usable.get(group, []), free.get(group, []), jobs, group, now,
                                          config).run())
     return decisions
 

@@ -66,6 +66,12 @@ class PolicyConfig:
     #: Grow an elastic job only if it gains at least this fraction of its size (and one node):
     #: growing costs a restart, so a tiny gain is not worth it.
     grow_min_gain: float = 0.25
+    #: What one resize costs an elastic job: checkpoint and restart, seconds without progress.
+    #: The gain policy resizes only when the throughput gained over the coming slice pays for it.
+    resize_cost_s: float = 120.0
+    #: The gain policy gives an elastic job an idle node only if that node adds at least this
+    #: share of one node's throughput (a node that adds less stays free for the next arrival).
+    node_gain_min: float = 0.2
     #: Attained-service bands, in slices of node-time (``slice_s`` node-seconds; with the default
     #: slice: 1, 8 and 64 node-hours). Within a priority, jobs in a lower band (less service so far)
     #: go first and may take a time slice from jobs in a higher one; FIFO within a band.
@@ -109,6 +115,9 @@ class JobView:
     dev: bool = False
     #: Its name: a job waiting for its user's development session names it (``hfai dev stop NAME``).
     name: str = ""
+    #: Measured throughput per size, ``(nodes, rate)`` in any unit (JobRecord.throughput): what
+    #: the gain policy fits the job's speedup curve to (hfai.controller.policy.speedup).
+    throughput: tuple[tuple[int, float], ...] = ()
     # Worked out once per view (a round reads them millions of times in a replay):
     lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
     hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use

@@ -1,0 +1,81 @@
+"""A job's speedup curve, fitted to the throughput it was measured at (pure).
+
+The model is Pollux's throughput model reduced to what a node count decides: the time of one
+step of a fixed global batch on ``n`` nodes is
+
+    t(n) = A * (1/n + serial + sync * (n - 1))
+
+``1/n`` is the computation each node shares, ``serial`` what does not shrink with more nodes
+(Amdahl's law: ``sync = 0``), ``sync`` the cost of synchronising one more node, which makes the
+throughput fall again past some size. The relative speedup is ``t(1) / t(n)``.
+
+The fit: least squares on the logarithm of the measured rates over a small grid of (serial,
+sync), with ``A`` solved in closed form, plus a weak prior that pulls towards ``PRIOR_SERIAL``
+and no sync cost, so a job measured at one size (or none) is assumed to scale almost linearly
+until it has shown otherwise: that is how sizes not yet seen are predicted. Rates are whatever
+unit the job reported (steps, samples or tokens per second): only their ratios matter.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Prior serial fraction (5%: eight nodes give about 5.9x), and the prior's weight against the
+#: squared log error of the measured points (0.01: one point off by 10% weighs as much as the
+#: whole prior, so two measured sizes already decide the curve).
+PRIOR_SERIAL = 0.05
+PRIOR_WEIGHT = 0.01
+_SERIAL = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_SYNC = (0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5)
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A fitted curve: ``relative(n)`` is the throughput on ``n`` nodes over that on one."""
+
+    serial: float = PRIOR_SERIAL
+    sync: float = 0.0
+
+    def relative(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        return (1.0 + self.serial) / (1.0 / n + self.serial + self.sync * (n - 1))
+
+    def gain(self, n: int, k: int = 1) -> float:
+        """What ``k`` more nodes on top of ``n`` add, in one-node throughputs."""
+        return self.relative(n + k) - self.relative(n)
+
+
+LINEAR = Speedup(0.0, 0.0)
+PRIOR = Speedup()
+
+
+def _shape(s: float, c: float, n: int) -> float:
+    return 1.0 / n + s + c * (n - 1)
+
+
+@functools.lru_cache(maxsize=8192)
+def fit(points: tuple[tuple[int, float], ...]) -> Speedup:
+    """The curve through measured ``(nodes, rate)`` points (one per size; rates > 0)."""
+    pts = [(n, math.log(r)) for n, r in points if n >= 1 and r > 0]
+    if not pts:
+        return PRIOR
+    best, best_err = PRIOR, math.inf
+    for s in _SERIAL:
+        for c in _SYNC:
+            # log rate = log K - log shape(n): K in closed form, the residuals' mean is zero.
+            res = [lr + math.log(_shape(s, c, n)) for n, lr in pts]
+            mean = sum(res) / len(res)
+            err = sum((x - mean) ** 2 for x in res)
+            err += PRIOR_WEIGHT * (((s - PRIOR_SERIAL) / 0.1) ** 2 + (c / 0.01) ** 2)
+            if err < best_err - 1e-12:
+                best, best_err = Speedup(s, c), err
+    return best
+
+
+def fit_points(points: Sequence[tuple[int, float]]) -> Speedup:
+    """:func:`fit` of any sequence (sorted and made hashable for the cache)."""
+    return fit(tuple(sorted(points)))
