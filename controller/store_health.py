@@ -11,6 +11,12 @@ has room; in production an operator does, told by `hfai nodes` and the metrics).
 
 The probe value is :data:`PROBE_BYTES` long: a write of a few bytes can land in a file page
 already allocated and succeed on a full disk, one of a page or more cannot.
+
+A failed write is a store fault only if the server's JetStream answers otherwise: a server cut off
+from its cluster (a partition), or down, fails every write too. So each failed write is followed
+by an account-info request (hfai._cutoff.check); unanswered, the probe is counted as *unreachable*:
+it neither raises nor clears the alarm, and is logged as what it is (the connection moves to
+another server by itself, hfai._cutoff).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from hfai import _cutoff
 from hfai._daemon import raise_if_cancelled
 from hfai.protocol import names
 from hfai.protocol.types import StoreHealth
@@ -53,8 +60,17 @@ class StoreWatch:
     detail: str = ""
     checked: float = 0.0
 
-    def observe(self, ok: bool, now: float, detail: str = "") -> bool:
-        """Take one probe's outcome; returns True when this changed whether the store is writable."""
+    unreachable: int = 0  # probes in a row that found no JetStream to ask (not counted as failures)
+
+    def observe(self, ok: bool, now: float, detail: str = "", reachable: bool = True) -> bool:
+        """Take one probe's outcome; returns True when this changed whether the store is writable.
+        A failure with ``reachable`` False (JetStream answered nothing: the server is cut off or
+        down) says nothing of the store: it leaves the judgement as it is."""
+        if not ok and not reachable:
+            self.unreachable += 1
+            self.checked = now
+            return False
+        self.unreachable = 0
         was = self.writable
         if ok:
             if self.failures or not self.checked:
@@ -87,17 +103,36 @@ async def health_bucket(js: JetStreamContext, replicas: int) -> KeyValue:
                                                         storage=StorageType.FILE, ttl=PROBE_TTL_S))
 
 
-async def probe_once(js: JetStreamContext, key: str, replicas: int, timeout_s: float) -> str:
-    """One probe write of ``key``: "" if the store took it within ``timeout_s``, else what failed."""
+@dataclass(frozen=True)
+class Probe:
+    """One probe's outcome: ``failure`` "" (the write was taken) or what failed; ``reachable``
+    False when JetStream answered nothing at all (the server cut off from its cluster, or down)."""
+
+    failure: str = ""
+    reachable: bool = True
+
+
+async def probe_once(js: JetStreamContext, key: str, replicas: int, timeout_s: float) -> Probe:
+    """One probe write of ``key`` given ``timeout_s``, and when it fails, whether JetStream answers
+    anything (an account-info request, also given ``timeout_s``)."""
     names.check_token("probe key", key)
+    sent = time.monotonic()
     try:
         kv = await asyncio.wait_for(health_bucket(js, replicas), timeout_s)
+        sent = time.monotonic()
         await asyncio.wait_for(kv.put(key, os.urandom(PROBE_BYTES)), timeout_s)
-        return ""
+        return Probe()
     except (TimeoutError, nats.errors.TimeoutError):
-        return f"a {PROBE_BYTES}-byte write to {names.BUCKET_HEALTH} got no answer within {timeout_s:g}s"
+        failure = f"a {PROBE_BYTES}-byte write to {names.BUCKET_HEALTH} got no answer within {timeout_s:g}s"
     except nats.errors.Error as e:
-        return f"a write to {names.BUCKET_HEALTH} failed: {type(e).__name__}: {e}"
+        failure = f"a write to {names.BUCKET_HEALTH} failed: {type(e).__name__}: {e}"
+    # The bucket's leader heard from no quorum of its replicas while the write waited: the cluster
+    # is out of touch (a store fault would leave the replicas talking, and nats-server's leaders
+    # hear from theirs every second or so: a probe given under a second cannot tell).
+    silent = await _cutoff.check(js, timeout_s, f"KV_{names.BUCKET_HEALTH}", time.monotonic() - sent)
+    if silent:
+        return Probe(f"{failure}; {silent}: the NATS server is cut off from its cluster, or down", reachable=False)
+    return Probe(failure)
 
 
 class StoreProbe:
@@ -115,7 +150,13 @@ class StoreProbe:
         return self.watch.health
 
     async def check(self) -> StoreHealth:
-        failure = await probe_once(self._js, self.key, self._replicas, self.timeout_s)
+        probe = await probe_once(self._js, self.key, self._replicas, self.timeout_s)
+        failure = probe.failure
+        if not probe.reachable:
+            self.watch.observe(False, time.time(), failure, reachable=False)
+            # Not the store's fault: the connection moves to a server that answers (hfai._cutoff).
+            log.warning("store probe: no JetStream to ask (%d probes in a row): %s", self.watch.unreachable, failure)
+            return self.health
         if self.watch.observe(not failure, time.time(), failure):
             if failure:
                 log.critical("the NATS store refuses writes (%d probes failed in a row, the last: %s); "

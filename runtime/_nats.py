@@ -105,6 +105,27 @@ def _identity(creds: str | Credentials) -> dict:
     return {"user_credentials": creds, "inbox_prefix": read_credentials(creds).inbox_prefix}
 
 
+def _check_stream(creds: str | Credentials) -> str | None:
+    """The stream whose info a daemon's cluster checks ask (hfai._cutoff): the nodes bucket's, which
+    every daemon's role but the web's may ask about (the web's checks ask for the account's info)."""
+    from hfai import _cutoff
+
+    stream = f"KV_{names.BUCKET_NODES}"
+    if not creds:
+        return stream
+    from hfai.auth import roles
+
+    try:
+        allowed = roles.from_claims(_credentials(creds).claims["nats"]).pub
+    except (Forbidden, InvalidRequest, KeyError):
+        return None  # connecting says what is wrong with them
+    return stream if _cutoff.may_publish(f"$JS.API.STREAM.INFO.{stream}", allowed) else None
+
+
+def _credentials(creds: str | Credentials) -> Credentials:
+    return creds if isinstance(creds, Credentials) else read_credentials(creds)
+
+
 def tls_options(config: Config) -> dict:
     if not config.nats.tls_ca:
         return {}
@@ -149,11 +170,21 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
     ``reconnect=False`` (the CLI) gives up after ``connect_timeout_s`` per server. nats-py alone
     would not: a refused first connection leaves its connect pending forever, with or without
     reconnects, so the bound is enforced here. ``reconnect=True`` (the daemons) waits for the
-    servers to come up, logging every ``WAIT_LOG_INTERVAL_S`` while it waits.
+    servers to come up, logging every ``WAIT_LOG_INTERVAL_S`` while it waits, and checks for as
+    long as it is open that its server still answers for its cluster, moving to another server
+    when it does not (hfai._cutoff; the checks stop when the connection closes).
     """
+    from hfai import _cutoff
 
     nc = Client()
     reconnect_wait = Backoff(RECONNECT_WAIT_S, RECONNECT_WAIT_CAP_S)
+    creds = creds if creds is not None else config.nats.creds
+    n = config.nats
+    chooser = _cutoff.ServerChooser(avoid_s=n.cutoff_avoid_s, wait=reconnect_wait.next)
+    cluster = _cutoff.ClusterWatch(_cutoff.CutoffSettings(
+        check_s=n.cutoff_check_s if reconnect else 0.0, timeout_s=n.cutoff_timeout_s, after_s=n.cutoff_after_s,
+        avoid_s=n.cutoff_avoid_s, silent_s=n.cutoff_silent_s, stream=_check_stream(creds) if reconnect else None),
+        chooser)
 
     async def log_error(e: Exception) -> None:
         log.debug("nats error: %s", e)
@@ -166,13 +197,16 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
 
     async def reconnected() -> None:
         reconnect_wait.reset()
+        chooser.connected()
         nc.options["reconnect_time_wait"] = reconnect_wait.next()
         await _on_reconnected()
+
+    async def closed() -> None:
+        await cluster.stop()
 
     servers = [u.strip() for u in config.nats.url.split(",") if u.strip()]  # a cluster: a list
     if any(u.startswith(("ws://", "wss://")) for u in servers):
         _websocket_transport()
-    creds = creds if creds is not None else config.nats.creds
     identity = _identity(creds) if creds else {}
     creds_file = creds.path if isinstance(creds, Credentials) else creds
     # Our own Client rather than nats.connect(): a refused first connection (allow_reconnect off)
@@ -185,6 +219,10 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
         reconnect_time_wait=reconnect_wait.next(),
         error_cb=log_error,
         reconnected_cb=reconnected,
+        closed_cb=closed,
+        # Reconnects go where the chooser says: away from a server left as cut off, and with the
+        # same backoff as the first connection's tries.
+        reconnect_to_server_handler=chooser,
         **identity,
         **tls_options(config),
     )
@@ -198,6 +236,7 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
             done, _ = await asyncio.wait({attempt}, timeout=WAIT_LOG_INTERVAL_S)
             if done:
                 await attempt
+                cluster.start(nc)
                 return nc
             log.warning("still waiting for NATS at %s", config.nats.url)
     except (TimeoutError, OSError, nats.errors.NoServersError, nats.errors.Error) as e:
