@@ -24,10 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Prior serial fraction (5%: eight nodes give about 5.9x), and the prior's weight against the
-#: squared log error of the measured points (0.01: one point off by 10% weighs as much as the
-#: whole prior, so two measured sizes already decide the curve).
+#: squared log error of the measured points: the prior counts the parameters' distance in log
+#: terms (log(1 + serial), log(1 + 10 sync)), weighted 0.01, so a point off by 10% weighs about
+#: as much as doubling the serial fraction: two measured sizes decide the curve.
 PRIOR_SERIAL = 0.05
 PRIOR_WEIGHT = 0.01
+_LOG_PRIOR = math.log1p(PRIOR_SERIAL)
 _SERIAL = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _SYNC = (0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5)
 
@@ -70,7 +72,7 @@ def fit(points: tuple[tuple[int, float], ...]) -> Speedup:
             res = [lr + math.log(_shape(s, c, n)) for n, lr in pts]
             mean = sum(res) / len(res)
             err = sum((x - mean) ** 2 for x in res)
-            err += PRIOR_WEIGHT * (((s - PRIOR_SERIAL) / 0.1) ** 2 + (c / 0.01) ** 2)
+            err += PRIOR_WEIGHT * ((math.log1p(s) - _LOG_PRIOR) ** 2 + math.log1p(10 * c) ** 2)
             if err < best_err - 1e-12:
                 best, best_err = Speedup(s, c), err
     return best
