@@ -158,7 +158,7 @@ def test_readme_names_what_local_reset_keeps_and_where_local_creds_are(tmp_path,
     from hfai.cli.local import LocalCluster
     from hfai.cli.local.layout import STATE_DIRS
 
-    kept = ("envs", "workspaces", "datasets", "gc")
+    kept = ("envs", "workspaces", "home", "datasets", "gc")
     for name in (*STATE_DIRS, *kept):
         (tmp_path / name).mkdir()
         (tmp_path / name / "f").write_text("x")
