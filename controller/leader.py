@@ -50,7 +50,7 @@ from hfai.controller.inputs import plan_nodes, plan_settings
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
 from hfai.controller.runclock import RunClock, recount, with_ages
-from hfai.controller.waits import WaitBoard
+from hfai.controller.waits import WaitBoard, pack_batches
 from hfai.kv import KVCache, cas_update
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, NotFound, ProtocolError
@@ -125,6 +125,7 @@ class Leader:
         self._publish = publish
         self._next_full = 0.0  # monotonic time of the next publish of every note
         self._stamping: asyncio.Task | None = None  # the waiting records' stamps (see _take_over)
+        self._publisher: asyncio.Task | None = None  # wait reasons on their way (_publish_waits)
         self.last_beat = self._clock.monotonic()
 
     def beat(self) -> None:
@@ -168,7 +169,7 @@ class Leader:
             if self._changed is not None:
                 self.jobs.untrack(self._changed)
             # Bounded: StuckTasksError if the consumer will not stop; the controller then exits.
-            tasks = [t for t in (events, self._stamping) if t is not None]
+            tasks = [t for t in (events, self._stamping, self._publisher) if t is not None]
             if tasks:
                 await cancel_and_wait(tasks, self.cc.cancel_timeout_s)
         log.info("no longer leading (fence %d)", self.fence)
@@ -442,15 +443,28 @@ class Leader:
             self.board.note(job_id, self.jobs.revisions.get(job_id, 0), action.why)
 
     async def _publish_waits(self) -> None:
-        """Publish the reasons noted this round to the replicas (every one, now and then)."""
+        """Publish the reasons noted since the last time to the replicas (every one, now and
+        then), in a task of its own: packing 20,000 notes takes a while, and the next round must
+        not wait for it. While one is on its way, the notes wait for the next."""
         if self._publish is None or not self.leading():
             return
+        if self._publisher is not None:
+            if not self._publisher.done():
+                return
+            self._publisher.result()  # what is not a NATS error is a bug: the loop fails, loudly
         full = self._clock.monotonic() >= self._next_full
         if full:
             self._next_full = self._clock.monotonic() + self.cc.wait_reason_interval_s
-        for batch in self.board.batches(self.fence, self.cc.api_reply_bytes, full=full):
+        notes = self.board.take(full)
+        self._publisher = asyncio.create_task(self._send_waits(notes), name="leader-waits") if notes else None
+
+    async def _send_waits(self, notes: list) -> None:
+        publish = self._publish
+        assert publish is not None, "only with a publisher"
+        batches = await asyncio.to_thread(pack_batches, self.fence, notes, self.cc.api_reply_bytes)
+        for batch in batches:
             try:
-                await self._publish(names.WAITS_SUBJECT, batch.data)
+                await publish(names.WAITS_SUBJECT, batch.data)
             except (TimeoutError, nats.errors.Error) as e:
                 # Nothing is lost for good: the next full publish carries every reason again.
                 log.warning("could not publish wait reasons: %s", e)

@@ -16,7 +16,7 @@ that change, is shown until the leader notes a new one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from hfai.protocol import decode
 from hfai.protocol import waits as _waits  # noqa: F401  (registers the messages)
@@ -57,24 +57,18 @@ class WaitBoard:
         if held is not None and held[0] >= old_rev:
             self.note(job_id, new_rev, held[1])
 
-    def batches(self, term: int, budget_bytes: int, full: bool = False) -> Iterator[Encoded]:
-        """The notes made since the last call (``full``: every note that still holds) as
-        ``WaitNotes`` messages of at most ``budget_bytes`` each."""
+    def take(self, full: bool = False) -> list[tuple[str, int, Reason]]:
+        """The notes made since the last call (``full``: every note that still holds), as
+        (job id, revision, reason): a snapshot :func:`pack_batches` may pack in another thread."""
         self._prune()
-        keys = list(self.notes) if full else [k for k in self._dirty if k in self.notes]
-        self._dirty.clear()
-        page: list[bytes] = []
-        used = _BATCH_OVERHEAD
-        for job_id in keys:
-            rev, why = self.notes[job_id]
-            item = pack(WaitNote(job_id=job_id, rev=rev, why=why))
-            if page and used + len(item) > budget_bytes:
-                yield _batch(term, page)
-                page, used = [], _BATCH_OVERHEAD
-            page.append(item)
-            used += len(item)
-        if page:
-            yield _batch(term, page)
+        dirty, self._dirty = self._dirty, set()
+        notes = self.notes
+        keys = notes.keys() if full else (k for k in dirty if k in notes)
+        return [(k, *notes[k]) for k in keys]
+
+    def batches(self, term: int, budget_bytes: int, full: bool = False) -> list[Encoded]:
+        """:meth:`take`, packed as ``WaitNotes`` messages of at most ``budget_bytes`` each."""
+        return pack_batches(term, self.take(full), budget_bytes)
 
     # -- every replica's side
 
@@ -117,6 +111,29 @@ class WaitBoard:
         for k in stale:
             del self.notes[k]
         self._prune_at = max(1024, 2 * len(self.notes))
+
+
+def pack_batches(term: int, notes: list[tuple[str, int, Reason]], budget_bytes: int) -> list[Encoded]:
+    """``notes`` as ``WaitNotes`` messages of term ``term``, each of at most ``budget_bytes``
+    (pure: the leader runs it in a thread). A reason many jobs share is packed once."""
+    shared: dict[tuple, bytes] = {}
+    out: list[Encoded] = []
+    page: list[bytes] = []
+    used = _BATCH_OVERHEAD
+    for job_id, rev, why in notes:
+        key = (why.code, *why.params.items())
+        packed_why = shared.get(key)
+        if packed_why is None:
+            packed_why = shared[key] = pack(why)
+        item = pack(WaitNote(job_id=job_id, rev=rev, why=why), why=packed_why)
+        if page and used + len(item) > budget_bytes:
+            out.append(_batch(term, page))
+            page, used = [], _BATCH_OVERHEAD
+        page.append(item)
+        used += len(item)
+    if page:
+        out.append(_batch(term, page))
+    return out
 
 
 def _batch(term: int, page: list[bytes]) -> Encoded:

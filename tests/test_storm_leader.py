@@ -84,6 +84,7 @@ async def test_a_round_that_explains_every_waiting_job_writes_no_record_and_publ
     leader, kv = leader_with([running("big", "n0"), *waiting], ["n0"], published=published)
     await leader._plan_round()
     await leader._publish_waits()
+    await leader._publisher
     assert kv.writes == 0, "a wait reason cost a job-record write"
     assert len(leader.board.notes) == 600
     # Every reason reaches a replica, in batches bounded by the reply budget.
