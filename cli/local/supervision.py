@@ -1,12 +1,14 @@
 """What the local cluster's supervisor decides, as pure functions of what it saw and a clock.
 
-A daemon found dead is restarted after a delay that doubles from ``first_delay_s`` up to
-``max_delay_s`` (systemd's ``RestartSec`` with a backoff); one that stayed up ``steady_s`` starts
-from the first delay again. A daemon restarted ``burst`` times within ``window_s`` is given up on
-(systemd's ``StartLimitBurst``/``StartLimitIntervalSec``): it stays dead, and `hfai local status`
-says so, rather than restart forever. The NATS server is also restarted, with no other fault, when
-its store refuses writes while its disk has room again (see hfai.controller.store_health):
-nats-server keeps a stream broken after a write error until it restarts.
+One restart policy covers every daemon and every reason to restart one (:func:`decide`): a daemon
+found dead, and the NATS server whose store refuses writes while its disk has room again (see
+hfai.controller.store_health: nats-server keeps a stream broken after a write error until it
+restarts). A restart goes after a delay that doubles from ``first_delay_s`` up to
+``max_delay_s`` (systemd's ``RestartSec`` with a backoff); a daemon that stayed up ``steady_s``
+starts from the first delay again. A daemon restarted ``burst`` times within ``window_s``, for
+whatever reasons, is given up on (systemd's ``StartLimitBurst``/``StartLimitIntervalSec``): it
+stays as it is, and `hfai local status` says so, rather than restart forever. Each restart keeps
+its true reason (:attr:`Track.last_exit`): how the daemon ended, or the store's fault.
 
 Times are wall-clock seconds (they are shown to the user and written to cluster.json).
 """
@@ -14,6 +16,7 @@ Times are wall-clock seconds (they are shown to the user and written to cluster.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,16 +51,35 @@ class SupervisePolicy:
 class Step(enum.Enum):
     """What to do about one daemon now."""
 
-    NOTHING = "nothing"  # alive, or waiting out its restart delay, or given up on
+    NOTHING = "nothing"  # alive and well, or waiting out its restart delay, or given up on
     RESTART = "restart"
     GIVE_UP = "give_up"
+
+
+def delay(streak: int, policy: SupervisePolicy) -> float:
+    """The wait before a restart, after ``streak`` restarts since the daemon last stayed up."""
+    return min(policy.max_delay_s, policy.first_delay_s * 2 ** streak)
+
+
+def decide(restarts: Sequence[float], streak: int, due_since: float, now: float, policy: SupervisePolicy) -> Step:
+    """The one restart policy. ``restarts``: when the daemon was restarted before, for any reason;
+    ``streak``: how many of those since it last stayed up ``steady_s``; ``due_since``: when a
+    restart became due (the daemon found dead, or its fault judged). RESTART once the delay has
+    passed and fewer than ``burst`` restarts fall within ``window_s``; GIVE_UP when that many do;
+    else NOTHING (wait)."""
+    if now - due_since < delay(streak, policy):
+        return Step.NOTHING
+    if sum(1 for t in restarts if now - t < policy.window_s) >= policy.burst:
+        return Step.GIVE_UP
+    return Step.RESTART
 
 
 @dataclass
 class Track:
     """One daemon as the supervisor follows it. ``restarts``: when it was restarted (the last
-    ``window_s``); ``total``: restarts since `up`; ``down_since``: when it was found dead (None
-    while alive); ``started``: when the process now running started."""
+    ``window_s``); ``total``: restarts since `up`; ``down_since``: when a restart became due (it
+    was found dead, or faulty; None while neither); ``started``: when the process now running
+    started; ``last_exit``: the reason of the restart due or last made."""
 
     started: float
     restarts: list[float] = field(default_factory=list)
@@ -68,26 +90,39 @@ class Track:
     last_exit: str = ""
 
     def delay(self, policy: SupervisePolicy) -> float:
-        return min(policy.max_delay_s, policy.first_delay_s * 2 ** self.streak)
+        return delay(self.streak, policy)
 
     def see(self, alive: bool, now: float, policy: SupervisePolicy, exit_text: str = "") -> Step:
-        """Take what was seen of the daemon at ``now`` and return what to do about it."""
+        """Take what was seen of the daemon at ``now`` (``exit_text``: how it ended, when dead)
+        and return what to do about it."""
         if self.gave_up:
             return Step.NOTHING
         if alive:
             if self.streak and now - self.started >= policy.steady_s:
                 self.streak = 0
             return Step.NOTHING
+        return self._due(now, policy, exit_text)
+
+    def fault(self, now: float, policy: SupervisePolicy, why: str) -> Step:
+        """The daemon is alive but must be restarted for ``why`` (the NATS store's fault): the same
+        policy as a death's."""
+        if self.gave_up:
+            return Step.NOTHING
+        return self._due(now, policy, why)
+
+    def well(self) -> None:
+        """A fault seen before is gone (the daemon alive): no restart is due for it."""
+        self.down_since = None
+
+    def _due(self, now: float, policy: SupervisePolicy, why: str) -> Step:
         if self.down_since is None:
             self.down_since = now
-            self.last_exit = exit_text
-        if now - self.down_since < self.delay(policy):
-            return Step.NOTHING
+            self.last_exit = why
         self.restarts = [t for t in self.restarts if now - t < policy.window_s]
-        if len(self.restarts) >= policy.burst:
+        step = decide(self.restarts, self.streak, self.down_since, now, policy)
+        if step is Step.GIVE_UP:
             self.gave_up = True
-            return Step.GIVE_UP
-        return Step.RESTART
+        return step
 
     def restarted(self, now: float) -> None:
         """The daemon was started again at ``now``."""

@@ -53,6 +53,10 @@ class LocalSupervisor:
         self.store_writable = True
         self.store_detail = ""
         self.store_restarted = 0.0
+        # Set by the store probe when nats-server must be restarted for its store (what failed);
+        # the daemons' check restarts it, under the one restart policy.
+        self.store_fault = ""
+        self._store_judged_afresh = False
         self._stopping = asyncio.Event()
 
     # ---------------------------------------------------------------------------- daemons
@@ -85,10 +89,10 @@ class LocalSupervisor:
         """How daemon ``name`` ended, if it was this process's child (else unknown here)."""
         proc = self.cluster._procs.get(name)
         if proc is None or proc.poll() is None:
-            return "unknown (not the supervisor's child)"
+            return "it ended; how is unknown (not the supervisor's child)"
         code = proc.returncode
         if code >= 0:
-            return f"exit status {code}"
+            return f"exited with status {code}"
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
@@ -107,19 +111,28 @@ class LocalSupervisor:
             if self._stopping.is_set():
                 break
             alive = pid_alive(self.cluster.pids.get(name))
-            step = track.see(alive, now, self.policy, "" if alive else self.exit_text(name))
+            fault = self.store_fault if name == "nats" and alive else ""
+            if fault:
+                step = track.fault(now, self.policy, f"its store refused writes ({fault})")
+            else:
+                if alive and track.down_since is not None:
+                    track.well()  # a store fault that passed by itself
+                step = track.see(alive, now, self.policy, "" if alive else self.exit_text(name))
             if step is Step.RESTART:
-                self.restart(name, track, f"it ended ({track.last_exit})")
+                if fault:
+                    self._restart_for_store(track)
+                else:
+                    self.restart(name, track)
                 changed = True
             elif step is Step.GIVE_UP:
-                log.error("%s died %d times within %gs: not restarting it again (`hfai local down` then "
-                          "`hfai local up`); see %s", name, len(track.restarts), self.policy.window_s,
-                          self.cluster.layout.log_path(name))
+                log.error("%s was restarted %d times within %gs and is due again (%s): not restarting it again "
+                          "(`hfai local down` then `hfai local up`); see %s", name, len(track.restarts),
+                          self.policy.window_s, track.last_exit, self.cluster.layout.log_path(name))
                 changed = True
         return changed
 
-    def restart(self, name: str, track: Track, why: str) -> None:
-        log.warning("restarting %s (restart %d): %s", name, track.total + 1, why)
+    def restart(self, name: str, track: Track) -> None:
+        log.warning("restarting %s (restart %d): %s", name, track.total + 1, track.last_exit)
         try:
             self.cluster.pids[name] = self.starter(name)()
         except Exception as e:  # noqa: BLE001 - a failed start is one more death, retried with backoff
@@ -156,11 +169,15 @@ class LocalSupervisor:
                 # A server (re)started for any reason is judged afresh: a probe that failed while
                 # it was down must not restart the new one.
                 nats = self.tracks.get("nats")
-                if nats is not None and store_restart_due(health.writable, self.free_bytes(), p,
-                                                          max(self.store_restarted, nats.started), now):
-                    await asyncio.to_thread(self.restart_nats_for_store, health.detail)
-                    probe.watch = type(probe.watch)(p.store_probe_failures)  # judge the new server afresh
-                elif not health.writable and self.free_bytes() is not None:
+                with self._lock:
+                    if self._store_judged_afresh:  # restarted for its store: judge the new server afresh
+                        self._store_judged_afresh = False
+                        probe.watch = type(probe.watch)(p.store_probe_failures)
+                        continue
+                    due = nats is not None and store_restart_due(health.writable, self.free_bytes(), p,
+                                                                 max(self.store_restarted, nats.started), now)
+                    self.store_fault = health.detail if due else ""
+                if not due and not health.writable and self.free_bytes() is not None:
                     log.warning("the NATS store refuses writes; its disk has %d bytes free: waiting for %d",
                                 self.free_bytes(), p.store_free_bytes)
                 try:
@@ -170,16 +187,15 @@ class LocalSupervisor:
         finally:
             await nc.close()
 
-    def restart_nats_for_store(self, detail: str) -> None:
+    def _restart_for_store(self, track: Track) -> None:
         """Stop nats-server and start it again on the same port and store: it reopens the streams
-        it kept broken after a write error."""
-        with self._lock:
-            track = self.tracks["nats"]
-            log.critical("the NATS store refuses writes (%s) and its disk has room: restarting nats-server", detail)
-            terminate(self.cluster.pids.get("nats"), self.cluster._procs.get("nats"))
-            self.restart("nats", track, "its store refused writes")
-            self.store_restarted = time.time()
-            self.save()
+        it kept broken after a write error. Called with the lock held, as the policy said."""
+        log.critical("the NATS store refuses writes and its disk has room: restarting nats-server")
+        terminate(self.cluster.pids.get("nats"), self.cluster._procs.get("nats"))
+        self.restart("nats", track)
+        self.store_restarted = time.time()
+        self.store_fault = ""
+        self._store_judged_afresh = True
 
     # ------------------------------------------------------------------------------- loop
 
