@@ -159,7 +159,8 @@ class StopRun(Action):
 
 @dataclass(frozen=True)
 class Explain(Action):
-    """Why a waiting job waits (no state change, no history line)."""
+    """Why a waiting job waits (no state change, no history line). The leader keeps it in memory
+    and publishes it (controller/waits.py), never in the record; the simulator writes it in."""
 
     why: Reason
 
