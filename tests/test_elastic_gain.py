@@ -66,9 +66,13 @@ def test_idle_nodes_go_to_the_job_whose_next_node_adds_most():
     # scaling job most, and the poor one only nodes that add at least node_gain_min.
     assert {d.job_id: len(d.nodes) for d in HFAI.decide(jobs, NODES, NOW, PolicyConfig())
             if isinstance(d, Start)} == {"poor": 7, "good": 1}
-    # The scaling job gets its 4; the other its 2nd node (+0.33 of one) but not its 3rd (+0.17):
-    # two nodes stay free for the next arrival.
-    assert starts == {"good": 4, "poor": 2}
+    # The scaling job gets its 4; the other not even its 2nd node (+0.33 of one, below
+    # node_gain_min): three nodes stay free for the next arrival. With a lower bar, its 2nd node
+    # but not its 3rd (+0.17).
+    assert starts == {"good": 4, "poor": 1}
+    low = PolicyConfig(node_gain_min=0.2)
+    assert {d.job_id: len(d.nodes) for d in gain_decide(jobs, NODES, NOW, low) if isinstance(d, Start)} == {
+        "good": 4, "poor": 2}
 
 
 def test_a_running_job_grows_only_when_the_gain_pays_for_the_restart():

@@ -206,7 +206,11 @@ class GainRound(GroupRound):
             if v.hi <= v.lo or n <= v.lo:
                 return (1, 0.0)  # not shrinkable: after, in the rules' order (the sort is stable)
             m = self.model(v)
-            return (0, (m.relative(n) - m.relative(v.lo)) / (n - v.lo))
+            per_node = (m.relative(n) - m.relative(v.lo)) / (n - v.lo)
+            # Only surplus that adds less than an idle node is worth giving (node_gain_min) comes
+            # first; the rest keep the rules' order (most service, longest held): shrinking a job
+            # that scales well first only trades one restart for another.
+            return (0, per_node) if per_node < self.config.node_gain_min else (1, 0.0)
         return sorted(level, key=key)
 
 

@@ -1,0 +1,115 @@
+"""Elastic jobs sized by what they gain: the gain policy against LAS and today's hfai policy.
+
+Prints, for every policy in the same run, average JCT, p99 wait (submit to first start) and
+interruptions per job:
+
+* on traces derived from Pollux's artifact (bench/pollux_trace.py: measured throughput per
+  placement, at node granularity, 16 nodes). Two variants of the same jobs: **rigid** (the size
+  the workload asked for: what a user picks for Tiresias-style LAS, as Pollux compared) and
+  **elastic** (``1:MAX`` with the speedup curve, what an elastic policy may use). LAS, hfai and
+  hfai-gain run both; the targets compare hfai-gain on elastic with LAS on rigid and with hfai
+  on whichever variant serves it better;
+* on synthetic traces without curves (sim/tracegen.py, 8,000 jobs on 250 nodes at loads 1.2
+  and 0.9, one priority, 30% of the multi-node jobs elastic), where the gain policy must make
+  nothing worse.
+
+Run: ``python bench/bench_elastic.py [--artifact PATH] [--workloads N ...] [--synthetic-jobs N]``.
+``--artifact`` is a checkout of github:petuum/adaptdl at ``osdi21-artifact`` or a clone's git
+directory; without it the checked-in ``bench/traces/pollux-workload-1-*.csv`` are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from hfai.sim import SimConfig, TraceJob, read_trace, simulate, tracegen
+from hfai.protocol.types import Priority
+from hfai.sim.report import SimResult
+
+HERE = Path(__file__).parent
+POLICIES = ("las", "hfai", "hfai-gain")
+NODES = 16  # Pollux's cluster: 16 nodes of 4 GPUs
+
+
+def _run(args: tuple[str, list[TraceJob], int, str]) -> tuple[str, str, SimResult]:
+    label, trace, nodes, policy = args
+    return label, policy, simulate(trace, nodes, policy, SimConfig())
+
+
+def pollux_traces(artifact: str | None, workloads: list[str]) -> dict[str, list[TraceJob]]:
+    if artifact is None:
+        return {f"pollux-workload-1 {v}": read_trace(HERE / "traces" / f"pollux-workload-1-{v}.csv")
+                for v in ("rigid", "elastic")}
+    from pollux_trace import Artifact, convert  # bench/ is the script's folder
+
+    art = Artifact(artifact)
+    out: dict[str, list[TraceJob]] = {}
+    for w in workloads:
+        elastic, rigid = convert(art, w)
+        out[f"{w} rigid"], out[f"{w} elastic"] = rigid, elastic
+    return out
+
+
+def row(label: str, policy: str, r: SimResult) -> str:
+    return (f"{label:34s} {policy:10s} {r.avg_jct_s / 60:9.1f} {r.p99_queue_s / 60:9.1f} "
+            f"{r.interrupts_per_job:6.2f}")
+
+
+def verdict(results: dict[tuple[str, str], SimResult], stem: str) -> list[str]:
+    """The targets of one Pollux workload: hfai-gain on elastic against LAS on rigid (Pollux's
+    comparison) and against today's hfai on its better variant."""
+    gain = results[(f"{stem} elastic", "hfai-gain")]
+    las = results[(f"{stem} rigid", "las")]
+    hfai = min((results[(f"{stem} {v}", "hfai")] for v in ("rigid", "elastic")), key=lambda r: r.avg_jct_s)
+    vs_las, vs_hfai = 1 - gain.avg_jct_s / las.avg_jct_s, 1 - gain.avg_jct_s / hfai.avg_jct_s
+    ok = lambda c: "met" if c else "NOT met"  # noqa: E731
+    return [f"{stem}: hfai-gain's avg JCT {-vs_las:+.0%} vs LAS ({ok(vs_las >= 0.30)}: <= -30%), {-vs_hfai:+.0%} vs "
+            f"hfai ({ok(vs_hfai >= 0.25)}: <= -25%); {gain.interrupts_per_job:.2f} interruptions/job "
+            f"({ok(gain.interrupts_per_job <= 1)}: <= 1); p99 wait {gain.p99_queue_s / 60:.1f} min vs LAS "
+            f"{las.p99_queue_s / 60:.1f} ({ok(gain.p99_queue_s <= las.p99_queue_s)})"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--artifact", help="petuum/adaptdl at osdi21-artifact (checkout or git directory)")
+    ap.add_argument("--workloads", nargs="*", default=["workloads/workload-1", "workloads/workload-2",
+                                                       "workloads/workload-3"])
+    ap.add_argument("--synthetic-jobs", type=int, default=8000)
+    ap.add_argument("--synthetic-nodes", type=int, default=250)
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args(argv)
+    traces: dict[str, tuple[list[TraceJob], int]] = {k: (v, NODES) for k, v in
+                                                    pollux_traces(a.artifact, a.workloads).items()}
+    for load in (1.2, 0.9):
+        # One priority: LAS ignores priorities, so only then is it hfai's peer (docs/scheduling.md).
+        trace = [replace(j, priority=Priority.NORMAL.value)
+                 for j in tracegen.generate(a.synthetic_jobs, a.synthetic_nodes, load=load, seed=0, elastic=0.3)]
+        traces[f"synthetic load {load} (no curves)"] = (trace, a.synthetic_nodes)
+    jobs = [(label, trace, nodes, p) for label, (trace, nodes) in traces.items() for p in POLICIES]
+    with ProcessPoolExecutor(max_workers=a.workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        done = list(pool.map(_run, jobs))
+    results = {(label, policy): r for label, policy, r in done}
+    print(f"{'trace':34s} {'policy':10s} {'avg JCT':>9s} {'p99 wait':>9s} {'intr/job':>8s}")
+    print(f"{'':34s} {'':10s} {'(min)':>9s} {'(min)':>9s}")
+    for label, policy, r in done:
+        print(row(label, policy, r))
+    print()
+    stems = sorted({label.rsplit(" ", 1)[0] for label in traces if label.endswith(" elastic")})
+    for stem in stems:
+        print("\n".join(verdict(results, stem)))
+    for label in traces:
+        if label.startswith("synthetic"):
+            g, h, las = (results[(label, p)] for p in ("hfai-gain", "hfai", "las"))
+            print(f"{label}: hfai-gain/hfai avg JCT {g.avg_jct_s / h.avg_jct_s:.3f}x, p99 wait "
+                  f"{g.p99_queue_s / max(h.p99_queue_s, 1e-9):.3f}x, interruptions/job {g.interrupts_per_job:.2f} "
+                  f"(hfai {h.interrupts_per_job:.2f}); hfai-gain/LAS avg JCT {g.avg_jct_s / las.avg_jct_s:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
