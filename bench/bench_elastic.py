@@ -27,8 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from hfai.sim import SimConfig, TraceJob, read_trace, simulate, tracegen
 from hfai.protocol.types import Priority
+from hfai.sim import SimConfig, TraceJob, read_trace, simulate, tracegen
 from hfai.sim.report import SimResult
 
 HERE = Path(__file__).parent
