@@ -190,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = a.workload.replace("/", "-")
-    write_trace(out / f"{stem}-elastic.csv", elastic)
-    write_trace(out / f"{stem}-rigid.csv", rigid)
+    for variant, jobs in (("elastic", elastic), ("rigid", rigid)):
+        path = out / f"{stem}-{variant}.csv"
+        write_trace(path, jobs)
+        source = (f"# Derived by bench/pollux_trace.py ({variant}) from github:petuum/adaptdl, branch {BRANCH} "
+                  f"(Pollux, OSDI'21; Apache-2.0):\n# benchmark/{a.workload}.csv and simulator/traces/*/"
+                  f"{{placements,scalability,validation-*}}.csv. One node = 4 GPUs.\n")
+        path.write_text(source + path.read_text())
     print(f"{len(elastic)} jobs -> {out}/{stem}-{{elastic,rigid}}.csv", file=sys.stderr)
     return 0
 
