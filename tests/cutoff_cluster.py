@@ -11,12 +11,15 @@ advertises an address nobody listens on, so route gossip cannot open a route aro
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import socket
 import subprocess
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from hfai.cli.local.nats_server import nats_server_binary
@@ -50,10 +53,10 @@ class RouteGate:
     def _is_cut(self, a: int, b: int) -> bool:
         return a in self.cut_off or b in self.cut_off
 
-    def open(self, frm: int, to: int, target_port: int) -> int:
-        """A proxy for server ``frm``'s route to server ``to``; returns its port."""
+    def open(self, frm: int, to: int, target_port: Callable[[], int]) -> int:
+        """A proxy for server ``frm``'s route to server ``to`` (at port ``target_port()``); returns its port."""
         async def start() -> int:
-            server = await asyncio.start_server(lambda r, w: self._serve(r, w, frm, to, target_port), "127.0.0.1", 0)
+            server = await asyncio.start_server(lambda r, w: self._serve(r, w, frm, to, target_port()), "127.0.0.1", 0)
             self._servers.append(server)
             return server.sockets[0].getsockname()[1]
         return asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
@@ -100,11 +103,19 @@ class RouteGate:
 
 
 class PartitionableCluster:
-    def __init__(self, root: Path, size: int = 3):
-        ports = _free_ports(2 * size)
-        self.client_ports, self.route_ports = ports[:size], ports[size:]
-        self.root, self.size = root, size
+    """``auth``: the config block of an hfai issuer, given a server's resolver directory (as
+    tests/test_spine_nats_cluster.py's NatsCluster). Each server serves its monitoring pages on
+    ``monitor_ports[i]`` (:meth:`clients` reads who is connected where)."""
+
+    def __init__(self, root: Path, size: int = 3, auth=None):
+        self.root, self.size, self.auth = root, size, auth
         self.gate = RouteGate()
+        # The proxies first: bound, their ports cannot be among the free ones picked next.
+        self.route_ports: list[int] = []
+        self.proxies = {(i, j): self.gate.open(i, j, lambda j=j: self.route_ports[j])
+                        for i in range(size) for j in range(size) if i != j}
+        ports = _free_ports(3 * size)
+        self.client_ports, self.route_ports, self.monitor_ports = ports[:size], ports[size:2 * size], ports[2 * size:]
         self.procs: list[subprocess.Popen] = []
 
     @property
@@ -122,14 +133,15 @@ class PartitionableCluster:
         return self.root / f"nats-{i}.log"
 
     def _start(self, i: int) -> None:
-        routes = ", ".join(f"nats://127.0.0.1:{self.gate.open(i, j, self.route_ports[j])}"
-                           for j in range(self.size) if j != i)
+        routes = ", ".join(f"nats://127.0.0.1:{self.proxies[i, j]}" for j in range(self.size) if j != i)
         conf = self.root / f"nats-{i}.conf"
         conf.write_text(
             f"server_name: nats-{i}\nlisten: 127.0.0.1:{self.client_ports[i]}\n"
+            f"http: 127.0.0.1:{self.monitor_ports[i]}\n"
             f"jetstream {{\n  store_dir: {self.root / f'js-{i}'}\n}}\n"
             f"cluster {{\n  name: hfai\n  listen: 127.0.0.1:{self.route_ports[i]}\n"
             f"  advertise: \"{NOWHERE}\"\n  routes: [{routes}]\n}}\n"
+            + (self.auth(self.root / f"accounts-{i}") if self.auth else "")
         )
         with open(self.log(i), "ab") as logf:
             self.procs.append(subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=logf,
@@ -146,6 +158,15 @@ class PartitionableCluster:
                 return
             time.sleep(0.1)
         raise AssertionError(f"NATS cluster did not form; see {self.root}")
+
+    def clients(self, i: int) -> set[str]:
+        """The names of the clients connected to server ``i`` (its /connz page)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_ports[i]}/connz?limit=1000", timeout=5) as r:
+            return {c.get("name", "") for c in json.load(r).get("connections") or []}
+
+    def server_of(self, client: str) -> int | None:
+        """The server client ``client`` is connected to (None: none now)."""
+        return next((i for i in range(self.size) if client in self.clients(i)), None)
 
     def cut(self, i: int) -> None:
         """Partition server ``i`` from the others; it stays up with its clients."""
