@@ -27,19 +27,18 @@ from bench_throughput import kv_revisions
 from hfai.api.client import ApiClient, JobFilter
 from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER
 from hfai.protocol import names
-from hfai.protocol.types import ChainState, JobReply, JobSpec, SubmitRequest
+from hfai.protocol.types import ChainState, JobSpec
 
 OPS, OTHER = "ops", "carol"
 
 
-async def submit_queue(api: ApiClient, n: int, workdir: str, array: int = 100, at_once: int = 4) -> None:
-    """``n`` one-node jobs as arrays of ``array`` (one request each, ``at_once`` in flight)."""
+async def submit_queue(api: ApiClient, n: int, workdir: str, batch: int = 64) -> None:
+    """``n`` one-node jobs, ``batch`` submits in flight (job arrays of hundreds, one request
+    each, outlast the request timeout once the queue is long)."""
     spec = JobSpec(name="q", entrypoint=("sleep", "600"), workdir=workdir, nodes=1)
-    sizes = [min(array, n - i) for i in range(0, n, array)]
-    requests = [SubmitRequest(spec=dataclasses.replace(spec, name=f"q{j}"), force=True, array=tuple(range(size)))
-                for j, size in enumerate(sizes)]
-    for k in range(0, len(requests), at_once):
-        await asyncio.gather(*(api.call(names.VERB_SUBMIT, r, JobReply) for r in requests[k:k + at_once]))
+    for i in range(0, n, batch):
+        await asyncio.gather(*(api.submit(dataclasses.replace(spec, name=f"q{k}"), force=True)
+                               for k in range(i, min(n, i + batch))))
 
 
 async def timed(call) -> float:
