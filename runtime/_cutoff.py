@@ -4,16 +4,20 @@ A server that lost its routes (a partition) keeps its clients: their connection 
 pings are answered, yet every JetStream request waits for a leader on the far side. nats-py
 reconnects only when the connection itself fails, so a daemon would stay with that server for as
 long as the partition lasts (its heartbeats failing, its requests hanging). Each daemon's
-connection is therefore checked: every ``[nats] cutoff_check_s`` an account-info request
-(``$JS.API.INFO``: every role may send it, the cluster's meta leader answers it, and a server that
-lost its meta leader answers "temporarily unavailable"), given ``cutoff_timeout_s``. When none has
-been answered for ``cutoff_after_s``, the connection is moved (``Client.force_reconnect``) to
-another server, and the one it left is tried last for ``cutoff_avoid_s``.
+connection is therefore checked: every ``[nats] cutoff_check_s`` it asks for a replicated
+stream's info (the nodes bucket's), given ``cutoff_timeout_s``. The stream's leader answers, and
+counts only if it heard from a quorum of its replicas within ``cutoff_silent_s``: a leader on the
+cut-off server itself answers from its own copy until it steps down. A client whose role may not
+ask about that stream (the web) asks for the account's info, which the meta leader answers. When
+nothing has been answered for ``cutoff_after_s``, the connection is moved
+(``Client.force_reconnect``) to another server, and the one it left is tried last for
+``cutoff_avoid_s``.
 
-The decisions are pure (:class:`CutoffWatch`, :class:`ServerChooser`); :class:`ClusterWatch` is
-the task that acts on them, one per connection, started and stopped by ``hfai._nats.connect``.
-The store probe (hfai.controller.store_health) asks :func:`unanswered` too: a write that failed
-while JetStream answers nothing is a server cut off (or down), not a store that refuses writes.
+The decisions are pure (:class:`CutoffWatch`, :class:`ServerChooser`, :func:`quorum_failure`);
+:class:`ClusterWatch` is the task that acts on them, one per daemon connection, started and
+stopped by ``hfai._nats.connect``. The store probe (hfai.controller.store_health) asks
+:func:`check` too: a write that failed while the cluster answers nothing is a server cut off (or
+down), not a store that refuses writes.
 """
 
 from __future__ import annotations
