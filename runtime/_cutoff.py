@@ -79,7 +79,7 @@ def quorum_failure(info: Any, silent_s: float) -> str:
     is what gives it away. A stream without replicas says nothing."""
     cluster = getattr(info, "cluster", None)
     peers = getattr(cluster, "replicas", None) or []
-    if not peers:
+    if cluster is None or not peers:
         return ""
     if not cluster.leader:  # answered by a replica that lost its leader (and cannot elect one)
         return f"{info.config.name} has no leader"
