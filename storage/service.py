@@ -283,13 +283,15 @@ class StorageService:
         m = req.manifest
         if m.chunk_bytes != self.sc.chunk_bytes:
             raise InvalidRequest(f"chunks of {m.chunk_bytes} bytes; this cluster uses {self.sc.chunk_bytes}")
-        plan.check_manifest(m, self.sc.chunk_bytes)
+        # Seconds for a manifest of a million files: in threads, so that the loop keeps answering
+        # meanwhile (the pushing client's liveness pings among the rest).
+        await asyncio.to_thread(plan.check_manifest, m, self.sc.chunk_bytes)
         key = (user, req.workspace)
         self._committing[key] = self._committing.get(key, 0) + 1
         try:
             async with self._lock(user, req.workspace):
-                held = set(self.workspaces.held(user, req.workspace)) | self.staging.held(user)
-                lacking = plan.missing((h for f in m.files for h in f.chunks), held)
+                staged = self.staging.held(user)  # a copy, taken on the loop, where the index changes
+                used, lacking = await asyncio.to_thread(self._used_and_lacking, user, req.workspace, m, staged)
                 if lacking:
                     # A Conflict, so that the client asks about every chunk and sends these: it
                     # asks first only about the files changed on its side, and a file changed or
@@ -301,12 +303,19 @@ class StorageService:
                                                  lambda h: self.staging.locate(user, h), packed)
                 finally:
                     self._remove_later(self.workspaces.take_discarded(), remove_trees)
-                self._remove_later(self.staging.forget(user, {h for f in m.files for h in f.chunks}))
+                self._remove_later(self.staging.forget(user, used))
         finally:
             self._committing[key] -= 1
             if not self._committing[key]:
                 del self._committing[key]
         return self.workspaces.info(user, req.workspace)
+
+    def _used_and_lacking(self, user: str, name: str, m: s.Manifest, staged: set[str]) \
+            -> tuple[set[str], tuple[str, ...]]:
+        """The chunks ``m`` uses, and those of them neither the workspace's files nor ``staged``
+        hold (blocking)."""
+        held = set(self.workspaces.held(user, name)) | staged
+        return {h for f in m.files for h in f.chunks}, plan.missing((h for f in m.files for h in f.chunks), held)
 
     def _remove_later(self, packs: list, remove: Callable[[list], None] = remove_packs) -> None:
         """Remove ``packs`` (or other paths, by ``remove``) in a thread, without holding up the
