@@ -23,7 +23,8 @@ not yet seen), and
   allow it (the shrunk job held its nodes a slice, is of another user, of no higher priority and
   has had no less service). Each job is resized at most once a slice, so interruptions stay few.
 
-Without measurements (or with linear ones) it decides as hfai does; tests/test_elastic_gain*.py.
+Without measurements at two sizes (the prior is linear by default), or with linear ones, it decides
+exactly as hfai does; tests/test_elastic_gain.py checks that, and the rules above.
 """
 
 from __future__ import annotations
@@ -40,15 +41,23 @@ from hfai.controller.queues import JobIndex
 from hfai.protocol.reasons import Reason, ReasonCode, reason
 
 
-def model_of(job: JobView) -> Speedup:
+def model_of(job: JobView, config: PolicyConfig) -> Speedup:
     """The job's speedup curve, fitted to its measured throughput (the prior without any)."""
-    return fit(job.throughput)
+    return fit(job.throughput, config.prior_serial)
+
+
+def _even(x: float) -> float:
+    """A gain rounded so that equal gains worked out by different sums compare equal: ties keep
+    the rules' order (a linear curve's every node adds 1.0, and then the order is hfai's)."""
+    return round(x, 9)
 
 
 def pays(model: Speedup, n: int, m: int, config: PolicyConfig) -> float:
     """What resizing from ``n`` to ``m`` nodes gains over the coming slice, in one-node-seconds
     of progress, the restart included (negative: it does not pay)."""
     t, c = config.slice_s, min(config.resize_cost_s, config.slice_s)
+    if t <= 0:  # no slice, no horizon to weigh the restart against: any gain counts
+        return model.relative(m) - model.relative(n)
     return model.relative(m) * (t - c) - model.relative(n) * t
 
 
@@ -63,7 +72,7 @@ class GainRound(GroupRound):
     def model(self, job: JobView) -> Speedup:
         m = self.models.get(job.id)
         if m is None:
-            m = self.models[job.id] = model_of(job)
+            m = self.models[job.id] = model_of(job, self.config)
         return m
 
     def add_room(self, job: JobView) -> int:
@@ -78,7 +87,7 @@ class GainRound(GroupRound):
         heap: list[tuple[float, int, int]] = []
         for order, (job, ns) in enumerate(self.starts):
             if len(ns) < job.hi:
-                heap.append((-self.model(job).gain(len(ns)), order, 0))
+                heap.append((-_even(self.model(job).gain(len(ns))), order, 0))
         heapq.heapify(heap)
         while heap and self.n_free() > 0:
             neg, order, _ = heapq.heappop(heap)
@@ -90,7 +99,7 @@ class GainRound(GroupRound):
             ns.extend(self.take_free(1))
             self.used[(job.user, job.priority, self.group)] += 1
             if len(ns) < job.hi:
-                heapq.heappush(heap, (-self.model(job).gain(len(ns)), order, 0))
+                heapq.heappush(heap, (-_even(self.model(job).gain(len(ns))), order, 0))
 
     # -- idle nodes to running jobs
 
@@ -100,17 +109,18 @@ class GainRound(GroupRound):
                 and self.now - job.started_ts >= self.config.slice_s)
 
     def best_growth(self, job: JobView, extra: int) -> tuple[float, int]:
-        """(gain per added node, nodes to add) of the best growth of ``job`` by at most ``extra``
-        nodes that pays for its restart and gains ``grow_min_gain``; (0, 0) if none does."""
+        """(throughput each added node adds, nodes to add) of the growth of ``job`` by at most
+        ``extra`` nodes that gains most over the coming slice, if it pays for its restart and
+        gains ``grow_min_gain``; (0, 0) if none does."""
         n, model = len(job.held), self.model(job)
-        best = (0.0, 0)
+        best, best_paid = (0.0, 0), 0.0
         base = model.relative(n)
         for k in range(1, extra + 1):
             if model.relative(n + k) < base * (1 + self.config.grow_min_gain):
                 continue
-            g = pays(model, n, n + k, self.config)
-            if g > 0 and g / k > best[0]:
-                best = (g / k, k)
+            paid = pays(model, n, n + k, self.config)
+            if paid > best_paid:
+                best, best_paid = (_even(model.gain(n, k) / k), k), paid
         return best
 
     def grow_running(self) -> None:
@@ -118,7 +128,7 @@ class GainRound(GroupRound):
                             key=lambda j: (j.started_ts, j.id))
         while candidates and self.n_free() > 0:
             best: tuple[float, int, JobView] | None = None
-            for job in candidates:
+            for job in candidates:  # oldest first: among equal gains, hfai's order
                 extra = min(job.hi - len(job.held), self.n_free(), self.add_room(job))
                 per_node, k = self.best_growth(job, extra)
                 if k and (best is None or per_node > best[0]):

@@ -75,6 +75,9 @@ class PolicyConfig:
     #: add less than this first from its victims. 0.8 did best on the Pollux-derived traces
     #: (bench/bench_elastic.py; 0.2 and 0.5 gave up to 9% longer average JCT, twice the p99 wait).
     node_gain_min: float = 0.8
+    #: The gain policy's prior for sizes a job was not measured at: Amdahl's serial fraction (0:
+    #: linear, what hfai assumes of every job; controller/policy/speedup.py says why).
+    prior_serial: float = 0.0
     #: Attained-service bands, in slices of node-time (``slice_s`` node-seconds; with the default
     #: slice: 1, 8 and 64 node-hours). Within a priority, jobs in a lower band (less service so far)
     #: go first and may take a time slice from jobs in a higher one; FIFO within a band.
