@@ -177,9 +177,10 @@ class LocalSupervisor:
                     due = nats is not None and store_restart_due(health.writable, self.free_bytes(), p,
                                                                  max(self.store_restarted, nats.started), now)
                     self.store_fault = health.detail if due else ""
-                if not due and not health.writable and self.free_bytes() is not None:
+                free = self.free_bytes()
+                if not health.writable and free is not None and free < p.store_free_bytes:
                     log.warning("the NATS store refuses writes; its disk has %d bytes free: waiting for %d",
-                                self.free_bytes(), p.store_free_bytes)
+                                free, p.store_free_bytes)
                 try:
                     await asyncio.wait_for(self._stopping.wait(), p.store_probe_s)
                 except TimeoutError:
