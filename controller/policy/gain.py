@@ -37,7 +37,7 @@ from hfai.controller.policy.rounds import GroupRound, decide_with, quiet_until
 from hfai.controller.policy.rules import ordering, service_band
 from hfai.controller.policy.speedup import Speedup, fit
 from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize
-from hfai.controller.queues import JobIndex
+from hfai.controller.queues import GroupJobs, JobIndex
 from hfai.protocol.reasons import Reason, ReasonCode, reason
 
 
@@ -64,8 +64,9 @@ def pays(model: Speedup, n: int, m: int, config: PolicyConfig) -> float:
 class GainRound(GroupRound):
     """One group's round of the gain policy (see the module doc)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+    def __init__(self, jobs: GroupJobs, usable_names: list[str], free: list[str], index: JobIndex, group: str,
+                 now: float, config: PolicyConfig):
+        super().__init__(jobs, usable_names, free, index, group, now, config)
         self.models: dict[str, Speedup] = {}
         self.resized: set[str] = set()
 
