@@ -130,6 +130,6 @@ def write_trace(path: str | Path, jobs: Iterable[TraceJob]) -> None:
     w.writerow(TRACE_COLUMNS)
     for j in jobs:
         nodes = f"{j.nodes}:{j.max_nodes}" if j.max_nodes > j.nodes else str(j.nodes)
-        curve = " ".join(f"{x:.4g}" for x in j.speedup)
+        curve = " ".join(f"{x:.6g}" for x in j.speedup)
         w.writerow([f"{j.submit_s:.3f}", f"{j.duration_s:.3f}", nodes, Priority.label(j.priority), j.user, curve])
     write_atomic(path, buf.getvalue())
