@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 from hfai.controller.policy.interface import FunctionPolicy, Policy
 from hfai.controller.policy.rounds import GroupRound, decide_with, quiet_until
 from hfai.controller.policy.rules import ordering, service_band
 from hfai.controller.policy.speedup import Speedup, fit
-from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize
+from hfai.controller.policy.victims import Victim
+from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize, Suspend
 from hfai.controller.queues import GroupJobs, JobIndex
 from hfai.protocol.reasons import Reason, ReasonCode, reason
 
@@ -196,6 +198,15 @@ class GainRound(GroupRound):
         self.grow(r, len(r.held) + k, for_job="")
 
     # -- contended nodes: which eligible victims give first
+
+    def victim_decision(self, job: JobView, v: Victim) -> Suspend:
+        """hfai's decision, and for a shrink what the nodes it gives up added (its curve)."""
+        d = super().victim_decision(job, v)
+        if isinstance(d, Resize) and d.size:
+            model, n = self.model(v.job), len(v.job.held)
+            lost = round(100 * (1 - model.relative(d.size) / model.relative(n)))
+            return replace(d, why=Reason(d.why.code, {**d.why.params, "lost": str(lost)}))
+        return d
 
     def candidates(self, job: JobView, p: int) -> Iterator[JobView]:
         """The victims :class:`GroupRound` allows, per priority level in its order, except that
