@@ -40,7 +40,7 @@ class WaitBoard:
         self._revisions = revisions
         self.notes: dict[str, tuple[int, Reason]] = {}
         self.term = 0  # the newest term whose notes this board holds
-        self._dirty: set[str] = set()  # noted since the last batches() (the leader's side)
+        self._dirty: set[str] = set()  # noted since the last take() (the leader's side)
         self._prune_at = 1024
 
     # -- the leader's side

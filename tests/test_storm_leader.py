@@ -217,3 +217,23 @@ def test_a_reason_holds_for_a_copy_of_its_record_and_a_changed_record_is_explain
     planner.observe(tr.apply_update(planner.records["w"], Priority.LOW.value, None))
     assert planner.shown(planner.records["w"]) != first.why
     assert [a.why for a in planner.plan(nodes, settings, 12.0) if a.job_id == "w"] == [first.why]
+
+
+async def test_a_round_writes_its_starts_before_it_works_out_every_wait():
+    leader, _ = leader_with([job(f"w{i}") for i in range(20)], ["n0"])
+    steps: list[tuple[str, object]] = []
+    plan, update = leader.planner.plan, leader._update
+
+    def logged_plan(nodes, settings, now):
+        steps.append(("plan", settings.policy.explain_waits))
+        return plan(nodes, settings, now)
+
+    async def logged_update(job_id, change):
+        steps.append(("write", job_id))
+        await update(job_id, change)
+
+    leader.planner.plan, leader._update = logged_plan, logged_update
+    await leader._plan_round()  # the first round of a term explains
+    assert [s[0] for s in steps] == ["plan", "write", "plan"], steps
+    assert steps[0] == ("plan", False) and steps[2] == ("plan", True)
+    assert len(leader.board.notes) == 19  # every other job's reason, noted
