@@ -65,6 +65,7 @@ STAMP_BATCH = 64  # records stamped at once at a takeover
 #: round as long as leader_stall_s would give the lease up.
 ROUND_SHARE_OF_TTL = 0.25
 ASSIGN_ATTEMPTS = 4  # compare-and-set attempts of one assignment write
+EXPLAIN_SHARE = 0.1  # of the leader's time, at most, spent working out why jobs wait (ExplainClock)
 #: Jittered waits before fetching or subscribing to the events again after NATS refused (every
 #: replica's leader loop meets a NATS restart at the same moment).
 EVENTS_RETRY_S, EVENTS_RETRY_CAP_S = 0.5, 5.0
@@ -79,12 +80,21 @@ class ExplainClock:
     every_s: float
     new_every_s: float
     last: float = -math.inf
+    #: The least time between explaining rounds, from how long the last one took (see :meth:`took`).
+    gap_s: float = 0.0
 
     def due(self, now: float, unexplained: bool) -> bool:
-        if now >= self.last + self.every_s or (unexplained and now >= self.last + self.new_every_s):
+        every, new_every = max(self.every_s, self.gap_s), max(self.new_every_s, self.gap_s)
+        if now >= self.last + every or (unexplained and now >= self.last + new_every):
             self.last = now
             return True
         return False
+
+    def took(self, seconds: float) -> None:
+        """The last explaining plan took ``seconds``: explaining takes at most EXPLAIN_SHARE of
+        the leader's time (at 20,000 queued it is a quarter of a second of pure Python, and
+        every other round, decisions included, waits for it on a busy host)."""
+        self.gap_s = seconds / EXPLAIN_SHARE
 
 
 class Leader:
@@ -415,7 +425,9 @@ class Leader:
             return
         if self._explain.due(self._clock.monotonic(), self.planner.unexplained()):
             self._catch_up()  # this round's own writes
+            began = self._clock.monotonic()
             await self._plan_and_write(self._node_states(), explain=True)
+            self._explain.took(self._clock.monotonic() - began)
 
     async def _plan_and_write(self, nodes: list[PlanNode], explain: bool) -> bool:
         """Plan once and write the decisions (notes for the reasons); False if the round must
