@@ -50,7 +50,8 @@ def measure(kind: str, runs: int, base: Path, turn: int) -> list[float]:
                              cgroups=kind != "none")
     containment = make_containment(ac, f"bench-{kind}", "", "", "", 16 * 2**30)
     assert containment.sandbox.name == kind, containment.summary
-    store = RunStore(base / f"{kind}{turn}" / "state", f"bench-{kind}", base / "envs", run_as="agent", containment=containment)
+    store = RunStore(base / f"{kind}{turn}" / "state", f"bench-{kind}", base / "envs", run_as="agent",
+                     containment=containment)
     workdir = base / "work"
     workdir.mkdir(exist_ok=True)
     first_line_ms(store, -1, str(workdir))  # warm the zygote and the page cache

@@ -343,9 +343,10 @@ class Planner:
                     actions.append(lose)
                     overlay[job_id] = after
         for n in troubled:
-            job_id = index.holder.get(n.name)
-            if job_id is None:
+            held_by = index.holder.get(n.name)
+            if held_by is None:
                 continue
+            job_id = held_by
             job = overlay.get(job_id, self.records[job_id])
             if n.alive:
                 fault = {"fault": n.fault} if n.fault else {}
