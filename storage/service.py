@@ -13,9 +13,10 @@ loops apply the storage rules: the usage scan (restrict users over ``limit_bytes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,10 +238,14 @@ class StorageService:
             req: s.CommitRequest = decode(data, s.CommitRequest)
             if not req.upload:
                 return await self.ws_commit(user, operator, req, packed_field(data, "manifest"))
-            whole = await asyncio.to_thread(self.uploads.take, user, req.upload, req.digest)
-            m = await asyncio.to_thread(lambda: decode(whole, s.Manifest, max_bytes=s.MAX_MANIFEST_BYTES))
-            return await self.ws_commit(user, operator, s.CommitRequest(workspace=req.workspace, manifest=m),
-                                        packed_body(whole))
+            plan.check_workspace_name(req.workspace)
+            # Committing from here on, as ws_commit_status tells the waiting client: decoding a
+            # million files' manifest takes seconds.
+            with self._committing_now(user, req.workspace):
+                whole = await asyncio.to_thread(self.uploads.take, user, req.upload, req.digest)
+                m = await asyncio.to_thread(lambda: decode(whole, s.Manifest, max_bytes=s.MAX_MANIFEST_BYTES))
+                return await self.ws_commit(user, operator, s.CommitRequest(workspace=req.workspace, manifest=m),
+                                            packed_body(whole))
         return await handler(user, operator, decode(data, kind))
 
     def _lock(self, user: str, name: str) -> asyncio.Lock:
@@ -283,12 +288,10 @@ class StorageService:
         m = req.manifest
         if m.chunk_bytes != self.sc.chunk_bytes:
             raise InvalidRequest(f"chunks of {m.chunk_bytes} bytes; this cluster uses {self.sc.chunk_bytes}")
-        # Seconds for a manifest of a million files: in threads, so that the loop keeps answering
-        # meanwhile (the pushing client's liveness pings among the rest).
-        await asyncio.to_thread(plan.check_manifest, m, self.sc.chunk_bytes)
-        key = (user, req.workspace)
-        self._committing[key] = self._committing.get(key, 0) + 1
-        try:
+        with self._committing_now(user, req.workspace):
+            # Seconds for a manifest of a million files: in threads, so that the loop keeps
+            # answering meanwhile (the pushing client's liveness pings among the rest).
+            await asyncio.to_thread(plan.check_manifest, m, self.sc.chunk_bytes)
             async with self._lock(user, req.workspace):
                 staged = self.staging.held(user)  # a copy, taken on the loop, where the index changes
                 used, lacking = await asyncio.to_thread(self._used_and_lacking, user, req.workspace, m, staged)
@@ -304,11 +307,19 @@ class StorageService:
                 finally:
                     self._remove_later(self.workspaces.take_discarded(), remove_trees)
                 self._remove_later(self.staging.forget(user, used))
+        return self.workspaces.info(user, req.workspace)
+
+    @contextlib.contextmanager
+    def _committing_now(self, user: str, name: str) -> Iterator[None]:
+        """Count a commit of ``name`` as asked for and not yet answered (ws_commit_status)."""
+        key = (user, name)
+        self._committing[key] = self._committing.get(key, 0) + 1
+        try:
+            yield
         finally:
             self._committing[key] -= 1
             if not self._committing[key]:
                 del self._committing[key]
-        return self.workspaces.info(user, req.workspace)
 
     def _used_and_lacking(self, user: str, name: str, m: s.Manifest, staged: set[str]) \
             -> tuple[set[str], tuple[str, ...]]:

@@ -163,3 +163,52 @@ def test_a_manifest_over_one_message_s_size_is_recorded_and_read_back(tmp_path):
     assert ws._manifest_path("alice", "big").stat().st_size > MAX_MESSAGE_BYTES
     ws._decoded.clear()
     assert ws.manifest("alice", "big") == m
+
+
+def test_the_service_says_it_is_committing_while_it_decodes_a_manifest_sent_in_pieces(tmp_path, monkeypatch):
+    """A million files' manifest takes the service seconds to decode: all that time the client's
+    liveness pings (ws_commit_status) must hear "committing", or it reports the service as
+    restarted and gives up on a commit that is going fine."""
+    import hashlib
+    import threading
+
+    from fakes import FakeMsg
+
+    from hfai.protocol import decode
+    from hfai.protocol import storage as s
+    from hfai.storage import service as service_mod
+    from hfai.storage.staging import Staging
+
+    sc = StorageConfig(workspace_root=str(tmp_path / "root"), state_dir=str(tmp_path / "state"), chunk_bytes=CHUNK)
+    svc = StorageService(Config(storage=sc))
+    whole = encode(s.Manifest(chunk_bytes=CHUNK))
+    upload = "0" * 32
+    entered, go_on = threading.Event(), threading.Event()
+    real = service_mod.decode
+
+    def slow_manifest(data, kind, **kw):
+        if kind is s.Manifest:
+            entered.set()
+            go_on.wait(60)
+        return real(data, kind, **kw)
+
+    monkeypatch.setattr(service_mod, "decode", slow_manifest)
+
+    async def main() -> tuple[s.CommitStatus, s.WorkspaceInfo]:
+        svc._staging = Staging.open(sc.workspace_root, sc.staging_ttl_s)
+        svc.uploads.clear()
+        svc.uploads.write("alice", upload, 0, len(whole), whole)
+        replies: asyncio.Queue = asyncio.Queue()
+        request = s.CommitRequest(workspace="w", manifest=s.Manifest(), upload=upload,
+                                  digest=hashlib.sha256(whole).hexdigest())
+        await svc.handle(FakeMsg("hfai.storage.alice.ws_commit", request, replies))
+        await asyncio.to_thread(entered.wait, 60)
+        await svc.handle(FakeMsg("hfai.storage.alice.ws_commit_status", s.WorkspaceRequest(workspace="w"), replies))
+        status = decode(await replies.get(), s.CommitStatus)
+        go_on.set()
+        info = decode(await replies.get(), s.WorkspaceInfo)
+        await svc.close()
+        return status, info
+
+    status, info = asyncio.run(main())
+    assert status.committing and info.name == "w"
