@@ -359,7 +359,7 @@ class ExecService:
         code = -1
         try:
             code = exit_status(await s.proc.wait())
-            if not s.reason and s.container and not psutil.pid_exists(s.container):
+            if not s.reason and s.container and code == 128 + signal.SIGKILL and await _gone(s.container):
                 # The job's container ended (its run did), and took the command with it.
                 s.reason = RUN_ENDED
             if pumps:
@@ -467,6 +467,23 @@ class ExecService:
 
 
 # --------------------------------------------------------------------------- the system side
+
+async def _gone(pid: int, within_s: float = 1.0) -> bool:
+    """Does process ``pid`` end (exit, or be a zombie left to reap) within ``within_s``? A
+    container's pid 1 dies a moment after the processes its end killed."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+
 
 async def _forked_child(pid: int, within_s: float = 2.0) -> int:
     """The child ``pid`` forked (nsenter's command), 0 if none came within ``within_s``."""

@@ -148,6 +148,7 @@ def _notebook(cells: list[tuple[str, str]]) -> dict:
 
 def _browser_shots(c: Cluster, job_id: str, tmp: Path) -> None:
     """Sign in through the page in Chromium, see the session's Open button, load JupyterLab."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -157,8 +158,10 @@ def _browser_shots(c: Cluster, job_id: str, tmp: Path) -> None:
         driver.get(_base(c) + "/login")
         driver.execute_script("document.getElementById('creds').value=arguments[0]", c.creds("alice").read_text())
         driver.find_element(By.ID, "sign-in").click()
-        WebDriverWait(driver, 30).until(ec.presence_of_element_located((By.CSS_SELECTOR, "a.open")))
-        link = driver.find_element(By.CSS_SELECTOR, "a.open").get_attribute("href")
+        # The page redraws its rows as it polls: an element found may be gone by the next call.
+        link = WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "a.open") and d.find_element(By.CSS_SELECTOR, "a.open")
+            .get_attribute("href"))
         assert link.endswith(f"/dev/{job_id}/")
         driver.save_screenshot(str(c.shots / "jobs-open-button.png"))  # type: ignore[attr-defined]
         driver.get(link + "lab/tree/hello.ipynb")
