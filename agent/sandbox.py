@@ -196,8 +196,11 @@ def bwrap_args(c: ContainerPaths, mounts: Sequence[Mount]) -> list[str]:
     # hfreduce uses, lives in the container's own /dev/shm.
     args = ["--unshare-pid", "--die-with-parent", "--new-session",
             "--proc", "/proc", "--dev", "/dev"]
-    args += [*_size(c.tmp_bytes), "--tmpfs", "/tmp"]
-    args += [*_size(c.shm_bytes), "--tmpfs", "/dev/shm"]
+    # /tmp and /dev/shm are the container's own either way: folders of the tmpfs bwrap makes for
+    # the root and for /dev, or (sized) tmpfs mounts of their own, a mount each per start.
+    args += [*_size(c.tmp_bytes), "--tmpfs", "/tmp"] if c.tmp_bytes > 0 else ["--perms", "1777", "--dir", "/tmp"]
+    if c.shm_bytes > 0:
+        args += [*_size(c.shm_bytes), "--tmpfs", "/dev/shm"]
     for m in mounts:
         if m.mode is BindMode.LINK:
             args += ["--symlink", m.src, m.dst]

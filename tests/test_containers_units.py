@@ -79,6 +79,10 @@ def test_bwrap_options():
     at = args.index("/etc/shadow")
     assert args[at - 2: at + 1] == ["--ro-bind", "/dev/null", "/etc/shadow"]
     assert args[-2:] == ["--chdir", "/ws/alice/proj"]
+    # Unsized: folders of bwrap's own tmpfs (root, /dev), private all the same, a mount fewer each.
+    plain = bwrap_args(_paths(), plan_mounts(_paths()))
+    i = plain.index("/tmp")
+    assert plain[i - 3: i + 1] == ["--perms", "1777", "--dir", "/tmp"] and "/dev/shm" not in plain
 
 
 def test_exit_status_through_bwrap():
