@@ -273,6 +273,8 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
 
         d.get(_url(c, "/nodes?node=node-0"))
         wait.until(lambda _d: d.find_elements(By.CSS_SELECTOR, "tr[data-node='node-0']"))
+        # Its health: the validator ran at the agent's start (docs/health.md).
+        wait.until(lambda _d: "check passed in" in d.find_element(By.CSS_SELECTOR, "tr[data-node='node-0']").text)
         # plotly draws one trace per GPU of the picked node (tests/test_web_pages.py checks the labels)
         wait.until(lambda _d: len(d.find_elements(By.CSS_SELECTOR, "#gpu-util .scatterlayer .trace")) == 8)
         d.save_screenshot(str(shots / "6-nodes.png"))

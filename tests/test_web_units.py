@@ -175,3 +175,24 @@ def test_the_cli_and_the_usage_command_import_no_web_or_metrics_library():
             "print(sorted(m for m in ('aiohttp', 'prometheus_client', 'selenium', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_nodes_health_line_names_its_fault_its_last_check_and_what_containment_lacks():
+    import dataclasses
+
+    from hfai.protocol.reasons import ReasonCode, reason
+    from hfai.protocol.types import GpuFault, HealthCheck
+
+    fault = GpuFault(ts=T0, why=reason(ReasonCode.GPU_FAULT, gpu=3, xid=79, meaning="fell off the bus",
+                                       kind="hardware", node="n0"), hardware=True)
+    sick = dataclasses.replace(_record(T0, (0.0,)), fault=fault, faults=(fault,), containment="bwrap, cgroup v1",
+                               check=HealthCheck(ts=T0, ok=False, duration_s=1.5, detail="gemm on GPU 3: wrong result"))
+    health = views.node_row(NodeInfo(record=sick, state=NodeState.DRAINED, age_s=1.0), T0)["health"]
+    assert health.startswith("fault: ") and "Xid 79 on GPU 3" in health
+    assert "check failed at " in health and "gemm on GPU 3: wrong result" in health
+    assert "1 recent fault(s)" in health and "cgroup" not in health  # fully contained: nothing to say
+    well = dataclasses.replace(_record(T0, (0.0,)), check=HealthCheck(ts=T0, ok=True, duration_s=0.01),
+                               containment="no container, cgroup v1; containers off ([agent] container = \"none\")")
+    health = views.node_row(NodeInfo(record=well, state=NodeState.UP, age_s=1.0), T0)["health"]
+    assert "check passed in 0.01s" in health and "containers off" in health
+    assert views.node_row(NodeInfo(record=_record(T0, (0.0,)), state=NodeState.UP, age_s=1.0), T0)["health"] == ""

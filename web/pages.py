@@ -139,7 +139,7 @@ async function load(){const b=await getJSON('/api/nodes'+(picked?'?node='+encode
     const when_=n.stale?`figures of ${when(n.last_seen)}`:`${ago(n.last_seen)} ago`;
     tr.append(name, el('td',n.state,'state-'+n.state), el('td',n.reason), jobs,
       el('td',`${Math.round(n.util)}%`,'num'), el('td',`${gib(n.mem_used)} / ${gib(n.mem_total)} GiB`,'num'),
-      el('td',when_)); return tr;}));
+      el('td',when_), el('td',n.health)); return tr;}));
   heatMap(document.getElementById('heat-util'), 'GPU utilisation per node, last hour (mean of its GPUs)',
     b.heat, 'util', 'utilisation');
   heatMap(document.getElementById('heat-mem'), 'GPU memory used per node, last hour (mean of its GPUs)',
@@ -308,7 +308,7 @@ def nodes_page(user: str, poll_s: float) -> str:
             "<div id='gpu-mem' class='chart'></div></div>"
             "<h2>Nodes</h2><p class='note'>A down node's last figures are greyed and dated.</p>"
             "<table><thead><tr><th>node</th><th>state</th><th>drained because</th><th>jobs</th><th>GPU util</th>"
-            "<th>GPU memory</th><th>last heartbeat</th></tr></thead><tbody id='nodes'></tbody></table>")
+            "<th>GPU memory</th><th>last heartbeat</th><th>health</th></tr></thead><tbody id='nodes'></tbody></table>")
     return layout("Nodes", body, user, NODES_JS, poll_s, charts=True)
 
 

@@ -63,7 +63,25 @@ def node_row(info: NodeInfo, now: float, names: dict[str, str] | None = None) ->
             "jobs": [{"id": j, "name": (names or {}).get(j, j)} for j in info.jobs], "age_s": info.age_s,
             "last_seen": r.ts, "stale": info.state is NodeState.DOWN,
             "gpus": len(gpus), "util": sum(g.utilization for g in gpus) / len(gpus) if gpus else 0.0,
-            "mem_used": sum(g.memory_used for g in gpus), "mem_total": sum(g.memory_total for g in gpus)}
+            "mem_used": sum(g.memory_used for g in gpus), "mem_total": sum(g.memory_total for g in gpus),
+            "health": node_health(r)}
+
+
+def node_health(r) -> str:
+    """The node's health in a line (docs/health.md): the fault that drains it, the validator's
+    last check, its latest faults, and how its runs are contained when something is missing."""
+    parts = []
+    if r.fault is not None:
+        parts.append(f"fault: {r.fault.text()}")
+    if r.check is not None:
+        at = time.strftime("%H:%M:%S", time.localtime(r.check.ts))
+        parts.append(f"check passed in {r.check.duration_s:.2f}s at {at}" if r.check.ok
+                     else f"check failed at {at}: {r.check.detail}")
+    if r.faults:
+        parts.append(f"{len(r.faults)} recent fault(s), latest: {r.faults[-1].text()}")
+    if r.containment and r.containment not in ("bwrap, cgroup v1", "bwrap, cgroup v2"):
+        parts.append(r.containment)
+    return "; ".join(parts)
 
 
 def node_use(jobs: Iterable[JobRecord], by: str) -> dict[str, int]:
