@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from hfai._daemon import raise_if_cancelled
+from hfai._daemon import repeat
 from hfai.controller.store_health import health_bucket
 from hfai.protocol import names
 
@@ -120,15 +120,7 @@ class ClockCheck:
 
     async def run(self) -> None:
         """Check until cancelled; never ends on its own (a daemon's supervised task)."""
-        while True:
-            raise_if_cancelled()
-            try:
-                await self.check()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a check must never stop checking; the next one tells
-                log.exception("clock check crashed")
-            await asyncio.sleep(self.every_s)
+        await repeat(self.check, self.every_s, "clock check")
 
 
 class ClockMetrics(Collector):

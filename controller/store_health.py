@@ -34,7 +34,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from hfai import _cutoff
-from hfai._daemon import raise_if_cancelled
+from hfai._daemon import repeat
 from hfai.protocol import names
 from hfai.protocol.types import StoreHealth
 
@@ -170,12 +170,4 @@ class StoreProbe:
 
     async def run(self) -> None:
         """Probe until cancelled; never ends on its own (a daemon's supervised task)."""
-        while True:
-            raise_if_cancelled()
-            try:
-                await self.check()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a probe must never stop probing; the next one tells
-                log.exception("store probe crashed")
-            await asyncio.sleep(self.every_s)
+        await repeat(self.check, self.every_s, "store probe")

@@ -61,6 +61,20 @@ def raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+async def repeat(step: Callable[[], Awaitable[object]], every_s: float, what: str) -> None:
+    """``await step()`` every ``every_s`` until cancelled (a daemon's supervised periodic check):
+    a step that raises is logged as ``what`` crashing, and the next one runs all the same."""
+    while True:
+        raise_if_cancelled()
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a check must never stop checking; the next one tells
+            log.exception("%s crashed", what)
+        await asyncio.sleep(every_s)
+
+
 async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
     """``await aw`` for at most ``timeout_s`` (then asyncio.TimeoutError). Unlike 3.11's
     ``wait_for``, a cancellation always propagates, even when ``aw`` has just finished; ``aw`` is
