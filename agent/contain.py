@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hfai.agent import safefs
 from hfai.agent.cgroup import CgroupKind, CgroupSetup, detect
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
 from hfai.agent.sandbox import (
@@ -151,13 +152,12 @@ class Containment:
         notebooks = env.get("HFAI_NOTEBOOKS_DIR")
         if notebooks:
             # <root>/<user>/notebooks and <root>/<user>: the user's alone. Made here, as bwrap
-            # needs the folder to bind it (the session, inside, sees only the bound one).
+            # needs the folder to bind it (the session, inside, sees only the bound one); never
+            # through a link the user put there (this runs as root).
             nb = Path(notebooks)
-            nb.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for d in (nb, nb.parent):
-                d.chmod(0o700)
-                if who.switch:
-                    os.chown(d, who.account.uid, who.account.gid)
+            nb.parent.parent.mkdir(parents=True, exist_ok=True)
+            owner = (who.account.uid, who.account.gid) if who.switch else None
+            safefs.private_dirs(nb.parent.parent, (nb.parent.name, nb.name), owner)
             out.append(notebooks)
         return tuple(out)
 

@@ -96,3 +96,26 @@ def open_log_for_reading(path: str | os.PathLike) -> int:
         os.close(fd)
         raise FileNotFoundError(f"{path} is not a regular file")
     return fd
+
+
+def private_dirs(base: str | os.PathLike, names: tuple[str, ...], owner: tuple[int, int] | None) -> None:
+    """Make ``base/names[0]/names[1]/...`` (each missing one), every one of them 0700 and, with
+    ``owner`` (uid, gid), that user's: a folder at a time from ``base`` (the agent's setting), never
+    through a link. A job's user may have put a link where one of them goes: OSError (ELOOP or
+    ENOTDIR), and nothing outside is chmod'ed or chown'ed."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in names:
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+            os.fchmod(fd, 0o700)
+            if owner is not None:
+                os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
+

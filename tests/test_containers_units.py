@@ -150,3 +150,26 @@ def test_kill_all_spares_the_launcher_and_returns_when_the_cgroup_is_empty(tmp_p
                                            ("garbage\nx y\n", {})])
 def test_flat_keyed(text, expected):
     assert parse_flat_keyed(text) == expected
+
+
+def test_a_notebooks_link_a_user_planted_is_not_followed(tmp_path):
+    # The agent (root) makes <notebooks_root>/<user>/notebooks 0700 and the user's; a user who put
+    # a link there must not get the agent to chmod or chown what it points to.
+    from hfai.agent.cgroup import CgroupSetup
+    from hfai.agent.contain import Containment
+    from hfai.agent.identity import agent_account, decide, lookup_account
+    from hfai.agent.sandbox import NoSandbox
+
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    outside.chmod(0o755)
+    (tmp_path / "nb" / "alice").mkdir(parents=True)
+    (tmp_path / "nb" / "alice" / "notebooks").symlink_to(outside)
+    c = Containment(sandbox=NoSandbox(), cgroups=CgroupSetup(CgroupKind.NONE))
+    who = decide("alice", "agent", agent_account(), lookup_account)
+    with pytest.raises(OSError):
+        c._writable("alice", who, {"HFAI_NOTEBOOKS_DIR": str(tmp_path / "nb" / "alice" / "notebooks")})
+    assert outside.stat().st_mode & 0o777 == 0o755
+    fresh = tmp_path / "nb" / "bob" / "notebooks"
+    assert c._writable("bob", who, {"HFAI_NOTEBOOKS_DIR": str(fresh)}) == (str(fresh),)
+    assert fresh.stat().st_mode & 0o777 == 0o700 and fresh.parent.stat().st_mode & 0o777 == 0o700
