@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hfai import base_envs
 from hfai.agent import safefs
 from hfai.agent.cgroup import CgroupKind, CgroupSetup, detect
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
@@ -93,8 +94,11 @@ class Containment:
             # The agent's own interpreter too: `hfai exec` starts its helper with it, inside. Only
             # what the job's user may reach: bwrap, run as that user, refuses a bind it cannot see.
             # And the cluster's environments: hf_env.set_env(NAME) switches to another one in-job.
+            # All of them read-only (runtime binds are): the base environments' interpreters too.
             runtime=tuple(p for p in (*interpreter_paths(python), *interpreter_paths(sys.executable),
-                                      *((env_root,) if env_root and os.path.isdir(env_root) else ()))
+                                      *((env_root,) if env_root and os.path.isdir(env_root) else ()),
+                                      *(b.path for b in base_envs.load(env_root or None)
+                                        if b.path != "/" and os.path.isdir(b.path)))
                           if not who.switch or reachable(p, account.uid, account.groups + (account.gid,))),
             home=self._home(ra.user, who, run_as), writable=self._writable(ra.user, who, env),
             public_datasets=self._datasets(account.groups + (account.gid,), public=True),

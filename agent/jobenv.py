@@ -9,12 +9,15 @@ import os
 import sys
 from pathlib import Path
 
+from hfai import base_envs
 from hfai.agent.devsession import ENTRYPOINT as DEV_ENTRYPOINT
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
 from hfai.agent.trust import StartError
+from hfai.base_envs import Resolved
 from hfai.protocol.types import RunAssignment
 
-__all__ = ["base_environment", "check_command", "job_command", "job_environment", "node_log_file"]
+__all__ = ["base_environment", "check_command", "env_note", "job_command", "job_environment", "job_python",
+           "node_log_file", "resolve_env"]
 
 #: MARSV2_USER_ROLE: the original told its own staff ("internal", no session time limits) from
 #: outside users ("external"); its scripts compare the lower-case value. hfai has one kind of user.
@@ -36,13 +39,11 @@ def job_command(ra: RunAssignment, who: JobIdentity, *, node: str, control_dir: 
     env.update(ra.env)
     python = sys.executable
     if ra.env_name:
-        env_dir = env_root / ra.env_name
-        if not (env_dir / "bin").is_dir():
-            raise StartError(f"unknown environment HF_ENV_NAME={ra.env_name!r} on node {node} "
-                             f"(looked for {env_dir}/bin)")
-        env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        env["VIRTUAL_ENV"] = str(env_dir)
-        python = str(env_dir / "bin" / "python")
+        got = resolve_env(ra, env_root, node)
+        env["PATH"] = f"{got.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        if not got.base or os.path.isfile(os.path.join(got.path, "pyvenv.cfg")):
+            env["VIRTUAL_ENV"] = got.path  # a virtualenv (a conda or system prefix is none)
+        python = got.python_exe
     env.update(job_environment(ra, node, control_dir, uid=who.account.uid,
                                log_file=node_log_file(control_dir, ra)))
     if datasets_dir:
@@ -55,6 +56,28 @@ def job_command(ra: RunAssignment, who: JobIdentity, *, node: str, control_dir: 
         argv[0] = python
     check_command(argv, env, ra.workdir)
     return argv, env
+
+
+def resolve_env(ra: RunAssignment, env_root: Path, node: str) -> Resolved:
+    """The environment ``ra`` asks for (HF_ENV_NAME: a base environment's name or alias, or a
+    user's environment); StartError if this node has none of that name."""
+    got = base_envs.resolve(env_root, ra.env_name)
+    if got is None:
+        raise StartError(f"unknown environment HF_ENV_NAME={ra.env_name!r} on node {node}; "
+                         f"{base_envs.known(env_root)}")
+    return got
+
+
+def job_python(ra: RunAssignment, env_root: Path) -> str:
+    """The interpreter ``python`` means in ``ra``'s job: its environment's, else the agent's."""
+    got = base_envs.resolve(env_root, ra.env_name) if ra.env_name else None
+    return got.python_exe if got is not None else sys.executable
+
+
+def env_note(ra: RunAssignment, env_root: Path) -> str:
+    """What the job's log says of its environment ("" for none asked): which one it got."""
+    got = base_envs.resolve(env_root, ra.env_name) if ra.env_name else None
+    return got.describe if got is not None else ""
 
 
 def base_environment(run_as: str) -> dict[str, str]:

@@ -43,12 +43,12 @@ import math
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
+from hfai import base_envs
 from hfai._atomic import write_atomic
 from hfai._clock import SYSTEM, Clock
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
@@ -59,7 +59,7 @@ from hfai.agent.contain import Containment
 from hfai.agent.devsession import ENTRYPOINT as DEV_ENTRYPOINT
 from hfai.agent.devsession import notebooks_dir
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
-from hfai.agent.jobenv import job_command
+from hfai.agent.jobenv import env_note, job_command, job_python
 from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE, USAGE_FILE
 from hfai.agent.launchers import Launched, Launcher, make_launcher
 from hfai.agent.logcap import check_cap
@@ -146,10 +146,9 @@ class RunStore:
         return inside(self._real_root, self.logs_dir / job_id / f"rank{rank}.log")
 
     def environments(self) -> tuple[str, ...]:
-        """The environments offered: directories with a bin/ whose names are valid names."""
-        if not self.env_root.is_dir():
-            return ()
-        return tuple(sorted(p.name for p in self.env_root.iterdir() if is_token(p.name) and (p / "bin").is_dir()))
+        """The environments offered: the base environments' names and aliases, and users' (folders
+        with a bin/ whose names are valid names)."""
+        return base_envs.offered(self.env_root)
 
     def snapshot(self) -> dict[str, LocalRun]:
         """Every run directory on the node, with its current phase."""
@@ -305,7 +304,7 @@ class RunStore:
         if self.containment is not None:
             if self.notebooks_root and tuple(ra.entrypoint[1:3]) == DEV_ENTRYPOINT[1:3]:
                 env["HFAI_NOTEBOOKS_DIR"] = str(notebooks_dir(self.notebooks_root, ra.user, Path("/")))
-            python = str(self.env_root / ra.env_name / "bin" / "python") if ra.env_name else sys.executable
+            python = job_python(ra, self.env_root)
             argv, contained = self.containment.wrap(ra, who, argv, env, str(control), self.run_as, python,
                                                     str(self.env_root))
         spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
@@ -358,6 +357,8 @@ class RunStore:
         with open(fd, "ab") as f:
             f.write(f"=== hfai: job {ra.name} ({ra.job_id}) run {ra.run_id}, suspend count {ra.suspend_count}, "
                     f"rank {ra.rank}/{ra.world_size} on {self.node} at {time.strftime('%H:%M:%S')} ===\n".encode())
+            if ra.env_name:  # which environment HF_ENV_NAME got (a base one may be asked by an alias)
+                f.write(f"=== hfai: {env_note(ra, self.env_root)} ===\n".encode())
         return logf
 
     def raise_suspend(self, key: str) -> None:

@@ -1,4 +1,5 @@
-"""``hfai env``: your own environments, usable as ``HF_ENV_NAME=<name> hfai python ...`` on every node."""
+"""``hfai env``: the cluster's base environments and your own, usable as ``HF_ENV_NAME=<name> hfai python ...``
+on every node."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _me() -> tuple[str, bool]:
 
 @click.group()
 def env():
-    """Virtualenvs in the nodes' environment root (the original's haienv)."""
+    """The cluster's base environments and your own virtualenvs (the original's haienv)."""
 
 
 @env.command("create")
@@ -45,17 +46,35 @@ def create(name: str, python: str, requirements: str, system_site_packages: bool
 @env.command("list")
 @user_errors()
 def list_cmd():
-    """The environments jobs may use."""
+    """The environments jobs may use: the cluster's base environments, then yours."""
+    from hfai import base_envs
     from hfai.storage import envs
 
     root = _root()
+    base = base_envs.load(root)
+    me = _me()[0]
     found = envs.listing(root)
-    if not found:
+    if not base and not found:
         click.echo(f"no environments (in {root}); make one with: hfai env create NAME")
         return
-    click.echo(f"{'NAME':<20} {'OWNER':<12} {'PYTHON':<10} PATH")
-    for e in found:
-        click.echo(f"{e.name:<20} {e.owner:<12} {e.python:<10} {e.path}")
+    if base:
+        click.echo("base environments (read-only, for everyone):")
+        click.echo(f"  {'NAME':<16} {'PYTHON':<8} {'ALIASES':<24} PACKAGES")
+        for b in base:
+            main = [k for k in base_envs.MAIN_PACKAGES if k in b.packages]
+            order = main + sorted(set(b.packages) - set(main))
+            packages = ", ".join(f"{k} {b.packages[k]}" for k in order) or "-"
+            click.echo(f"  {b.name:<16} {b.python:<8} {', '.join(b.aliases) or '-':<24} {packages}")
+    mine = [e for e in found if e.owner == me]
+    others = [e for e in found if e.owner != me]
+    for title, rows in (("your environments", mine), ("other users' environments", others)):
+        if not rows and title != "your environments":
+            continue
+        click.echo(f"{title}:" if rows else f"{title}: none (make one with: hfai env create NAME)")
+        if rows:
+            click.echo(f"  {'NAME':<20} {'OWNER':<12} {'PYTHON':<10} PATH")
+        for e in rows:
+            click.echo(f"  {e.name:<20} {e.owner:<12} {e.python:<10} {e.path}")
 
 
 @env.command("remove")
@@ -68,3 +87,36 @@ def remove(name: str):
     user, operator = _me()
     e = envs.remove(_root(), name, user, operator)
     click.echo(f"removed environment {e.name}")
+
+
+@env.group("base")
+def base():
+    """The cluster's base environments: interpreters with the stock packages (operators)."""
+
+
+@base.command("add")
+@click.argument("name")
+@click.argument("path")
+@click.option("--alias", "aliases", multiple=True, metavar="A",
+              help="Another name jobs may ask for it by (a stock name such as py38-202111 or 202111); repeatable.")
+@user_errors()
+def base_add(name: str, path: str, aliases: tuple[str, ...]):
+    """Offer the interpreter at PATH (a prefix, or the python itself) as base environment NAME
+    (py<major><minor>-<YYYYMM>). Operators only; NAME already there is replaced."""
+    from hfai.storage import envs
+
+    user, operator = _me()
+    b = envs.add_base(_root(), name, path, aliases, operator=operator, user=user)
+    click.echo(f"base environment {b.label}: Python {b.python} at {b.path}; use it with HF_ENV_NAME={b.name}")
+
+
+@base.command("remove")
+@click.argument("name")
+@user_errors()
+def base_remove(name: str):
+    """Stop offering base environment NAME (its interpreter stays). Operators only."""
+    from hfai.storage import envs
+
+    user, operator = _me()
+    b = envs.remove_base(_root(), name, operator=operator, user=user)
+    click.echo(f"removed base environment {b.label} (its interpreter at {b.path} stays)")

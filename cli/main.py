@@ -99,7 +99,7 @@ SUMMARIES = {
     "usage": "GPU-hours per day, user, group and priority (everyone's, like the queue).",
     "workspace": "Sync a project directory to the cluster; jobs submitted from it run in the cluster's copy.",
     "dataset": "Public and group-private datasets, read-only to jobs.",
-    "env": "Virtualenvs in the nodes' environment root (the original's haienv).",
+    "env": "The cluster's base environments and your own virtualenvs (the original's haienv).",
     "dev": "Development sessions: JupyterLab on the cluster, opened through hfai-web.",
 }
 

@@ -150,6 +150,28 @@ async def _resolve_after(client, spec):
     return replace(spec, after=tuple(resolved)) if resolved else spec
 
 
+def check_env_name(env_name: str) -> None:
+    """One line, before anything is sent, for an environment (HF_ENV_NAME, -i) the cluster has
+    none of, naming its base environments and the user's own. Checked here where the environment
+    root is mounted (as for `hfai env create`); elsewhere the controller refuses it by what the
+    nodes offer."""
+    if not env_name:
+        return
+    from hfai import base_envs
+    from hfai.api.config import cli_config
+
+    root = cli_config().agent.env_root
+    if not os.path.isdir(root) or base_envs.resolve(root, env_name) is not None:
+        return
+    from hfai.api.client import ApiClient
+    from hfai.storage import envs
+
+    me = ApiClient(cli_config()).user
+    mine = {e.name for e in envs.listing(root) if e.owner == me}
+    raise click.ClickException(render.clean(f"unknown environment HF_ENV_NAME={env_name!r}; "
+                                            f"{base_envs.known(root, mine)} (see hfai env list)"))
+
+
 def _check_script(command: list[str]) -> None:
     path = entry_script(command)[0]
     if path is not None and not Path(path).is_file():
@@ -252,6 +274,7 @@ def python_cmd(file: str, args: tuple[str, ...]):
         spec = build_spec(["python", *argv], p["nodes"], p["name"], p["priority"], p["group"],
                           p["env_vars"], p["env_name"], p["after"], p["time_limit"], p["retries"], p["array"],
                           p["restart_on_hang"])
+    check_env_name(spec.env_name)
     _submit(spec, p["force"], p["array"])
 
 
@@ -271,4 +294,5 @@ def submit(command, nodes, name, priority, group, env_vars, env_name, force, aft
     _check_script(command)
     spec = build_spec(command, nodes, name, priority, group, env_vars, env_name, after, time_limit, retries, array,
                       restart_on_hang)
+    check_env_name(spec.env_name)
     _submit(spec, force, array)

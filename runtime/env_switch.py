@@ -1,8 +1,11 @@
 """``hf_env.set_env(NAME)`` / ``hfai_env.set_env(NAME)``: switch a running script to an environment.
 
-Environments are the virtualenvs ``hfai env create NAME`` makes under the nodes' environment root
-(``[agent] env_root``; see docs/storage.md). The best way to use one is to start the job in it
-(``HF_ENV_NAME=NAME hfai python ...`` or ``-i NAME``): then its own ``python`` runs. Scripts
+Environments are the cluster's base environments (interpreters with the stock packages, named
+``py311-202612`` and by aliases such as ``py38-202111`` or ``202111``: :mod:`hfai.base_envs`) and
+the virtualenvs ``hfai env create NAME`` makes under the nodes' environment root (``[agent]
+env_root``; see docs/storage.md). A name resolves as ``HF_ENV_NAME=NAME`` does at submission,
+aliases included. The best way to use one is to start the job in it (``HF_ENV_NAME=NAME hfai
+python ...`` or ``-i NAME``): then its own ``python`` runs. Scripts
 written for Fire-Flyer instead call ``hf_env.set_env('202111')`` at the top; this does what
 activating the environment would do for the rest of the process:
 
@@ -12,11 +15,14 @@ activating the environment would do for the rest of the process:
   modules imported from now on and processes started from now on (``multiprocessing`` spawn
   workers, ``python`` subprocesses) see it. Modules imported before the call stay as they are.
   Already running in it (``VIRTUAL_ENV`` is that directory): nothing to do.
+* **a base environment**: already running in it (the job was started with it, as every job
+  without HF_ENV_NAME on a local cluster is): nothing to do. Else, as above, its site-packages
+  first on ``sys.path`` and its ``bin`` first on ``PATH`` (``VIRTUAL_ENV`` only for a virtualenv).
 * **found, but for another Python version**: :class:`EnvironmentMismatch` (its compiled packages
   would not load here); start the job in it instead.
 * **not found, a stock name** (six digits, the cluster's dated environments such as ``202111``,
-  ``202207``): a warning, and the script goes on in the current interpreter, which is where this
-  platform's stock packages are.
+  ``202207``, that no base environment has as an alias): a warning, and the script goes on in the
+  current interpreter, which is where this platform's stock packages are.
 * **not found, another name**: in a job on the platform (``HFAI_CONTROL_DIR`` set)
   :class:`EnvironmentNotFound`, naming the environments there and ``hfai env create``; off the
   platform a warning, and the script goes on in the interpreter the user started.
@@ -33,6 +39,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from hfai import base_envs
 from hfai.protocol.errors import HfaiError, NotFound
 
 ROOT_ENV = "HFAI_ENV_ROOT"
@@ -78,11 +85,13 @@ def set_env(name: str) -> Path | None:
     if not isinstance(name, str) or not _NAME.match(name):
         raise TypeError(f"set_env takes an environment name (letters, digits, '.', '_', '-'), got {name!r}")
     root = env_root()
-    env_dir = root / name if root is not None else None
-    if env_dir is not None and (env_dir / "bin").is_dir():
-        return _activate(name, env_dir)
-    _missing(name, root)
-    return None
+    got = base_envs.resolve(root, name)
+    if got is None:
+        _missing(name, root)
+        return None
+    if got.base:
+        return _activate_base(name, got)
+    return _activate(name, Path(got.path))
 
 
 def _missing(name: str, root: Path | None) -> None:
@@ -93,9 +102,8 @@ def _missing(name: str, root: Path | None) -> None:
                       EnvSwitchWarning, stacklevel=3)
         return
     if os.environ.get("HFAI_CONTROL_DIR"):
-        known = sorted(p.name for p in root.iterdir() if (p / "bin").is_dir()) if root and root.is_dir() else []
         raise EnvironmentNotFound(
-            f"hf_env.set_env({name!r}): no environment {name!r} {where} (there: {', '.join(known) or 'none'}); "
+            f"hf_env.set_env({name!r}): no environment {name!r} {where} ({base_envs.known(root)}); "
             f"create it with `hfai env create {name} -r requirements.txt`, or drop the call")
     warnings.warn(f"hf_env.set_env({name!r}): no environment {name!r} {where}; off the platform the script "
                   f"goes on with this interpreter ({sys.prefix})", EnvSwitchWarning, stacklevel=3)
@@ -116,6 +124,25 @@ def _activate(name: str, env_dir: Path) -> Path:
     os.environ["VIRTUAL_ENV"] = str(env_dir)
     os.environ["HF_ENV_NAME"] = name
     return env_dir
+
+
+def _activate_base(name: str, got: base_envs.Resolved) -> Path:
+    prefix = Path(got.path)
+    if Path(sys.prefix).resolve() == prefix.resolve():
+        return prefix
+    b = base_envs.find(base_envs.load(env_root()), got.name)
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if b is None or ".".join(b.python.split(".")[:2]) != here:
+        raise EnvironmentMismatch(
+            f"hf_env.set_env({name!r}): the base environment {got.name} is Python {b.python if b else '?'}, this is "
+            f"{here}; start the job in it instead (HF_ENV_NAME={name} hfai python ...)")
+    for site_dir in reversed(b.site):
+        _prepend_site(site_dir)
+    os.environ["PATH"] = f"{got.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    if (prefix / "pyvenv.cfg").is_file():
+        os.environ["VIRTUAL_ENV"] = str(prefix)
+    os.environ["HF_ENV_NAME"] = name
+    return prefix
 
 
 def _prepend_site(site_dir: str) -> None:

@@ -1,5 +1,7 @@
 """Environments (the original's ``haienv``): virtualenvs under ``[agent] env_root`` on the shared
-filesystem, which every node's agent offers as ``HF_ENV_NAME=<name>`` (``hfai python -i NAME``).
+filesystem, which every node's agent offers as ``HF_ENV_NAME=<name>`` (``hfai python -i NAME``),
+beside the cluster's base environments (hfai.base_envs: operators' interpreters with the stock
+packages, added here by :func:`add_base`).
 
 Made by the user on a machine that mounts the shared filesystem; the directory is theirs, so only
 they can change or remove it. The agent runs a job's ``python`` from ``<env_root>/<name>/bin``.
@@ -12,6 +14,7 @@ belong to the one Unix account that runs it, so the directory's owner would name
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import logging
@@ -23,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
+from hfai import base_envs
 from hfai.protocol import names
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound
 
@@ -50,6 +54,9 @@ def create(env_root: str, name: str, python: str = "", requirements: str = "", s
     d = _dir(env_root, name)
     if d.exists():
         raise InvalidRequest(f"environment {name!r} already exists at {d}")
+    taken = base_envs.find(base_envs.load(env_root), name)
+    if taken is not None:
+        raise InvalidRequest(f"{name!r} names the base environment {taken.label}; give yours another name")
     exe = shutil.which(python) if python else sys.executable
     if not exe:
         raise NotFound(f"no Python {python!r} on this machine (give a path or a name on PATH)")
@@ -145,9 +152,128 @@ def listing(env_root: str) -> list[EnvInfo]:
 
 def remove(env_root: str, name: str, user: str = "", operator: bool = False) -> EnvInfo:
     """Delete environment ``name`` of the hfai user ``user`` (operators: anyone's)."""
+    if base_envs.find(base_envs.load(env_root), name) is not None:
+        raise InvalidRequest(f"{name!r} is a base environment (read-only, for everyone); operators remove it with "
+                             f"hfai env base remove")
     e = info(env_root, name)
     theirs = bool(user) and e.owner != user and not operator
     if theirs or (os.geteuid() != 0 and Path(e.path).stat().st_uid != os.geteuid()):
         raise Forbidden(f"environment {name!r} belongs to {e.owner}; you can only remove your own")
     shutil.rmtree(e.path)
     return e
+
+
+# ---------------------------------------------------------------------------- base environments
+
+#: What :func:`probe` runs in an interpreter: its version, prefix, site-packages and main packages.
+_PROBE = """
+import importlib.metadata as m, json, sys, sysconfig
+pk = {}
+for n in sys.argv[1:]:
+    try:
+        pk[n] = m.version(n)
+    except Exception:
+        pass
+print(json.dumps({"version": ".".join(map(str, sys.version_info[:3])), "prefix": sys.prefix, "packages": pk,
+                  "site": sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})}))
+"""
+
+
+@dataclass(frozen=True)
+class Probed:
+    python_exe: str
+    version: str
+    prefix: str
+    site: tuple[str, ...]
+    packages: dict[str, str]
+
+    @property
+    def major_minor(self) -> tuple[int, int]:
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
+
+
+def probe(path: str, timeout_s: float = 120.0) -> Probed:
+    """The interpreter ``path`` (a python executable, or a prefix with ``bin/python3``): NotFound
+    if there is none, HfaiError if it does not run."""
+    p = Path(path)
+    exe = next((c for c in (p, p / "bin" / "python3", p / "bin" / "python") if c.is_file() and os.access(c, os.X_OK)),
+               None)
+    if exe is None or not p.is_absolute():
+        raise NotFound(f"no Python interpreter at {path} (give an absolute path: a prefix with bin/python3, or "
+                       "the interpreter itself)")
+    try:
+        # From /, so that a source tree in the current directory cannot stand in for the
+        # interpreter's own packages.
+        done = subprocess.run([str(exe), "-c", _PROBE, *base_envs.MAIN_PACKAGES], capture_output=True, text=True,
+                              timeout=timeout_s, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HfaiError(f"could not run {exe}: {e}") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise HfaiError(f"could not run {exe}: {tail[0]}")
+    got = json.loads(done.stdout)
+    return Probed(python_exe=str(exe), version=got["version"], prefix=got["prefix"], site=tuple(got["site"]),
+                  packages=dict(got["packages"]))
+
+
+def add_base(env_root: str, name: str, path: str, aliases: tuple[str, ...] = (), *, operator: bool, user: str = "",
+             take_aliases: bool = False, probed: Probed | None = None) -> base_envs.BaseEnv:
+    """Make the interpreter at ``path`` base environment ``name`` with ``aliases`` (operators only).
+    A name already there is replaced (the operator installed a new interpreter for it). An alias
+    of another base environment is refused, or with ``take_aliases`` moved here; a name or alias
+    that is a user's environment is always refused: it would hide theirs."""
+    if not operator:
+        raise Forbidden(f"only operators add base environments (you are {user or 'not one'}); "
+                        "make your own with hfai env create NAME")
+    version = base_envs.check_base_name(name)
+    aliases = tuple(dict.fromkeys(a for a in aliases if a != name))
+    for a in aliases:
+        names.check_token("alias", a)
+    for n in (name, *aliases):
+        if (Path(env_root) / n).exists():
+            raise InvalidRequest(f"{n!r} is already a user's environment ({Path(env_root) / n}); "
+                                 "choose another name or alias")
+    got = probed or probe(path)
+    if got.major_minor != version:
+        raise InvalidRequest(f"{name} says Python {version[0]}.{version[1]} but {got.python_exe} is Python "
+                             f"{got.version}; name it {base_envs.base_name(got.major_minor, name[-6:])}")
+    table = [b for b in base_envs.load(env_root) if b.name != name]
+    for b in table:
+        clash = set(b.names) & {name, *aliases}
+        if clash and (name in clash or not take_aliases):
+            raise InvalidRequest(f"{', '.join(sorted(clash))} already names the base environment {b.label}")
+    table = [dataclasses.replace(b, aliases=tuple(a for a in b.aliases if a not in aliases)) for b in table]
+    new = base_envs.BaseEnv(name=name, path=got.prefix, python_exe=got.python_exe, python=got.version,
+                            aliases=aliases, packages=got.packages, site=got.site, added_by=user)
+    Path(env_root).mkdir(parents=True, exist_ok=True)
+    base_envs.save(env_root, sorted([*table, new], key=lambda b: b.name))
+    return new
+
+
+def remove_base(env_root: str, name: str, *, operator: bool, user: str = "") -> base_envs.BaseEnv:
+    """Take base environment ``name`` (its own name, not an alias) off the table (operators only);
+    its interpreter stays where it is."""
+    if not operator:
+        raise Forbidden(f"only operators remove base environments (you are {user or 'not one'})")
+    table = list(base_envs.load(env_root))
+    gone = next((b for b in table if b.name == name), None)
+    if gone is None:
+        raise NotFound(f"no base environment {name!r} ({base_envs.known(env_root)})")
+    base_envs.save(env_root, [b for b in table if b is not gone])
+    return gone
+
+
+def register_local(env_root: str, python_exe: str, yyyymm: str, aliases: tuple[str, ...]) -> base_envs.BaseEnv:
+    """A local cluster's own interpreter as a base environment (``hfai local up``): kept as it is
+    if already there, else named for this month and given ``aliases`` (taken from an older one)."""
+    got = probe(python_exe)
+    for b in base_envs.load(env_root):
+        if b.python_exe == got.python_exe and b.python == got.version:
+            if b.packages == got.packages and b.site == got.site:
+                return b
+            return add_base(env_root, b.name, python_exe, b.aliases, operator=True, user=b.added_by,
+                            take_aliases=True, probed=got)
+    free = tuple(a for a in aliases if not (Path(env_root) / a).exists())
+    return add_base(env_root, base_envs.base_name(got.major_minor, yyyymm), python_exe, free, operator=True,
+                    user="hfai local up", take_aliases=True, probed=got)

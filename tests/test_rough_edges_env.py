@@ -42,7 +42,7 @@ def test_a_created_env_imports_hfai_and_is_its_maker_s(root):
     assert probe.stdout.split()[0] == "False"
     listed = hfai(root, "list")
     assert listed.exit_code == 0, listed.output
-    row = listed.output.splitlines()[1].split()
+    row = listed.output.splitlines()[2].split()
     assert row[:2] == ["e1", "alice"]
     refused = hfai(root, "remove", "e1", user="bob")
     assert refused.exit_code != 0 and "belongs to alice" in refused.output

@@ -8,8 +8,10 @@ hands the running daemons to a supervisor (supervisor) that restarts the ones th
 from __future__ import annotations
 
 import dataclasses
+import logging
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +36,12 @@ from hfai.config import (
 )
 from hfai.protocol import names
 from hfai.protocol.errors import HfaiError, Unavailable
+
+log = logging.getLogger(__name__)
+
+#: The names the user guide and old scripts give the cluster's stock environment
+#: (``HF_ENV_NAME=py38-202111``, ``hf_env.set_env('202111')``): aliases of a local cluster's own.
+GUIDE_ALIASES = ("py38-202111", "202111")
 
 
 @dataclass
@@ -113,6 +121,17 @@ class LocalCluster:
     def storage_config(self) -> StorageConfig:
         return self.layout.storage_config(self.storage)
 
+    def register_base_env(self) -> None:
+        """This interpreter (the one the agents run jobs with) as the cluster's base environment,
+        named for the month it was first registered and aliased as the user guide's stock names,
+        so that its ``HF_ENV_NAME=py38-202111 hfai python sample.py -- -n 1`` runs as written."""
+        from hfai.storage import envs
+
+        try:
+            envs.register_local(str(self.layout.envs), sys.executable, time.strftime("%Y%m"), GUIDE_ALIASES)
+        except HfaiError as e:  # a cluster without it still runs jobs in this interpreter
+            log.warning("could not register %s as a base environment: %s", sys.executable, e)
+
     # ---------------------------------------------------------------------------- up/down
 
     def up(self, nats_url: str | None = None) -> list[str]:
@@ -125,6 +144,7 @@ class LocalCluster:
         layout = self.layout
         resumed = self.has_state
         layout.prepare()
+        self.register_base_env()
         conf = None
         if self.auth:
             self.user_creds(self.owner or _login(), operator=True)
