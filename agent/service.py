@@ -52,6 +52,7 @@ from hfai.agent.operations import Operations
 from hfai.agent.plan import Act, Action, LocalRun, RunPhase, RunUsage, fence_problem, plan, platform_stopped, stale_logs
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
+from hfai.agent.throughput import Relay, read_window
 from hfai.agent.trust import StartError, assignment_problem, check_log_request
 from hfai.agent.watchdog import WatchdogSettings, span
 from hfai.config import Config
@@ -67,6 +68,7 @@ from hfai.protocol.types import (
     RunAssignment,
     RunEvent,
     RunEventKind,
+    RunThroughput,
 )
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,7 @@ class Agent:
         # Runs this agent reported ended without a run directory (its state directory was full):
         # never started here, whatever the assignment still says (key -> the run and its report).
         self._not_started: dict[str, _NotStarted] = {}
+        self._throughput = Relay(self.ac.throughput_relay_s)  # runs' measured rates to the leader
         self._beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
         self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
@@ -453,6 +456,29 @@ class Agent:
                 await self._do(action, local)
         if reports:
             await self._send_reports(reports, local)
+        await self._relay_throughput(local)
+
+    async def _relay_throughput(self, local: dict[str, LocalRun]) -> None:
+        """Relay the throughput windows of this node's rank-0 runs that are due (agent/throughput.py)."""
+        alive = {k: r for k, r in local.items() if r.phase is RunPhase.ALIVE}
+        self._throughput.forget(set(alive))
+        now = self.clock.boottime()
+        for key, run in alive.items():
+            if not self._throughput.wants(run.assignment, now):
+                continue
+            w = self._throughput.due(run.assignment, read_window(self.store.control_dir(key)), now)
+            if w is not None:
+                ra = run.assignment
+                ev = RunThroughput(node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=self.clock.time(),
+                                   rate=w.rate, seconds=w.seconds, unit=w.unit, startup_s=w.startup_s)
+                await self._publish_throughput(ev)
+
+    async def _publish_throughput(self, ev: RunThroughput) -> None:
+        try:  # not acknowledged: lost, the next window says as much
+            await self._js.publish(names.event_subject(self.node), encode(ev),
+                                   timeout=self.config.nats.request_timeout_s)
+        except Exception as e:
+            log.warning("could not relay the throughput of %s.%d: %s", ev.job_id, ev.run_id, e)
 
     def _wanted(self, local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
         """The desired runs; while they are unknown (just started, or only a refused entry in KV),

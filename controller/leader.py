@@ -50,11 +50,12 @@ from hfai.controller.inputs import plan_nodes, plan_settings
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
 from hfai.controller.runclock import RunClock, recount, with_ages
+from hfai.controller.throughput import apply_throughput
 from hfai.controller.waits import WaitBoard, pack_batches
 from hfai.kv import KVCache, cas_update
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, NotFound, ProtocolError
-from hfai.protocol.types import ChainState, GpuFaultEvent, JobRecord, NodeAssignment, RunEvent, evolve
+from hfai.protocol.types import ChainState, GpuFaultEvent, JobRecord, NodeAssignment, RunEvent, RunThroughput, evolve
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ class Leader:
 
     async def _handle_event(self, m) -> None:
         try:
-            ev = decode(m.data, (RunEvent, GpuFaultEvent))
+            ev = decode(m.data, (RunEvent, GpuFaultEvent, RunThroughput))
         except ProtocolError as e:
             log.warning("dropping undecodable event on %s: %s", m.subject, e)
             await m.ack()
@@ -356,6 +357,9 @@ class Leader:
         node = _subject_node(m.subject)
         if isinstance(ev, GpuFaultEvent):
             await self._handle_fault(m, ev, node)
+            return
+        if isinstance(ev, RunThroughput):
+            await self._handle_throughput(m, ev, node)
             return
         if ev.node != node:
             log.warning("dropping %s event for job %s: %s", ev.event.value, ev.job_id,
@@ -388,6 +392,18 @@ class Leader:
                         ev.event.value, ev.job_id, e or type(e).__name__)
             return
         await m.ack()
+
+    async def _handle_throughput(self, m, ev: RunThroughput, node: str) -> None:
+        """A run's measured throughput (controller/throughput.py), from its rank 0's own agent."""
+        if ev.node == node:
+            try:
+                await self._update(ev.job_id, lambda job: apply_throughput(job, ev))
+            except HfaiError as e:
+                log.info("throughput of %s not kept: %s", ev.job_id, e)
+            except (TimeoutError, nats.errors.Error) as e:
+                log.info("throughput of %s not kept (%s); the next window says as much", ev.job_id,
+                         e or type(e).__name__)
+        await m.ack()  # a window lost is no harm: the next one comes within a minute
 
     async def _handle_fault(self, m, ev: GpuFaultEvent, node: str) -> None:
         """A GPU fault under a run: a line in its job's history. Only the node's own agent may

@@ -16,7 +16,8 @@ def job_view(j: JobRecord) -> JobView:
         group=s.group, held=j.nodes, started_ts=j.started_ts, slice_turns=j.slice_turns,
         min_nodes=s.min_nodes, max_nodes=s.max_nodes, run_s=j.run_s, queued_ts=j.queued_ts,
         exempt=s.by_operator, dev=s.kind == JOB_DEV, name=s.name,
-        throughput=tuple((r.nodes, r.rate) for r in j.throughput),
+        throughput=tuple((r.nodes, r.rate) for r in j.throughput), throughput_unit=j.throughput_unit,
+        restart_s=j.restart_s,
     )
 
 

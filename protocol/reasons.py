@@ -38,7 +38,7 @@ class ReasonCode(enum.StrEnum):
     # -- the policy: why a running job is interrupted or resized
     PREEMPTED = "preempted"  # job, priority, victim_priority [, size: shrinks to]
     TIME_SLICE = "time_slice"  # job, minutes (held so far) [, size: shrinks to]
-    GROWS = "grows"  # held, size [, gain: % more throughput expected (1.8)]
+    GROWS = "grows"  # held, size [, gain: % more throughput expected, unit: of the rates (1.8)]
     # -- the plan: gates and the platform's own interruptions
     UNACKED = "unacked"  # job, since, stop_at, kill_at, late ("1": past stop_at)
     RESTRICTED = "restricted"  # why ("" : by an operator)
@@ -105,11 +105,16 @@ def _utc(ts: str) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(float(ts)))
 
 
+def _rate(p: Mapping[str, str]) -> str:
+    """What a resize's gain is measured in: the job's unit per second where it was measured."""
+    return f"{p['unit']}/s" if p.get("unit") else "throughput"
+
+
 def _shrinks(p: Mapping[str, str]) -> str:
     if not p.get("size"):
         return ""
     # Protocol 1.8: what the nodes it gives up added, by its measured speedup curve.
-    lost = f" (the nodes it gives up added {p['lost']}% throughput)" if p.get("lost") else ""
+    lost = f" (the nodes it gives up added {p['lost']}% {_rate(p)})" if p.get("lost") else ""
     return f": shrinks to {p['size']} node(s){lost}"
 
 
@@ -193,7 +198,7 @@ RENDER: dict[str, Callable[[Mapping[str, str]], str]] = {
     ReasonCode.TIME_SLICE: lambda p: (f"time slice: yields to job {p['job']} of equal priority and less service so "
                                       f"far after {p['minutes']} min{_shrinks(p)}"),
     ReasonCode.GROWS: lambda p: (f"grows from {p['held']} to {p['size']} nodes into idle nodes"
-                                 + (f": +{p['gain']}% throughput expected" if p.get("gain") else "")),
+                                 + (f": +{p['gain']}% {_rate(p)} expected" if p.get("gain") else "")),
     ReasonCode.UNACKED: _unacked,
     ReasonCode.RESTRICTED: lambda p: f"restricted: {p['why']}" if p.get("why") else "restricted by an operator",
     ReasonCode.RESTRICTED_INTERRUPT: lambda p: (f"interrupted: user {p['user']!r} is "

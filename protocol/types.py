@@ -332,6 +332,11 @@ class JobRecord:
     # Protocol 1.8: the job's throughput per size it ran at (one SizeRate per size, by nodes),
     # what the policy sizes an elastic job by (docs/scheduling.md, "Elastic jobs").
     throughput: tuple[SizeRate, ...] = ()
+    # Protocol 1.8: the unit of ``throughput``'s rates ("steps", "samples" or "tokens"), and what
+    # the job's latest restart cost (seconds from the decision to suspend it to its next run's
+    # first step; 0: never measured): what the gain policy weighs a resize against.
+    throughput_unit: str = ""
+    restart_s: float = 0.0
 
     HISTORY_LIMIT: ClassVar[int] = 50
     FAULTS_LIMIT: ClassVar[int] = 20
@@ -526,6 +531,25 @@ class GpuFaultEvent:
     job_id: str
     run_id: int
     fault: GpuFault
+
+
+@message("run_throughput")
+class RunThroughput:
+    """An agent's relay of its run's throughput (protocol 1.8), on the events stream beside
+    :class:`RunEvent`: the rate the job measured over its latest window of ``seconds``
+    (hfai._throughput), in ``unit`` per second, and ``startup_s``, how long its run took from
+    its start to its first step. Only the node of rank 0 relays, at most every ``[agent]
+    throughput_relay_s`` (a controller older than it drops it as undecodable)."""
+
+    KIND: ClassVar[str]
+    node: str
+    job_id: str
+    run_id: int
+    ts: float
+    rate: float
+    seconds: float
+    unit: str = "steps"
+    startup_s: float = 0.0
 
 
 @message("leader_lease")

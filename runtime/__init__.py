@@ -17,6 +17,7 @@ from hfai._version import __version__
 
 if TYPE_CHECKING:
     from hfai._job import get_whole_life_state, go_suspend, receive_suspend_command, set_whole_life_state
+    from hfai._throughput import report_throughput
     from hfai.watchdog import set_watchdog_time
 
 # The job API's functions, from their modules at first use: every `hfai` command imports this
@@ -26,6 +27,7 @@ _LAZY_FUNCTIONS = {
     "go_suspend": "hfai._job",
     "receive_suspend_command": "hfai._job",
     "set_whole_life_state": "hfai._job",
+    "report_throughput": "hfai._throughput",
     "set_watchdog_time": "hfai.watchdog",
 }
 
@@ -64,6 +66,7 @@ __all__ = [
     "get_whole_life_state",
     "go_suspend",
     "receive_suspend_command",
+    "report_throughput",
     "set_watchdog_time",
     "set_whole_life_state",
     *sorted(_LAZY_SUBMODULES),

@@ -29,6 +29,7 @@ import sys
 import time
 
 from hfai._atomic import write_atomic
+from hfai._throughput import mark_step
 
 SUSPEND_FILE = "suspend"
 ACK_FILE = "ack"
@@ -139,6 +140,8 @@ def _local_flag() -> bool:
     cdir = control_dir()
     if cdir is None:
         return _simulated_suspend_due()
+    # Asked once per step: the scheduler's throughput measure counts it (hfai._throughput).
+    mark_step("suspend")
     return os.path.exists(os.path.join(cdir, SUSPEND_FILE))
 
 

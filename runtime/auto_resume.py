@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hfai._throughput import mark_step
 from hfai.protocol.errors import HfaiError
 
 #: Marks a checkpoint written by try_save, beside model and optimizer.
@@ -53,6 +54,7 @@ class AutoCheckpoint:
         """Save if a suspend was asked (then acknowledge it and exit) or if ``force``; every rank
         calls it at the same step. Returns whether it saved (only ever True with ``force``)."""
         self._calls += 1
+        mark_step("save")  # a step, for the scheduler's throughput measure (hfai._throughput)
         asked = False
         if not force and self._calls % self.check_every == 0:
             from hfai.distributed import receive_suspend_command

@@ -185,6 +185,9 @@ class AgentConfig:
     watchdog_s: float = 1800.0
     watchdog_poll_s: float = 1.0
     watchdog_dump_s: float = 10.0
+    # Each run's measured throughput (hfai._throughput) goes to the leader at most this often
+    # (seconds; negative: never), for the scheduler's elastic sizing (docs/scheduling.md).
+    throughput_relay_s: float = 15.0
     # Prometheus /metrics on this port (0: off; -1: any free port, written to <state_dir>/metrics_port),
     # on this address (a local cluster: loopback, as [controller] metrics_host).
     metrics_port: int = 0

@@ -54,10 +54,23 @@ def _even(x: float) -> float:
     return round(x, 9)
 
 
-def pays(model: Speedup, n: int, m: int, config: PolicyConfig) -> float:
+def restart_cost(job: JobView, config: PolicyConfig) -> float:
+    """Seconds a resize of ``job`` costs: its measured restart (JobRecord.restart_s), else the
+    configured ``resize_cost_s``; at most a slice."""
+    return min(job.restart_s or config.resize_cost_s, config.slice_s)
+
+
+def _units(job: JobView) -> dict[str, str]:
+    """A resize reason's unit parameter: the job's measured unit, if any."""
+    return {"unit": job.throughput_unit} if job.throughput_unit else {}
+
+
+def pays(model: Speedup, n: int, m: int, config: PolicyConfig, cost_s: float | None = None) -> float:
     """What resizing from ``n`` to ``m`` nodes gains over the coming slice, in one-node-seconds
-    of progress, the restart included (negative: it does not pay)."""
-    t, c = config.slice_s, min(config.resize_cost_s, config.slice_s)
+    of progress, the restart (``cost_s``, default ``resize_cost_s``) included (negative: it
+    does not pay)."""
+    t = config.slice_s
+    c = min(config.resize_cost_s if cost_s is None else cost_s, t)
     if t <= 0:  # no slice, no horizon to weigh the restart against: any gain counts
         return model.relative(m) - model.relative(n)
     return model.relative(m) * (t - c) - model.relative(n) * t
@@ -121,7 +134,7 @@ class GainRound(GroupRound):
         for k in range(1, extra + 1):
             if model.relative(n + k) < base * (1 + self.config.grow_min_gain):
                 continue
-            paid = pays(model, n, n + k, self.config)
+            paid = pays(model, n, n + k, self.config, restart_cost(job, self.config))
             if paid > best_paid:
                 best, best_paid = (_even(model.gain(n, k) / k), k), paid
         return best
@@ -150,8 +163,8 @@ class GainRound(GroupRound):
         model = self.model(job)
         gain = round(100 * (model.relative(size) / model.relative(n) - 1))
         self.resized.add(job.id)
-        self.out.append(Resize(job.id, reason(ReasonCode.GROWS, held=n, size=size, gain=gain), for_job=for_job,
-                               size=size))
+        self.out.append(Resize(job.id, reason(ReasonCode.GROWS, held=n, size=size, gain=gain, **_units(job)),
+                               for_job=for_job, size=size))
 
     # -- nodes moved between running elastic jobs
 
@@ -160,7 +173,6 @@ class GainRound(GroupRound):
         nodes add most, while that pays (see the module doc). One move per round: the next round
         sees the jobs as they then are."""
         t = self.config.slice_s
-        c = min(self.config.resize_cost_s, t)
         takers = [j for j in self.jobs.running.values() if len(j.held) < j.hi and self.ripe(j)]
         givers = [j for j in self.jobs.running.values() if len(j.held) > j.lo and self.ripe(j)]
         if not takers or not givers:
@@ -178,8 +190,8 @@ class GainRound(GroupRound):
                 for k in range(1, min(r.hi - nr, nd - d.lo, self.add_room(r)) + 1):
                     if rm.relative(nr + k) < rm.relative(nr) * (1 + self.config.grow_min_gain):
                         continue
-                    won = rm.relative(nr + k) * (t - c) - rm.relative(nr) * t
-                    lost = dm.relative(nd) * t - dm.relative(nd - k) * (t - c)
+                    won = rm.relative(nr + k) * (t - restart_cost(r, self.config)) - rm.relative(nr) * t
+                    lost = dm.relative(nd) * t - dm.relative(nd - k) * (t - restart_cost(d, self.config))
                     net = won - lost
                     if net > 0 and (best is None or net > best[0]):
                         best = (net, r, d, k)
@@ -192,7 +204,7 @@ class GainRound(GroupRound):
         dm = self.model(d)
         lost = round(100 * (1 - dm.relative(nd - k) / dm.relative(nd)))
         why = Reason(ReasonCode.TIME_SLICE.value, {"job": r.id, "minutes": f"{(self.now - d.started_ts) / 60:.1f}",
-                                                   "size": str(nd - k), "lost": str(lost)})
+                                                   "size": str(nd - k), "lost": str(lost), **_units(d)})
         self.resized.add(d.id)
         self.out.append(Resize(d.id, why, for_job=r.id, sliced=True, size=nd - k))
         self.grow(r, len(r.held) + k, for_job="")
@@ -205,7 +217,7 @@ class GainRound(GroupRound):
         if isinstance(d, Resize) and d.size:
             model, n = self.model(v.job), len(v.job.held)
             lost = round(100 * (1 - model.relative(d.size) / model.relative(n)))
-            return replace(d, why=Reason(d.why.code, {**d.why.params, "lost": str(lost)}))
+            return replace(d, why=Reason(d.why.code, {**d.why.params, "lost": str(lost), **_units(v.job)}))
         return d
 
     def candidates(self, job: JobView, p: int) -> Iterator[JobView]:

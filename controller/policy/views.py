@@ -124,6 +124,10 @@ class JobView:
     #: Measured throughput per size, ``(nodes, rate)`` in any unit (JobRecord.throughput): what
     #: the gain policy fits the job's speedup curve to (hfai.controller.policy.speedup).
     throughput: tuple[tuple[int, float], ...] = ()
+    #: The unit of those rates ("steps", "samples", "tokens"; "": none measured), and what its
+    #: latest restart cost, seconds (0: never measured; the policy's ``resize_cost_s`` then).
+    throughput_unit: str = ""
+    restart_s: float = 0.0
     # Worked out once per view (a round reads them millions of times in a replay):
     lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
     hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch.utils.data
 
+from hfai._throughput import mark_step
 from hfai.data.batched import BatchCollate, is_batched
 
 
@@ -91,6 +92,7 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         skip, self._skip = self._skip, 0
         order = self._order()
         for b in range(skip, self.num_batches()):
+            mark_step("loader")  # a batch drawn is a step of the scheduler's throughput measure
             yield order[b * size : (b + 1) * size].tolist()
 
     def __len__(self) -> int:
@@ -134,7 +136,9 @@ class SkippingBatchSampler(torch.utils.data.Sampler):
         skip = self.step
         if self.once:
             self.step = 0
-        yield from itertools.islice(iter(self.batches), skip, None)
+        for batch in itertools.islice(iter(self.batches), skip, None):
+            mark_step("loader")  # a step of the scheduler's throughput measure (hfai._throughput)
+            yield batch
 
     def __len__(self) -> int:
         return len(self.batches) - self.step

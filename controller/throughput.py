@@ -1,0 +1,58 @@
+"""A job's measured throughput kept in its record (pure): what the gain policy sizes it by.
+
+The agent of a run's rank 0 relays the rate the job measured over a window
+(:class:`~hfai.protocol.types.RunThroughput`, agent/throughput.py). The record keeps one
+:class:`~hfai.protocol.types.SizeRate` per size the job ran at: the windows' average weighted by
+their seconds, where what was measured before counts for at most :data:`MEMORY_S`, so a job whose
+speed changes (a new phase of training) is soon measured as it is now. A job that changes its
+unit (it began reporting samples) starts its measurements over: rates in two units do not compare.
+
+The restart cost a resize must pay for (``JobRecord.restart_s``) is measured too: how long the
+job's latest interruption took, from the leader's decision to suspend it to its requeue (its
+history, on the leader's clock), plus how long its next run took from its start to its first step
+(the window's ``startup_s``, on its node's clock).
+"""
+
+from __future__ import annotations
+
+from hfai.protocol.types import ChainState, JobRecord, RunThroughput, SizeRate
+from hfai.protocol.types import evolve as replace
+
+#: Seconds of earlier measurements at a size that weigh against a new window at most.
+MEMORY_S = 600.0
+
+
+def merged(rates: tuple[SizeRate, ...], nodes: int, rate: float, seconds: float) -> tuple[SizeRate, ...]:
+    """``rates`` with a window of ``rate`` over ``seconds`` on ``nodes`` nodes averaged in."""
+    old = next((r for r in rates if r.nodes == nodes), None)
+    if old is None:
+        new = SizeRate(nodes=nodes, rate=rate, seconds=seconds)
+    else:
+        w = min(old.seconds, MEMORY_S)
+        new = SizeRate(nodes=nodes, rate=(old.rate * w + rate * seconds) / (w + seconds), seconds=old.seconds + seconds)
+    return tuple(sorted((*(r for r in rates if r.nodes != nodes), new), key=lambda r: r.nodes))
+
+
+def last_suspension_s(job: JobRecord) -> float:
+    """Seconds the job's latest interruption took: from entering SUSPENDING to being requeued
+    (0: never interrupted)."""
+    for i in range(len(job.history) - 1, 0, -1):
+        ev = job.history[i]
+        if ev.state is ChainState.SUSPENDED:
+            before = job.history[i - 1]
+            return max(0.0, ev.ts - before.ts) if before.state is ChainState.SUSPENDING else 0.0
+    return 0.0
+
+
+def apply_throughput(job: JobRecord, ev: RunThroughput) -> JobRecord | None:
+    """The record with ``ev``'s window kept, or None when it is not for the job's running rank 0
+    (a late window of an earlier run, another node's)."""
+    if (ev.job_id != job.id or ev.run_id != job.run_id or job.state is not ChainState.RUNNING
+            or not job.nodes or ev.node != job.nodes[0]):
+        return None
+    if ev.seconds <= 0 or ev.rate < 0:
+        return None
+    rates = job.throughput if ev.unit == (job.throughput_unit or ev.unit) else ()
+    restart = last_suspension_s(job) + ev.startup_s if job.suspend_count else job.restart_s
+    return replace(job, throughput=merged(rates, len(job.nodes), ev.rate, ev.seconds), throughput_unit=ev.unit,
+                   restart_s=restart)

@@ -1,0 +1,194 @@
+"""A job's throughput measured with no change to its code (hfai._throughput), relayed by the agent
+(agent/throughput.py), kept per size in its record (controller/throughput.py), and weighed by the
+gain policy with its measured restart cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from hfai import _throughput
+from hfai._throughput import THROUGHPUT_FILE, Meter
+from hfai.agent.throughput import Relay, parse
+from hfai.controller.policy import JobView, NodeView, PolicyConfig, Resize
+from hfai.controller.policy.gain import decide as gain_decide
+from hfai.controller.throughput import MEMORY_S, apply_throughput, merged
+from hfai.controller.views import job_view
+from hfai.protocol import decode, encode
+from hfai.protocol.types import (
+    ChainState,
+    DesiredRun,
+    JobEvent,
+    JobRecord,
+    JobSpec,
+    Priority,
+    RunAssignment,
+    RunThroughput,
+    SizeRate,
+)
+
+NORMAL = Priority.NORMAL.value
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def window(cdir) -> dict:
+    with open(os.path.join(cdir, THROUGHPUT_FILE)) as f:
+        return json.loads(f.read())
+
+
+# ------------------------------------------------------------------------------ the job's side
+
+
+def test_steps_are_counted_from_the_first_and_a_window_written_when_it_ends(tmp_path):
+    clock = FakeClock()
+    m = Meter(str(tmp_path), interval_s=10.0, clock=clock)
+    for _ in range(21):  # the first opens the window; 20 steps in 10 s
+        m.mark("suspend")
+        clock.t += 0.5
+    w = window(tmp_path)
+    assert w["rate"] == pytest.approx(2.0) and w["seconds"] == pytest.approx(10.0) and w["unit"] == "steps"
+    assert w["seq"] == 1
+
+
+def test_a_process_counts_one_kind_of_step_and_an_explicit_report_replaces_them(tmp_path):
+    clock = FakeClock()
+    m = Meter(str(tmp_path), interval_s=10.0, clock=clock)
+    for _ in range(11):
+        m.mark("loader")
+        m.mark("suspend")  # the same step, asked about too: not counted twice
+        clock.t += 1.0
+    assert window(tmp_path)["rate"] == pytest.approx(1.0)
+    for _ in range(11):
+        m.mark("report", 64.0, "samples")
+        m.mark("loader")  # its steps count no more
+        clock.t += 1.0
+    w = window(tmp_path)
+    assert w["unit"] == "samples" and w["rate"] == pytest.approx(64.0)
+
+
+def test_report_throughput_checks_its_arguments_and_is_public():
+    import hfai
+    import hfai.client
+
+    assert hfai.report_throughput is hfai.client.report_throughput is _throughput.report_throughput
+    with pytest.raises(TypeError):
+        hfai.report_throughput("12")
+    with pytest.raises(ValueError):
+        hfai.report_throughput(12, unit="images")
+
+
+def test_a_script_that_only_asks_for_the_suspend_flag_reports_its_steps(tmp_path):
+    script = ("import time, hfai\n"
+              "for _ in range(40):\n"
+              "    hfai.receive_suspend_command()\n"
+              "    time.sleep(0.05)\n")
+    env = {**os.environ, "HFAI_CONTROL_DIR": str(tmp_path), "HFAI_THROUGHPUT_INTERVAL_S": "1"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    w = window(tmp_path)
+    assert w["unit"] == "steps" and 0 < w["rate"] <= 20.0 and w["seconds"] >= 1.0
+
+
+# ------------------------------------------------------------------------------ the agent's relay
+
+
+def assignment(rank: int = 0) -> RunAssignment:
+    return RunAssignment(job_id="j1", run_id=2, name="n", user="u", group="default", priority=NORMAL, rank=rank,
+                         world_size=2, master_addr="", master_port=0, entrypoint=("x",), workdir="/",
+                         desired=DesiredRun.RUN)
+
+
+def test_the_file_is_checked_as_the_jobs_own():
+    good = json.dumps({"rate": 2.5, "seconds": 20.0, "unit": "steps", "startup_s": 3.0}).encode()
+    assert parse(good) is not None and parse(good).rate == 2.5
+    for bad in (b"", b"not json", b"[1, 2]", json.dumps({"rate": "nan", "seconds": 1}).encode(),
+                json.dumps({"rate": 1.0, "seconds": 0}).encode(), json.dumps({"rate": -1, "seconds": 1}).encode(),
+                json.dumps({"rate": 1.0, "seconds": 1, "unit": "bogus"}).encode(), b"{" + b" " * 600 + b"}"):
+        assert parse(bad) is None, bad
+
+
+def test_rank_0_relays_a_new_window_at_most_once_an_interval():
+    relay = Relay(interval_s=15.0)
+    raw = json.dumps({"seq": 1, "rate": 2.0, "seconds": 10.0}).encode()
+    assert relay.due(assignment(rank=1), raw, 0.0) is None  # not rank 0: its node does not relay
+    assert relay.due(assignment(), raw, 0.0) is not None
+    newer = json.dumps({"seq": 2, "rate": 2.1, "seconds": 10.0}).encode()
+    assert relay.due(assignment(), raw, 20.0) is None  # the same window again
+    assert relay.due(assignment(), newer, 10.0) is None  # too soon
+    assert relay.due(assignment(), newer, 16.0) is not None
+    relay.forget(set())
+    assert relay.due(assignment(), newer, 17.0) is not None  # a new run key starts afresh
+
+
+# ------------------------------------------------------------------------------ the record
+
+
+def record(nodes=("a", "b"), **kw) -> JobRecord:
+    spec = JobSpec(name="e", user="u", entrypoint=("x",), workdir="/", nodes=4, min_nodes=1, max_nodes=4)
+    return JobRecord(id="j1", spec=spec, state=ChainState.RUNNING, submit_ts=0.0, run_id=2, nodes=nodes,
+                     started_ts=500.0, **kw)
+
+
+def event(rate: float, seconds: float = 20.0, node: str = "a", unit: str = "steps", startup_s: float = 0.0):
+    return RunThroughput(node=node, job_id="j1", run_id=2, ts=600.0, rate=rate, seconds=seconds, unit=unit,
+                         startup_s=startup_s)
+
+
+def test_windows_are_kept_per_size_and_only_from_the_running_rank_0():
+    assert decode(encode(event(2.0)), RunThroughput) == event(2.0)
+    job = apply_throughput(record(), event(2.0))
+    assert job is not None and job.throughput == (SizeRate(nodes=2, rate=2.0, seconds=20.0),)
+    job = apply_throughput(job, event(4.0))
+    assert job.throughput[0].rate == pytest.approx(3.0) and job.throughput[0].seconds == 40.0
+    assert job.throughput_unit == "steps"
+    assert apply_throughput(job, event(4.0, node="b")) is None  # not rank 0's node
+    assert apply_throughput(job, replace(event(4.0), run_id=1)) is None  # an earlier run's late window
+    assert apply_throughput(replace(job, state=ChainState.SUSPENDING), event(4.0)) is None
+    # A size it ran at before keeps its own rate; a new unit starts the measurements over.
+    four = apply_throughput(replace(job, nodes=("a", "b", "c", "d")), event(7.0))
+    assert [(r.nodes, r.rate) for r in four.throughput] == [(2, pytest.approx(3.0)), (4, 7.0)]
+    samples = apply_throughput(four, event(640.0, unit="samples"))
+    assert [(r.nodes, r.rate) for r in samples.throughput] == [(4, 640.0)] and samples.throughput_unit == "samples"
+    # Old measurements weigh at most MEMORY_S against a new window.
+    old = (SizeRate(nodes=2, rate=1.0, seconds=100 * MEMORY_S),)
+    assert merged(old, 2, 2.0, MEMORY_S)[0].rate == pytest.approx(1.5)
+    # The policy sees them.
+    view = job_view(four)
+    assert view.throughput == ((2, pytest.approx(3.0)), (4, 7.0)) and view.throughput_unit == "steps"
+
+
+def test_the_restart_cost_is_the_last_interruption_and_the_next_runs_startup():
+    history = (JobEvent(ts=100.0, state=ChainState.RUNNING), JobEvent(ts=200.0, state=ChainState.SUSPENDING),
+               JobEvent(ts=230.0, state=ChainState.SUSPENDED), JobEvent(ts=240.0, state=ChainState.RUNNING))
+    job = apply_throughput(record(history=history, suspend_count=1), event(2.0, startup_s=12.0))
+    assert job.restart_s == pytest.approx(42.0)
+    assert job_view(job).restart_s == pytest.approx(42.0)
+    # Never interrupted: nothing measured yet.
+    assert apply_throughput(record(), event(2.0, startup_s=12.0)).restart_s == 0.0
+
+
+# ------------------------------------------------------------------------------ the policy
+
+
+def test_a_measured_restart_cost_decides_whether_a_resize_pays():
+    nodes = [NodeView(f"n{i}") for i in range(4)]
+    # 2 -> 4 nodes gains 30% (Amdahl-like): over a 600 s slice it pays for a 60 s restart, not a 300 s one.
+    job = JobView("j", "u", NORMAL, 2, 0.0, ChainState.RUNNING, held=("n0", "n1"), started_ts=0.0, min_nodes=1,
+                  max_nodes=4, throughput=((1, 1.0), (2, 1.6), (4, 2.1)), throughput_unit="samples")
+    config = PolicyConfig(slice_s=600.0, resize_cost_s=60.0)
+    out = gain_decide([job], nodes, 10_000.0, config)
+    assert [(type(d), d.size) for d in out] == [(Resize, 4)]
+    assert "samples/s expected" in out[0].reason
+    assert gain_decide([replace(job, restart_s=300.0)], nodes, 10_000.0, config) == []
+    assert [type(d) for d in gain_decide([replace(job, restart_s=20.0)], nodes, 10_000.0, config)] == [Resize]
