@@ -54,7 +54,7 @@ from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
 from hfai.agent.throughput import Relay, read_window
 from hfai.agent.trust import StartError, assignment_problem, check_log_request
-from hfai.agent.watchdog import WatchdogSettings, span
+from hfai.agent.watchdog import WatchdogSettings, read_watch, span
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import ProtocolError
@@ -248,13 +248,16 @@ class Agent:
     async def _heartbeat_once(self) -> None:
         self._seq += 1
         alive = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
+        ts, mono = self.clock.time(), time.monotonic()  # the launchers' watchdogs run on the host's own clock
+        watches = (read_watch(self.store.runs_dir / k, k, mono, ts) for k in alive)
         record = NodeRecord(
-            name=self.node, group=self.ac.group, address=self.address, ts=self.clock.time(), seq=self._seq,
+            name=self.node, group=self.ac.group, address=self.address, ts=ts, seq=self._seq,
             gpus=self.gpus.sample(busy=bool(alive)), host=_host_stat(), envs=self.store.environments(),
             gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
             drain_reason=self.health.drain_reason() or self.disk.check(),
             fault=self.health.health.fault, faults=tuple(self.health.health.faults), check=self.health.health.check,
             containment=self.store.containment.summary if self.store.containment is not None else "",
+            watchdogs=tuple(w for w in watches if w is not None),
         )
         if self._fence_unsaved:
             self._save_fence()

@@ -33,13 +33,20 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hfai.agent import safefs
 from hfai.agent.output import Output
 from hfai.agent.statefile import write_state
 from hfai.watchdog import STACK_SIGNAL, START_ENV, WATCHDOG_FILE
 
+if TYPE_CHECKING:
+    from hfai.protocol.types import RunWatch
+
 HUNG_FILE = "hung"  # in the run directory: "<watchdog time> <silence>" once the launcher found it hung
+# In the run directory, rewritten at most every poll while the run goes on: "<watchdog time>
+# <time.monotonic() of its last output>", what the agent's heartbeat shows (RunWatch: hfai status).
+WATCH_FILE = "watch"
 
 # One process's dump in the log at most (a process of thousands of threads must not flood it).
 DUMP_BYTES = 64 * 1024
@@ -127,6 +134,7 @@ class RunWatchdog:
         self.hung_at: float | None = None
         self.killed = False
         self._read_at = -math.inf
+        self._told: tuple[float, float] | None = None  # what WATCH_FILE last said
 
     @classmethod
     def from_spec(cls, spec: dict, run_dir: str) -> RunWatchdog | None:
@@ -143,12 +151,25 @@ class RunWatchdog:
         if self.hung_at is None and now - self._read_at >= self.poll_s:
             self._read_at = now
             self.watchdog_s = parse_seconds(safefs.read_small(self.control, WATCHDOG_FILE)) or self.watchdog_s
+            self._tell(out.last_output)
         act = verdict(now, out.last_output, self.watchdog_s, self.hung_at, self.kill_s)
         if act is Verdict.HUNG:
             self._hung(out, group, spare, now - out.last_output)
         elif act is Verdict.KILL and not self.killed:
             self.killed = True
             _killpg(group, signal.SIGKILL)
+
+    def _tell(self, last_output: float) -> None:
+        """Write what the agent shows (WATCH_FILE) if it changed; only a view: a failed write
+        (a full disk) leaves the last one."""
+        now = (self.watchdog_s, last_output)
+        if now == self._told:
+            return
+        try:
+            write_state(os.path.join(self.run_dir, WATCH_FILE), f"{now[0]:.3f} {now[1]:.3f}\n")
+        except OSError:
+            return
+        self._told = now
 
     def _hung(self, out: Output, group: int, spare: frozenset[int], silent_s: float) -> None:
         # Recorded first: whoever sees the exit also sees why.
@@ -161,6 +182,22 @@ class RunWatchdog:
                   f"{span(self.kill_s)}) at {time.strftime('%H:%M:%S')} ===\n".encode())
         self.hung_at = self.clock()
         _killpg(group, signal.SIGTERM)
+
+
+def read_watch(run_dir: str | os.PathLike, key: str, now: float, ts: float) -> RunWatch | None:
+    """The watchdog of run ``key`` as its launcher last wrote it (WATCH_FILE) in ``run_dir``,
+    with its silence at ``now`` (time.monotonic(), the launcher's clock) and ``ts`` (the agent's
+    wall time for the heartbeat); None if the run has no watchdog, or wrote nothing readable."""
+    try:
+        with open(os.path.join(run_dir, WATCH_FILE), "rb") as f:
+            watchdog_s, last_output = (float(x) for x in f.read(128).split())
+    except (OSError, ValueError):
+        return None
+    if not (math.isfinite(watchdog_s) and math.isfinite(last_output)) or watchdog_s <= 0:
+        return None
+    from hfai.protocol.types import RunWatch  # the agent's, not the launcher's (it starts lean)
+
+    return RunWatch(run=key, watchdog_s=watchdog_s, silent_s=max(0.0, now - last_output), ts=ts)
 
 
 def job_processes(root: int, spare: frozenset[int]) -> list[int]:

@@ -269,6 +269,11 @@ def _extras(j: JobRecord) -> list[str]:
     retries = int(getattr(s, "retries", 0))
     if retries:
         lines.append(f"retries    {int(getattr(j, 'retried', 0))} of {retries} used")
+    watch = getattr(j, "watchdog", None)  # protocol 1.9: its nodes' latest heartbeats (none for a dev session)
+    if watch is not None:
+        at = time.strftime("%H:%M:%S", time.localtime(watch.ts))
+        lines.append(f"watchdog   {age(watch.watchdog_s)} without output ends it as hung; silent for "
+                     f"{age(watch.silent_s)} (on {clean(watch.node)} at {at})")
     peak, cpu = int(getattr(j, "peak_bytes", 0)), float(getattr(j, "cpu_s", 0.0))
     if peak or cpu:
         lines.append(f"resources  peak memory {_size(peak)} (one rank's run, at most), CPU time {age(cpu)} (all runs)")
@@ -374,11 +379,19 @@ def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> d
         "retries": int(getattr(s, "retries", 0)), "retried": int(getattr(j, "retried", 0)),
         "array_id": str(getattr(s, "array_id", "")) or None, "array_index": _index(getattr(s, "array_index", -1)),
         "peak_memory_bytes": int(getattr(j, "peak_bytes", 0)), "cpu_s": round(float(getattr(j, "cpu_s", 0.0)), 3),
+        "watchdog": _watch_json(getattr(j, "watchdog", None)),
     }
     if history:
         out["history"] = [{"ts": ev.ts, "state": ev.state.value, "reason": describe(ev)} for ev in j.history]
         out["faults"] = [{"ts": ev.ts, "reason": describe(ev)} for ev in j.faults]
     return out
+
+
+def _watch_json(w) -> dict | None:
+    """The job's log watchdog (``hfai status --json``; only a status reply carries it)."""
+    if w is None:
+        return None
+    return {"watchdog_s": w.watchdog_s, "silent_s": round(w.silent_s, 3), "node": w.node, "ts": w.ts}
 
 
 def _index(i: int) -> int | None:

@@ -9,7 +9,7 @@ codec understands: ``int``, ``float``, ``str``, ``bool``, ``bytes``, enums, ``X 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import ClassVar, TypeVar, dataclass_transform
 
@@ -337,6 +337,10 @@ class JobRecord:
     # first step; 0: never measured): what the gain policy weighs a resize against.
     throughput_unit: str = ""
     restart_s: float = 0.0
+    # Protocol 1.9: shown, never stored: the log watchdog of its current run on the node nearest
+    # to its watchdog time, as that node's latest heartbeat said, filled in by the controller's
+    # status reply (``watch_of``). None while it runs nowhere, or has no watchdog.
+    watchdog: RunWatch | None = None
 
     HISTORY_LIMIT: ClassVar[int] = 50
     FAULTS_LIMIT: ClassVar[int] = 20
@@ -394,6 +398,24 @@ class HealthCheck:
     ok: bool
     duration_s: float = 0.0
     detail: str = ""
+    # Protocol 1.9: the bus bandwidth (GB/s) the in-node all-reduce step measured through
+    # hfreduce (0: the step did not run or did not get that far).
+    bus_gbps: float = 0.0
+
+
+@message("run_watch")
+class RunWatch:
+    """A running job's log watchdog on one node (protocol 1.9; agent/watchdog.py): the watchdog
+    time the run's launcher holds now, and how long the run had been silent (no output on any of
+    its processes there) at ``ts``, the node's time when it looked. ``run`` is the run's key
+    (``job.run``); ``node`` names the node once the controller shows it on the job."""
+
+    KIND: ClassVar[str]
+    run: str
+    watchdog_s: float
+    silent_s: float
+    ts: float = 0.0
+    node: str = ""
 
 
 @message("host_stat")
@@ -433,6 +455,27 @@ class NodeRecord:
     # Protocol 1.5: how the node contains its runs, in one line ("bwrap, cgroup v1", or what is
     # missing and why: agent/contain.py).
     containment: str = ""
+    # Protocol 1.9: the log watchdog of each of its running runs that has one (a development
+    # session has none): what `hfai status` and the job page show (RunWatch).
+    watchdogs: tuple[RunWatch, ...] = ()
+
+    def watch(self, run: str) -> RunWatch | None:
+        """The watchdog of run ``run`` (its key) on this node, named after it; None without one."""
+        for w in self.watchdogs:
+            if w.run == run:
+                return evolve(w, node=self.name)
+        return None
+
+
+def watch_of(job: JobRecord, records: Mapping[str, NodeRecord]) -> RunWatch | None:
+    """Pure: the log watchdog to show on ``job``, by its nodes' latest heartbeats (``records``:
+    node -> record): its current run's, on the node nearest its watchdog time (the first that
+    would end it as hung). None when the job holds no nodes or its run has no watchdog there."""
+    if not job.state.holds_nodes:
+        return None
+    key = run_key(job.id, job.run_id)
+    found = [w for n in job.nodes if (r := records.get(n)) is not None and (w := r.watch(key)) is not None]
+    return min(found, key=lambda w: (w.watchdog_s - w.silent_s, w.node), default=None)
 
 
 # Self-fencing (see RunAssignment.fence_s): the launcher SIGTERMs its job once the agent has not

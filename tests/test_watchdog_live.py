@@ -102,3 +102,34 @@ def test_restart_on_hang_requeues_a_hung_job_once_then_it_fails(cluster, tmp_pat
     assert log.count("stuck_in_a_silent_wait") >= 2 and log.count("stopped as hung") == 2, log
     runs = _detection(cluster, job)
     print(f"\nwatchdog 8 s, two runs: hung verdicts {', '.join(f'{s:.1f}' for s, _ in runs)} s after the last line")
+
+
+# Sets a long watchdog time, says so, then waits silently (well inside it).
+QUIET = """
+import time
+import hfai
+
+hfai.set_watchdog_time(600)
+print("quiet now", flush=True)
+time.sleep(600)
+"""
+
+
+def test_hfai_status_shows_the_watchdog_time_the_job_set_and_how_long_it_has_been_silent(cluster, tmp_path):
+    (tmp_path / "quiet.py").write_text(QUIET)
+    out = cluster.cli("submit", "--name", "quiet", "python", "quiet.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    job_id = re.search(r"\((\w+)\)", out.stdout).group(1)
+    try:
+        def shown() -> str | None:
+            text = cluster.cli("status", job_id).stdout
+            line = next((x for x in text.splitlines() if x.startswith("watchdog")), "")
+            # 10m: what the job set (the cluster's default is 30m); silent for a few seconds at least.
+            m = re.search(r"silent for (\d+)s", line)
+            return line if "10m without output" in line and m and int(m.group(1)) >= 2 else None
+
+        line = cluster.wait(shown, 60, "hfai status to show the job's watchdog and its silence", poll=1.0)
+        assert "(on node-0 at " in line, line
+        print(f"\n{line}")
+    finally:
+        cluster.cli("stop", job_id)

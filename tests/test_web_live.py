@@ -265,6 +265,9 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
 
         d.get(_url(c, f"/jobs/{high.id}"))
         wait.until(lambda _d: d.find_element(By.ID, "state").text == "running")
+        # Its log watchdog: the cluster's default time, and how long it has been silent.
+        wait.until(lambda _d: "watchdog 30 min, silent for " in d.find_element(By.ID, "meta").text)
+        assert " on node-0 at " in d.find_element(By.ID, "meta").text
         d.find_element(By.ID, "stop").click()
         d.switch_to.alert.accept()
         wait.until(lambda _d: d.find_element(By.ID, "state").text == "stopped")

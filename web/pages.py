@@ -72,8 +72,11 @@ async function load(){const j=await getJSON('/api/jobs/'+JOB);
   // Peak memory and CPU time: measured in each run's cgroup (0 where the node has none).
   const gib=b=>b>=2**30?(b/2**30).toFixed(1)+' GiB':Math.round(b/2**20)+' MiB';
   const used=j.peak_bytes||j.cpu_s?` · peak memory ${gib(j.peak_bytes)} · CPU time ${Math.round(j.cpu_s)} s`:'';
+  // Its log watchdog (docs/health.md): the time without output that ends it as hung, and its silence.
+  const w=j.watchdog, dur=s=>s>=3600?(s/3600).toFixed(1)+' h':s>=60?Math.floor(s/60)+' min':Math.floor(s)+' s';
+  const watch=w?` · watchdog ${dur(w.watchdog_s)}, silent for ${dur(w.silent_s)} on ${w.node} at ${when(w.ts)}`:'';
   document.getElementById('meta').textContent=`${j.user} · ${j.group} · ${j.priority} · run ${j.run_id} · `+
-    `${j.suspends} suspend(s) · submitted ${when(j.submitted)}${used}`;
+    `${j.suspends} suspend(s) · submitted ${when(j.submitted)}${used}${watch}`;
   document.getElementById('history').replaceChildren(
     ...j.history.map(e=>el('li',`${when(e.ts)}  ${e.state}  ${e.reason}`)));
   gantt(document.getElementById('timeline'), 'Its nodes over its life: this job and any other that held them',
