@@ -34,7 +34,7 @@ does no I/O, and a planner fed the same records plans the same actions as a fres
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hfai.controller import transitions
 from hfai.controller.assignments import pick_master_port
@@ -54,6 +54,10 @@ from hfai.controller.queues import JobIndex
 from hfai.controller.views import job_view
 from hfai.protocol.reasons import Reason, ReasonCode, reason
 from hfai.protocol.types import ChainState, JobRecord, evolve
+
+#: A running job's view is moved to the leader's measure of its run (Planner._rebase) when its
+#: ``started_ts`` is off by more than this: policy windows are minutes long, a second is nothing.
+REBASE_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class PlanSettings:
     #: its monotonic clock (controller/runclock.py); a job not in it counts ``now - started_ts``
     #: (the simulator, whose one clock is virtual). Time limits are judged on it.
     ran: Mapping[str, float] = field(default_factory=dict)
+    #: Seconds since each waiting job's failed run was set to be retried (``retry_ts``), measured
+    #: as ``ran`` is; a job not in it counts ``now - retry_ts``. Retry backoffs are judged on it.
+    retried: Mapping[str, float] = field(default_factory=dict)
     #: The leader's term (0: none, as in the simulator). A record of an older term that claims a
     #: node a record of this term holds lost it: an older leader started it after this term
     #: began, before this term's stamp reached its record (controller/leader.py _take_over).
@@ -330,6 +337,7 @@ class Planner:
         """The actions of one round at time ``now`` (see the module docstring). Deterministic
         for the same records, nodes, settings, time and explanation memory."""
         index = self._index(settings.policy)
+        self._rebase(index, settings, now)
         actions: list[Action] = []
         # Records as they will be after the node losses and restrictions, for the policy's eyes;
         # the index is put back as it was before returning.
@@ -415,7 +423,7 @@ class Planner:
                 hidden.append(job.id)
                 self._explain(actions, job, full, now, settings)
         for after in overlay.values():
-            index.put(job_view(after))
+            index.put(self._rebased(job_view(after), settings, now))
         for job_id in hidden:
             index.discard(job_id)
         try:
@@ -454,17 +462,44 @@ class Planner:
         """The earliest time after ``now`` at which a round on the same records and nodes could
         plan otherwise than one at ``now`` (a time limit running out, a retry's backoff, or what
         the policy's ``quiet_until`` says)."""
-        t = self.policy.quiet_until(self._index(settings.policy), now, settings.policy)
+        index = self._index(settings.policy)
+        self._rebase(index, settings, now)
+        t = self.policy.quiet_until(index, now, settings.policy)
         for job_id in self._timed:
             job = self.records[job_id]
             if job.state is ChainState.RUNNING:
-                t = min(t, job.started_ts + job.spec.time_limit_s - job.run_s - QUIET_MARGIN_S)
+                ran = settings.ran.get(job_id)
+                started = job.started_ts if ran is None else now - ran
+                t = min(t, started + job.spec.time_limit_s - job.run_s - QUIET_MARGIN_S)
         for job_id in self._gated:  # a retry's backoff running out
             job = self.records[job_id]
-            left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s)
+            left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s,
+                                          settings.retried.get(job_id))
             if left > 0:
                 t = min(t, now + left)
         return max(t, now)
+
+    def _rebase(self, index: JobIndex, settings: PlanSettings, now: float) -> None:
+        """Each job holding nodes shown to the policy as started ``settings.ran`` seconds before
+        ``now``: its time slice, its ``above_normal_s`` and its service band count the run's time
+        as the leader measures it, not ``now`` minus a wall stamp another host (or a leader before
+        this one) wrote (issue 38 §4). The records keep their stamps; only the views move, and
+        only when off by over REBASE_SLACK_S (an index update each round would cost)."""
+        for job_id in sorted(set(index.holder.values())):
+            view = self._views.get(job_id)
+            if view is None:
+                continue
+            moved = self._rebased(view, settings, now)
+            if moved is not view:
+                self._views[job_id] = moved
+                index.put(moved)
+
+    @staticmethod
+    def _rebased(view: JobView, settings: PlanSettings, now: float) -> JobView:
+        ran = settings.ran.get(view.id) if view.state.holds_nodes else None
+        if ran is None or abs(view.started_ts - (now - ran)) <= REBASE_SLACK_S:
+            return view
+        return replace(view, started_ts=now - ran)
 
     def _avoid(self, decisions: Sequence[Decision], views: Sequence[NodeView],
                holder: Mapping[str, str]) -> list[Decision]:
@@ -515,7 +550,8 @@ class Planner:
         for good; None: it may."""
         if job.hold:
             return False, transitions.held_reason(job)
-        left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s)
+        left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s,
+                                      settings.retried.get(job.id))
         if left > 0:
             return False, reason(ReasonCode.RETRY_BACKOFF, retried=job.retried, retries=job.spec.retries,
                                  seconds=max(1, round(left)))

@@ -15,6 +15,14 @@ clock from then on. Until that measurement it counts from the replica's first si
 never too long, so a replica whose clock is off stops no job early while it does not know. A
 replica whose watch of the bucket broke and resumed sees runs that started meanwhile late, and
 counts them short by that gap.
+
+The same holds for the other windows of the policy (issue 38 §3/§4): a time slice and
+``above_normal_s`` count a run's time, so the planner rebases each running job's ``started_ts``
+onto the leader's clock as ``now - ran`` (controller/plan.py); a ``--retry``'s backoff counts from
+when the leader requeued the failed run (``retry_ts``, written by whichever leader did), so it is
+measured here too, from this replica's first sight of that stamp (:meth:`RunClock.waited`). A
+backoff seen first in the bucket's snapshot counts from its stamp on the server's clock once the
+host's clock is measured, and from the first sight until then: it may wait longer, never shorter.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ from hfai.protocol.types import JobRecord
 
 @dataclass(frozen=True)
 class _Sight:
-    run_id: int
-    mono: float  # this replica's monotonic clock when it first saw the run
+    key: object  # what the stamp belongs to: the run's id, or the retry's stamp
+    mono: float  # this replica's monotonic clock when it first saw the run (or the retry)
     # Seconds the run had run by then: 0 if it saw the run begin; None for a run older than the
     # replica until this host's clock is measured against the server's.
     before: float | None
@@ -49,15 +57,21 @@ class RunClock:
         self._live = live
         self._offset = offset
         self._runs: dict[str, _Sight] = {}
+        self._retries: dict[str, _Sight] = {}  # waiting jobs whose failed run is retried after a backoff
 
     def observe(self, job_id: str, job: JobRecord | None) -> None:
         """The record of ``job_id`` as the copy now holds it (None: gone)."""
-        if job is None or not job.state.holds_nodes:
-            self._runs.pop(job_id, None)
+        self._see(self._runs, job_id, job.run_id if job is not None and job.state.holds_nodes else None)
+        self._see(self._retries, job_id, job.retry_ts if job is not None and job.state.waiting and job.retry_ts
+                  else None)
+
+    def _see(self, sights: dict[str, _Sight], job_id: str, key: object | None) -> None:
+        if key is None:
+            sights.pop(job_id, None)
             return
-        sight = self._runs.get(job_id)
-        if sight is None or sight.run_id != job.run_id:
-            self._runs[job_id] = _Sight(job.run_id, self._clock.monotonic(), 0.0 if self._live() else None)
+        sight = sights.get(job_id)
+        if sight is None or sight.key != key:
+            sights[job_id] = _Sight(key, self._clock.monotonic(), 0.0 if self._live() else None)
 
     def ran(self, job: JobRecord) -> float:
         """Seconds ``job``'s current run has run (0 if it holds no nodes). A run not observed yet
@@ -65,19 +79,30 @@ class RunClock:
         if not job.state.holds_nodes:
             return 0.0
         self.observe(job.id, job)
-        sight = self._runs[job.id]
+        return self._since(self._runs, job.id, job.started_ts)
+
+    def waited(self, job: JobRecord) -> float | None:
+        """Seconds since ``job``'s failed run was set to be retried (its ``retry_ts``), or None if
+        it waits for no retry. Observed now if not yet (as :meth:`ran`)."""
+        if not (job.state.waiting and job.retry_ts):
+            return None
+        self.observe(job.id, job)
+        return self._since(self._retries, job.id, job.retry_ts)
+
+    def _since(self, sights: dict[str, _Sight], job_id: str, stamp: float) -> float:
+        sight = sights[job_id]
         if sight.before is None:
-            sight = self._runs[job.id] = self._dated(job, sight)
+            sight = sights[job_id] = self._dated(stamp, sight)
         return (sight.before or 0.0) + max(0.0, self._clock.monotonic() - sight.mono)
 
-    def _dated(self, job: JobRecord, sight: _Sight) -> _Sight:
-        """A run older than the replica, with the time it had run when first seen, from its wall
-        stamp on the server's clock; as it was while this host's clock is not measured."""
+    def _dated(self, stamp: float, sight: _Sight) -> _Sight:
+        """A run (or retry) older than the replica, with the time since its wall ``stamp`` when
+        first seen, on the server's clock; as it was while this host's clock is not measured."""
         offset = self._offset()
         if offset is None:
             return sight
         server_at_sight = self._clock.time() - offset - (self._clock.monotonic() - sight.mono)
-        before = max(0.0, server_at_sight - job.started_ts) if job.started_ts > 0 else 0.0
+        before = max(0.0, server_at_sight - stamp) if stamp > 0 else 0.0
         return replace(sight, before=before)
 
 
@@ -91,25 +116,31 @@ def recount(before: JobRecord, after: JobRecord | None, clock: RunClock) -> JobR
 
 
 class RunAges(Mapping[str, float]):
-    """job id -> :meth:`RunClock.ran` of its record in ``records``, for the jobs that hold nodes,
-    worked out when asked: a round asks only about the jobs with a time limit."""
+    """job id -> :meth:`RunClock.ran` of its record in ``records``, for the jobs that hold nodes
+    (with ``retries``: :meth:`RunClock.waited`, for the waiting jobs whose failed run is retried),
+    worked out when asked: a round asks only about the jobs with a time limit, the jobs holding
+    nodes and the gated ones."""
 
-    def __init__(self, clock: RunClock, records: Mapping[str, JobRecord]):
-        self._clock, self._records = clock, records
+    def __init__(self, clock: RunClock, records: Mapping[str, JobRecord], retries: bool = False):
+        self._clock, self._records, self._retries = clock, records, retries
+
+    def _counts(self, job: JobRecord) -> bool:
+        return bool(job.state.waiting and job.retry_ts) if self._retries else job.state.holds_nodes
 
     def __getitem__(self, job_id: str) -> float:
         job = self._records[job_id]
-        if not job.state.holds_nodes:
+        if not self._counts(job):
             raise KeyError(job_id)
-        return self._clock.ran(job)
+        return (self._clock.waited(job) or 0.0) if self._retries else self._clock.ran(job)
 
     def __iter__(self) -> Iterator[str]:
-        return (k for k, j in list(self._records.items()) if j.state.holds_nodes)
+        return (k for k, j in list(self._records.items()) if self._counts(j))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
 
 def with_ages(settings: PlanSettings, clock: RunClock, records: Mapping[str, JobRecord]) -> PlanSettings:
-    """``settings`` for a round in which runs are as old as ``clock`` measures them."""
-    return replace(settings, ran=RunAges(clock, records))
+    """``settings`` for a round in which runs are as old, and retries' backoffs as far along, as
+    ``clock`` measures them."""
+    return replace(settings, ran=RunAges(clock, records), retried=RunAges(clock, records, retries=True))

@@ -193,11 +193,15 @@ def retry_backoff(retried: int, base_s: float, max_s: float) -> float:
     return min(max_s, base_s * 2.0 ** min(retried - 1, 60))
 
 
-def retry_wait(job: JobRecord, now: float, base_s: float, max_s: float) -> float:
-    """Seconds left of a waiting job's backoff after a failed run (0: it may start)."""
+def retry_wait(job: JobRecord, now: float, base_s: float, max_s: float, waited: float | None = None) -> float:
+    """Seconds left of a waiting job's backoff after a failed run (0: it may start). ``waited``:
+    the seconds since the retry was set as the leader measured them (controller/runclock.py); else
+    ``now - retry_ts``, which is right only on the clock that wrote the stamp (the simulator's)."""
     if not job.retry_ts or not job.state.waiting:
         return 0.0
-    return max(0.0, job.retry_ts + retry_backoff(job.retried, base_s, max_s) - now)
+    if waited is None:
+        waited = now - job.retry_ts
+    return max(0.0, retry_backoff(job.retried, base_s, max_s) - waited)
 
 
 def apply_suspend(job: JobRecord, d: Suspend, now: float) -> JobRecord | None:
