@@ -15,6 +15,8 @@ from __future__ import annotations
 from hfai.api import _light_nats  # noqa: F401  (first: nats-py without aiohttp, asyncio without ssl: see there)
 import asyncio
 import fnmatch
+import logging
+import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -55,6 +57,8 @@ from hfai.protocol.types import (
     UsageRequest,
     UsageRow,
 )
+
+log = logging.getLogger(__name__)
 
 #: ``--state`` values besides the ChainState ones: every state that is not final.
 ACTIVE = "active"
@@ -113,8 +117,11 @@ LIST_HISTORY = 2
 #: Verbs whose request may be sent more than once (a hung replica must not fail the call): reads,
 #: and changes that set a value, so that a second copy finds it set and changes nothing (stop: a
 #: stopping or final job is left as it is; hold/release, update, quota_set, drain: the same
-#: value again). Not submit (each copy would create a job: the request has no idempotency key)
-#: nor requeue (a second copy would interrupt the job's next run, or fail on the first's result).
+#: value again). Not requeue (a second copy would interrupt the job's next run, or fail on the
+#: first's result), nor submit: its copies go only through another server when the first is cut
+#: off (below, ``_move``), named by a ``request_id`` that the controller dedups on. A controller
+#: older than that field makes a job per copy; copies sent on a schedule, as these are, would
+#: reach one every time a submit is slow, a move only when the first server is cut off.
 REPEATABLE_VERBS = frozenset({
     names.VERB_LIST, names.VERB_STATUS, names.VERB_NODES, names.VERB_SETTINGS, names.VERB_LOGS, names.VERB_USAGE,
     names.VERB_ESTIMATE, names.VERB_STOP, names.VERB_HOLD, names.VERB_UPDATE, names.VERB_QUOTA_SET, names.VERB_DRAIN,
@@ -160,6 +167,7 @@ class ApiClient:
             self._credentials = _nats.read_credentials(self.creds)
             self.user, self.operator = identity(self._credentials)
         self._nc: Client | None = None
+        self._left: list[Client] = []  # connections to servers left as cut off (closed with the client)
         self._refused: dict[str, set[asyncio.Future]] = {}
 
     async def __aenter__(self) -> ApiClient:
@@ -194,11 +202,15 @@ class ApiClient:
         return self._nc is not None and self._nc.is_connected
 
     async def close(self) -> None:
-        if self._nc is not None:
-            await self._nc.close()
-            self._nc = None
+        for nc in (*self._left, self._nc):
+            if nc is not None:
+                await nc.close()
+        self._nc, self._left = None, []
 
     async def call(self, verb: str, request, expect: type):
+        if verb == names.VERB_SUBMIT and not request.request_id:
+            # Named, so that a copy sent through another server makes no second job.
+            request = replace(request, request_id=os.urandom(8).hex())
         try:
             payload = encode(request)
         except OverflowError:
@@ -208,7 +220,7 @@ class ApiClient:
                                  "64-bit integers)") from None
         # An operator sends everything on the operator subject: its verbs, and others' jobs.
         return await self._request(names.api_subject(self.user, verb, operator=self.operator), payload, expect,
-                                   repeatable=verb in REPEATABLE_VERBS)
+                                   repeatable=verb in REPEATABLE_VERBS, movable=verb == names.VERB_SUBMIT)
 
     @property
     def _conn(self) -> Client:
@@ -216,10 +228,12 @@ class ApiClient:
             raise RuntimeError("ApiClient is used as `async with ApiClient(...) as api:`")
         return self._nc
 
-    async def _request(self, subject: str, payload: bytes, expect: type, repeatable: bool = False):
+    async def _request(self, subject: str, payload: bytes, expect: type, repeatable: bool = False,
+                       movable: bool = False):
         """One request, answered by whichever copy answers first. A ``repeatable`` one is sent
         again on :func:`try_plan`'s schedule (see REPEATABLE_VERBS); every copy waits until the same
-        deadline, so a slow but live replica's answer still counts."""
+        deadline, so a slow but live replica's answer still counts. A ``repeatable`` or ``movable``
+        one is also sent through another server if this one seems cut off (:meth:`_move`)."""
         nats_config = self.config.nats
         deadline_s = nats_config.request_timeout_s
         plan = try_plan(deadline_s, nats_config.request_try_s, nats_config.request_copies) if repeatable else \
@@ -229,7 +243,8 @@ class ApiClient:
         self._refused.setdefault(subject, set()).add(refused)
         asks: set[asyncio.Future] = set()
         try:
-            msg = await self._first_answer(subject, payload, plan, loop.time() + deadline_s, asks, refused)
+            msg = await self._first_answer(subject, payload, plan, loop.time() + deadline_s, asks, refused,
+                                           movable or repeatable)
         finally:
             for ask in asks:
                 ask.cancel()
@@ -244,34 +259,111 @@ class ApiClient:
         return reply
 
     async def _first_answer(self, subject: str, payload: bytes, plan: tuple[tuple[float, int], ...], deadline: float,
-                            asks: set[asyncio.Future], refused: asyncio.Future):
-        """Send the copies ``plan`` says when it says (seconds after now); the first reply."""
+                            asks: set[asyncio.Future], refused: asyncio.Future, movable: bool = False):
+        """Send the copies ``plan`` says when it says (seconds after now); the first reply.
+
+        ``movable``: with other servers configured, no answer through this one within
+        ``request_try_s`` (or no responders at all) may mean that this server is cut off from its
+        cluster (its routes silently dropping what it forwards): :meth:`_move` then connects to
+        another, and the copies go through both, the new ones with a deadline of their own."""
         loop = asyncio.get_running_loop()
-        start, todo, sent = loop.time(), list(plan), 0
+        start, sent = loop.time(), 0
+        todo = [(start + at, n, self._conn, deadline) for at, n in plan]
+        try_s = self.config.nats.request_try_s
+        move_at = start + try_s if movable and try_s > 0 and self._movable() else None
+        moving: asyncio.Future | None = None
+        no_responders = False
         while True:
             now = loop.time()
-            while todo and start + todo[0][0] <= now:
-                for _ in range(todo.pop(0)[1]):
-                    left = max(0.0, deadline - now)
-                    asks.add(asyncio.ensure_future(self._conn.request(subject, payload, timeout=left)))
+            while todo and todo[0][0] <= now:
+                _, n, nc, ends = todo.pop(0)
+                for _ in range(n):
+                    asks.add(asyncio.ensure_future(nc.request(subject, payload, timeout=max(0.0, ends - now))))
                     sent += 1
+            if move_at is not None and now >= move_at:
+                move_at, moving = None, asyncio.ensure_future(self._move(check=not no_responders))
+            if moving is not None and moving.done():
+                nc, moving = moving.result(), None
+                if nc is not None:
+                    ends = now + self.config.nats.request_timeout_s
+                    todo = sorted([*todo, *((now + at, n, nc, ends) for at, n in plan)], key=lambda t: t[0])
             waiting = {a for a in asks if not a.done()}
-            if not waiting and not todo:
+            if not waiting and not todo and moving is None and move_at is None:
                 raise Unavailable(f"no answer within {self.config.nats.request_timeout_s:g}s on {subject}"
                                   + (f" (asked {sent} times)" if sent > 1 else ""))
-            until = start + todo[0][0] if todo else deadline
-            done, _ = await asyncio.wait(waiting | {refused}, timeout=max(0.0, until - now),
+            until = min([t[0] for t in todo[:1]] + ([move_at] if move_at is not None else []), default=None)
+            done, _ = await asyncio.wait(waiting | {refused} | ({moving} if moving is not None else set()),
+                                         timeout=None if until is None else max(0.0, until - now),
                                          return_when=asyncio.FIRST_COMPLETED)
             if refused.done():
                 raise Forbidden(f"the cluster does not let {self.user} send {subject}"
                                 + ("" if self.operator else " (only operators may, or it is another user's)"))
             for ask in done:
+                if ask is moving:
+                    continue
                 try:
                     return ask.result()
                 except nats.errors.NoRespondersError:
-                    raise Unavailable("no controller is serving the API; is `hfai-controller` running?") from None
+                    # No controller behind this server; behind another, maybe (this one lost its
+                    # routes): asked at once, without the check. Nowhere else to ask: none at all.
+                    no_responders = True
+                    if move_at is None and moving is None:
+                        raise Unavailable("no controller is serving the API; is `hfai-controller` running?") from None
+                    move_at = now if move_at is not None else None
                 except (TimeoutError, nats.errors.TimeoutError):
                     pass  # this copy's time is up; the others may still answer
+
+    def _movable(self) -> bool:
+        """Whether another configured server is left to move to."""
+        return len(self._servers()) > 1 + len(self._left)
+
+    def _servers(self) -> list[str]:
+        return [u.strip() for u in self.config.nats.url.split(",") if u.strip()]
+
+    async def _move(self, check: bool) -> Client | None:
+        """A connection to another configured server if this one seems cut off from its cluster,
+        which from then on carries this client's requests; None to stay.
+
+        Where the credentials may ask JetStream (none, or a daemon's), the question the daemons'
+        watch asks decides (hfai._cutoff.check: does the cluster behind this server answer?). A
+        user's credentials may not ask it, nor anything else that only a server with its cluster
+        answers: then the silence is the sign. Moving costs one connection, and what is sent again
+        is only what may be (``repeatable``, or a submit named by its ``request_id``)."""
+        from hfai import _cutoff
+
+        nc = self._conn
+        here = nc.connected_url.netloc if nc.connected_url is not None else ""
+        why = f"no answer within {self.config.nats.request_try_s:g}s"
+        if check:
+            creds = self._credentials or ""
+            stream = _nats._check_stream(creds)
+            if stream is not None or not creds:
+                n = self.config.nats
+                try:
+                    why = await _cutoff.check(nc.jetstream(timeout=n.cutoff_timeout_s), n.cutoff_timeout_s, stream,
+                                              n.cutoff_silent_s)
+                except (nats.errors.Error, OSError) as e:  # an answer that refuses: the cluster is there
+                    log.debug("JetStream check through %s: %s", here, e)
+                    return None
+                if not why:
+                    return None  # the cluster answers: the controllers are slow, not the server cut off
+        else:
+            why = "no controller behind it"
+        left = {here} | {c.connected_url.netloc for c in self._left if c.connected_url is not None}
+        others = [u for u in self._servers() if _netloc(u) not in left]
+        if not others:
+            return None
+        log.info("NATS server %s: %s; asking through %s too", here, why, ", ".join(others))
+        try:
+            moved = await _nats.connect(replace(self.config, nats=replace(self.config.nats, url=",".join(others))),
+                                        name=f"hfai-cli-{self.user}", reconnect=False,
+                                        creds=self._credentials or "", on_error=self._on_error)
+        except (Unavailable, Forbidden) as e:
+            log.info("no other NATS server to ask: %s", e)
+            return None
+        self._left.append(nc)
+        self._nc = moved
+        return moved
 
     async def raw_request(self, subject: str, payload: bytes) -> bytes:
         """Send arbitrary bytes (tests use it to feed garbage to the API)."""
@@ -381,6 +473,13 @@ class ApiClient:
         """GPU-hours per UTC day, user, group and priority (everyone's, like the queue)."""
         reply = await self.call(names.VERB_USAGE, UsageRequest(since_ts=since_ts, until_ts=until_ts), UsageReply)
         return reply.rows
+
+
+def _netloc(url: str) -> str:
+    """host:port of a configured server URL, as nats-py's ``connected_url.netloc`` says it."""
+    from urllib.parse import urlparse
+
+    return urlparse(url if "://" in url else f"nats://{url}").netloc
 
 
 #: An offset past any log's end: the agent clamps it, so the reply carries just the size.

@@ -71,7 +71,6 @@ from hfai.protocol.types import (
     UsageReply,
     UsageRequest,
     evolve,
-    watch_of,
 )
 
 log = logging.getLogger(__name__)
@@ -89,6 +88,17 @@ class Caller:
 
     def may_act_on(self, job: JobRecord) -> bool:
         return self.operator or job.spec.user == self.user
+
+
+def _submitted_id(user: str, request_id: str, part: object = None) -> str:
+    """The id of the job a submission named ``request_id`` makes (``part``: an array member's
+    index, or "array" for the array's id); "" without a name. Derived, not random, so that every
+    copy of the request, at any replica, makes the same key and the bucket's create lets one win."""
+    if not request_id:
+        return ""
+    import hashlib
+
+    return hashlib.sha256(f"{user}\0{request_id}\0{part}".encode()).hexdigest()[:10]
 
 
 #: The longest a job without a time limit may be assumed to run in an estimate (a year).
@@ -170,6 +180,13 @@ class ApiService:
             live = sum(1 for j in self._jobs.values.values()
                        if j.spec.user == user and j.spec.kind == JOB_DEV and not j.state.final)
             check_dev_limit(spec, live, self._dev.max_per_user)
+        if req.request_id and not req.array:
+            # A copy of a submission already made (the client sent it again, through another
+            # server): the job the first made, whichever replica made it. (An array's members are
+            # each found or made by _create, none twice.)
+            made = await self._made(user, _submitted_id(user, req.request_id))
+            if made is not None:
+                return JobReply(job=made)
         if not req.force:
             for j in self._jobs.values.values():
                 if j.spec.user == user and j.spec.name == spec.name and not j.state.final:
@@ -178,28 +195,50 @@ class ApiService:
         self._check_dependencies(caller, spec)
         now = time.time()
         if not req.array:
-            record = await self._create(replace(spec, array_id="", array_index=-1, array_limit=0), user, now)
+            record = await self._create(replace(spec, array_id="", array_index=-1, array_limit=0), user, now,
+                                        _submitted_id(user, req.request_id))
             self._on_submit()
             return JobReply(job=record)
         # A job array: one record per index, named NAME[i], each told its index (HFAI_ARRAY_INDEX).
-        array_id = uuid.uuid4().hex[:10]
+        array_id = _submitted_id(user, req.request_id, "array") or uuid.uuid4().hex[:10]
         created = []
         for k, i in enumerate(check_array(req.array)):
             member = replace(spec, name=f"{spec.name}[{i}]", array_id=array_id, array_index=i,
                              env={**spec.env, "HFAI_ARRAY_INDEX": str(i), "HFAI_ARRAY_ID": array_id})
             # A microsecond apart, in index order: first come, first served then starts the members
             # in index order, where one submit time would leave the order to their random ids.
-            created.append(await self._create(member, user, now + k * 1e-6))
+            created.append(await self._create(member, user, now + k * 1e-6, _submitted_id(user, req.request_id, i)))
         self._on_submit()
         return JobReply(job=created[0], array_ids=tuple(r.id for r in created))
 
-    async def _create(self, spec: JobSpec, user: str, now: float) -> JobRecord:
+    async def _made(self, user: str, job_id: str) -> JobRecord | None:
+        """``user``'s job at ``job_id``, from this replica's copy or else the bucket itself (another
+        replica made it, and the copy has not heard yet); None if there is none."""
+        job = self._jobs.values.get(job_id)
+        if job is None:
+            try:
+                entry = await self._kv.get(job_id)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+            job = decode(entry.value, JobRecord) if entry.value else None
+        return job if job is not None and job.spec.user == user else None
+
+    async def _create(self, spec: JobSpec, user: str, now: float, job_id: str = "") -> JobRecord:
+        """A new job's record, at ``job_id`` (random if ""). A record there already (a copy of the
+        same submission got there first, see SubmitRequest.request_id) is the one returned."""
         queued, submitted = reason(ReasonCode.QUEUED), reason(ReasonCode.SUBMITTED, by=user)
         record = JobRecord(
-            id=uuid.uuid4().hex[:10], spec=spec, state=ChainState.QUEUED, submit_ts=now, reason=queued.text(),
-            why=queued, history=(JobEvent(ts=now, state=ChainState.QUEUED, reason=submitted.text(), why=submitted),),
+            id=job_id or uuid.uuid4().hex[:10], spec=spec, state=ChainState.QUEUED, submit_ts=now,
+            reason=queued.text(), why=queued,
+            history=(JobEvent(ts=now, state=ChainState.QUEUED, reason=submitted.text(), why=submitted),),
         )
-        rev = await self._kv.create(record.id, encode(record))
+        try:
+            rev = await self._kv.create(record.id, encode(record))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            made = await self._made(user, record.id) if job_id else None
+            if made is None:
+                raise
+            return made
         self._jobs.put_local(record.id, record, rev)
         return record
 
@@ -236,10 +275,7 @@ class ApiService:
                            self._config.api_reply_bytes)
 
     async def status(self, caller: Caller, req: JobRequest) -> JobReply:
-        job = await self._find(caller.user, req.job, shown=True)
-        # Its log watchdog as its nodes' heartbeats last said (protocol 1.9: shown, never stored).
-        watch = watch_of(job, self._nodes.cache.values)
-        return JobReply(job=_shown_to(caller, job if watch is None else replace(job, watchdog=watch)))
+        return JobReply(job=_shown_to(caller, await self._find(caller.user, req.job, shown=True)))
 
     async def stop(self, caller: Caller, req: StopRequest) -> JobReply:
         job = await self._find(caller.user, req.job)

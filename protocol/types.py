@@ -649,6 +649,11 @@ class SubmitRequest:
     # Protocol 1.2: a job array, one job per index (each sees HFAI_ARRAY_INDEX); at most
     # ``spec.array_limit`` of them hold nodes at once.
     array: tuple[int, ...] = ()
+    # The client's name for this submission (random hex, "" for none): the controller derives the
+    # job's id from it and the user, so a copy of the request sent again (through another NATS
+    # server, after no answer) finds the job the first made instead of making a second. A
+    # controller older than it ignores it (then a copy would make a second job).
+    request_id: str = ""
 
 
 @message("list_request")
