@@ -5,8 +5,10 @@ drained comes back into service (agent/health.py), run at agent start and on
 On simulated GPUs the steps run the same harness on the simulated back end: a small matrix
 product checked against a reference, a memory pattern written and read back, and a sum across the
 GPUs; a GPU the simulation holds broken (an injected hardware fault) fails each of them. On real
-GPUs (torch with CUDA) the matrix product and the memory pattern run on each GPU; the in-node
-all-reduce through hfreduce with a bandwidth floor is not written yet (docs/health.md).
+GPUs (torch with CUDA) the matrix product and the memory pattern run on each GPU, and one process
+per GPU all-reduces a buffer through hfreduce, whose bus bandwidth must reach a floor
+(agent/health_allreduce.py). That step runs on simulated GPUs too when ``[agent]
+health_allreduce`` is "always": two processes over CPU tensors (docs/health.md).
 """
 
 from __future__ import annotations
@@ -19,41 +21,66 @@ from dataclasses import dataclass
 
 from hfai._daemon import bounded
 from hfai.agent.gpu import GpuSource
+from hfai.agent.health_allreduce import (
+    ALLREDUCE_ALWAYS,
+    ALLREDUCE_NEVER,
+    SIMULATED_RANKS,
+    AllreduceSettings,
+    run_allreduce,
+)
 from hfai.protocol.types import HealthCheck
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A step's result with what it measured: what failed ('' : passed), and the bus bandwidth
+    of the in-node all-reduce (GB/s; HealthCheck.bus_gbps)."""
+
+    problem: str = ""
+    bus_gbps: float = 0.0
+
+
+@dataclass(frozen=True)
 class Step:
-    """One check: ``run`` returns what failed ('' : passed) and runs in a thread, at most
-    ``timeout_s``."""
+    """One check: ``run`` returns what failed ('' : passed), or that with what it measured, and
+    runs in a thread, at most ``timeout_s``."""
 
     name: str
-    run: Callable[[], str]
+    run: Callable[[], str | Measured]
+
+#: The share of its bound a step that starts processes gives them: it ends them itself and says
+#: which one did not answer, before the bound abandons it.
+OWN_DEADLINE = 0.9
 
 
 async def run_check(steps: Sequence[Step], timeout_s: float, now: Callable[[], float]) -> HealthCheck:
     """Run ``steps`` in order, each bounded by ``timeout_s``; the check passes if every one did.
     A step that overruns is abandoned (its thread finishes in the background) and fails."""
-    began, failed = time.monotonic(), []
+    began, failed, gbps = time.monotonic(), [], 0.0
     for step in steps:
         try:
-            problem = await bounded(asyncio.to_thread(step.run), timeout_s)
+            got = await bounded(asyncio.to_thread(step.run), timeout_s)
         except TimeoutError:
-            problem = f"took longer than {timeout_s:g} s"
+            got = f"took longer than {timeout_s:g} s"
         except Exception as e:  # a step's own error is its failure, not the agent's
-            problem = f"{type(e).__name__}: {e}"
-        if problem:
-            failed.append(f"{step.name}: {problem}")
-    return HealthCheck(ts=now(), ok=not failed, duration_s=time.monotonic() - began, detail="; ".join(failed))
+            got = f"{type(e).__name__}: {e}"
+        if isinstance(got, Measured):
+            got, gbps = got.problem, max(gbps, got.bus_gbps)
+        if got:
+            failed.append(f"{step.name}: {got}")
+    return HealthCheck(ts=now(), ok=not failed, duration_s=time.monotonic() - began, detail="; ".join(failed),
+                       bus_gbps=gbps)
 
 
-def steps_for(gpus: GpuSource) -> list[Step]:
-    """The validator's steps for this node's GPU source."""
+def steps_for(gpus: GpuSource, allreduce: AllreduceSettings | None = None, step_s: float = 60.0) -> list[Step]:
+    """The validator's steps for this node's GPU source (``allreduce``: the all-reduce step's
+    settings; ``step_s``: each step's bound)."""
+    allreduce = allreduce or AllreduceSettings()
     if gpus.injectable:
-        return simulated_steps(gpus)
-    return torch_steps()
+        return simulated_steps(gpus, allreduce, step_s)
+    return torch_steps(allreduce, step_s)
 
 
 def _matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
@@ -65,8 +92,11 @@ _A = [[float((i * _N + j) % 7 - 3) for j in range(_N)] for i in range(_N)]
 _REFERENCE = _matmul(_A, _A)
 
 
-def simulated_steps(gpus: GpuSource) -> list[Step]:
-    """The harness on simulated GPUs: each step "runs" on every GPU, and a broken one fails it."""
+def simulated_steps(gpus: GpuSource, allreduce: AllreduceSettings | None = None, step_s: float = 60.0) -> list[Step]:
+    """The harness on simulated GPUs: each step "runs" on every GPU, and a broken one fails it.
+    The all-reduce is a real one through hfreduce over CPU tensors when ``allreduce.mode`` is
+    "always", else a sum in the agent."""
+    allreduce = allreduce or AllreduceSettings()
 
     def on_each(what: Callable[[], bool], failure: str) -> Callable[[], str]:
         def run() -> str:
@@ -85,18 +115,27 @@ def simulated_steps(gpus: GpuSource) -> list[Step]:
         buf = bytearray(b"\xa5\x5a" * 4096)
         return buf == bytes(b"\xa5\x5a" * 4096)
 
-    def allreduce() -> bool:
+    def summed() -> bool:
         n = len(gpus.sample(busy=False))
         return sum(float(i) for i in range(n)) == n * (n - 1) / 2
 
+    in_agent = on_each(summed, "in-node sum wrong")
+
+    def reduced() -> str | Measured:
+        if gpus.broken() or allreduce.mode != ALLREDUCE_ALWAYS:
+            return in_agent()  # a broken GPU fails it, as it fails the others
+        return Measured(*run_allreduce(SIMULATED_RANKS, "cpu", allreduce, step_s * OWN_DEADLINE))
+
     return [Step("gemm", on_each(gemm, "matrix product differs from the reference")),
             Step("memory", on_each(memory, "memory pattern read back wrong")),
-            Step("allreduce", on_each(allreduce, "in-node sum wrong"))]
+            Step("allreduce", reduced)]
 
 
-def torch_steps() -> list[Step]:
-    """The steps on real GPUs: a GEMM on each GPU against a CPU reference, and a memory pattern.
-    None without torch and CUDA (the check then passes on what NVML says alone)."""
+def torch_steps(allreduce: AllreduceSettings | None = None, step_s: float = 60.0) -> list[Step]:
+    """The steps on real GPUs: a GEMM on each GPU against a CPU reference, a memory pattern, and
+    (unless ``allreduce.mode`` is "never") the all-reduce among one process per GPU. None without
+    torch and CUDA (the check then passes on what NVML says alone)."""
+    allreduce = allreduce or AllreduceSettings()
     try:
         import torch
     except ImportError:
@@ -122,4 +161,8 @@ def torch_steps() -> list[Step]:
                 bad.append(f"GPU {i}: memory pattern read back wrong")
         return "; ".join(bad)
 
-    return [Step("gemm", gemm), Step("memory", memory)]
+    def reduced() -> Measured:
+        return Measured(*run_allreduce(torch.cuda.device_count(), "cuda", allreduce, step_s * OWN_DEADLINE))
+
+    steps = [Step("gemm", gemm), Step("memory", memory)]
+    return steps if allreduce.mode == ALLREDUCE_NEVER else [*steps, Step("allreduce", reduced)]

@@ -16,6 +16,7 @@ from hfai._clock import Clock
 from hfai._daemon import raise_if_cancelled
 from hfai.agent.gpu import GpuSource, SimulatedGpus
 from hfai.agent.health import GpuSignal, NodeHealth, Signal
+from hfai.agent.health_allreduce import AllreduceSettings
 from hfai.agent.health_check import run_check, steps_for
 from hfai.protocol import decode, names
 from hfai.protocol.errors import InvalidRequest
@@ -44,12 +45,14 @@ class HealthWatch:
 
     def __init__(self, node: str, gpus: GpuSource, interval_s: float, check_step_s: float, clock: Clock,
                  changed: Callable[[], None], runs: Callable[[], list[RunAssignment]],
-                 publish: Callable[[GpuFaultEvent], Awaitable[bool]], idle_check_s: float = 0.0):
+                 publish: Callable[[GpuFaultEvent], Awaitable[bool]], idle_check_s: float = 0.0,
+                 allreduce: AllreduceSettings | None = None):
         self.node = node
         self.gpus = gpus
         self.interval_s = interval_s
         self.check_step_s = check_step_s
         self.idle_check_s = idle_check_s  # the validator runs this often while no run is alive (0: never)
+        self.allreduce = allreduce or AllreduceSettings()  # its in-node all-reduce step
         self.clock = clock
         self.changed = changed
         self.runs = runs
@@ -103,16 +106,18 @@ class HealthWatch:
     async def validate(self) -> NodeHealthReply:
         """Run the validator now; a pass puts a node a fault drained back, a failure drains it."""
         before = self.health.fault
-        check = await run_check(steps_for(self.gpus), self.check_step_s, self.clock.time)
+        check = await run_check(steps_for(self.gpus, self.allreduce, self.check_step_s), self.check_step_s,
+                                self.clock.time)
         self.health.checked(check)
+        bus = f" (all-reduce: {check.bus_gbps:.2f} GB/s bus bandwidth)" if check.bus_gbps else ""
         if check.ok:
-            log.info("health check passed in %.2fs", check.duration_s)
+            log.info("health check passed in %.2fs%s", check.duration_s, bus)
         else:
             log.warning("health check failed in %.2fs: %s", check.duration_s, check.detail)
         if self.health.fault is not before:
             self.changed()
-        message = (f"health check passed in {check.duration_s:.2f} s" if check.ok
-                   else f"health check failed: {check.detail}")
+        message = (f"health check passed in {check.duration_s:.2f} s{bus}" if check.ok
+                   else f"health check failed: {check.detail}{bus}")
         return self._reply(message)
 
     def _reply(self, message: str) -> NodeHealthReply:

@@ -44,6 +44,7 @@ from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.exec import ExecService
 from hfai.agent.gpu import open_gpu_source
+from hfai.agent.health_allreduce import AllreduceSettings
 from hfai.agent.health_watch import HealthWatch
 from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
@@ -125,7 +126,10 @@ class Agent:
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self.health = HealthWatch(self.node, self.gpus, self.ac.health_interval_s, self.ac.health_check_step_s, clock,
                                   changed=self._beat_now.set, runs=self._alive_runs, publish=self._publish_fault,
-                                  idle_check_s=self.ac.health_check_idle_s)
+                                  idle_check_s=self.ac.health_check_idle_s,
+                                  allreduce=AllreduceSettings(self.ac.health_allreduce,
+                                                              self.ac.health_allreduce_floor_gbps,
+                                                              self.ac.health_allreduce_bytes))
         self._desired: dict[str, RunAssignment] = {}
         self._fence = self._load_fence()
         self._fence_unsaved = False  # a full disk refused the newest fence: saved once it can be

@@ -417,7 +417,7 @@ def node_json(n: NodeInfo) -> dict[str, Any]:
         "faults": [{"ts": f.ts, "fault": f.text(), "hardware": f.hardware} for f in n.record.faults],
         "check": None if n.record.check is None else {
             "ts": n.record.check.ts, "ok": n.record.check.ok, "duration_s": round(n.record.check.duration_s, 3),
-            "detail": n.record.check.detail},
+            "detail": n.record.check.detail, "bus_gbps": round(n.record.check.bus_gbps, 3)},
     }
 
 

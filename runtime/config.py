@@ -212,6 +212,14 @@ class AgentConfig:
     health_check_on_start: bool = True
     health_check_idle_s: float = 0.0
     health_check_step_s: float = 60.0
+    # The validator's in-node all-reduce through hfreduce (agent/health_allreduce.py): "gpus" (on
+    # real GPUs with torch, one process per GPU), "always" (simulated GPUs too: two processes over
+    # CPU tensors, seconds of torch start-up at every agent start) or "never"; it fails below
+    # health_allreduce_floor_gbps of bus bandwidth (nccl-tests' measure), all-reducing
+    # health_allreduce_bytes.
+    health_allreduce: str = "gpus"
+    health_allreduce_floor_gbps: float = 1.0
+    health_allreduce_bytes: int = 64 * 2**20
     # hfai exec / hfai shell (agent/exec.py): a session whose caller sent nothing for exec_idle_s
     # is killed (the caller sends something every third of it); after the command exits its
     # output is read for up to exec_drain_s more (a background process may hold it open); output

@@ -81,6 +81,8 @@ def node_health(r) -> str:
         at = time.strftime("%H:%M:%S", time.localtime(r.check.ts))
         parts.append(f"check passed in {r.check.duration_s:.2f}s at {at}" if r.check.ok
                      else f"check failed at {at}: {r.check.detail}")
+        if r.check.bus_gbps:  # protocol 1.9: the in-node all-reduce ran
+            parts[-1] += f" (all-reduce {r.check.bus_gbps:.2f} GB/s)"
     if r.faults:
         parts.append(f"{len(r.faults)} recent fault(s), latest: {r.faults[-1].text()}")
     if r.containment and r.containment not in ("bwrap, cgroup v1", "bwrap, cgroup v2"):
