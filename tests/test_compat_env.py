@@ -118,3 +118,61 @@ def test_an_environment_for_another_python_is_refused(env_root, tmp_path, monkey
     assert sys.path == before
     with pytest.raises(TypeError, match="environment name"):
         hf_env.set_env("../etc")
+
+
+# ------------------------------------------------------------------- base environments (issue 40)
+
+HERE = f"py{sys.version_info.major}{sys.version_info.minor}-202612"
+
+
+@pytest.fixture
+def base_root(tmp_path, env_root) -> Path:
+    """A root whose base environment is this interpreter (as a local cluster registers it), aliased
+    as the stock names, and another whose base environment is the venv 'hdmn' (really probed)."""
+    from hfai.storage import envs
+
+    root = tmp_path / "base"
+    root.mkdir()
+    envs.add_base(str(root), HERE, sys.executable, ("py38-202111", "202111"), operator=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    envs.add_base(str(other), HERE, str(env_root / "hdmn"), ("py38-202111",), operator=True)
+    return tmp_path
+
+
+@pytest.mark.parametrize("module", ["hf_env", "hfai_env"])
+@pytest.mark.parametrize("asked", ["202111", "py38-202111", HERE])
+def test_set_env_resolves_base_environments_by_name_and_alias(base_root, tmp_path, module, asked):
+    """``set_env('202111')`` in a script agrees with ``HF_ENV_NAME=py38-202111`` at submission: the
+    base environment the job already runs in, nothing to switch and nothing to warn of."""
+    r = _python(f"""
+        import sys, warnings, {module}
+        warnings.simplefilter("error")
+        before = list(sys.path)
+        print({module}.set_env({asked!r}) == __import__("pathlib").Path(sys.prefix), sys.path == before)
+    """, tmp_path, HFAI_ENV_ROOT=str(base_root / "base"), HFAI_CONTROL_DIR=str(tmp_path))
+    assert r.returncode == 0 and r.stdout.split() == ["True", "True"], r.stderr
+    assert "Warning" not in r.stderr
+
+
+def test_set_env_switches_into_another_base_environment_of_this_python(base_root, env_root, tmp_path):
+    r = _python("""
+        import os, sys, hf_env
+        got = hf_env.set_env("py38-202111")
+        import only_in_hdmn
+        print(got.name, only_in_hdmn.WHERE, os.environ["HF_ENV_NAME"], os.environ["PATH"].split(os.pathsep)[0])
+    """, tmp_path, HFAI_ENV_ROOT=str(base_root / "other"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["hdmn", "hdmn", "py38-202111", str(env_root / "hdmn" / "bin")]
+
+
+def test_a_missing_name_in_a_job_names_the_base_environments(base_root, tmp_path):
+    r = _python("""
+        import hf_env
+        try:
+            hf_env.set_env("nosuch")
+        except hf_env.EnvironmentNotFound as e:
+            print("refused:", e)
+    """, tmp_path, HFAI_ENV_ROOT=str(base_root / "base"), HFAI_CONTROL_DIR=str(tmp_path))
+    assert r.returncode == 0 and r.stdout.startswith("refused:"), r.stderr
+    assert f"base environments: {HERE} (also py38-202111, 202111)" in r.stdout

@@ -264,8 +264,18 @@ def test_an_environment_made_by_its_user_runs_jobs(cluster, tmp_path):
     cluster.wait(offered, 15, "the environment to be offered and the job submitted")
     job = cluster.wait_state("inenv", ChainState.SUCCEEDED)
     assert f"PREFIX {env_dir}" in cluster.log(job.id)
+    assert "=== hfai: environment myenv ===" in cluster.log(job.id)  # which one it got (issue 40)
     assert cluster.cli("env", "remove", "myenv", cwd=tmp_path).returncode == 0
     assert not env_dir.exists()
+
+
+def test_a_users_environment_cannot_take_the_base_environments_stock_names(cluster, tmp_path):
+    """The local cluster's interpreter is its base environment, aliased py38-202111 and 202111 (issue
+    40): a user's environment of either name would hide it, and is refused in one line."""
+    for stock in ("py38-202111", "202111"):
+        r = cluster.cli("env", "create", stock, "--no-pip", cwd=tmp_path)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "names the base environment" in r.stderr
+        assert not (cluster.local.root / "envs" / stock).exists()
 
 
 def test_a_job_switches_into_an_environment_with_hf_env(cluster, tmp_path):
