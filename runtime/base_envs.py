@@ -121,15 +121,25 @@ def load(root: str | os.PathLike | None) -> tuple[BaseEnv, ...]:
     with open(fd, "rb") as f:
         why = _untrusted(os.fstat(f.fileno()), Path(root))
         if why:
-            log.warning("ignoring the base environments' table %s: %s", path, why)
+            _warn_once(f"ignoring the base environments' table {path}: {why}")
             return ()
         raw = f.read()
     try:
         entries = json.loads(raw).get("base", [])
         return tuple(_entry(e) for e in entries)
     except (ValueError, TypeError, AttributeError, KeyError) as e:
-        log.warning("ignoring the base environments' table %s: not a table (%s)", path, e)
+        _warn_once(f"ignoring the base environments' table {path}: not a table ({e})")
         return ()
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A table is read at every heartbeat: say what is wrong with it once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
 
 
 def _untrusted(st: os.stat_result, root: Path) -> str:
