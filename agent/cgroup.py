@@ -3,7 +3,7 @@ a kill that nothing in the run escapes.
 
 The agent finds where it may make cgroups once, at start (:func:`detect`): a delegated cgroup v2
 subtree (the agent's own cgroup is writable and offers the memory and pids controllers), else the
-cgroup v1 hierarchies of the memory, pids and cpuacct controllers (writable by root). Runs then go
+cgroup v1 hierarchies of the memory and pids controllers (writable by root). Runs then go
 in ``<base>/<run key>`` of each hierarchy. Without either, runs get no cgroup, which the agent
 says once at start and in ``hfai nodes``.
 
@@ -11,8 +11,10 @@ The launcher (launcher.py) makes the run's cgroup and moves itself into it befor
 container, so that every process of the run is born inside (moving the job in after it started
 would race with its first fork). The launcher is small and sets its own OOM score to the floor, so
 that an out-of-memory kill takes the job, not the process that records why it ended. Once the job
-ended, :meth:`RunCgroup.kill_all` kills what is left but the launcher, the launcher moves back out
-and removes the cgroup.
+ended, :meth:`RunCgroup.kill_all` kills what is left but the launcher, which records the usage and
+exits inside the cgroup; the agent removes the cgroup as it forgets the run (moving the launcher
+out first would put the kernel's cgroup migration, an RCU grace period per hierarchy, on the path
+of every run's end).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from pathlib import Path
 __all__ = ["CgroupKind", "CgroupSetup", "RunCgroup", "Usage", "detect", "parse_flat_keyed", "sigkill_each"]
 
 CGROUP_FS = "/sys/fs/cgroup"
-V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+# Not cpuacct: every hierarchy a run joins costs its launcher a cgroup migration (an RCU grace
+# period, 1 ms or more) on the path of every run, and the launcher, a subreaper that reaps all the
+# run's processes, has their CPU time in its own rusage (launcher.py).
+V1_CONTROLLERS = ("memory", "pids")
 KILL_ROUNDS = 200  # kill-and-look rounds (each catches what forked meanwhile; the pids limit bounds it)
 
 
@@ -40,7 +45,7 @@ class CgroupKind(enum.Enum):
 @dataclass(frozen=True)
 class CgroupSetup:
     """Where this agent's runs get their cgroups: ``bases`` holds one folder per hierarchy (v1: the
-    memory, pids and cpuacct ones, in that order; v2: one). ``reason``: why none, when NONE."""
+    memory and pids ones, in that order; v2: one). ``reason``: why none, when NONE."""
 
     kind: CgroupKind
     bases: tuple[str, ...] = ()
@@ -185,13 +190,6 @@ class RunCgroup:
         for d in self.dirs:
             (d / "cgroup.procs").write_text(f"{pid}\n")
 
-    def leave(self, pid: int) -> None:
-        """Move ``pid`` back to the parent cgroups (so that this one can be removed)."""
-        for d in self.dirs:
-            parent = d.parent.parent if self.kind is CgroupKind.V2 else d.parent
-            target = parent / "agent" if self.kind is CgroupKind.V2 else parent
-            _try_write(target / "cgroup.procs", f"{pid}\n")
-
     def members(self) -> set[int]:
         try:
             text = (self.dirs[0] / "cgroup.procs").read_text()
@@ -221,15 +219,21 @@ class RunCgroup:
             return Usage(peak, cpu, events.get("oom_kill", 0))
         peak = _read_int(mem / "memory.max_usage_in_bytes")
         oom = parse_flat_keyed(_read(mem / "memory.oom_control")).get("oom_kill", 0)
-        cpu = _read_int(self.dirs[2] / "cpuacct.usage") / 1e9 if len(self.dirs) > 2 else 0.0
-        return Usage(peak, cpu, oom)
+        return Usage(peak, 0.0, oom)  # v1: no CPU time here (V1_CONTROLLERS); the launcher's rusage has it
 
-    def remove(self) -> None:
+    def remove(self) -> bool:
+        """Remove the run's folders; False if one is still there: busy a moment after its last
+        process exited (the kernel frees a cgroup's tasks asynchronously), or a process that would
+        not die. The agent tries again later (RunStore.empty_trash)."""
+        left = False
         for d in self.dirs:
             try:
                 d.rmdir()
+            except FileNotFoundError:
+                pass
             except OSError:
-                pass  # still busy (a process that would not die): the agent removes it later
+                left = True
+        return not left
 
 
 def sigkill_each(pids) -> set[int]:

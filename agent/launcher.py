@@ -39,10 +39,12 @@ catch it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import json
 import math
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -135,7 +137,6 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             out.write(f"hfai: cannot start {spec['argv'][0]!r}{_as_whom(spec)}: {_reason(e, spec)}\n".encode())
             write_state(exit_file, "127\n", durable=True)
-            _leave_cgroup(cgroup)
             return 127
         if cgroup is not None:
             _floor_oom_score()  # after the spawn: the job must not inherit it
@@ -280,24 +281,24 @@ def _enter_cgroup(spec: dict) -> RunCgroup | None:
     return run
 
 
-def _leave_cgroup(run: RunCgroup | None) -> None:
-    if run is not None:
-        run.leave(os.getpid())
-        run.remove()
-
-
 def _end_cgroup(run: RunCgroup | None, run_dir: str, limit: int) -> tuple[Usage, int] | None:
-    """Once the job ended: kill what is left in its cgroup, record what the run used, and remove
-    the cgroup; returns the usage and how many processes were killed."""
+    """Once the job ended: kill what is left in its cgroup and record what the run used; returns
+    the usage and how many processes were killed. The launcher stays in the cgroup until it exits,
+    and the agent removes the cgroup as it forgets the run (RunStore.cleanup): moving a process
+    between cgroups waits for the kernel's RCU grace period (v1: 1 ms a hierarchy, more on a
+    busy host), which the run's end, and so its node's next run, would wait for."""
     if run is None:
         return None
     killed = run.kill_all(spare=os.getpid())
     usage = run.usage()
+    if run.kind is CgroupKind.V1:
+        # Every process of the run was this subreaper's child or descendant, reaped along the way.
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        usage = dataclasses.replace(usage, cpu_s=children.ru_utime + children.ru_stime)
     try:
         write_state(os.path.join(run_dir, USAGE_FILE), json.dumps({**usage.__dict__, "limit_bytes": limit}) + "\n")
     except OSError:
         pass  # the exit status matters more; the record goes without usage
-    _leave_cgroup(run)
     return usage, killed
 
 

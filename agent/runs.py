@@ -77,6 +77,7 @@ from hfai.protocol.types import FENCE_KILL_FACTOR, JOB_DEV, RunAssignment, RunEv
 __all__ = ["DiskFull", "RunStore", "fence_spec", "settle_exit"]
 
 CONTAINMENT_FILE = "containment"  # in the state directory: Containment.summary, written at start
+CGROUP_REMOVE_S = 2.0  # how long a round of the trash waits for a forgotten run's cgroup to empty
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class RunStore:
         self.control_root = self.root / "control"
         self.trash_dir = self.root / "trash"  # made on first use (see cleanup)
         self._trashed = 0
+        self._cgroups_left: list[RunCgroup] = []  # forgotten runs' cgroups, for empty_trash to remove
         for d, mode in ((self.root, 0o711), (self.runs_dir, 0o700), (self.logs_dir, 0o711), (self.control_root, 0o711)):
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(mode)
@@ -437,7 +439,7 @@ class RunStore:
             return 0
         cg = RunCgroup(c.cgroups.kind, c.cgroups.for_run(key))
         killed = cg.kill_all()
-        cg.remove()
+        cg.remove()  # or, still busy for a moment, once the run is forgotten (empty_trash)
         return killed
 
     def mark_sent(self, key: str, kind: RunEventKind) -> None:
@@ -469,7 +471,7 @@ class RunStore:
         the agent's event loop: deleting them takes 5-8 ms per run, which the next run's exit and
         events would wait for."""
         self.launcher.forget(key)
-        self.end_leftovers(key)  # its launcher removed the cgroup as the job ended: mostly nothing
+        self._forget_cgroup(key)
         try:
             self.trash_dir.mkdir(mode=0o700, exist_ok=True)
         except OSError as e:
@@ -494,7 +496,34 @@ class RunStore:
         for entry in os.scandir(self.trash_dir) if self.trash_dir.is_dir() else ():
             shutil.rmtree(entry.path, ignore_errors=True)
             gone += 1
+        self._remove_cgroups_left()
         return gone
+
+    def _forget_cgroup(self, key: str) -> None:
+        """Queue the cgroup of forgotten run ``key`` for removal by :meth:`empty_trash`, off the
+        event loop. Its job's processes are gone (its launcher killed what was left in it before
+        recording the exit); what may remain is the launcher's own end: its exit, which reaches
+        the cgroup a moment after the agent saw it, and its child that fsyncs the exit status,
+        which the report made moot."""
+        c = self.containment
+        if c is not None and c.cgroups.kind is not CgroupKind.NONE:
+            self._cgroups_left.append(RunCgroup(c.cgroups.kind, c.cgroups.for_run(key)))
+
+    def _remove_cgroups_left(self) -> None:
+        """Empty and remove the cgroups of forgotten runs (blocking: in the trash's thread); one
+        still busy past CGROUP_REMOVE_S holds a process that will not die, and is tried again in
+        the next round. (An agent that stops in between leaves an empty folder behind: no sweep at
+        start, as the cgroup folders of a node's name may be shared by other clusters on the host.)"""
+        deadline = time.monotonic() + CGROUP_REMOVE_S
+        while self._cgroups_left:
+            cg = self._cgroups_left.pop(0)
+            cg.kill_all()
+            if cg.remove():
+                continue
+            self._cgroups_left.append(cg)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
 
 def settle_exit(first: int | None, launcher_alive: bool, second: int | None) -> tuple[RunPhase, int | None]:

@@ -200,6 +200,8 @@ class Agent:
             return
         self._closed = True
         await self._supervisor.stop()
+        # The cgroups of runs forgotten since the trash last ran: nothing else would remove them.
+        await asyncio.to_thread(self.store.empty_trash)
         await self.execs.close()  # while the connection can still tell their callers
         loop = asyncio.get_running_loop()
         for fd in list(self._pidfds):

@@ -20,6 +20,7 @@ import psutil
 import pytest
 from spine_cluster import JOBS, TEST_AGENT, Cluster
 
+from hfai.agent.cgroup import CGROUP_FS, V1_CONTROLLERS
 from hfai.agent.sandbox import find_bwrap, probe
 from hfai.protocol.types import ChainState
 
@@ -193,8 +194,15 @@ def test_a_fork_bomb_hits_the_pids_limit_and_the_node_runs_on(tmp_path):
         failed = c.wait_state(bomb.id, ChainState.FAILED)
         assert "fork refused after" in c.log(bomb.id), c.log(bomb.id)
         assert "exited with code 3" in failed.reason
-        after = c.submit(["python", "-c", "print('still here')"], name="after", workdir=tmp_path)
-        c.wait_state(after.id, ChainState.SUCCEEDED)
+        burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint('still here')"
+        after = c.submit(["python", "-c", burn], name="after", workdir=tmp_path)
+        done = c.wait_state(after.id, ChainState.SUCCEEDED)
+        assert done.cpu_s >= 0.3, done.cpu_s  # the run's CPU time, from its cgroup or its launcher
+        # Each run's cgroup goes once the run is forgotten, in every hierarchy (agent/runs.py).
+        bases = [Path(CGROUP_FS, ctrl, TEST_AGENT.cgroup_name, done.last_nodes[0]) for ctrl in V1_CONTROLLERS]
+        assert all(b.is_dir() for b in bases), bases
+        c.wait(lambda: not any(d.name.startswith((f"{bomb.id}.", f"{after.id}.")) for b in bases for d in b.iterdir()),
+               15, "the runs' cgroups to be removed")
 
 
 def test_a_killed_launcher_takes_its_job_with_it_and_the_run_is_requeued(tmp_path):
