@@ -160,7 +160,9 @@ class AgentConfig:
     gpu_source: str = "auto"
     sim_gpus: int = 8
     state_dir: str = "/var/lib/hfai/agent"
-    # HF_ENV_NAME=<name> runs the job with <env_root>/<name>/bin first on PATH.
+    # HF_ENV_NAME=<name> runs the job in a base environment of that name or alias (the operators'
+    # table <env_root>/.base-envs.json: hfai env base add), else with <env_root>/<name>/bin first
+    # on PATH (a user's, hfai env create). On the shared filesystem; sticky, as /tmp.
     env_root: str = "/opt/hfai/envs"
     # A job that acknowledged a suspend normally exits by itself (go_suspend() exits); after this
     # long it gets SIGTERM. Seconds: a job with spawned workers acks before its workers and then
