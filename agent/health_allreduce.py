@@ -144,9 +144,11 @@ def _rank_main(rank: int, world: int, store: str, device: str, nbytes: int, roun
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     try:
+        # Rank r on GPU r; more ranks than GPUs share them (bench/gpu_check.sh on a one-GPU machine).
+        gpu = rank % max(1, torch.cuda.device_count()) if device == "cuda" else 0
         if device == "cuda":
-            torch.cuda.set_device(rank)
-        dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
+            torch.cuda.set_device(gpu)
+        dev = torch.device(f"cuda:{gpu}" if device == "cuda" else "cpu")
         hr.init(config=hr.ReduceConfig(timeout_s=timeout_s))
         t = torch.full((max(1, nbytes // 4),), float(rank + 1), dtype=torch.float32, device=dev)
         hr.allreduce(t)  # the warm-up round, checked: every element is 1 + 2 + ... + world
