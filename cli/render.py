@@ -277,9 +277,31 @@ def _extras(j: JobRecord) -> list[str]:
     peak, cpu = int(getattr(j, "peak_bytes", 0)), float(getattr(j, "cpu_s", 0.0))
     if peak or cpu:
         lines.append(f"resources  peak memory {_size(peak)} (one rank's run, at most), CPU time {age(cpu)} (all runs)")
+    lines.extend(throughput_lines(j))
     if getattr(s, "array_id", ""):
         lines.append(f"array      {clean(getattr(s, 'array_id', ''))} index {getattr(s, 'array_index', -1)}"
                      + (f" (at most {getattr(s, 'array_limit', 0)} at once)" if getattr(s, "array_limit", 0) else ""))
+    return lines
+
+
+def throughput_lines(j: JobRecord) -> list[str]:
+    """An elastic job's measured throughput per size, the speedup curve fitted to it, and its
+    measured restart cost (protocol 1.8): what the scheduler sizes it by (docs/scheduling.md)."""
+    rates = getattr(j, "throughput", ())
+    if not rates:
+        return []
+    from hfai.controller.policy.speedup import fit_points  # only here: `hfai status` of a measured job
+
+    unit = clean(getattr(j, "throughput_unit", "") or "steps")
+    measured = ", ".join(f"{r.nodes} node{'s' if r.nodes > 1 else ''} {r.rate:.3g}" for r in rates)
+    lines = [f"throughput {unit}/s measured: {measured}"]
+    if j.spec.elastic:
+        curve = fit_points([(r.nodes, r.rate) for r in rates])
+        lines.append(f"{'':<11}fitted speedup on 1..{j.spec.max_nodes} nodes: "
+                     + " ".join(f"{curve.relative(n):.2f}" for n in range(1, j.spec.max_nodes + 1)))
+    restart = float(getattr(j, "restart_s", 0.0))
+    if restart:
+        lines.append(f"{'':<11}a restart costs it {age(restart)} (its latest interruption and start)")
     return lines
 
 

@@ -49,6 +49,7 @@ from hfai.controller.faults import ASSIGNMENT_PUT, freeze_point
 from hfai.controller.inputs import plan_nodes, plan_settings
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
+from hfai.controller.policy.gain import live_policy
 from hfai.controller.runclock import RunClock, recount, with_ages
 from hfai.controller.throughput import apply_throughput
 from hfai.controller.waits import WaitBoard, pack_batches
@@ -121,7 +122,7 @@ class Leader:
         self._lost_nodes: set[str] = set()
         self._led_since = self._clock.monotonic()  # when this loop began leading
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
-        self.planner = Planner()  # this term's scheduling state (controller/plan.py)
+        self.planner = Planner(live_policy(self.cc.policy))  # this term's scheduling state (controller/plan.py)
         self._changed: set[str] | None = None  # job keys changed since the planner last caught up
         self._explain = ExplainClock(self.cc.explain_interval_s, self.cc.explain_new_interval_s)
         # The replica's (service.py), which saw runs begin before this term; made alone, a leader

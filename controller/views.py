@@ -40,6 +40,7 @@ def policy_config(cc: ControllerConfig, quotas: QuotaTable | None) -> PolicyConf
         slice_s=cc.slice_s,
         above_normal_s=cc.above_normal_s if cc.above_normal_s > 0 else math.inf,
         quotas=quotas_of(quotas, cc.quota_needed_above),
+        resize_cost_s=cc.resize_cost_s,
     )
 
 

@@ -77,6 +77,12 @@ class ControllerConfig:
     schedule_interval_s: float = 1.0
     # Time slice among equal priorities: a running job older than this may yield to a waiting one.
     slice_s: float = 1800.0
+    # The scheduling policy: "hfai-gain" sizes elastic jobs by the throughput they were measured
+    # to gain from a node (docs/scheduling.md, "Elastic jobs"), "hfai" as if every job scaled
+    # linearly. A resize must pay for its restart over the coming slice: the job's measured
+    # restart, else resize_cost_s.
+    policy: str = "hfai-gain"
+    resize_cost_s: float = 120.0
     # Interrupt protocol windows, carried in every assignment to the agents.
     ack_window_s: float = 60.0
     kill_window_s: float = 30.0

@@ -192,3 +192,21 @@ def test_a_measured_restart_cost_decides_whether_a_resize_pays():
     assert "samples/s expected" in out[0].reason
     assert gain_decide([replace(job, restart_s=300.0)], nodes, 10_000.0, config) == []
     assert [type(d) for d in gain_decide([replace(job, restart_s=20.0)], nodes, 10_000.0, config)] == [Resize]
+
+
+# ------------------------------------------------------------------------------ seen by users
+
+
+def test_status_and_the_job_page_show_the_measured_rates_the_curve_and_the_restart_cost():
+    from hfai.cli.render import job_details
+    from hfai.web.views import job_detail
+
+    job = replace(record(), throughput=(SizeRate(nodes=1, rate=10.0), SizeRate(nodes=2, rate=19.0)),
+                  throughput_unit="samples", restart_s=42.0)
+    text = job_details(job)
+    assert "samples/s measured: 1 node 10, 2 nodes 19" in text
+    assert "fitted speedup on 1..4 nodes: 1.00 1.9" in text
+    assert "a restart costs it" in text
+    page = job_detail(job)["throughput"]
+    assert page[0].startswith("throughput samples/s measured") and len(page) == 3
+    assert "throughput" not in job_details(record()).split("history:")[0]  # nothing measured, nothing said

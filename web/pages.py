@@ -77,6 +77,8 @@ async function load(){const j=await getJSON('/api/jobs/'+JOB);
   const watch=w?` · watchdog ${dur(w.watchdog_s)}, silent for ${dur(w.silent_s)} on ${w.node} at ${when(w.ts)}`:'';
   document.getElementById('meta').textContent=`${j.user} · ${j.group} · ${j.priority} · run ${j.run_id} · `+
     `${j.suspends} suspend(s) · submitted ${when(j.submitted)}${used}${watch}`;
+  // An elastic job's measured throughput per size, its fitted speedup curve (docs/scheduling.md).
+  document.getElementById('meta').textContent+=(j.throughput||[]).map(t=>' · '+t).join('');
   document.getElementById('history').replaceChildren(
     ...j.history.map(e=>el('li',`${when(e.ts)}  ${e.state}  ${e.reason}`)));
   gantt(document.getElementById('timeline'), 'Its nodes over its life: this job and any other that held them',

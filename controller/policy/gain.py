@@ -34,12 +34,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from hfai.controller.policy.interface import FunctionPolicy, Policy
-from hfai.controller.policy.rounds import GroupRound, decide_with, quiet_until
+from hfai.controller.policy.rounds import HFAI, GroupRound, decide_with, quiet_until
 from hfai.controller.policy.rules import ordering, service_band
 from hfai.controller.policy.speedup import Speedup, fit
 from hfai.controller.policy.victims import Victim
 from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize, Suspend
 from hfai.controller.queues import GroupJobs, JobIndex
+from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.reasons import Reason, ReasonCode, reason
 
 
@@ -256,3 +257,11 @@ def decide(jobs: Iterable[JobView] | JobIndex, nodes: Iterable[NodeView], now: f
 
 #: hfai's rules with elastic jobs sized by measured gain (the simulator's "hfai-gain").
 HFAI_GAIN: Policy = FunctionPolicy("hfai-gain", decide, ordering, quiet_until)
+
+
+def live_policy(name: str) -> Policy:
+    """The leader's policy named by ``[controller] policy``."""
+    policies = {HFAI.name: HFAI, HFAI_GAIN.name: HFAI_GAIN}
+    if name not in policies:
+        raise InvalidRequest(f"config [controller] policy: {name!r} is none of {', '.join(policies)}")
+    return policies[name]
