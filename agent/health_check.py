@@ -67,7 +67,8 @@ async def run_check(steps: Sequence[Step], timeout_s: float, now: Callable[[], f
         except Exception as e:  # a step's own error is its failure, not the agent's
             got = f"{type(e).__name__}: {e}"
         if isinstance(got, Measured):
-            got, gbps = got.problem, max(gbps, got.bus_gbps)
+            gbps = max(gbps, got.bus_gbps)
+            got = got.problem
         if got:
             failed.append(f"{step.name}: {got}")
     return HealthCheck(ts=now(), ok=not failed, duration_s=time.monotonic() - began, detail="; ".join(failed),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfai.agent.watchdog import WATCH_FILE, RunWatchdog, read_watch
+from hfai.agent.watchdog import WATCH_FILE, RunWatchdog, WatchdogSettings, read_watch, watchdog_spec
 from hfai.cli import render
 from hfai.protocol import decode, encode
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, NodeRecord, RunWatch, evolve, watch_of
@@ -33,11 +33,8 @@ class _Clock:
 
 def _watchdog(tmp_path, clock: _Clock) -> RunWatchdog:
     (tmp_path / "control").mkdir()
-    spec = {"watchdog_s": 1800.0, "control": str(tmp_path / "control"), "watchdog_poll_s": 1.0, "log_cap": 0}
-    watch = RunWatchdog.from_spec(spec, str(tmp_path))
-    assert watch is not None
-    watch.clock = clock
-    return watch
+    spec = watchdog_spec(1800.0, str(tmp_path / "control"), WatchdogSettings(poll_s=1.0), kill_s=30.0)
+    return RunWatchdog(spec, str(tmp_path), clock=clock)
 
 
 def test_the_launcher_writes_the_watchdog_time_and_the_last_output_for_the_agent_to_read(tmp_path):
