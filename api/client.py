@@ -283,10 +283,10 @@ class ApiClient:
             if move_at is not None and now >= move_at:
                 move_at, moving = None, asyncio.ensure_future(self._move(check=not no_responders))
             if moving is not None and moving.done():
-                nc, moving = moving.result(), None
-                if nc is not None:
+                there, moving = moving.result(), None
+                if there is not None:
                     ends = now + self.config.nats.request_timeout_s
-                    todo = sorted([*todo, *((now + at, n, nc, ends) for at, n in plan)], key=lambda t: t[0])
+                    todo = sorted([*todo, *((now + at, n, there, ends) for at, n in plan)], key=lambda t: t[0])
             waiting = {a for a in asks if not a.done()}
             if not waiting and not todo and moving is None and move_at is None:
                 raise Unavailable(f"no answer within {self.config.nats.request_timeout_s:g}s on {subject}"
