@@ -22,13 +22,16 @@ FAST = {"HFAI_THROUGHPUT_INTERVAL_S": "1"}
 
 
 def test_the_job_that_scales_ends_up_with_more_nodes_than_the_one_that_does_not(tmp_path):
+    """The flat job starts alone on all four nodes and is measured there; the scaling one arrives,
+    takes three in a time slice, and is measured there; the flat one, measured on 1 node too, is
+    then known to gain nothing from more and is left on 1 when the scaling one has finished."""
     with Cluster(tmp_path, nodes=4, agent=AGENT, slice_s=8.0, resize_cost_s=2.0, policy="hfai-gain") as c:
         # The flat job first: alone, it takes all four idle nodes (nothing measured yet: linear).
-        flat = c.submit(["python", SCALING, "400", "0.1", "0"], name="flat", user="alice", workdir=tmp_path,
+        flat = c.submit(["python", SCALING, "500", "0.1", "0"], name="flat", user="alice", workdir=tmp_path,
                         nodes=4, min_nodes=1, max_nodes=4, env=FAST)
         assert len(c.wait_state(flat.id, ChainState.RUNNING).nodes) == 4
         c.wait(lambda: c.job(flat.id).throughput, 30, "the flat job's steps/s measured on 4 nodes")
-        scaling = c.submit(["python", SCALING, "600", "0.2", "1"], name="scaling", user="bob", workdir=tmp_path,
+        scaling = c.submit(["python", SCALING, "300", "0.2", "1"], name="scaling", user="bob", workdir=tmp_path,
                            nodes=4, min_nodes=1, max_nodes=4, env=FAST)
 
         def scaling_ahead():
@@ -45,5 +48,9 @@ def test_the_job_that_scales_ends_up_with_more_nodes_than_the_one_that_does_not(
         c.wait(lambda: c.job(scaling.id).throughput, 30, "the scaling job's steps/s measured")
         status = c.cli("status", scaling.id)
         assert status.returncode == 0 and "steps/s" in status.stdout, status.stdout
-        c.wait_state(flat.id, ChainState.SUCCEEDED, timeout=300)
         c.wait_state(scaling.id, ChainState.SUCCEEDED, timeout=300)
+        # The scaling job ends first; the flat one, measured on 4 nodes and on 1 at the same steps/s,
+        # is not grown into the nodes it leaves idle (hfai's linear assumption would grow it).
+        done = c.wait_state(flat.id, ChainState.SUCCEEDED, timeout=300)
+        assert {r.nodes for r in done.throughput} >= {1, 4}, done.throughput
+        assert len(done.last_nodes) == 1 and not [e for e in done.history if "grows" in e.reason], done.history
