@@ -24,6 +24,7 @@ from hfai import base_envs
 from hfai.agent import safefs
 from hfai.agent.cgroup import CgroupKind, CgroupSetup, detect
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
+from hfai.agent.launchspec import CgroupPlace, Limits
 from hfai.agent.sandbox import (
     CONTAINER_BWRAP,
     CONTAINER_NONE,
@@ -80,12 +81,14 @@ class Containment:
         return "; ".join([f"{what}, {cg}", *self.notes])
 
     def wrap(self, ra: RunAssignment, who: JobIdentity, argv: list[str], env: dict[str, str], control_dir: str,
-             run_as: str, python: str, env_root: str = "") -> tuple[list[str], dict]:
+             run_as: str, python: str, env_root: str = "") -> tuple[list[str], Limits]:
         """The command line of ``ra``'s run inside its container, with ``env`` changed for inside,
         and the launch spec's containment part (container, cgroup, limits)."""
-        spec: dict = {"container": self.sandbox.name, "memory_bytes": self.memory_bytes, "pids_max": self.pids_max}
+        cgroup = None
         if self.cgroups.kind is not CgroupKind.NONE:
-            spec["cgroup"] = {"kind": self.cgroups.kind.value, "dirs": list(self.cgroups.for_run(ra.key))}
+            cgroup = CgroupPlace(self.cgroups.kind, self.cgroups.for_run(ra.key))
+        spec = Limits(container=self.sandbox.name, memory_bytes=self.memory_bytes, pids_max=self.pids_max,
+                      cgroup=cgroup)
         if self.sandbox.name == CONTAINER_NONE:
             return argv, spec
         account = who.account

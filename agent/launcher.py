@@ -6,25 +6,25 @@ job's exit status is written to ``RUN_DIR/exit_code`` even when the agent is not
 in a process group of its own (pid written to ``RUN_DIR/child_pid``) that the agent signals.
 
 Who runs as whom: the launcher runs as the agent (usually root) with the agent's own environment,
-and reads what to run from ``RUN_DIR/launch`` (JSON: argv, env, cwd, log, and uid/gid/groups when
-it must switch). The run directory is the agent's alone (0700), so the job can neither change what
-is launched nor forge ``child_pid`` or ``exit_code``. Only the job process becomes the submitter;
-its workdir is entered with that user's permissions (the launcher borrows the user's effective ids
-for the chdir alone, see :func:`_spawn`): the job's environment (LD_PRELOAD, PYTHONPATH, ...) never
-reaches a process that keeps root.
+and reads what to run from ``RUN_DIR/launch`` (a :class:`~hfai.agent.launchspec.LaunchSpec`: argv,
+env, cwd, log, limits, and the account to switch to). The run directory is the agent's alone
+(0700), so the job can neither change what is launched nor forge ``child_pid`` or ``exit_code``.
+Only the job process becomes the submitter; its workdir is entered with that user's permissions
+(the launcher borrows the user's effective ids for the chdir alone, see :func:`_spawn`): the job's
+environment (LD_PRELOAD, PYTHONPATH, ...) never reaches a process that keeps root.
 
 Self-fencing: while the job runs the launcher also watches the agent's liveness stamp (the file
-named by ``alive`` in the spec: ``time.monotonic()`` of the agent's last heartbeat that NATS
+named by the spec's ``fence.alive``: ``time.monotonic()`` of the agent's last heartbeat that NATS
 accepted; CLOCK_MONOTONIC is the same clock in every process of the host). Once it is older than
 ``fence_s`` the agent is dead, hung or cut off, and the leader will soon declare the node lost and
 restart the job elsewhere; an orphan left running would write the same checkpoints as the new run.
 So the launcher records ``RUN_DIR/fenced`` (the platform stopped the job: an interruption, not a
 failure), SIGTERMs the job's group and SIGKILLs it once the stamp is ``fence_kill_s`` old, which the
-leader chose to fall inside its heartbeat timeout. ``fence_s`` 0 (or absent): no fencing.
+leader chose to fall inside its heartbeat timeout. No ``fence`` in the spec: no fencing.
 
-The log watchdog (``watchdog_s`` in the spec; agent/watchdog.py): a job that writes nothing for
+The log watchdog (the spec's ``watchdog``; agent/watchdog.py): a job that writes nothing for
 its watchdog time is recorded ``RUN_DIR/hung``, its processes' Python stacks go into the log, and
-it is stopped (SIGTERM, SIGKILL ``watchdog_kill_s`` later).
+it is stopped (SIGTERM, SIGKILL ``watchdog.kill_s`` later).
 
 Nothing outlives its run: whichever way the job ends (it exits, the agent stops
 it, the launcher fences it), the launcher then SIGKILLs what is left of the job's process group
@@ -52,8 +52,9 @@ import sys
 import time
 
 from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage, sigkill_each
+from hfai.agent.launchspec import LaunchSpec
 from hfai.agent.output import Output, open_output
-from hfai.agent.sandbox import CONTAINER_BWRAP, signal_status
+from hfai.agent.sandbox import signal_status
 from hfai.agent.statefile import write_state
 from hfai.agent.watchdog import RunWatchdog
 
@@ -122,9 +123,9 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir = os.path.abspath(argv[0])  # the launcher may chdir to the job's workdir (_spawn)
     with open(os.path.join(run_dir, LAUNCH_FILE), "rb") as f:
-        spec = json.load(f)
+        spec = LaunchSpec.from_json(f.read())
     exit_file = os.path.join(run_dir, "exit_code")
-    with open_output(spec) as out:
+    with open_output(spec.log, spec.log_cap) as out:
         _become_subreaper()
         try:
             cgroup = _enter_cgroup(spec)
@@ -135,13 +136,13 @@ def main(argv: list[str]) -> int:
         try:
             child = _spawn(spec, out.job_fd)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
-            out.write(f"hfai: cannot start {spec['argv'][0]!r}{_as_whom(spec)}: {_reason(e, spec)}\n".encode())
+            out.write(f"hfai: cannot start {spec.argv[0]!r}{_as_whom(spec)}: {_reason(e, spec)}\n".encode())
             write_state(exit_file, "127\n", durable=True)
             return 127
         if cgroup is not None:
             _floor_oom_score()  # after the spawn: the job must not inherit it
         out.job_started()
-        contained = spec.get("container") == CONTAINER_BWRAP
+        contained = spec.limits.contained
         # The job's process group: in a container, the session bwrap made for it (led by the
         # container's pid 1, which takes no signal it has no handler for but SIGKILL), so that
         # signals reach the job and not bwrap, whose death ends the container.
@@ -163,14 +164,14 @@ def main(argv: list[str]) -> int:
             code = signal_status(code)
         # The container's pid 1 outlives bwrap's monitor by a moment: not the job's leftover.
         left = end_leftovers(child.pid, uncounted={group[0]} if contained else set())
-        usage = _end_cgroup(cgroup, run_dir, int(spec.get("memory_bytes") or 0))
+        usage = _end_cgroup(cgroup, run_dir, spec.limits.memory_bytes)
         if usage is not None:
             left += usage[1]
         out.drain()
         if left:
             out.write(f"=== hfai: killed {left} process(es) the job left running ===\n".encode())
         if usage is not None and usage[0].oom_kills:
-            out.write(f"=== hfai: {oom_message(int(spec.get('memory_bytes') or 0))} ===\n".encode())
+            out.write(f"=== hfai: {oom_message(spec.limits.memory_bytes)} ===\n".encode())
         out.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
     write_state(exit_file, f"{code}\n")
     # The agent wakes when this process exits and reports the status at once; the status and the
@@ -211,20 +212,22 @@ def _fsync_all(paths: list[str]) -> None:
             os.close(fd)
 
 
-def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output, group: int,
+def _supervise(child: subprocess.Popen, spec: LaunchSpec, run_dir: str, out: Output, group: int,
                spare: frozenset[int] = frozenset()) -> int:
     """Wait for the job to exit, relaying its output, ending it as hung once silent for its
     watchdog time (agent/watchdog.py), and fencing it (see the module doc) if the agent stops
     confirming its liveness (signalling process group ``group``); returns the job's exit status."""
-    fence_s = float(spec.get("fence_s") or 0.0)
-    fencing = math.isfinite(fence_s) and fence_s > 0 and bool(spec.get("alive"))
-    fence_kill_s = float(spec.get("fence_kill_s") or fence_s)
-    poll = poll_interval(fence_s, float(spec.get("fence_poll_s") or 0.5)) if fencing else 3600.0
+    fence = spec.fence
+    fence_s = fence.fence_s if fence is not None else 0.0
+    fencing = fence is not None and fence_s > 0
+    fence_kill_s = fence.kill_s if fence is not None else 0.0
+    poll = poll_interval(fence_s, fence.poll_s) if fence is not None and fencing else 3600.0
     watch = RunWatchdog.from_spec(spec, run_dir)
     if watch is not None:
         poll = min(poll, watch.poll_s)
     # Without a stamp yet (the agent writes one before it starts any run), count from now.
-    last_alive = (read_stamp(spec["alive"]) or time.monotonic()) if fencing else 0.0
+    alive = fence.alive if fence is not None else ""
+    last_alive = (read_stamp(alive) or time.monotonic()) if fencing else 0.0
     termed = killed = False
     pidfd = _pidfd(child.pid)
     try:
@@ -237,7 +240,7 @@ def _supervise(child: subprocess.Popen, spec: dict, run_dir: str, out: Output, g
             if not fencing:
                 continue
             if not termed:
-                last_alive = max(last_alive, read_stamp(spec["alive"]) or last_alive)
+                last_alive = max(last_alive, read_stamp(alive) or last_alive)
             act = fence_action(time.monotonic(), last_alive, fence_s, fence_kill_s, termed)
             if act is Fence.NONE or killed:
                 continue
@@ -269,14 +272,13 @@ def _gib(n: int) -> str:
 USAGE_FILE = "usage"  # in the run directory: what the run used (JSON), written as it ends
 
 
-def _enter_cgroup(spec: dict) -> RunCgroup | None:
+def _enter_cgroup(spec: LaunchSpec) -> RunCgroup | None:
     """Make the run's cgroup (see cgroup.py) and move this launcher into it, so that all the run's
     processes start inside; None where the agent found no cgroups."""
-    cg = spec.get("cgroup")
-    if not cg:
+    cg = spec.limits.cgroup
+    if cg is None:
         return None
-    run = RunCgroup.create(CgroupKind(cg["kind"]), tuple(cg["dirs"]), int(spec.get("memory_bytes") or 0),
-                           int(spec.get("pids_max") or 0))
+    run = RunCgroup.create(cg.kind, cg.dirs, spec.limits.memory_bytes, spec.limits.pids_max)
     run.join(os.getpid())
     return run
 
@@ -430,7 +432,7 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def _spawn(spec: dict, log: int) -> subprocess.Popen:
+def _spawn(spec: LaunchSpec, log: int) -> subprocess.Popen:
     """Start the job in a session of its own, in its workdir, as its user.
 
     No ``preexec_fn``: Python runs one in the forked child only after a full fork (no vfork) and
@@ -439,19 +441,19 @@ def _spawn(spec: dict, log: int) -> subprocess.Popen:
     job's user (so that a job never starts in a directory its user may not enter), while Popen's
     ``cwd`` is entered before the uid switch: so the launcher enters it itself, as that user
     (:func:`_enter_as`), and the job inherits it. Without a switch, ``cwd`` does the same."""
-    common = dict(env=spec["env"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    common = dict(env=spec.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                   start_new_session=True)
-    if spec.get("uid") is None:
-        return subprocess.Popen(spec["argv"], cwd=spec["cwd"], **common)
-    uid, gid, groups = spec["uid"], spec["gid"], list(spec["groups"])
+    if spec.switch is None:
+        return subprocess.Popen(spec.argv, cwd=spec.cwd, **common)
+    uid, gid, groups = spec.switch.uid, spec.switch.gid, list(spec.switch.groups)
     here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
-            _enter_as(uid, gid, groups, spec["cwd"])
+            _enter_as(uid, gid, groups, spec.cwd)
         except OSError as e:
-            raise _WorkdirError(e.errno, e.strerror, spec["cwd"]) from None
+            raise _WorkdirError(e.errno, e.strerror, spec.cwd) from None
         # extra_groups is always given, even empty: otherwise the job keeps root's groups.
-        return subprocess.Popen(spec["argv"], user=uid, group=gid, extra_groups=groups, **common)
+        return subprocess.Popen(spec.argv, user=uid, group=gid, extra_groups=groups, **common)
     finally:
         os.fchdir(here)  # the launcher keeps no hold on the job's directory
         os.close(here)
@@ -480,13 +482,13 @@ def _enter_as(uid: int, gid: int, groups: list[int], path: str) -> None:
         os.setgroups(saved[2])
 
 
-def _as_whom(spec: dict) -> str:
-    return f" as uid {spec['uid']}" if spec.get("uid") is not None else ""
+def _as_whom(spec: LaunchSpec) -> str:
+    return f" as uid {spec.switch.uid}" if spec.switch is not None else ""
 
 
-def _reason(e: Exception, spec: dict) -> str:
-    if isinstance(e, _WorkdirError) or (isinstance(e, OSError) and e.filename == spec["cwd"]):
-        return f"cannot enter workdir {spec['cwd']}"
+def _reason(e: Exception, spec: LaunchSpec) -> str:
+    if isinstance(e, _WorkdirError) or (isinstance(e, OSError) and e.filename == spec.cwd):
+        return f"cannot enter workdir {spec.cwd}"
     return str(e)
 
 

@@ -1,9 +1,8 @@
 """Where a job's stdout and stderr go, as the launcher sets it up (launcher.py).
 
-Relayed (the launch spec has ``log_cap``, which agents since issue 26 §7 always write): the job
-writes to a pipe, the launcher reads it and appends to the run's log through a
+The job writes to a pipe; the launcher reads it and appends to the run's log through a
 :class:`~hfai.agent.logcap.CappedLog`, which bounds the run's part of the log and absorbs a full
-disk. Direct (a spec without ``log_cap``): the job gets the log file itself, as before.
+disk, and notes when each line came (logtimes.py) and when the job last wrote (the watchdog's).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 
 from hfai.agent.logcap import CappedLog
 from hfai.agent.logtimes import TimesWriter, times_path
-from hfai.agent.statefile import disk_full
 
 _READ_BYTES = 1 << 20
 _PIPE_BYTES = 1 << 20  # asked of the kernel (F_SETPIPE_SZ): fewer wake-ups for a chatty job
@@ -30,29 +28,28 @@ DRAIN_S = 2.0
 
 class Output:
     """The job's output channel: ``job_fd`` is what the job gets as stdout and stderr;
-    ``pipe_fd`` (relayed only) is what the launcher waits on and :meth:`pump` reads."""
+    ``pipe_fd`` is what the launcher waits on and :meth:`pump` reads (None once closed)."""
 
-    def __init__(self, log_fd: int, cap: int | None, times_fd: int | None = None):
+    def __init__(self, log_fd: int, cap: int, times_fd: int | None = None):
         self._log_fd = log_fd
         self._times_fd = times_fd
-        times = TimesWriter(times_fd) if times_fd is not None else None
-        self._sink = CappedLog(log_fd, cap, times) if cap is not None else None
-        self.pipe_fd: int | None = None
-        self._write_end: int | None = None
+        self._sink = CappedLog(log_fd, cap, TimesWriter(times_fd) if times_fd is not None else None)
         # When the job last wrote anything (time.monotonic(); its start until then): the
-        # watchdog's silence is measured from it (agent/watchdog.py). Relayed output only.
+        # watchdog's silence is measured from it (agent/watchdog.py).
         self.last_output = time.monotonic()
-        if self._sink is not None:
-            self.pipe_fd, self._write_end = os.pipe2(os.O_CLOEXEC)
-            try:
-                fcntl.fcntl(self._write_end, _F_SETPIPE_SZ, _PIPE_BYTES)
-            except OSError:
-                pass  # above /proc/sys/fs/pipe-max-size: the default size works too
-            os.set_blocking(self.pipe_fd, False)
+        pipe_fd, write_end = os.pipe2(os.O_CLOEXEC)
+        self.pipe_fd: int | None = pipe_fd
+        self._write_end: int | None = write_end
+        try:
+            fcntl.fcntl(write_end, _F_SETPIPE_SZ, _PIPE_BYTES)
+        except OSError:
+            pass  # above /proc/sys/fs/pipe-max-size: the default size works too
+        os.set_blocking(pipe_fd, False)
 
     @property
     def job_fd(self) -> int:
-        return self._write_end if self._write_end is not None else self._log_fd
+        assert self._write_end is not None, "the job was started already"
+        return self._write_end
 
     def job_started(self) -> None:
         """The job holds its end now: the launcher's copy goes, so the pipe ends with the job's."""
@@ -63,18 +60,11 @@ class Output:
 
     def write(self, data: bytes) -> None:
         """A line of the launcher's own (never raises for a full disk: the line is dropped)."""
-        if self._sink is not None:
-            self._sink.write(data)
-            return
-        try:
-            os.write(self._log_fd, data)
-        except OSError as e:
-            if not disk_full(e):
-                raise
+        self._sink.write(data)
 
     def pump(self) -> bool:
         """Relay what the pipe holds now; False once every writer has closed it."""
-        if self.pipe_fd is None or self._sink is None:
+        if self.pipe_fd is None:
             return False
         while True:
             try:
@@ -108,14 +98,13 @@ class Output:
 
 
 @contextlib.contextmanager
-def open_output(spec: dict) -> Iterator[Output]:
-    """The run's output channel for launch spec ``spec`` (see the module doc); closed after."""
-    relayed = "log_cap" in spec
-    flags = os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDWR if relayed else os.O_WRONLY | os.O_APPEND)
-    fd = os.open(spec["log"], flags)
-    times_fd = _open_times(spec["log"]) if relayed else None
+def open_output(log: str, cap: int) -> Iterator[Output]:
+    """The output channel of a run whose log is ``log``, ``cap`` bytes at most (logcap.py);
+    closed after."""
+    fd = os.open(log, os.O_NOFOLLOW | os.O_CLOEXEC | os.O_RDWR)
+    times_fd = _open_times(log)
     try:
-        out = Output(fd, int(spec["log_cap"]) if relayed else None, times_fd)
+        out = Output(fd, cap, times_fd)
     except BaseException:
         os.close(fd)
         if times_fd is not None:

@@ -6,7 +6,7 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
 
     runs/                            0700, the agent's alone: nothing in it is the job's to read
     runs/<job>.<run>/assignment      the RunAssignment (msgpack) this run was started from
-    runs/<job>.<run>/launch          what the launcher runs, as whom (see launcher.py)
+    runs/<job>.<run>/launch          what the launcher runs, as whom: a LaunchSpec (launchspec.py)
     runs/<job>.<run>/launcher_pid    pid and start time of the launcher (wall, then clock ticks
                                      since boot: _proc.start_ticks, which a clock step leaves be)
     runs/<job>.<run>/child_pid       the job's pid = its process group (written by the launcher)
@@ -19,6 +19,8 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     runs/<job>.<run>/hung            the launcher ended the job as hung: it wrote nothing for its
                                      watchdog time (watchdog.py)
     runs/<job>.<run>/usage           what the run used (its cgroup: peak memory, CPU, OOM kills)
+    runs/<job>.<run>/watch           the run's watchdog time and when the job last wrote (the
+                                     launcher's, at most once a poll; the heartbeat shows it)
     alive                            time.monotonic() of the last heartbeat NATS accepted: the
                                      launchers stop their jobs when it gets too old (launcher.py)
     runs/<job>.<run>/<event>.sent    an event the leader has received (published and acked)
@@ -31,7 +33,6 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
                                      there at once and deleted in the background
 
 Everything is a file, so an agent restarted while jobs run finds them all again (adoption).
-Runs started before the control directories moved keep ``runs/<job>.<run>/control``.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, de
 from hfai.agent.jobenv import env_note, job_command, job_python
 from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE, USAGE_FILE
 from hfai.agent.launchers import Launched, Launcher, make_launcher
+from hfai.agent.launchspec import Fencing, LaunchSpec, Limits, SwitchTo
 from hfai.agent.logcap import check_cap
 from hfai.agent.plan import LocalRun, RunPhase, RunUsage
-from hfai.agent.sandbox import CONTAINER_BWRAP
 from hfai.agent.stamps import ACK_STAMP, SUSPEND_STAMP
 from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
@@ -139,8 +140,9 @@ class RunStore:
         return inside(self._real_root, self.runs_dir / key)
 
     def control_dir(self, key: str) -> Path:
-        legacy = self.dir(key) / "control"
-        return legacy if legacy.is_dir() else inside(self._real_root, self.control_root / key)
+        if not is_run_key(key):
+            raise InvalidRequest(f"{key!r} is not a run key")
+        return inside(self._real_root, self.control_root / key)
 
     def log_path(self, job_id: str, rank: int) -> Path:
         if not is_token(job_id) or rank < 0:
@@ -257,7 +259,7 @@ class RunStore:
                 raise
             raise StartError(f"cannot prepare the run on node {self.node}: {e}") from None
         try:
-            write_volatile(d / LAUNCH_FILE, json.dumps(spec).encode())  # read by this boot's launcher only
+            write_volatile(d / LAUNCH_FILE, spec.to_json())  # read by this boot's launcher only
         except OSError as e:
             raise self._no_room(ra, e) from None
         return self._launch(ra, d)
@@ -293,7 +295,7 @@ class RunStore:
             write_atomic(d / "exit_code", f"{-signal.SIGKILL}\n".encode())
         write_atomic(d / "assignment", encode(ra))
 
-    def _prepare(self, ra: RunAssignment, d: Path) -> dict:
+    def _prepare(self, ra: RunAssignment, d: Path) -> LaunchSpec:
         """Everything the launcher needs (see launcher.py); StartError if the run may not start."""
         problem = run_problem(ra)
         if problem:
@@ -302,23 +304,20 @@ class RunStore:
         control = self._make_control_dir(ra.key, who)
         argv, env = job_command(ra, who, node=self.node, control_dir=str(control), run_as=self.run_as,
                                 env_root=self.env_root, datasets_dir=self.datasets_dir)
-        contained: dict = {}
+        limits = Limits()
         if self.containment is not None:
             if self.notebooks_root and tuple(ra.entrypoint[1:3]) == DEV_ENTRYPOINT[1:3]:
                 env["HFAI_NOTEBOOKS_DIR"] = str(notebooks_dir(self.notebooks_root, ra.user, Path("/")))
             python = job_python(ra, self.env_root)
-            argv, contained = self.containment.wrap(ra, who, argv, env, str(control), self.run_as, python,
+            argv, limits = self.containment.wrap(ra, who, argv, env, str(control), self.run_as, python,
                                                     str(self.env_root))
-        spec = {"argv": argv, "env": env, "cwd": ra.workdir, "log": str(self._open_log(ra, who)),
-                "log_cap": self.log_cap_bytes, **contained,
-                **fence_spec(ra.fence_s, self._real_root / ALIVE_FILE, self.fence_poll_s)}
         watchdog_s = run_watchdog_s(ra.env, _is_dev(ra), self.watchdog.default_s)
-        if watchdog_s > 0:
-            spec.update(watchdog_spec(watchdog_s, str(control), self.watchdog, ra.kill_window_s))
-        if who.switch:
-            a = who.account
-            spec.update(uid=a.uid, gid=a.gid, groups=list(a.groups))
-        return spec
+        watch = watchdog_spec(watchdog_s, str(control), self.watchdog, ra.kill_window_s) if watchdog_s > 0 else None
+        a = who.account
+        return LaunchSpec(
+            argv=tuple(argv), env=env, cwd=ra.workdir, log=str(self._open_log(ra, who)), log_cap=self.log_cap_bytes,
+            limits=limits, fence=fence_spec(ra.fence_s, self._real_root / ALIVE_FILE, self.fence_poll_s),
+            watchdog=watch, switch=SwitchTo(a.uid, a.gid, tuple(a.groups)) if who.switch else None)
 
     def _launch(self, ra: RunAssignment, d: Path) -> Launched:
         try:
@@ -423,10 +422,10 @@ class RunStore:
         group), None if the run is in no container or has no pid yet."""
         d = self.dir(key)
         try:
-            spec = json.loads((d / LAUNCH_FILE).read_bytes())
+            spec = LaunchSpec.from_json((d / LAUNCH_FILE).read_bytes())
         except (OSError, ValueError):
             return None
-        if not isinstance(spec, dict) or spec.get("container") != CONTAINER_BWRAP:
+        if not spec.limits.contained:
             return None
         return _read_int(d / "child_pid")
 
@@ -545,13 +544,12 @@ def settle_exit(first: int | None, launcher_alive: bool, second: int | None) -> 
     return RunPhase.EXITED, -signal.SIGKILL
 
 
-def fence_spec(fence_s: float, alive: Path, fence_poll_s: float) -> dict:
-    """The launch spec's self-fencing part (see launcher.py); empty (no fencing) unless the
+def fence_spec(fence_s: float, alive: Path, fence_poll_s: float) -> Fencing | None:
+    """The launch spec's self-fencing part (see launcher.py); None (no fencing) unless the
     assignment asks for a finite positive bound."""
     if not (math.isfinite(fence_s) and fence_s > 0):
-        return {}
-    return {"alive": str(alive), "fence_s": fence_s, "fence_kill_s": FENCE_KILL_FACTOR * fence_s,
-            "fence_poll_s": fence_poll_s}
+        return None
+    return Fencing(alive=str(alive), fence_s=fence_s, kill_s=FENCE_KILL_FACTOR * fence_s, poll_s=fence_poll_s)
 
 
 def _is_dev(ra: RunAssignment) -> bool:

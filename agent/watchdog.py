@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hfai.agent import safefs
+from hfai.agent.launchspec import LaunchSpec, WatchSpec
 from hfai.agent.output import Output
 from hfai.agent.statefile import write_state
 from hfai.watchdog import STACK_SIGNAL, START_ENV, WATCHDOG_FILE
@@ -87,11 +88,11 @@ def run_watchdog_s(env: Mapping[str, str], dev: bool, default_s: float) -> float
     return default_s if math.isfinite(default_s) and default_s > 0 else 0.0
 
 
-def watchdog_spec(watchdog_s: float, control: str, settings: WatchdogSettings, kill_s: float) -> dict:
+def watchdog_spec(watchdog_s: float, control: str, settings: WatchdogSettings, kill_s: float) -> WatchSpec:
     """The launch spec's watchdog part (see launcher.py): the time, where the job may change it,
     how often to look and how long the stacks may take, the grace between SIGTERM and SIGKILL."""
-    return {"watchdog_s": watchdog_s, "control": control, "watchdog_poll_s": settings.poll_s,
-            "watchdog_dump_s": settings.dump_s, "watchdog_kill_s": kill_s}
+    return WatchSpec(watchdog_s=watchdog_s, control=control, poll_s=settings.poll_s, dump_s=settings.dump_s,
+                     kill_s=kill_s)
 
 
 class Verdict(enum.Enum):
@@ -123,12 +124,12 @@ def span(seconds: float) -> str:
 class RunWatchdog:
     """The launcher's watchdog over its run (launcher.py calls :meth:`check` after every wake)."""
 
-    def __init__(self, spec: dict, run_dir: str, clock: Callable[[], float] = time.monotonic):
-        self.watchdog_s = float(spec["watchdog_s"])
-        self.control = str(spec["control"])
-        self.poll_s = max(0.01, float(spec.get("watchdog_poll_s") or 1.0))
-        self.dump_s = float(spec.get("watchdog_dump_s") or 10.0)
-        self.kill_s = float(spec.get("watchdog_kill_s") or 30.0)
+    def __init__(self, spec: WatchSpec, run_dir: str, clock: Callable[[], float] = time.monotonic):
+        self.watchdog_s = spec.watchdog_s
+        self.control = spec.control
+        self.poll_s = max(0.01, spec.poll_s)
+        self.dump_s = spec.dump_s
+        self.kill_s = spec.kill_s
         self.run_dir = run_dir
         self.clock = clock
         self.hung_at: float | None = None
@@ -137,12 +138,9 @@ class RunWatchdog:
         self._told: tuple[float, float] | None = None  # what WATCH_FILE last said
 
     @classmethod
-    def from_spec(cls, spec: dict, run_dir: str) -> RunWatchdog | None:
-        """The run's watchdog, None if it has none (no time; or the job writes to the log file
-        itself, an older spec: then no output passes the launcher)."""
-        if "log_cap" not in spec or not spec.get("control") or parse_seconds(str(spec.get("watchdog_s"))) is None:
-            return None
-        return cls(spec, run_dir)
+    def from_spec(cls, spec: LaunchSpec, run_dir: str) -> RunWatchdog | None:
+        """The run's watchdog, None if it has none."""
+        return None if spec.watchdog is None else cls(spec.watchdog, run_dir)
 
     def check(self, out: Output, group: int, spare: frozenset[int]) -> None:
         """Act on the silence of the job of process group ``group`` (``spare``: processes of the

@@ -5,7 +5,6 @@ recorded the exit status."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 from waits import wait_for_file
 
 from hfai.agent.launcher import LAUNCH_FILE
+from hfai.agent.launchspec import Fencing, LaunchSpec
 
 # Leaves two processes behind, both marked by argv[2] in their command lines: one in its group
 # that ignores SIGTERM, one that left the group by a double fork and setsid. Writes
@@ -72,13 +72,14 @@ def _launch(tmp_path: Path, how: str, fence: bool) -> tuple[subprocess.Popen, Pa
     logf.touch()
     pids = tmp_path / "pids"
     mark = f"hfai-leftover-{os.getpid()}-{time.monotonic_ns()}"
-    spec = {"argv": [sys.executable, "-c", LEAVER, str(pids), mark, how], "env": dict(os.environ),
-            "cwd": str(tmp_path), "log": str(logf)}
+    fencing = None
     if fence:  # the launcher's polling loop; the stamp stays fresh for the whole test
         alive = tmp_path / "alive"
         alive.write_text(f"{time.monotonic() + 3600:.6f}\n")
-        spec.update(alive=str(alive), fence_s=60.0, fence_kill_s=90.0, fence_poll_s=0.1)
-    (run_dir / LAUNCH_FILE).write_text(json.dumps(spec))
+        fencing = Fencing(alive=str(alive), fence_s=60.0, kill_s=90.0, poll_s=0.1)
+    spec = LaunchSpec(argv=(sys.executable, "-c", LEAVER, str(pids), mark, how), env=dict(os.environ),
+                      cwd=str(tmp_path), log=str(logf), log_cap=0, fence=fencing)
+    (run_dir / LAUNCH_FILE).write_bytes(spec.to_json())
     launcher = subprocess.Popen([sys.executable, "-m", "hfai.agent.launcher", str(run_dir)],
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     return launcher, run_dir, pids, mark

@@ -5,7 +5,6 @@ events published together. Real store, real launchers; NATS replaced by a record
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -163,14 +162,15 @@ def test_the_zygote_hands_out_a_settled_spare_and_leaves_none_behind(tmp_path):
     import psutil
 
     from hfai.agent import zygote
+    from hfai.agent.launchspec import LaunchSpec
 
     z = zygote.Zygote()
     try:
         run_dir, log = tmp_path / "run", tmp_path / "log"
         run_dir.mkdir()
         log.touch()
-        (run_dir / "launch").write_text(json.dumps({"argv": ["sleep", "30"], "env": {}, "cwd": str(tmp_path),
-                                                    "log": str(log)}))
+        spec = LaunchSpec(argv=("sleep", "30"), env={}, cwd=str(tmp_path), log=str(log), log_cap=0)
+        (run_dir / "launch").write_bytes(spec.to_json())
         pid = z.spawn(str(run_dir))
         assert z._proc is not None and os.getsid(pid) == pid
         deadline = time.monotonic() + WAIT_S

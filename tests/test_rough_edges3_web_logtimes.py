@@ -85,7 +85,7 @@ def test_a_compacted_log_keeps_the_times_of_the_lines_it_keeps(tmp_path):
 def test_the_launchers_output_channel_writes_the_times(tmp_path):
     path = tmp_path / "rank0.log"
     path.write_bytes(b"")
-    with open_output({"log": str(path), "log_cap": 0}) as out:
+    with open_output(str(path), 0) as out:
         os.write(out.job_fd, b"hello\n")
         out.job_started()
         out.drain(5.0)

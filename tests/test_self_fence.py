@@ -126,10 +126,11 @@ def test_an_assignment_from_an_older_leader_decodes_without_a_bound():
 
 def test_the_launch_spec_gets_the_kill_bound_from_the_protocol(tmp_path):
     spec = fence_spec(3.0, tmp_path / "alive", 0.5)
-    assert spec == {"alive": str(tmp_path / "alive"), "fence_s": 3.0, "fence_kill_s": pytest.approx(4.0),
-                    "fence_poll_s": 0.5}
+    assert spec is not None
+    assert (spec.alive, spec.fence_s, spec.kill_s, spec.poll_s) == (str(tmp_path / "alive"), 3.0, pytest.approx(4.0),
+                                                                     0.5)
     for off in (0.0, -2.0, math.nan, math.inf):
-        assert fence_spec(off, tmp_path / "alive", 0.5) == {}
+        assert fence_spec(off, tmp_path / "alive", 0.5) is None
 
 
 def test_a_fenced_exit_is_reported_as_stopped_by_the_platform():

@@ -3,7 +3,6 @@ agent's liveness stamp goes stale, and leaves it alone while the stamp is fresh.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 from waits import wait_for_file
 
 from hfai.agent.launcher import FENCED_FILE, LAUNCH_FILE
+from hfai.agent.launchspec import Fencing, LaunchSpec
 from hfai.agent.plan import RunPhase, platform_stopped
 from hfai.agent.runs import RunStore
 from hfai.protocol.types import DesiredRun, RunAssignment
@@ -64,12 +64,13 @@ def _launch(tmp_path: Path, code: str, fence_s: float | None = FENCE_S) -> tuple
     logf = tmp_path / "job.log"
     logf.touch()
     pids = tmp_path / "pids"
-    spec = {"argv": [sys.executable, "-c", code, str(pids)], "env": dict(os.environ), "cwd": str(tmp_path),
-            "log": str(logf)}
+    fence = None
     if fence_s is not None:
-        spec.update(alive=str(tmp_path / "alive"), fence_s=fence_s, fence_kill_s=KILL_S * fence_s / FENCE_S,
-                    fence_poll_s=POLL_S)
-    (run_dir / LAUNCH_FILE).write_text(json.dumps(spec))
+        fence = Fencing(alive=str(tmp_path / "alive"), fence_s=fence_s, kill_s=KILL_S * fence_s / FENCE_S,
+                        poll_s=POLL_S)
+    spec = LaunchSpec(argv=(sys.executable, "-c", code, str(pids)), env=dict(os.environ), cwd=str(tmp_path),
+                      log=str(logf), log_cap=0, fence=fence)
+    (run_dir / LAUNCH_FILE).write_bytes(spec.to_json())
     launcher = subprocess.Popen([sys.executable, "-m", "hfai.agent.launcher", str(run_dir)],
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     return launcher, run_dir, pids

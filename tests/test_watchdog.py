@@ -4,7 +4,6 @@ and a real launcher ending a silent job with its stacks in the log."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from waits import wait_for
 
 import hfai.watchdog as runtime_watchdog
 from hfai.agent.launcher import LAUNCH_FILE
+from hfai.agent.launchspec import LaunchSpec, WatchSpec
 from hfai.agent.output import Output
 from hfai.agent.runs import RunStore
 from hfai.agent.watchdog import (
@@ -170,10 +170,11 @@ def _launch(tmp_path: Path, code: str, args: list[str], watchdog_s: float) -> tu
     control.mkdir()
     logf = tmp_path / "job.log"
     logf.touch()
-    spec = {"argv": [sys.executable, "-c", code, *args], "env": {**os.environ, "HFAI_CONTROL_DIR": str(control)},
-            "cwd": str(tmp_path), "log": str(logf), "log_cap": 0, "watchdog_s": watchdog_s, "control": str(control),
-            "watchdog_poll_s": 0.1, "watchdog_dump_s": 10.0, "watchdog_kill_s": 2.0}
-    (run_dir / LAUNCH_FILE).write_text(json.dumps(spec))
+    spec = LaunchSpec(argv=(sys.executable, "-c", code, *args), env={**os.environ, "HFAI_CONTROL_DIR": str(control)},
+                      cwd=str(tmp_path), log=str(logf), log_cap=0,
+                      watchdog=WatchSpec(watchdog_s=watchdog_s, control=str(control), poll_s=0.1, dump_s=10.0,
+                                         kill_s=2.0))
+    (run_dir / LAUNCH_FILE).write_bytes(spec.to_json())
     launcher = subprocess.Popen([sys.executable, "-m", "hfai.agent.launcher", str(run_dir)],
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     return launcher, run_dir, logf
@@ -260,8 +261,8 @@ def test_a_development_session_has_no_watchdog(tmp_path):
     for kind in ("batch", JOB_DEV):
         ra = evolve(_assignment(kind), job_id=f"j{kind}")
         store.start(ra)
-        spec = json.loads((store.dir(ra.key) / LAUNCH_FILE).read_text())
-        assert ("watchdog_s" in spec) is (kind != JOB_DEV), spec
+        spec = LaunchSpec.from_json((store.dir(ra.key) / LAUNCH_FILE).read_bytes())
+        assert (spec.watchdog is not None) is (kind != JOB_DEV), spec
     # The silent session outlives the watchdog time a batch job had (0.5 s): it exits 0.
     dev = f"j{JOB_DEV}.1"
     run = wait_for(lambda: (r := store.snapshot()[dev]).exit_code is not None and r, 30, "the session to end")
