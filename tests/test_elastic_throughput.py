@@ -210,3 +210,16 @@ def test_status_and_the_job_page_show_the_measured_rates_the_curve_and_the_resta
     page = job_detail(job)["throughput"]
     assert page[0].startswith("throughput samples/s measured") and len(page) == 3
     assert "throughput" not in job_details(record()).split("history:")[0]  # nothing measured, nothing said
+
+
+def test_a_job_measured_at_fewer_than_two_sizes_grows_as_hfai_grows_it_whatever_the_slice():
+    from hfai.controller.policy import HFAI
+
+    nodes = [NodeView(f"n{i}") for i in range(4)]
+    config = PolicyConfig(slice_s=1.0, resize_cost_s=120.0)  # a restart longer than the slice
+    for measured in ((), ((1, 5.0),)):
+        job = JobView("j", "u", NORMAL, 4, 0.0, ChainState.RUNNING, held=("n0",), started_ts=0.0, min_nodes=1,
+                      max_nodes=4, throughput=measured)
+        hfai = HFAI.decide([job], nodes, 100.0, config)
+        assert [(type(d), d.size) for d in hfai] == [(Resize, 4)]
+        assert [(type(d), d.size) for d in gain_decide([job], nodes, 100.0, config)] == [(Resize, 4)], measured

@@ -130,12 +130,15 @@ class GainRound(GroupRound):
         ``extra`` nodes that gains most over the coming slice, if it pays for its restart and
         gains ``grow_min_gain``; (0, 0) if none does."""
         n, model = len(job.held), self.model(job)
+        # Measured at fewer than two sizes, its curve is the prior's guess: it grows as hfai
+        # grows it (into idle nodes, whatever the restart costs), as the module doc promises.
+        cost = restart_cost(job, self.config) if len(job.throughput) >= 2 else 0.0
         best, best_paid = (0.0, 0), 0.0
         base = model.relative(n)
         for k in range(1, extra + 1):
             if model.relative(n + k) < base * (1 + self.config.grow_min_gain):
                 continue
-            paid = pays(model, n, n + k, self.config, restart_cost(job, self.config))
+            paid = pays(model, n, n + k, self.config, cost)
             if paid > best_paid:
                 best, best_paid = (_even(model.gain(n, k) / k), k), paid
         return best
