@@ -67,14 +67,14 @@ STAMP_BATCH = 64  # records stamped at once at a takeover
 #: round as long as leader_stall_s would give the lease up.
 ROUND_SHARE_OF_TTL = 0.25
 ASSIGN_ATTEMPTS = 4  # compare-and-set attempts of one assignment write
-EXPLAIN_SHARE = 0.1  # of the leader's time, at most, spent working out why jobs wait (ExplainClock)
+EXPLAIN_SHARE = 0.1  # of the leader's time, at most, spent working out why jobs wait (ExplainThrottle)
 #: Jittered waits before fetching or subscribing to the events again after NATS refused (every
 #: replica's leader loop meets a NATS restart at the same moment).
 EVENTS_RETRY_S, EVENTS_RETRY_CAP_S = 0.5, 5.0
 
 
 @dataclass
-class ExplainClock:
+class ExplainThrottle:
     """When a round also works out why every waiting job waits (O(queue)): every ``every_s``,
     and sooner when a job began waiting without a reason, but not within ``new_every_s`` of the
     last such round (a steady stream of submissions would make every round explain)."""
@@ -124,7 +124,7 @@ class Leader:
         self._next_gc = 0.0  # monotonic time of the next sweep of finished jobs
         self.planner = Planner(live_policy(self.cc.policy))  # this term's scheduling state (controller/plan.py)
         self._changed: set[str] | None = None  # job keys changed since the planner last caught up
-        self._explain = ExplainClock(self.cc.explain_interval_s, self.cc.explain_new_interval_s)
+        self._explain = ExplainThrottle(self.cc.explain_interval_s, self.cc.explain_new_interval_s)
         # The replica's (service.py), which saw runs begin before this term; made alone, a leader
         # counts a run from its own first sight of it.
         self.run_clock = RunClock(clock)

@@ -23,7 +23,7 @@ A round, in order:
    they will be after 1 to 3; its starts get a master address and port (:class:`StartRun`),
    its suspensions become :class:`Interrupt`, and its wait reasons :class:`Explain` when due.
 
-Every action carries the pure change (:meth:`Action.apply`, from transitions.py) that the
+Every action carries the pure change (:meth:`JobAction.apply`, from transitions.py) that the
 executor applies to the record it reads: a record that changed since is simply changed again.
 
 :class:`Planner` keeps the policy's :class:`~hfai.controller.queues.JobIndex` between rounds
@@ -110,7 +110,9 @@ class PlanSettings:
 
 
 @dataclass(frozen=True)
-class Action:
+class JobAction:
+    """What the planner does to one job's record (the agent's run actions are agent/plan.py's)."""
+
     job_id: str
 
     def apply(self, job: JobRecord, now: float) -> JobRecord | None:  # pragma: no cover - abstract
@@ -118,7 +120,7 @@ class Action:
 
 
 @dataclass(frozen=True)
-class LoseNode(Action):
+class LoseNode(JobAction):
     node: str
 
     def apply(self, job: JobRecord, now: float) -> JobRecord | None:
@@ -126,7 +128,7 @@ class LoseNode(Action):
 
 
 @dataclass(frozen=True)
-class Interrupt(Action):
+class Interrupt(JobAction):
     """Suspend (or resize) the running job: checkpoint, release the nodes, back in line; for a
     fault of node ``avoid``, the job's next start avoids it."""
 
@@ -139,7 +141,7 @@ class Interrupt(Action):
 
 
 @dataclass(frozen=True)
-class StartRun(Action):
+class StartRun(JobAction):
     nodes: tuple[str, ...]
     master_addr: str
     master_port: int
@@ -151,7 +153,7 @@ class StartRun(Action):
 
 
 @dataclass(frozen=True)
-class StopRun(Action):
+class StopRun(JobAction):
     """The platform ends the job: its time limit, or a dependency that can never be met."""
 
     why: Reason
@@ -165,7 +167,7 @@ class StopRun(Action):
 
 
 @dataclass(frozen=True)
-class Explain(Action):
+class Explain(JobAction):
     """Why a waiting job waits (no state change, no history line). The leader keeps it in memory
     and publishes it (controller/waits.py), never in the record; the simulator writes it in."""
 
@@ -333,12 +335,12 @@ class Planner:
 
     # -- one round
 
-    def plan(self, nodes: Sequence[PlanNode], settings: PlanSettings, now: float) -> list[Action]:
+    def plan(self, nodes: Sequence[PlanNode], settings: PlanSettings, now: float) -> list[JobAction]:
         """The actions of one round at time ``now`` (see the module docstring). Deterministic
         for the same records, nodes, settings, time and explanation memory."""
         index = self._index(settings.policy)
         self._rebase(index, settings, now)
-        actions: list[Action] = []
+        actions: list[JobAction] = []
         # Records as they will be after the node losses and restrictions, for the policy's eyes;
         # the index is put back as it was before returning.
         overlay: dict[str, JobRecord] = {}
@@ -565,7 +567,7 @@ class Planner:
                 return True, reason(ReasonCode.DEPENDENCY_FAILED, job=dep, state=ended.value)
         return None
 
-    def _explain(self, actions: list[Action], job: JobRecord, why: Reason, now: float,
+    def _explain(self, actions: list[JobAction], job: JobRecord, why: Reason, now: float,
                  settings: PlanSettings) -> None:
         shown = self.shown(job)
         if shown == why or not _reason_due(job.state.waiting, shown, why, self.explained.get(job.id), now,
@@ -652,7 +654,7 @@ def _hms(seconds: float) -> str:
 
 
 def plan_once(records: Iterable[JobRecord], nodes: Sequence[PlanNode], settings: PlanSettings, now: float,
-              policy: Policy = HFAI) -> list[Action]:
+              policy: Policy = HFAI) -> list[JobAction]:
     """One round from scratch: what a fresh leader would do with these records."""
     planner = Planner(policy)
     for r in records:

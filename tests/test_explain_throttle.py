@@ -1,11 +1,11 @@
-"""When the leader's round also explains every wait (controller/leader.py ExplainClock): every
+"""When the leader's round also explains every wait (controller/leader.py ExplainThrottle): every
 ``explain_interval_s``, sooner for a job that waits without a reason, never in a burst."""
 
 from __future__ import annotations
 
 import pytest
 
-from hfai.controller.leader import ExplainClock
+from hfai.controller.leader import ExplainThrottle
 
 
 @pytest.mark.parametrize("rounds, expected", [
@@ -18,5 +18,5 @@ from hfai.controller.leader import ExplainClock
     ([(0.0, False), (0.5, True), (2.0, False), (2.5, False)], [True, True, False, True]),
 ])
 def test_explaining_rounds(rounds, expected):
-    clock = ExplainClock(every_s=2.0, new_every_s=0.25)
-    assert [clock.due(now, unexplained) for now, unexplained in rounds] == expected
+    throttle = ExplainThrottle(every_s=2.0, new_every_s=0.25)
+    assert [throttle.due(now, unexplained) for now, unexplained in rounds] == expected

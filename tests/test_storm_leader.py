@@ -20,7 +20,7 @@ from hfai._clock import FakeClock
 from hfai.config import Config, ControllerConfig
 from hfai.controller import transitions as tr
 from hfai.controller.election import LeaseElection
-from hfai.controller.leader import ExplainClock, Leader
+from hfai.controller.leader import ExplainThrottle, Leader
 from hfai.controller.plan import LoseNode, Planner, PlanNode, PlanSettings
 from hfai.controller.policy import Start
 from hfai.controller.waits import WaitBoard
@@ -240,10 +240,10 @@ async def test_a_round_writes_its_starts_before_it_works_out_every_wait():
 
 
 def test_explaining_rounds_take_at_most_a_tenth_of_the_leaders_time():
-    clock = ExplainClock(every_s=2.0, new_every_s=0.25)
-    assert clock.due(0.0, False)
-    clock.took(0.5)  # 20,000 waiting jobs on a busy host
-    assert not clock.due(2.0, False) and not clock.due(1.0, True)
-    assert clock.due(5.0, False)
-    clock.took(0.01)  # the queue drained: the configured periods again
-    assert clock.due(7.0, False) and not clock.due(7.1, True) and clock.due(7.3, True)
+    throttle = ExplainThrottle(every_s=2.0, new_every_s=0.25)
+    assert throttle.due(0.0, False)
+    throttle.took(0.5)  # 20,000 waiting jobs on a busy host
+    assert not throttle.due(2.0, False) and not throttle.due(1.0, True)
+    assert throttle.due(5.0, False)
+    throttle.took(0.01)  # the queue drained: the configured periods again
+    assert throttle.due(7.0, False) and not throttle.due(7.1, True) and throttle.due(7.3, True)
