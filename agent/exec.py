@@ -46,7 +46,7 @@ from hfai import _nats
 from hfai._clock import SYSTEM, Clock
 from hfai._daemon import raise_if_cancelled
 from hfai.agent.contain import ContainmentError, enter_argv
-from hfai.agent.identity import Account, decide, lookup_account
+from hfai.agent.identity import Account, job_identity, lookup_account
 from hfai.agent.jobenv import check_command, job_command
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.runs import RunStore
@@ -257,7 +257,7 @@ class ExecService:
             raise InvalidRequest("the command line or terminal name is too long")
         run = authorize(user, operator, req.job_id, req.rank, self.store.snapshot(), self.node)
         ra = run.assignment
-        who = decide(ra.user, self.store.run_as, self.store.agent, lookup_account)
+        who = job_identity(ra.user, self.store.run_as, self.store.agent, lookup_account)
         _, env = job_command(ra, who, node=self.node, control_dir=str(self.store.control_dir(run.key)),
                              run_as=self.store.run_as, env_root=self.store.env_root,
                              datasets_dir=self.store.datasets_dir)

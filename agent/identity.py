@@ -52,7 +52,7 @@ def check_run_as(value: str) -> str:
     return value
 
 
-def decide(user: str, run_as: str, agent: Account, lookup: Callable[[str], Account | None]) -> JobIdentity:
+def job_identity(user: str, run_as: str, agent: Account, lookup: Callable[[str], Account | None]) -> JobIdentity:
     """The account the job of hfai user ``user`` runs as; StartError saying why it may not run.
 
     ``agent`` is the account the agent runs as, ``lookup`` finds a Unix account by name.

@@ -59,7 +59,7 @@ from hfai.agent.cgroup import CgroupKind, RunCgroup
 from hfai.agent.contain import Containment
 from hfai.agent.devsession import ENTRYPOINT as DEV_ENTRYPOINT
 from hfai.agent.devsession import notebooks_dir
-from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, decide, lookup_account
+from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity, agent_account, job_identity, lookup_account
 from hfai.agent.jobenv import env_note, job_command, job_python
 from hfai.agent.launcher import ALIVE_FILE, ALIVE_WIDTH, FENCED_FILE, LAUNCH_FILE, USAGE_FILE
 from hfai.agent.launchers import Launched, Launcher, make_launcher
@@ -300,7 +300,7 @@ class RunStore:
         problem = run_problem(ra)
         if problem:
             raise StartError(f"refused: {problem}")
-        who = decide(ra.user, self.run_as, self.agent, lookup_account)
+        who = job_identity(ra.user, self.run_as, self.agent, lookup_account)
         control = self._make_control_dir(ra.key, who)
         argv, env = job_command(ra, who, node=self.node, control_dir=str(control), run_as=self.run_as,
                                 env_root=self.env_root, datasets_dir=self.datasets_dir)

@@ -13,7 +13,7 @@ import pytest
 from waits import wait_for
 
 from hfai.agent import safefs
-from hfai.agent.identity import Account, decide
+from hfai.agent.identity import Account, job_identity
 from hfai.agent.plan import Act, Action, RunPhase
 from hfai.agent.service import Agent
 from hfai.agent.trust import LOG_CHUNK_MAX, StartError, assignment_problem, run_problem
@@ -118,31 +118,31 @@ def _lookup(name: str) -> Account | None:
 
 
 def test_a_root_agent_runs_jobs_as_their_submitter():
-    who = decide("alice", "submitter", AGENT_ROOT, _lookup)
+    who = job_identity("alice", "submitter", AGENT_ROOT, _lookup)
     assert who.switch and who.account == ALICE
     assert who.env == {"HOME": "/home/alice", "USER": "alice", "LOGNAME": "alice"}
 
 
 def test_unknown_users_and_root_are_refused():
     with pytest.raises(StartError, match="no Unix account"):
-        decide("mallory", "submitter", AGENT_ROOT, _lookup)
+        job_identity("mallory", "submitter", AGENT_ROOT, _lookup)
     with pytest.raises(StartError, match="never run as root"):
-        decide("root", "submitter", AGENT_ROOT, _lookup)
+        job_identity("root", "submitter", AGENT_ROOT, _lookup)
 
 
 def test_a_non_root_agent_runs_only_its_own_users_jobs():
     me = Account("bob", 1002, 1002, "/home/bob", (1002,))
-    who = decide("bob", "submitter", me, _lookup)
+    who = job_identity("bob", "submitter", me, _lookup)
     assert not who.switch and who.account == me and who.env["HOME"] == "/home/bob"
     with pytest.raises(StartError, match="not root"):
-        decide("alice", "submitter", me, _lookup)
+        job_identity("alice", "submitter", me, _lookup)
 
 
 def test_run_as_agent_runs_everything_as_the_agent():
-    who = decide("whoever", "agent", AGENT_ROOT, _lookup)
+    who = job_identity("whoever", "agent", AGENT_ROOT, _lookup)
     assert not who.switch and who.account == AGENT_ROOT and who.env == {}
     with pytest.raises(InvalidRequest, match="run_as"):
-        decide("alice", "root", AGENT_ROOT, _lookup)
+        job_identity("alice", "root", AGENT_ROOT, _lookup)
 
 
 def test_a_bad_run_as_stops_the_agent_with_one_line(tmp_path):

@@ -156,7 +156,7 @@ def test_a_notebooks_link_a_user_planted_is_not_followed(tmp_path):
     # a link there must not get the agent to chmod or chown what it points to.
     from hfai.agent.cgroup import CgroupSetup
     from hfai.agent.contain import Containment
-    from hfai.agent.identity import agent_account, decide, lookup_account
+    from hfai.agent.identity import agent_account, job_identity, lookup_account
     from hfai.agent.sandbox import NoSandbox
 
     outside = tmp_path / "outside"
@@ -165,7 +165,7 @@ def test_a_notebooks_link_a_user_planted_is_not_followed(tmp_path):
     (tmp_path / "nb" / "alice").mkdir(parents=True)
     (tmp_path / "nb" / "alice" / "notebooks").symlink_to(outside)
     c = Containment(sandbox=NoSandbox(), cgroups=CgroupSetup(CgroupKind.NONE))
-    who = decide("alice", "agent", agent_account(), lookup_account)
+    who = job_identity("alice", "agent", agent_account(), lookup_account)
     with pytest.raises(OSError):
         c._writable("alice", who, {"HFAI_NOTEBOOKS_DIR": str(tmp_path / "nb" / "alice" / "notebooks")})
     assert outside.stat().st_mode & 0o777 == 0o755

@@ -72,26 +72,26 @@ def test_topology_groups_ranks_by_key_in_rank_order():
 # --- buckets -----------------------------------------------------------------------------------
 
 
-def test_bucket_plan_reverse_order_caps_and_dtype_split():
+def test_bucket_assignment_reverse_order_caps_and_dtype_split():
     specs = [B.ParamSpec(100, 4, 0), B.ParamSpec(300, 4, 0), B.ParamSpec(50, 8, 4),
              B.ParamSpec(200, 4, 0), B.ParamSpec(10, 4, 0)]
-    plan = B.plan(specs, cap_bytes=1200, first_bytes=900)
-    order = [i for b in plan for i in b.params]
+    buckets = B.assign_buckets(specs, cap_bytes=1200, first_bytes=900)
+    order = [i for b in buckets for i in b.params]
     assert sorted(order) == list(range(5))
     assert order == [4, 3, 2, 1, 0]  # reverse registration order
-    for b in plan:
+    for b in buckets:
         assert len({specs[i].acc_key for i in b.params}) == 1
         assert b.offset % L.SLICE_ALIGN_BYTES == 0
         assert b.nbytes == sum(specs[i].numel * specs[i].itemsize for i in b.params)
-    assert plan[0].nbytes <= 900 and all(b.nbytes <= 1200 or len(b.params) == 1 for b in plan)
-    ends = [(b.offset, b.offset + b.nbytes) for b in plan]
+    assert buckets[0].nbytes <= 900 and all(b.nbytes <= 1200 or len(b.params) == 1 for b in buckets)
+    ends = [(b.offset, b.offset + b.nbytes) for b in buckets]
     assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(ends))
-    assert B.total_bytes(plan) >= ends[-1][1]
+    assert B.total_bytes(buckets) >= ends[-1][1]
 
 
-def test_bucket_plan_gives_an_oversized_parameter_its_own_bucket():
-    plan = B.plan([B.ParamSpec(10, 4, 0), B.ParamSpec(1000, 4, 0)], cap_bytes=100, first_bytes=100)
-    assert [b.params for b in plan] == [(1,), (0,)]
+def test_bucket_assignment_gives_an_oversized_parameter_its_own_bucket():
+    buckets = B.assign_buckets([B.ParamSpec(10, 4, 0), B.ParamSpec(1000, 4, 0)], cap_bytes=100, first_bytes=100)
+    assert [b.params for b in buckets] == [(1,), (0,)]
 
 
 # --- kernels -----------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """One restart policy for every daemon of a local cluster and every reason to restart one (issue 38
-§8): the pure decision (hfai.cli.local.supervision.decide) as a table, and a daemon's track through
+§8): the pure decision (hfai.cli.local.supervision.restart_step) as a table, and a daemon's track through
 deaths and store faults alike, bounded by the same "``burst`` in ``window_s``"."""
 
 from __future__ import annotations
 
 import pytest
 
-from hfai.cli.local.supervision import Step, SupervisePolicy, Track, decide, store_restart_due
+from hfai.cli.local.supervision import Step, SupervisePolicy, Track, restart_step, store_restart_due
 
 P = SupervisePolicy(first_delay_s=1.0, max_delay_s=8.0, burst=3, window_s=100.0, steady_s=20.0)
 
@@ -25,7 +25,7 @@ P = SupervisePolicy(first_delay_s=1.0, max_delay_s=8.0, burst=3, window_s=100.0,
     ([], 10, 0.0, 8.0, Step.RESTART),
 ])
 def test_the_restart_policy(restarts, streak, due_since, now, step):
-    assert decide(restarts, streak, due_since, now, P) is step
+    assert restart_step(restarts, streak, due_since, now, P) is step
 
 
 def test_restarts_for_the_store_and_for_deaths_share_one_bound_and_one_backoff():

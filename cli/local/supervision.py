@@ -1,6 +1,6 @@
 """What the local cluster's supervisor decides, as pure functions of what it saw and a clock.
 
-One restart policy covers every daemon and every reason to restart one (:func:`decide`): a daemon
+One restart policy covers every daemon and every reason to restart one (:func:`restart_step`): a daemon
 found dead, and the NATS server whose store refuses writes while its disk has room again (see
 hfai.controller.store_health: nats-server keeps a stream broken after a write error until it
 restarts). A restart goes after a delay that doubles from ``first_delay_s`` up to
@@ -61,7 +61,7 @@ def delay(streak: int, policy: SupervisePolicy) -> float:
     return min(policy.max_delay_s, policy.first_delay_s * 2 ** streak)
 
 
-def decide(restarts: Sequence[float], streak: int, due_since: float, now: float, policy: SupervisePolicy) -> Step:
+def restart_step(restarts: Sequence[float], streak: int, due_since: float, now: float, policy: SupervisePolicy) -> Step:
     """The one restart policy. ``restarts``: when the daemon was restarted before, for any reason;
     ``streak``: how many of those since it last stayed up ``steady_s``; ``due_since``: when a
     restart became due (the daemon found dead, or its fault judged). RESTART once the delay has
@@ -119,7 +119,7 @@ class Track:
             self.down_since = now
             self.last_exit = why
         self.restarts = [t for t in self.restarts if now - t < policy.window_s]
-        step = decide(self.restarts, self.streak, self.down_since, now, policy)
+        step = restart_step(self.restarts, self.streak, self.down_since, now, policy)
         if step is Step.GIVE_UP:
             self.gave_up = True
         return step

@@ -1,4 +1,4 @@
-"""Gradient bucket plan: which parameters share a bucket and where each lies in the slot. Pure.
+"""Gradient buckets: which parameters share a bucket and where each lies in the slot. Pure.
 
 Parameters are bucketed in reverse registration order (roughly the order autograd produces their
 gradients), each bucket holds one summing dtype, and the first bucket is small so the first
@@ -36,7 +36,7 @@ class Bucket:
         return self.nbytes // self.itemsize
 
 
-def plan(specs: Sequence[ParamSpec], cap_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[Bucket]:
+def assign_buckets(specs: Sequence[ParamSpec], cap_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[Bucket]:
     """Assign parameters to buckets. Bucket starts are aligned to ``SLICE_ALIGN_BYTES``."""
     if cap_bytes <= 0:
         raise ValueError(f"bucket cap must be positive, got {cap_bytes}")

@@ -88,7 +88,7 @@ class DistributedDataParallel(nn.Module):
 
     def _build(self, bucket_cap_mb, reduce_config, node_key) -> None:
         cap = int((bucket_cap_mb if bucket_cap_mb is not None else 25) * MiB)
-        self._buckets = B.plan([_spec(p) for p in self._params], cap)
+        self._buckets = B.assign_buckets([_spec(p) for p in self._params], cap)
         # After the buckets, one fp32 per parameter for the used-parameter counts.
         self._used_offset = B.total_bytes(self._buckets)
         capacity = self._used_offset + 4 * len(self._params)
