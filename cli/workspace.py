@@ -164,7 +164,7 @@ class _Bars(contextlib.ExitStack):
 async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
     from hfai.api.workspace import read_marker
     from hfai.storage.client import outgoing
-    from hfai.storage.plan import check_workspace_name
+    from hfai.storage.rules import check_workspace_name
 
     name = check_workspace_name(read_marker(root)["name"])
     with _Bars() as bars:
@@ -230,7 +230,7 @@ async def remove(name: str):
 
 
 def _show_usage(u) -> None:
-    from hfai.storage.plan import human
+    from hfai.storage.rules import human
 
     click.echo(f"{u.user}: workspaces hold {human(u.used)} of {human(u.limit)}")
     for w in u.workspaces:

@@ -189,7 +189,7 @@ class CommitJournal:
 
 @message("ws_current_request")
 class CurrentRequest:
-    """``digest``: the SHA-256 (hex) of the manifest's encoding (hfai.storage.plan.manifest_digest)."""
+    """``digest``: the SHA-256 (hex) of the manifest's encoding (hfai.storage.rules.manifest_digest)."""
 
     KIND: ClassVar[str]
     workspace: str

@@ -40,7 +40,7 @@ def open_top(path: str | os.PathLike) -> int:
 
 
 def check_rel(rel: str) -> None:
-    """Refuse a path that is not a plain relative one (what :func:`hfai.storage.plan.check_manifest`
+    """Refuse a path that is not a plain relative one (what :func:`hfai.storage.rules.check_manifest`
     lets through never is refused; this is the second line, for paths from elsewhere)."""
     if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in rel.split("/")):
         raise OSError(errno.EINVAL, "not a plain relative path inside the tree", rel)

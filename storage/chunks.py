@@ -17,7 +17,7 @@ from pathlib import Path
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.storage import FileEntry, Manifest
 from hfai.storage.ignore import Ignore
-from hfai.storage.plan import chunk_count
+from hfai.storage.rules import chunk_count
 
 
 def chunk_hash(data: bytes | memoryview) -> str:

@@ -27,7 +27,7 @@ from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.codec import encode_packed, pack
 from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound, Unavailable
-from hfai.storage import plan
+from hfai.storage import rules
 from hfai.storage.chunks import (
     Walked,
     build_manifest,
@@ -130,7 +130,7 @@ class StorageClient(ApiClient):
 # ---------------------------------------------------------------------------- the marker
 
 def init(root: Path, name: str | None) -> dict:
-    name = plan.check_workspace_name(name or root.resolve().name)
+    name = rules.check_workspace_name(name or root.resolve().name)
     old = read_marker(root) if find_root(root) == root else {}
     data = {**old, "name": name}
     if old.get("name", name) != name:
@@ -173,12 +173,12 @@ class Outgoing:
 
     @property
     def _unhashed_chunks(self) -> int:
-        return sum(plan.chunk_count(f.size, self.manifest.chunk_bytes) for f in self.unhashed)
+        return sum(rules.chunk_count(f.size, self.manifest.chunk_bytes) for f in self.unhashed)
 
     def files(self) -> list[tuple[str, int, int]]:
         """(path, chunks, bytes) to send of each file that has some, in manifest order (a chunk
         several files share is counted at the first)."""
-        per: dict[str, list[int]] = {f.path: [plan.chunk_count(f.size, self.manifest.chunk_bytes), f.size]
+        per: dict[str, list[int]] = {f.path: [rules.chunk_count(f.size, self.manifest.chunk_bytes), f.size]
                                      for f in self.unhashed}
         for h in self.lacking:
             f, _i = self.where[h]
@@ -310,7 +310,7 @@ async def _push(client: StorageClient, root: Path, chunk_bytes: int, request_byt
                 bwlimit: int, ping_s: float, on_total: Progress | None,
                 walking: asyncio.Future[Walked] | None) -> PushResult:
     marker = read_marker(root)
-    name = plan.check_workspace_name(marker["name"])
+    name = rules.check_workspace_name(marker["name"])
     request_bytes = client.request_size(request_bytes)
     stamps: dict[str, int] = {}
     if walking is None:
@@ -394,12 +394,12 @@ def _named(out: Outgoing, named: dict[str, tuple[tuple[str, ...], int]], chunk_b
 
 
 def _digest_and_packed(manifest: s.Manifest) -> tuple[str, bytes]:
-    """The manifest's digest (:func:`plan.manifest_digest`) and its packed body, from one encoding
+    """The manifest's digest (:func:`rules.manifest_digest`) and its packed body, from one encoding
     (the commit request carries the body as it is: a 10,000-file manifest takes 30-70 ms to encode)."""
     whole = encode(manifest)
     empty = s.Manifest()
     head = len(encode(empty)) - len(pack(empty))  # the envelope before the body, the same for every manifest
-    return plan.digest_bytes(whole), whole[head:]
+    return rules.digest_bytes(whole), whole[head:]
 
 
 def start_scan(root: Path) -> asyncio.Future[Walked]:
@@ -683,7 +683,7 @@ async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, o
     for f in out.unhashed:
         if f.path in part_names:
             key = os.urandom(32).hex()
-            n = plan.chunk_count(f.size, chunk_bytes)
+            n = rules.chunk_count(f.size, chunk_bytes)
             works += [partial(put_part, f, key, i, min(per, n - i)) for i in range(0, n, per)]
     in_flight = 1 if bwlimit else max(2, min(IN_FLIGHT, IN_FLIGHT_BYTES // max(1, request_bytes)))
     senders = [asyncio.create_task(sender()) for _ in range(in_flight)]
@@ -707,7 +707,7 @@ async def _send(client, root, name, out: Outgoing, chunk_bytes, request_bytes, o
     for f in out.unhashed:
         if f.path in part_names:  # every put answered (else its error is raised above)
             got = part_names[f.path]
-            named[f.path] = (tuple(got[i] for i in range(plan.chunk_count(f.size, chunk_bytes))), f.size)
+            named[f.path] = (tuple(got[i] for i in range(rules.chunk_count(f.size, chunk_bytes))), f.size)
     return sent, named
 
 
@@ -754,7 +754,7 @@ async def pull(client: StorageClient, name: str, dest: Path, request_bytes: int,
 async def _pull(client: StorageClient, name: str, dest: Path, request_bytes: int, on_bytes: Progress | None) -> int:
     request_bytes = client.request_size(request_bytes)
     m = await _pulled_manifest(client, name)
-    plan.check_manifest(m, m.chunk_bytes)
+    rules.check_manifest(m, m.chunk_bytes)
     todo = [f for f in m.files if not ((dest / f.path).is_file() and _holds(dest / f.path, f.chunks, m.chunk_bytes))]
     per = max(1, min(request_bytes // m.chunk_bytes, (client.message_bytes() - request_bytes) // CHUNK_COST))
     slots = [(f, i, h) for f in todo for i, h in enumerate(f.chunks)]

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 from hfai.protocol.codec import pack
 from hfai.protocol.errors import Conflict
 from hfai.protocol.storage import CommitJournal, FileEntry, Manifest
-from hfai.storage import plan, swap
+from hfai.storage import rules, swap
 from hfai.storage.beneath import Tree
 from hfai.storage.chunks import chunk_matches
 from hfai.storage.files import (
@@ -109,7 +109,7 @@ def _fault(point: str) -> None:
 # ---------------------------------------------------------------------------------- commit
 
 def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged,
-           locate: LocateStaged | None = None, packed: bytes | None = None) -> plan.CommitPlan:
+           locate: LocateStaged | None = None, packed: bytes | None = None) -> rules.CommitPlan:
     """Make the workspace what ``new`` says (blocking; see the module docstring for the steps).
     Staged chunks are copied in the kernel from where ``locate`` says they are, else read.
     ``packed``: ``new`` packed (:func:`hfai.protocol.codec.pack`), as its request carried it.
@@ -123,7 +123,7 @@ def commit(ws: Workspaces, user: str, name: str, new: Manifest, read: ReadStaged
     owner = ws.user_dir(user)
     old = ws.manifest(user, name) if base.is_dir() else None
     present, held_all = ws.present_and_held(user, name, old)
-    todo = plan.commit_plan(old, new, present)
+    todo = rules.commit_plan(old, new, present)
     held = held_all if old is not None and old.chunk_bytes == new.chunk_bytes else {}
     nxt = next_path(base)
     remove_tree(nxt)
@@ -286,7 +286,7 @@ def _copy_range(src: int, src_at: int, out: int, out_at: int, length: int) -> No
         src_at, out_at, length = src_at + n, out_at + n, length - n
 
 
-def _build(base: Path, nxt: Path, new: Manifest, todo: plan.CommitPlan, held: dict[str, tuple[str, int]],
+def _build(base: Path, nxt: Path, new: Manifest, todo: rules.CommitPlan, held: dict[str, tuple[str, int]],
            staged: _Source, owner: pwd.struct_passwd | None) -> tuple[str, ...]:
     """Assemble N; returns the temporary files of an earlier, killed commit found in D (the apply
     step removes them). D and N are both the user's (a job can change them meanwhile): every path

@@ -1,4 +1,4 @@
-"""GC of workspaces (the I/O side of :func:`hfai.storage.plan.gc_moves` and ``gc_expired``).
+"""GC of workspaces (the I/O side of :func:`hfai.storage.rules.gc_moves` and ``gc_expired``).
 
 Files untouched for ``gc_age_s`` move from ``<workspace_root>/<user>/<ws>/<rel>`` to
 ``<gc_root>/<user>/<stamp>/<ws>/<rel>`` (``stamp``: the epoch second of the move; the user can
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfai.protocol import names
-from hfai.storage import plan
+from hfai.storage import rules
 from hfai.storage.beneath import Tree
 from hfai.storage.files import remove_at
 from hfai.storage.workspace import Workspaces
@@ -35,11 +35,11 @@ class GcResult:
     deleted: tuple[str, ...] = ()   # "<user>/<stamp>"
 
 
-def entries(ws: Path, depth: int = plan.GC_DEPTH) -> list[plan.Entry]:
+def entries(ws: Path, depth: int = rules.GC_DEPTH) -> list[rules.Entry]:
     """What GC sees of one workspace: files at levels 1..depth, directories at level ``depth``
     with the newest mtime of anything in them. Walked by descriptors: a directory a job made a
     symlink meanwhile is not entered (links are not followed)."""
-    out: list[plan.Entry] = []
+    out: list[rules.Entry] = []
 
     def visit(fd: int, prefix: str, level: int) -> None:
         with os.scandir(fd) as it:
@@ -47,7 +47,7 @@ def entries(ws: Path, depth: int = plan.GC_DEPTH) -> list[plan.Entry]:
         for name, st in listed:
             rel = f"{prefix}{name}"
             if not stat.S_ISDIR(st.st_mode):
-                out.append(plan.Entry(rel, False, level, st.st_mtime))
+                out.append(rules.Entry(rel, False, level, st.st_mtime))
                 continue
             try:
                 sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
@@ -57,7 +57,7 @@ def entries(ws: Path, depth: int = plan.GC_DEPTH) -> list[plan.Entry]:
                 if level < depth:
                     visit(sub, f"{rel}/", level + 1)
                 else:
-                    out.append(plan.Entry(rel, True, level, newest_mtime(sub, st.st_mtime)))
+                    out.append(rules.Entry(rel, True, level, newest_mtime(sub, st.st_mtime)))
             finally:
                 os.close(sub)
 
@@ -151,7 +151,7 @@ def run_gc(workspaces: Workspaces, gc_root: str | os.PathLike, now: float, age_s
         for ws in sorted(p for p in (workspaces.root / user).iterdir()
                          if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")):
             try:
-                rels = plan.gc_moves(entries(ws), now, age_s)
+                rels = rules.gc_moves(entries(ws), now, age_s)
             except OSError as e:  # replaced or removed meanwhile: the next run looks again
                 log.warning("gc: could not look through %s: %s", ws, e)
                 continue
@@ -161,7 +161,7 @@ def run_gc(workspaces: Workspaces, gc_root: str | os.PathLike, now: float, age_s
                 workspaces.forget(user, ws.name, gone)
         user_gc = gc / user
         if user_gc.is_dir() and names.is_token(user):
-            for old in plan.gc_expired((p.name for p in user_gc.iterdir() if p.is_dir()), now, keep_s):
+            for old in rules.gc_expired((p.name for p in user_gc.iterdir() if p.is_dir()), now, keep_s):
                 shutil.rmtree(user_gc / old, ignore_errors=True)
                 deleted.append(f"{user}/{old}")
     if moved or deleted:

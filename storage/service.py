@@ -7,7 +7,7 @@ commit writes the workspace into ``[storage] workspace_root``. Each request is s
 its own (at most ``MAX_HANDLERS`` at once), so puts are checked and written in parallel threads and
 a long commit never holds up the liveness pings of its client or other users' requests. Two owned
 loops apply the storage rules: the usage scan (restrict users over ``limit_bytes`` in KV
-``hfai_users`` key ``restricted``) and GC (:mod:`hfai.storage.gc`). Decisions are in :mod:`hfai.storage.plan`.
+``hfai_users`` key ``restricted``) and GC (:mod:`hfai.storage.gc`). Decisions are in :mod:`hfai.storage.rules`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from hfai.protocol import decode, names
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest
 from hfai.protocol.types import RestrictedUsers
-from hfai.storage import datasets, plan
+from hfai.storage import datasets, rules
 from hfai.storage.gc import run_gc
 from hfai.storage.staging import Staging, remove_packs, stage_put
 from hfai.storage.uploads import Uploads
@@ -145,7 +145,8 @@ class StorageService:
                                        pending_bytes_limit=PENDING_BYTES)
         self._supervisor.spawn(self._every(self.sc.scan_interval_s, self.scan), "usage-scan")
         self._supervisor.spawn(self._every(self.sc.gc_interval_s, self.gc), "gc")
-        log.info("storage service: workspaces in %s, limit %s", self.sc.workspace_root, plan.human(self.sc.limit_bytes))
+        log.info("storage service: workspaces in %s, limit %s", self.sc.workspace_root,
+                 rules.human(self.sc.limit_bytes))
 
     async def _recover(self) -> None:
         """Finish or undo the commits a killed service left, before answering anyone."""
@@ -187,8 +188,8 @@ class StorageService:
     async def scan(self) -> RestrictedUsers:
         """Measure every user's workspaces; restrict those over the limit."""
         usage = {u: await asyncio.to_thread(self.workspaces.usage, u) for u in self.workspaces.users()}
-        over = plan.over_limit(usage, self.sc.limit_bytes)
-        return await self._change_restricted(lambda cur: plan.restrict(cur, over))
+        over = rules.over_limit(usage, self.sc.limit_bytes)
+        return await self._change_restricted(lambda cur: rules.restrict(cur, over))
 
     async def gc(self) -> None:
         await asyncio.to_thread(run_gc, self.workspaces, self.sc.gc_root, time.time(), self.sc.gc_age_s,
@@ -238,7 +239,7 @@ class StorageService:
             req: s.CommitRequest = decode(data, s.CommitRequest)
             if not req.upload:
                 return await self.ws_commit(user, operator, req, packed_field(data, "manifest"))
-            plan.check_workspace_name(req.workspace)
+            rules.check_workspace_name(req.workspace)
             # Committing from here on, as ws_commit_status tells the waiting client: decoding a
             # million files' manifest takes seconds.
             with self._committing_now(user, req.workspace):
@@ -263,10 +264,10 @@ class StorageService:
             raise InvalidRequest(f"ask for at most {MAX_HASHES} chunks at a time")
         staged = self.staging.held(user)
         asked = [h for h in req.hashes if h not in staged]
-        return s.MissingReply(hashes=plan.missing(asked, self.workspaces.holding(user, req.workspace, asked)))
+        return s.MissingReply(hashes=rules.missing(asked, self.workspaces.holding(user, req.workspace, asked)))
 
     async def ws_put(self, user: str, _op: bool, req: s.PutRequest) -> s.PutReply:
-        plan.check_workspace_name(req.workspace)
+        rules.check_workspace_name(req.workspace)
         total = sum(len(c.data) for c in req.chunks)
         if total > self.sc.request_bytes or any(len(c.data) > self.sc.chunk_bytes for c in req.chunks):
             raise InvalidRequest(f"a put carries at most {self.sc.request_bytes} bytes in chunks of at most "
@@ -284,14 +285,14 @@ class StorageService:
 
     async def ws_commit(self, user: str, _op: bool, req: s.CommitRequest,
                         packed: bytes | None = None) -> s.WorkspaceInfo:
-        plan.check_workspace_name(req.workspace)
+        rules.check_workspace_name(req.workspace)
         m = req.manifest
         if m.chunk_bytes != self.sc.chunk_bytes:
             raise InvalidRequest(f"chunks of {m.chunk_bytes} bytes; this cluster uses {self.sc.chunk_bytes}")
         with self._committing_now(user, req.workspace):
             # Seconds for a manifest of a million files: in threads, so that the loop keeps
             # answering meanwhile (the pushing client's liveness pings among the rest).
-            await asyncio.to_thread(plan.check_manifest, m, self.sc.chunk_bytes)
+            await asyncio.to_thread(rules.check_manifest, m, self.sc.chunk_bytes)
             async with self._lock(user, req.workspace):
                 staged = self.staging.held(user)  # a copy, taken on the loop, where the index changes
                 used, lacking = await asyncio.to_thread(self._used_and_lacking, user, req.workspace, m, staged)
@@ -326,7 +327,7 @@ class StorageService:
         """The chunks ``m`` uses, and those of them neither the workspace's files nor ``staged``
         hold (blocking)."""
         held = set(self.workspaces.held(user, name)) | staged
-        return {h for f in m.files for h in f.chunks}, plan.missing((h for f in m.files for h in f.chunks), held)
+        return {h for f in m.files for h in f.chunks}, rules.missing((h for f in m.files for h in f.chunks), held)
 
     def _remove_later(self, packs: list, remove: Callable[[list], None] = remove_packs) -> None:
         """Remove ``packs`` (or other paths, by ``remove``) in a thread, without holding up the
@@ -341,14 +342,14 @@ class StorageService:
         """Whether the workspace is already exactly the manifest of digest ``req.digest`` (its
         last commit recorded that manifest and every file it lists is on disk at its size: what a
         commit of it would check, so a push that changed nothing ends here, with no commit)."""
-        plan.check_workspace_name(req.workspace)
+        rules.check_workspace_name(req.workspace)
         async with self._lock(user, req.workspace):  # not while a commit of it is under way
             if await asyncio.to_thread(self.workspaces.is_current, user, req.workspace, req.digest):
                 return s.CurrentReply(current=True, info=self.workspaces.info(user, req.workspace))
         return s.CurrentReply(current=False)
 
     async def ws_commit_status(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.CommitStatus:
-        plan.check_workspace_name(req.workspace)
+        rules.check_workspace_name(req.workspace)
         return s.CommitStatus(workspace=req.workspace, committing=(user, req.workspace) in self._committing)
 
     async def ws_manifest(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.Manifest:
@@ -363,13 +364,13 @@ class StorageService:
         return m
 
     async def ws_manifest_part(self, user: str, _op: bool, req: s.ManifestPart) -> s.ManifestPartReply:
-        plan.check_workspace_name(req.workspace)
+        rules.check_workspace_name(req.workspace)
         await asyncio.to_thread(self.uploads.write, user, req.upload, req.offset, req.total, req.data)
         return s.ManifestPartReply(stored=len(req.data))
 
     async def ws_manifest_slice(self, user: str, _op: bool, req: s.ManifestSliceRequest) -> s.ManifestSlice:
         """A piece of the last committed manifest, at most what one reply can carry."""
-        plan.check_workspace_name(req.workspace)
+        rules.check_workspace_name(req.workspace)
         whole, digest = await asyncio.to_thread(self.workspaces.manifest_bytes, user, req.workspace)
         room = max(1, (self._nc.max_payload if self._nc is not None else 1024 * 1024) - SLICE_ROOM)
         limit = min(req.limit, room) if req.limit > 0 else room
@@ -380,7 +381,7 @@ class StorageService:
         """Chunks of the cluster's copy (pull), read from the workspace's files."""
         if len(req.hashes) * self.sc.chunk_bytes > max(self.sc.request_bytes, self.sc.chunk_bytes):
             raise InvalidRequest("fetch fewer chunks at a time")
-        plan.check_workspace_name(req.workspace)
+        rules.check_workspace_name(req.workspace)
         return s.Chunks(chunks=await asyncio.to_thread(self.workspaces.read_chunks, user, req.workspace, req.hashes,
                                                        self.sc.chunk_bytes))
 
@@ -402,7 +403,7 @@ class StorageService:
     async def restore(self, user: str, op: bool, req: s.UsageRequest) -> s.UsageReply:
         """Re-measure the caller's usage and lift their storage restriction if it is within the limit."""
         used = await asyncio.to_thread(self.workspaces.usage, user)
-        await self._change_restricted(lambda cur: plan.lift(cur, user, used, self.sc.limit_bytes))
+        await self._change_restricted(lambda cur: rules.lift(cur, user, used, self.sc.limit_bytes))
         return await self.usage(user, op, req)
 
     # ----------------------------------------------------------------------------- datasets

@@ -1,5 +1,5 @@
 """Workspaces on the shared filesystem: ``<workspace_root>/<user>/<name>``, and their manifests
-in the service's state directory. The thin I/O side of :mod:`hfai.storage.plan`.
+in the service's state directory. The thin I/O side of :mod:`hfai.storage.rules`.
 
 Written as root (in production) and handed to the user: the user's directory is theirs, mode
 0700, so no other user (nor their jobs) can read it. A commit is all or nothing as jobs see it
@@ -26,7 +26,7 @@ from hfai.protocol.codec import encode_packed, pack
 from hfai.protocol.errors import InvalidRequest, NotFound, ProtocolError
 from hfai.protocol.storage import MAX_MANIFEST_BYTES, ChunkData, CommitJournal, Manifest, WorkspaceInfo
 from hfai.storage import commit as commit_mod
-from hfai.storage import plan
+from hfai.storage import rules
 from hfai.storage.beneath import Tree
 from hfai.storage.chunks import chunk_matches
 from hfai.storage.files import account, chown, remove_tree
@@ -57,10 +57,10 @@ class Workspaces:
             | None = None
 
     def path(self, user: str, name: str) -> Path:
-        return self.root / names.check_token("user name", user) / plan.check_workspace_name(name)
+        return self.root / names.check_token("user name", user) / rules.check_workspace_name(name)
 
     def _manifest_path(self, user: str, name: str) -> Path:
-        return self.manifests / names.check_token("user name", user) / f"{plan.check_workspace_name(name)}.manifest"
+        return self.manifests / names.check_token("user name", user) / f"{rules.check_workspace_name(name)}.manifest"
 
     def manifest(self, user: str, name: str) -> Manifest | None:
         """The last committed manifest (decoded once per version: a 10,000-file one takes a while)."""
@@ -79,7 +79,7 @@ class Workspaces:
         return m
 
     def is_current(self, user: str, name: str, digest: str) -> bool:
-        """Whether the last committed manifest has ``digest`` (:func:`plan.manifest_digest`), no
+        """Whether the last committed manifest has ``digest`` (:func:`rules.manifest_digest`), no
         commit of it is left to finish, and its files are all on disk at their sizes (blocking)."""
         p = self._manifest_path(user, name)
         try:
@@ -89,13 +89,13 @@ class Workspaces:
             if hit is None or hit[0] != key:
                 if len(self._digests) > 1024:
                     self._digests.clear()
-                hit = self._digests[p] = (key, plan.digest_bytes(p.read_bytes()))
+                hit = self._digests[p] = (key, rules.digest_bytes(p.read_bytes()))
         except FileNotFoundError:
             return False
         if hit[1] != digest or self._journal_path(user, name).exists():
             return False
         m = self.manifest(user, name)
-        return m is not None and plan.up_to_date(m, self.present(user, name, m))
+        return m is not None and rules.up_to_date(m, self.present(user, name, m))
 
     def manifest_bytes(self, user: str, name: str) -> tuple[bytes, str]:
         """The last committed manifest as recorded (``encode()``'s bytes) and their SHA-256;
@@ -105,7 +105,7 @@ class Workspaces:
             data = p.read_bytes()
         except FileNotFoundError:
             raise NotFound(f"no workspace {name!r}; `hfai workspace push` it first") from None
-        return data, plan.digest_bytes(data)
+        return data, rules.digest_bytes(data)
 
     def save_manifest(self, user: str, name: str, m: Manifest, packed: bytes | None = None) -> None:
         """Record ``m`` (``packed``: :func:`hfai.protocol.codec.pack` of it, when the caller has
@@ -211,7 +211,7 @@ class Workspaces:
     def held(self, user: str, name: str) -> dict[str, tuple[str, int]]:
         old = self.manifest(user, name)
         present = self.present(user, name, old)
-        held = plan.held_chunks(old, present)
+        held = rules.held_chunks(old, present)
         self._last_held = (user, name, old, present, held, time.monotonic())
         return held
 
@@ -229,12 +229,12 @@ class Workspaces:
             if (l_user, l_name) == (user, name) and l_m is m and time.monotonic() - at < _PRESENT_REUSE_S:
                 return present, held
         present = self.present(user, name, m)
-        return present, plan.held_chunks(m, present)
+        return present, rules.held_chunks(m, present)
 
     # -------------------------------------------------------------------------------- commit
 
     async def commit(self, user: str, name: str, new: Manifest, staged: commit_mod.ReadStaged,
-                     locate: commit_mod.LocateStaged | None = None, packed: bytes | None = None) -> plan.CommitPlan:
+                     locate: commit_mod.LocateStaged | None = None, packed: bytes | None = None) -> rules.CommitPlan:
         """Make the workspace on disk what ``new`` says, all or nothing as seen by jobs
         (:mod:`hfai.storage.commit`); chunks come from the files already there when they have
         them, else from staging (``locate``: where a staged chunk's bytes lie, copied in the

@@ -17,7 +17,7 @@ from hfai.config import Config, StorageConfig
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, InvalidRequest
 from hfai.storage import commit as commit_mod
-from hfai.storage import plan, swap
+from hfai.storage import rules, swap
 from hfai.storage.beneath import Tree
 from hfai.storage.chunks import chunk_hash
 from hfai.storage.workspace import Workspaces
@@ -132,14 +132,14 @@ def test_an_unchanged_file_under_a_symlink_is_not_linked_from_alice_s_tree(tmp_p
 def test_a_symlink_swapped_in_between_the_check_and_the_copy_is_not_followed(tmp_path, monkeypatch):
     """The plan sees bob's real keys/ (sizes and all); the job swaps the symlink in right after."""
     c = Cluster(tmp_path)
-    real = plan.commit_plan
+    real = rules.commit_plan
 
     def then_swap(*a, **kw):
         out = real(*a, **kw)
         c.point("keys")
         return out
 
-    monkeypatch.setattr(plan, "commit_plan", then_swap)
+    monkeypatch.setattr(rules, "commit_plan", then_swap)
     with pytest.raises(Conflict):
         c.bob_push({"keys/id": (BOBS, 0o644)})
     assert c.leaked() == [] and c.alice_intact()
@@ -268,7 +268,7 @@ def test_gc_does_not_move_a_file_through_a_symlink_swapped_in_after_its_scan(tmp
         f.parent.mkdir(parents=True)
         f.write_bytes(body)
         os.utime(f, (t, t))
-    real = plan.gc_moves
+    real = rules.gc_moves
 
     def then_swap(*a, **kw):
         out = real(*a, **kw)
@@ -278,7 +278,7 @@ def test_gc_does_not_move_a_file_through_a_symlink_swapped_in_after_its_scan(tmp
             mine.symlink_to(ws.path("alice", NAME) / "a")
         return out
 
-    monkeypatch.setattr(plan, "gc_moves", then_swap)
+    monkeypatch.setattr(rules, "gc_moves", then_swap)
     gc.run_gc(ws, tmp_path / "gc", now, 7 * 86400, 7 * 86400)
     assert (ws.path("alice", NAME) / "a/b/old.bin").read_bytes() == SECRET
     assert _files_with(tmp_path / "gc" / "bob", SECRET) == []

@@ -235,7 +235,7 @@ def test_the_records_a_commit_writes_are_encode_s_bytes_and_the_next_read_decode
     encode()'s bytes (ws_current compares the record's SHA-256 with the client's encode), and
     manifest() afterwards answers from what was written without decoding it again."""
     from hfai.protocol import decode, encode
-    from hfai.storage import plan, workspace
+    from hfai.storage import rules, workspace
 
     setup = Setup(tmp_path, "new")
     ws = setup.fresh("w")
@@ -249,7 +249,7 @@ def test_the_records_a_commit_writes_are_encode_s_bytes_and_the_next_read_decode
     assert ws.manifest(USER, NAME) == setup.m2
     monkeypatch.undo()
     record = ws._manifest_path(USER, NAME).read_bytes()
-    assert record == encode(setup.m2) and plan.digest_bytes(record) == plan.manifest_digest(setup.m2)
+    assert record == encode(setup.m2) and rules.digest_bytes(record) == rules.manifest_digest(setup.m2)
     assert journals and all(j == encode(commit_mod.CommitJournal(
         workspace=NAME, manifest=setup.m2, delete=jj.delete, old_ino=jj.old_ino, new_ino=jj.new_ino,
         phase=jj.phase)) for j, jj in ((j, decode(j, commit_mod.CommitJournal)) for j in journals))

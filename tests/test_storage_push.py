@@ -524,14 +524,14 @@ def test_a_push_presumes_there_only_the_chunks_of_files_sent_exactly_so_last_tim
 def test_a_commit_request_carries_its_manifest_packed_once_and_the_service_records_those_bytes():
     from hfai.protocol import encode
     from hfai.protocol.codec import encode_packed, pack
-    from hfai.storage import plan
+    from hfai.storage import rules
     from hfai.storage.client import _digest_and_packed
     from hfai.storage.service import packed_field
 
     m = s.Manifest(files=tuple(s.FileEntry(path=f"d/{i}", size=i, mode=0o600, chunks=(chunk_hash(bytes([i])),))
                                for i in range(30)), chunk_bytes=CHUNK)
     digest, body = _digest_and_packed(m)
-    assert digest == plan.manifest_digest(m) and body == pack(m)
+    assert digest == rules.manifest_digest(m) and body == pack(m)
     request = s.CommitRequest(workspace="w", manifest=m)
     data = encode_packed(request, manifest=body).data
     assert data == encode(request) and decode(data, s.CommitRequest) == request

@@ -12,7 +12,7 @@ from hfai.protocol import decode, encode
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.storage import ChunkData, FileEntry, Manifest, PutRequest
 from hfai.protocol.types import RestrictedUsers
-from hfai.storage import plan
+from hfai.storage import rules
 from hfai.storage.chunks import build_manifest, chunk_hash
 from hfai.storage.client import packs
 from hfai.storage.gc import run_gc
@@ -40,24 +40,24 @@ def fe(path, size, chunks, mode=0o644):
 ])
 def test_check_manifest(manifest, ok):
     if ok:
-        plan.check_manifest(manifest, 4)
+        rules.check_manifest(manifest, 4)
     else:
         with pytest.raises(InvalidRequest):
-            plan.check_manifest(manifest, 4)
+            rules.check_manifest(manifest, 4)
 
 
 @pytest.mark.parametrize("name, ok", [("proj", True), ("a.b-c_1", True), ("..", False), (".hidden", False),
                                       ("a/b", False), ("", False), ("x" * 65, False)])
 def test_workspace_names(name, ok):
     if ok:
-        assert plan.check_workspace_name(name) == name
+        assert rules.check_workspace_name(name) == name
     else:
         with pytest.raises(InvalidRequest):
-            plan.check_workspace_name(name)
+            rules.check_workspace_name(name)
 
 
 def test_missing_keeps_order_and_drops_repeats():
-    assert plan.missing(["a", "b", "a", "c", "d"], {"b"}) == ("a", "c", "d")
+    assert rules.missing(["a", "b", "a", "c", "d"], {"b"}) == ("a", "c", "d")
 
 
 OLD = Manifest(files=(fe("same", 4, "x"), fe("changed", 8, "ab"), fe("gone", 1, "g"), fe("mode", 1, "m")),
@@ -72,14 +72,14 @@ NEW = Manifest(files=(fe("same", 4, "x"), fe("changed", 8, "aB"), fe("mode", 1, 
     ({"same": 3, "changed": 8, "gone": 1, "mode": 1}, ["same", "changed", "new"]),  # size changed
 ])
 def test_commit_plan(present, write):
-    p = plan.commit_plan(OLD, NEW, present)
+    p = rules.commit_plan(OLD, NEW, present)
     assert [f.path for f in p.write] == write
     assert [f.path for f in p.chmod] == ["mode"]
     assert p.delete == ("gone",)
 
 
 def test_held_chunks_only_from_files_still_present():
-    held = plan.held_chunks(OLD, {"changed": 8, "same": 3})
+    held = rules.held_chunks(OLD, {"changed": 8, "same": 3})
     assert held == {"a": ("changed", 0), "b": ("changed", 4)}
 
 
@@ -94,7 +94,7 @@ R = "storage: over"
     ({"bob": R}, {}, None),                                # a scan never lifts
 ])
 def test_restrict(current, over, expect):
-    got = plan.restrict(RestrictedUsers(users=current), over)
+    got = rules.restrict(RestrictedUsers(users=current), over)
     assert (got.users if got else None) == expect
 
 
@@ -106,32 +106,32 @@ def test_restrict(current, over, expect):
     ({"bob": R, "ann": R}, 100, 100, {"ann": R}),
 ])
 def test_lift(current, used, limit, expect):
-    got = plan.lift(RestrictedUsers(users=current), "bob", used, limit)
+    got = rules.lift(RestrictedUsers(users=current), "bob", used, limit)
     assert (got.users if got else None) == expect
 
 
 def test_over_limit_reason_is_storage_tagged():
-    got = plan.over_limit({"a": 5, "b": 11}, 10)
-    assert list(got) == ["b"] and got["b"].startswith(plan.STORAGE_REASON)
+    got = rules.over_limit({"a": 5, "b": 11}, 10)
+    assert list(got) == ["b"] and got["b"].startswith(rules.STORAGE_REASON)
 
 
 NOW = 1_000 * DAY
 
 
 @pytest.mark.parametrize("entries, moved", [
-    ([plan.Entry("old", False, 1, NOW - 8 * DAY), plan.Entry("new", False, 1, NOW - DAY)], ["old"]),
-    ([plan.Entry("a/b/old", False, 3, NOW - 8 * DAY)], ["a/b/old"]),
-    ([plan.Entry("a/b/dir", True, 3, NOW - 8 * DAY)], ["a/b/dir"]),          # level 3 dir: whole
-    ([plan.Entry("a/b/dir", True, 3, NOW - DAY)], []),                       # something in it is new
-    ([plan.Entry("a/dir", True, 2, NOW - 8 * DAY)], []),                     # upper dirs are walked
-    ([plan.Entry("x", False, 1, NOW - 7 * DAY)], []),                        # exactly the age: kept
+    ([rules.Entry("old", False, 1, NOW - 8 * DAY), rules.Entry("new", False, 1, NOW - DAY)], ["old"]),
+    ([rules.Entry("a/b/old", False, 3, NOW - 8 * DAY)], ["a/b/old"]),
+    ([rules.Entry("a/b/dir", True, 3, NOW - 8 * DAY)], ["a/b/dir"]),          # level 3 dir: whole
+    ([rules.Entry("a/b/dir", True, 3, NOW - DAY)], []),                       # something in it is new
+    ([rules.Entry("a/dir", True, 2, NOW - 8 * DAY)], []),                     # upper dirs are walked
+    ([rules.Entry("x", False, 1, NOW - 7 * DAY)], []),                        # exactly the age: kept
 ])
 def test_gc_moves(entries, moved):
-    assert plan.gc_moves(entries, NOW, 7 * DAY) == moved
+    assert rules.gc_moves(entries, NOW, 7 * DAY) == moved
 
 
 def test_gc_expired():
-    assert plan.gc_expired([str(int(NOW - 8 * DAY)), str(int(NOW - DAY)), "junk"], NOW, 7 * DAY) == \
+    assert rules.gc_expired([str(int(NOW - 8 * DAY)), str(int(NOW - DAY)), "junk"], NOW, 7 * DAY) == \
         [str(int(NOW - 8 * DAY))]
 
 
