@@ -50,6 +50,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage, sigkill_each
 from hfai.agent.launchspec import LaunchSpec
@@ -441,8 +442,8 @@ def _spawn(spec: LaunchSpec, log: int) -> subprocess.Popen:
     job's user (so that a job never starts in a directory its user may not enter), while Popen's
     ``cwd`` is entered before the uid switch: so the launcher enters it itself, as that user
     (:func:`_enter_as`), and the job inherits it. Without a switch, ``cwd`` does the same."""
-    common = dict(env=spec.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                  start_new_session=True)
+    common: dict[str, Any] = dict(env=spec.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
     if spec.switch is None:
         return subprocess.Popen(spec.argv, cwd=spec.cwd, **common)
     uid, gid, groups = spec.switch.uid, spec.switch.gid, list(spec.switch.groups)
