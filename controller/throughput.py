@@ -6,6 +6,8 @@ The agent of a run's rank 0 relays the rate the job measured over a window
 their seconds, where what was measured before counts for at most :data:`MEMORY_S`, so a job whose
 speed changes (a new phase of training) is soon measured as it is now. A job that changes its
 unit (it began reporting samples) starts its measurements over: rates in two units do not compare.
+A rigid job, whose rate decides nothing, is measured for :data:`MEMORY_S` at its size and then
+left alone.
 
 The restart cost a resize must pay for (``JobRecord.restart_s``) is measured too: how long the
 job's latest interruption took, from the leader's decision to suspend it to its requeue (its
@@ -51,6 +53,10 @@ def apply_throughput(job: JobRecord, ev: RunThroughput) -> JobRecord | None:
             or not job.nodes or ev.node != job.nodes[0]):
         return None
     if ev.seconds <= 0 or ev.rate < 0:
+        return None
+    if not job.spec.elastic and any(r.nodes == len(job.nodes) and r.seconds >= MEMORY_S for r in job.throughput):
+        # A rigid job's rate is only shown, never decides anything: measured long enough, its
+        # record is left alone (a write per window of every running job would cost the store).
         return None
     rates = job.throughput if ev.unit == (job.throughput_unit or ev.unit) else ()
     restart = last_suspension_s(job) + ev.startup_s if job.suspend_count else job.restart_s

@@ -163,6 +163,12 @@ def test_windows_are_kept_per_size_and_only_from_the_running_rank_0():
     # Old measurements weigh at most MEMORY_S against a new window.
     old = (SizeRate(nodes=2, rate=1.0, seconds=100 * MEMORY_S),)
     assert merged(old, 2, 2.0, MEMORY_S)[0].rate == pytest.approx(1.5)
+    # A rigid job is measured for MEMORY_S at its size, then its record is left alone.
+    rigid = replace(record(), spec=replace(record().spec, nodes=2, min_nodes=0, max_nodes=0))
+    rigid = apply_throughput(rigid, event(2.0, seconds=MEMORY_S))
+    assert rigid.throughput == (SizeRate(nodes=2, rate=2.0, seconds=MEMORY_S),)
+    assert apply_throughput(rigid, event(3.0)) is None
+    assert apply_throughput(job, event(4.0, seconds=MEMORY_S)) is not None  # an elastic one, always
     # The policy sees them.
     view = job_view(four)
     assert view.throughput == ((2, pytest.approx(3.0)), (4, 7.0)) and view.throughput_unit == "steps"
