@@ -103,22 +103,23 @@ class Meter:
             pass  # the training goes on; the next window tries again
 
 
-#: This process's meter; None until a step is marked, False off the platform.
-_meter: Meter | None | bool = None
+#: This process's meter (None off the platform), made at the first step marked.
+_meter: Meter | None = None
+_made = False
 
 
 def _get() -> Meter | None:
-    global _meter
-    if _meter is None:
+    global _meter, _made
+    if not _made:
         cdir = os.environ.get("HFAI_CONTROL_DIR")
-        _meter = Meter(cdir, _interval_s()) if cdir else False
-    return _meter or None
+        _meter, _made = (Meter(cdir, _interval_s()) if cdir else None), True
+    return _meter
 
 
 def mark_step(source: str) -> None:
     """One step of the job, marked by a call of the kind ``source`` (cheap: a clock read)."""
-    meter = _meter if _meter is not None else _get()
-    if meter:
+    meter = _meter if _made else _get()
+    if meter is not None:
         meter.mark(source)
 
 
@@ -134,12 +135,6 @@ def report_throughput(n: float, unit: str = "samples") -> None:
     if unit not in UNITS:
         raise ValueError(f"report_throughput(..., unit=...) takes one of {', '.join(UNITS)}, got {unit!r}")
     meter = _get()
-    if meter:
+    if meter is not None:
         meter.mark("report", float(n), unit)
-
-
-def _reset_for_tests() -> None:
-    global _meter
-    _meter = None
-
 
