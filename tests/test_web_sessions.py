@@ -19,6 +19,7 @@ import aiohttp
 import psutil
 import pytest
 
+from hfai._clock import FakeClock
 from hfai.auth.push import push_account
 from hfai.auth.roles import Role
 from hfai.cli.local import LocalCluster
@@ -54,11 +55,12 @@ class Web:
     def __init__(self, local: LocalCluster, **web):
         config = local.config()
         self.local = local
+        self.clock = FakeClock()  # the sessions' idleness: moved by the test, not waited for
         web = {"session_idle_s": IDLE_S, "session_sweep_s": SWEEP_S, "sessions_per_user": PER_USER, **web}
         self.config = dataclasses.replace(
             config, web=WebConfig(port=0, **web),
             nats=dataclasses.replace(config.nats, creds=str(local.service_creds("hfai-web", Role.WEB))))
-        self.service = WebService(self.config)
+        self.service = WebService(self.config, clock=self.clock)
         self.http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Web:
@@ -121,8 +123,9 @@ async def test_many_sign_ins_stay_bounded_and_idle_sessions_leave_nothing(local)
         assert w.count() == PER_USER == w.creds_files()
         await until(lambda: server_connections(local) <= base_conns + PER_USER, 5, "the server to drop evicted ones")
         # Idle past session_idle_s: the sweep ends them all, with nobody asking.
-        await until(lambda: w.count() == 0 == w.creds_files(), IDLE_S + 10 * SWEEP_S + 5,
-                    "the idle sessions to end")
+        assert w.count() == PER_USER
+        await w.clock.advance(IDLE_S + SWEEP_S)
+        await until(lambda: w.count() == 0 == w.creds_files(), 5, "the idle sessions to end")
         await until(lambda: server_connections(local) == base_conns, 5, "the server to drop the connections")
         assert descriptors() <= base_fds
 
@@ -144,7 +147,7 @@ async def test_sign_out_has_closed_the_session_when_it_answers(local):
 async def test_an_idle_session_is_refused_and_closed_at_its_next_request(local):
     async with Web(local, session_sweep_s=3600.0) as w:
         _, sid = await w.sign_in("carol")
-        await asyncio.sleep(IDLE_S + 0.2)
+        await w.clock.advance(IDLE_S + 0.2)
         assert w.count() == 1  # no sweep ran
         assert await w.get("/api/jobs", sid) == 401
         assert w.count() == 0 and w.creds_files() == 0

@@ -14,6 +14,7 @@ from aiohttp import web
 from nats.aio.client import Client
 
 from hfai import _nats
+from hfai._clock import SYSTEM, Clock
 from hfai._daemon import Supervisor
 from hfai.api.client import LIST_HISTORY
 from hfai.config import Config
@@ -44,9 +45,9 @@ def _status(e: HfaiError) -> int:
 
 
 class WebService:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, clock: Clock = SYSTEM):
         self.config = config
-        self.sessions = Sessions(config)
+        self.sessions = Sessions(config, clock)
         self.telemetry = TelemetryHistory(config)
         self.assets = assets.Assets()
         self._supervisor = Supervisor()

@@ -8,16 +8,15 @@ no error a browser sees names it."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import secrets
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hfai._clock import SYSTEM, Clock
 from hfai._daemon import raise_if_cancelled
 from hfai.api.client import ApiClient
 from hfai.config import Config
@@ -50,10 +49,11 @@ class Sessions:
     when its user signs out, after ``[web] session_idle_s`` without a request (checked on each
     request and every ``session_sweep_s`` by :meth:`sweep_forever`), when its connection is gone
     (e.g. the credentials were revoked), or when its user signs in more than ``sessions_per_user``
-    times (the session unused longest goes)."""
+    times (the session unused longest goes). Idleness is measured on ``clock``'s monotonic time."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, clock: Clock = SYSTEM):
         self._config = config
+        self._clock = clock
         self._dir = Path(tempfile.mkdtemp(prefix="hfai-web-"))  # 0700
         self._by_id: dict[str, Session] = {}
 
@@ -87,7 +87,7 @@ class Sessions:
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        session = Session(id=sid, api=api, last_used=time.monotonic(), creds_path=path)
+        session = Session(id=sid, api=api, last_used=self._clock.monotonic(), creds_path=path)
         self._by_id[sid] = session
         log.info("%s signed in", api.user)
         await self._close_all(self._beyond_limit(api.user))
@@ -98,10 +98,10 @@ class Sessions:
         session = self._by_id.get(sid or "")
         if session is None:
             return None
-        if self._ended(session, time.monotonic()):
+        if self._ended(session, self._clock.monotonic()):
             await self.sign_out(session.id)
             return None
-        session.last_used = time.monotonic()
+        session.last_used = self._clock.monotonic()
         return session
 
     async def sign_out(self, sid: str) -> None:
@@ -112,7 +112,7 @@ class Sessions:
 
     async def expire(self) -> int:
         """End every idle or dead session; how many were ended."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         gone = [self._by_id.pop(s.id) for s in list(self._by_id.values()) if self._ended(s, now)]
         await self._close_all(gone)
         return len(gone)
@@ -121,7 +121,7 @@ class Sessions:
         """:meth:`expire` every ``[web] session_sweep_s``, until cancelled (hfai-web owns the task)."""
         while True:
             raise_if_cancelled()  # closing sessions awaits inside nats-py, which may swallow a cancellation
-            await asyncio.sleep(self._config.web.session_sweep_s)
+            await self._clock.sleep(self._config.web.session_sweep_s)
             ended = await self.expire()
             if ended:
                 log.info("%d idle sessions ended, %d left", ended, len(self._by_id))
