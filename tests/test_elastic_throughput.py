@@ -229,3 +229,14 @@ def test_a_job_measured_at_fewer_than_two_sizes_grows_as_hfai_grows_it_whatever_
         hfai = HFAI.decide([job], nodes, 100.0, config)
         assert [(type(d), d.size) for d in hfai] == [(Resize, 4)]
         assert [(type(d), d.size) for d in gain_decide([job], nodes, 100.0, config)] == [(Resize, 4)], measured
+
+
+def test_an_hfai_data_loader_counts_its_batches_as_steps(tmp_path):
+    script = ("import time\n"
+              "from hfai.data import DataLoader\n"
+              "for _ in DataLoader(list(range(120)), batch_size=2, shuffle=False):\n"
+              "    time.sleep(0.05)\n")
+    env = {**os.environ, "HFAI_CONTROL_DIR": str(tmp_path), "HFAI_THROUGHPUT_INTERVAL_S": "1"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    w = window(tmp_path)
+    assert w["unit"] == "steps" and 0 < w["rate"] <= 20.0
