@@ -401,7 +401,7 @@ class ExecService:
     async def _tick(self, s: _Session) -> None:
         """Say the agent is there while the command is quiet (the caller gives up on silence)."""
         while True:
-            await asyncio.sleep(self.idle_s / 3)
+            await self.clock.sleep(self.idle_s / 3)
             await self._send(s, b"", 1)
 
     async def _write(self, s: _Session) -> None:
@@ -467,6 +467,8 @@ class ExecService:
 
 
 # --------------------------------------------------------------------------- the system side
+# These wait for the kernel (a process to end, a fork to show), on real time whatever the agent's
+# clock: nothing else moves them.
 
 async def _gone(pid: int, within_s: float = 1.0) -> bool:
     """Does process ``pid`` end (exit, or be a zombie left to reap) within ``within_s``? A

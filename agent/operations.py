@@ -10,13 +10,13 @@ the subject names the operator.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hfai import _nats
+from hfai._clock import SYSTEM, Clock
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.runs import RunStore
 from hfai.protocol import decode, names
@@ -68,10 +68,11 @@ def unsettled(hold: Hold, local: dict[str, LocalRun]) -> tuple[str, ...]:
 
 class Operations:
     """The operator operations of the agent of ``node``; ``wake`` asks its reconcile loop for a
-    plan now, and ``poll_s`` is how often a waiting request looks at ``store``."""
+    plan now, and ``poll_s`` is how often a waiting request looks at ``store`` (on ``clock``)."""
 
-    def __init__(self, node: str, store: RunStore, wake: Callable[[], None], poll_s: float):
+    def __init__(self, node: str, store: RunStore, wake: Callable[[], None], poll_s: float, clock: Clock = SYSTEM):
         self.node = node
+        self.clock = clock
         self.store = store
         self.wake = wake
         self.poll_s = max(0.05, poll_s)
@@ -105,10 +106,9 @@ class Operations:
         self.hold.ack_window_s, self.hold.kill_window_s = req.ack_window_s, req.kill_window_s
         held(self.hold, {}, self.store.snapshot())  # the runs alive now are the interrupted ones
         self.wake()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, req.wait_s)
+        deadline = self.clock.monotonic() + max(0.0, req.wait_s)
         left = unsettled(self.hold, self.store.snapshot())
-        while left and loop.time() < deadline:
-            await asyncio.sleep(min(self.poll_s, max(0.0, deadline - loop.time())))
+        while left and self.clock.monotonic() < deadline:
+            await self.clock.sleep(min(self.poll_s, max(0.0, deadline - self.clock.monotonic())))
             left = unsettled(self.hold, self.store.snapshot())
         return NodeSuspendReply(node=self.node, interrupted=tuple(sorted(self.hold.runs)), unsettled=left)

@@ -140,7 +140,7 @@ class Agent:
         self._have_assignment = False
         self._refused_in_snapshot = False
         self._wake = asyncio.Event()
-        self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s)
+        self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s, self.clock)
         self.execs = ExecService(self.node, self.store, idle_s=self.ac.exec_idle_s, drain_s=self.ac.exec_drain_s,
                                  chunk_bytes=self.ac.exec_chunk_bytes, window=self.ac.exec_window,
                                  poll_s=self.ac.exec_poll_s, clock=clock)
