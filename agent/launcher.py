@@ -223,7 +223,7 @@ def _supervise(child: subprocess.Popen, spec: LaunchSpec, run_dir: str, out: Out
     fencing = fence is not None and fence_s > 0
     fence_kill_s = fence.kill_s if fence is not None else 0.0
     poll = poll_interval(fence_s, fence.poll_s) if fence is not None and fencing else 3600.0
-    watch = RunWatchdog.from_spec(spec, run_dir)
+    watch = RunWatchdog.from_spec(spec, run_dir, out.clock)
     if watch is not None:
         poll = min(poll, watch.poll_s)
     # Without a stamp yet (the agent writes one before it starts any run), count from now.

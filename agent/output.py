@@ -13,7 +13,7 @@ import os
 import select
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hfai.agent.logcap import CappedLog
 from hfai.agent.logtimes import TimesWriter, times_path
@@ -30,13 +30,15 @@ class Output:
     """The job's output channel: ``job_fd`` is what the job gets as stdout and stderr;
     ``pipe_fd`` is what the launcher waits on and :meth:`pump` reads (None once closed)."""
 
-    def __init__(self, log_fd: int, cap: int, times_fd: int | None = None):
+    def __init__(self, log_fd: int, cap: int, times_fd: int | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self._log_fd = log_fd
+        self.clock = clock  # the silence's clock, which the watchdog reads too
         self._times_fd = times_fd
         self._sink = CappedLog(log_fd, cap, TimesWriter(times_fd) if times_fd is not None else None)
-        # When the job last wrote anything (time.monotonic(); its start until then): the
-        # watchdog's silence is measured from it (agent/watchdog.py).
-        self.last_output = time.monotonic()
+        # When the job last wrote anything (on ``clock``; its start until then): the watchdog's
+        # silence is measured from it (agent/watchdog.py).
+        self.last_output = clock()
         pipe_fd, write_end = os.pipe2(os.O_CLOEXEC)
         self.pipe_fd: int | None = pipe_fd
         self._write_end: int | None = write_end
@@ -53,7 +55,7 @@ class Output:
 
     def job_started(self) -> None:
         """The job holds its end now: the launcher's copy goes, so the pipe ends with the job's."""
-        self.last_output = time.monotonic()
+        self.last_output = self.clock()
         if self._write_end is not None:
             os.close(self._write_end)
             self._write_end = None
@@ -73,7 +75,7 @@ class Output:
                 return True
             if not data:
                 return False
-            self.last_output = time.monotonic()
+            self.last_output = self.clock()
             self._sink.write(data)
 
     def drain(self, limit_s: float = DRAIN_S) -> None:

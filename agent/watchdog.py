@@ -138,9 +138,11 @@ class RunWatchdog:
         self._told: tuple[float, float] | None = None  # what WATCH_FILE last said
 
     @classmethod
-    def from_spec(cls, spec: LaunchSpec, run_dir: str) -> RunWatchdog | None:
-        """The run's watchdog, None if it has none."""
-        return None if spec.watchdog is None else cls(spec.watchdog, run_dir)
+    def from_spec(cls, spec: LaunchSpec, run_dir: str,
+                  clock: Callable[[], float] = time.monotonic) -> RunWatchdog | None:
+        """The run's watchdog, None if it has none; ``clock``: the one its output's silence is
+        measured on (Output.clock)."""
+        return None if spec.watchdog is None else cls(spec.watchdog, run_dir, clock)
 
     def check(self, out: Output, group: int, spare: frozenset[int]) -> None:
         """Act on the silence of the job of process group ``group`` (``spare``: processes of the

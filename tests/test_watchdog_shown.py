@@ -6,8 +6,10 @@ The live half is in tests/test_watchdog_live.py and tests/test_web_live.py."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from hfai.agent.output import Output
 from hfai.agent.watchdog import WATCH_FILE, RunWatchdog, WatchdogSettings, read_watch, watchdog_spec
 from hfai.cli import render
 from hfai.protocol import decode, encode
@@ -100,3 +102,20 @@ def test_hfai_status_and_the_job_page_show_the_watchdog_time_and_the_silence():
     # Without one (a development session, a job not running): no line, null.
     assert "watchdog" not in render.job_details(job)
     assert render.job_json(job)["watchdog"] is None and views.job_detail(job)["watchdog"] is None
+
+
+def test_the_silence_is_measured_on_the_clock_the_output_keeps(tmp_path):
+    # The job's last output and the watchdog's "now" come from one clock (Output.clock): a
+    # watchdog on a moved clock against output stamped on another would count the wrong silence.
+    clock = _Clock(50.0)
+    out = Output(os.open(tmp_path / "job.log", os.O_RDWR | os.O_CREAT, 0o600), 0, clock=clock)
+    try:
+        out.job_started()
+        watch = _watchdog(tmp_path, clock)
+        clock.t = 50.0 + 1799.0
+        watch.check(out, group=-1, spare=frozenset())
+        assert watch.hung_at is None
+        w = read_watch(tmp_path, "j1.1", now=clock.t, ts=5e9)
+        assert w is not None and w.silent_s == 1799.0
+    finally:
+        out.close()
