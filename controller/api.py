@@ -71,6 +71,7 @@ from hfai.protocol.types import (
     UsageReply,
     UsageRequest,
     evolve,
+    watch_of,
 )
 
 log = logging.getLogger(__name__)
@@ -275,7 +276,10 @@ class ApiService:
                            self._config.api_reply_bytes)
 
     async def status(self, caller: Caller, req: JobRequest) -> JobReply:
-        return JobReply(job=_shown_to(caller, await self._find(caller.user, req.job, shown=True)))
+        job = await self._find(caller.user, req.job, shown=True)
+        # Its log watchdog as its nodes' heartbeats last said (protocol 1.9: shown, never stored).
+        watch = watch_of(job, self._nodes.cache.values)
+        return JobReply(job=_shown_to(caller, job if watch is None else replace(job, watchdog=watch)))
 
     async def stop(self, caller: Caller, req: StopRequest) -> JobReply:
         job = await self._find(caller.user, req.job)

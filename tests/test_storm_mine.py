@@ -6,10 +6,11 @@ from __future__ import annotations
 from fakes import FakeKV
 
 from hfai.controller.api import ApiService, Caller
+from hfai.controller.nodes import NodeTracker
 from hfai.kv import KVCache
 from hfai.protocol import decode, encode
 from hfai.protocol.reasons import ReasonCode, reason
-from hfai.protocol.types import ChainState, JobList, JobRecord, JobRequest, JobSpec, ListRequest
+from hfai.protocol.types import ChainState, JobList, JobRecord, JobRequest, JobSpec, ListRequest, NodeRecord
 
 
 def job(i: int, user: str) -> JobRecord:
@@ -65,7 +66,7 @@ async def test_a_list_and_status_show_the_reason_the_leader_noted():
     board = WaitBoard(jobs.revisions)
     why = reason(ReasonCode.NO_NODES, reserved="")
     board.note(w.id, jobs.revisions[w.id], why)
-    api = ApiService(kv, jobs, None, waits=board)
+    api = ApiService(kv, jobs, NodeTracker(KVCache(FakeKV(), NodeRecord), 10.0), waits=board)
     [listed] = decode((await api.list(Caller("bob"), ListRequest())).data, JobList).jobs
     assert listed.reason == why.text() and listed.why == why
     assert (await api.status(Caller("bob"), JobRequest(job=w.id))).job.reason == why.text()
