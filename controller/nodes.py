@@ -6,9 +6,9 @@ timestamps agents write, so clock skew between hosts cannot make a node look dea
 
 from __future__ import annotations
 
-import time
 from collections.abc import Container, Iterable, Mapping
 
+from hfai._clock import SYSTEM, Clock
 from hfai.kv import KVCache
 from hfai.protocol import names
 from hfai.protocol.types import ChainState, DrainedNodes, JobRecord, NodeInfo, NodeRecord, NodeState
@@ -22,8 +22,13 @@ def node_state(last_seen: float | None, now: float, timeout_s: float, fatal_gpu:
 
 
 class NodeTracker:
-    def __init__(self, cache: KVCache[NodeRecord], heartbeat_timeout_s: float, settings: KVCache | None = None):
+    """The nodes as the leader sees them: heartbeats (``cache.seen``, on ``clock``: the cache's
+    own) and drains."""
+
+    def __init__(self, cache: KVCache[NodeRecord], heartbeat_timeout_s: float, settings: KVCache | None = None,
+                 clock: Clock = SYSTEM):
         self.cache = cache
+        self.clock = clock
         self.timeout_s = heartbeat_timeout_s
         self.settings = settings
 
@@ -43,17 +48,18 @@ class NodeTracker:
 
     def heartbeating(self, name: str, now: float | None = None) -> bool:
         """Its heartbeat is fresh (whatever its GPUs say)."""
-        return node_state(self.cache.seen.get(name), time.monotonic() if now is None else now,
+        return node_state(self.cache.seen.get(name), self.clock.monotonic() if now is None else now,
                           self.timeout_s) is NodeState.UP
 
     def state(self, name: str, now: float | None = None) -> NodeState:
         record = self.cache.values.get(name)
         fatal = record is not None and any(g.fatal for g in record.gpus)
-        return node_state(self.cache.seen.get(name), time.monotonic() if now is None else now, self.timeout_s, fatal)
+        return node_state(self.cache.seen.get(name), self.clock.monotonic() if now is None else now, self.timeout_s,
+                          fatal)
 
     def infos(self, jobs: Iterable[JobRecord]) -> list[NodeInfo]:
         """Every node as `hfai nodes` shows it, by name."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         on_node = jobs_on_nodes(jobs)
         drained = self.drained()
         return [self.info(r, now, on_node, drained) for r in sorted(self.records(), key=lambda r: r.name)]

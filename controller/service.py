@@ -13,13 +13,12 @@ import logging
 import os
 import re
 import socket
-import time
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from hfai import _nats
-from hfai._clock import SYSTEM
+from hfai._clock import SYSTEM, Clock
 from hfai._daemon import StuckTasksError, Supervisor, raise_if_cancelled
 from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
@@ -50,8 +49,9 @@ def leader_stuck(last_beat: float, now: float, exit_s: float) -> bool:
 
 
 class Controller:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, clock: Clock = SYSTEM):
         self.config = config
+        self.clock = clock  # the leader's, the caches', the node tracker's and the watchdog's
         self.id = config.controller.id or f"{socket.gethostname()}-{os.getpid()}"
         self.wake = asyncio.Event()
         self._nc: Client | None = None
@@ -75,8 +75,8 @@ class Controller:
         # When each run began, on this replica's monotonic clock (controller/runclock.py): the
         # records of the bucket's first snapshot were written before it watched.
         self.run_clock = RunClock(live=lambda: self.jobs.ready.is_set(), offset=self._clock_offset)
-        self.jobs = KVCache(buckets.jobs, JobRecord, on_change=self._job_changed)
-        self.node_cache = KVCache(buckets.nodes, NodeRecord, on_change=lambda _k: None)
+        self.jobs = KVCache(buckets.jobs, JobRecord, on_change=self._job_changed, clock=self.clock)
+        self.node_cache = KVCache(buckets.nodes, NodeRecord, on_change=lambda _k: None, clock=self.clock)
         # Quota or drain changes take effect at once: they wake the scheduler.
         self.settings: KVCache[QuotaTable | DrainedNodes | RestrictedUsers] = KVCache(
             buckets.users, (QuotaTable, DrainedNodes, RestrictedUsers), on_change=lambda _k: self.wake.set())
@@ -84,7 +84,7 @@ class Controller:
         for c in self._caches:
             await c.start()
             self._supervisor.watch(c.task)
-        self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s, self.settings)
+        self.nodes = NodeTracker(self.node_cache, self.config.controller.heartbeat_timeout_s, self.settings, self.clock)
         # Why the waiting jobs wait: the leader's notes, in memory on every replica (controller/waits.py).
         self.waits = waits = WaitBoard(self.jobs.revisions)
         self.api = ApiService(buckets.jobs, self.jobs, self.nodes, on_submit=self.wake.set,
@@ -144,7 +144,7 @@ class Controller:
         self.wake.set()
 
     def _clock_offset(self) -> float | None:
-        return self.clock_check.watch.offset(time.monotonic()) if self.clock_check is not None else None
+        return self.clock_check.watch.offset(self.clock.monotonic()) if self.clock_check is not None else None
 
     def _share_clocks(self, leader: Leader) -> None:
         """Give a term's leader the replica's run clock and clock check, which outlive terms."""
@@ -184,7 +184,7 @@ class Controller:
             raise_if_cancelled()
             await election.elected.wait()
             self.leader = Leader(self.config, js, buckets.jobs, buckets.assign, self.jobs, self.nodes,
-                                 election, self.wake, self.settings, SYSTEM, self.waits, self._publish)
+                                 election, self.wake, self.settings, self.clock, self.waits, self._publish)
             self._share_clocks(self.leader)
             if self.metrics_server is not None:
                 self.metrics.time_rounds(self.leader)
@@ -199,7 +199,7 @@ class Controller:
             except Exception:
                 wait_s = backoff.next()
                 log.exception("leader loop failed; retrying in %.1fs", wait_s)
-                await asyncio.sleep(wait_s)
+                await self.clock.sleep(wait_s)
             finally:
                 self.leader = None
 
@@ -209,11 +209,11 @@ class Controller:
         even end would keep this replica from ever leading again."""
         cc = self.config.controller
         while True:
-            await asyncio.sleep(min(1.0, cc.leader_exit_s / 4))
+            await self.clock.sleep(min(1.0, cc.leader_exit_s / 4))
             leader = self.leader
-            if leader is not None and leader_stuck(leader.last_beat, time.monotonic(), cc.leader_exit_s):
+            if leader is not None and leader_stuck(leader.last_beat, self.clock.monotonic(), cc.leader_exit_s):
                 log.critical("the leader loop (fence %d) made no progress for %.0fs", leader.fence,
-                             time.monotonic() - leader.last_beat)
+                             self.clock.monotonic() - leader.last_beat)
                 self._fail(f"the leader loop made no progress for over {cc.leader_exit_s:g}s")
                 return
 

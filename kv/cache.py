@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from nats.js.kv import KeyValue
 
 from hfai import _nats
+from hfai._clock import SYSTEM, Clock
 from hfai._daemon import cancel_and_wait
 from hfai.protocol import decode
 from hfai.protocol.errors import ProtocolError
@@ -25,11 +25,14 @@ KV_PURGE = "PURGE"
 
 class KVCache(Generic[T]):
     """key -> (value, revision) for one bucket, updated by a watch; ``seen`` holds the local
-    monotonic time of each key's last update (used for heartbeats: no clock skew between hosts).
+    monotonic time (``clock``'s) of each key's last update (used for heartbeats: no clock skew
+    between hosts).
     """
 
-    def __init__(self, kv: KeyValue, kind: type[T] | tuple[type, ...], on_change: Callable[[str], None] | None = None):
+    def __init__(self, kv: KeyValue, kind: type[T] | tuple[type, ...], on_change: Callable[[str], None] | None = None,
+                 clock: Clock = SYSTEM):
         self._kv = kv
+        self._clock = clock
         self._kind = kind
         self._on_change = on_change
         self.values: dict[str, T] = {}
@@ -122,7 +125,7 @@ class KVCache(Generic[T]):
                 log.warning("ignoring undecodable value at key %s: %s", key, e)
                 return
             self.revisions[key] = entry.revision
-        self.seen[key] = time.monotonic()
+        self.seen[key] = self._clock.monotonic()
         self._changed(key)
 
     def cached(self, key: str) -> tuple[T, int] | None:
