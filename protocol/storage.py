@@ -22,7 +22,6 @@ VERB_WS_COMMIT_STATUS = "ws_commit_status"
 # Is the workspace already exactly the manifest of this digest? A push that changed nothing
 # ends with this one question, without sending the manifest or committing it.
 VERB_WS_CURRENT = "ws_current"
-VERB_WS_MANIFEST = "ws_manifest"
 # A manifest too large for one message travels in pieces (ManifestPart up, ManifestSlice down).
 VERB_WS_MANIFEST_PART = "ws_manifest_part"
 VERB_WS_MANIFEST_SLICE = "ws_manifest_slice"

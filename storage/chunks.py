@@ -27,15 +27,8 @@ def chunk_hash(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-#: The length of a name given by clients before SHA-256 (BLAKE2b-160, 40 hex digits): the
-#: manifests and staged chunks they left are still read, and checked with the hash that named them.
-_OLD_NAME_LEN = 40
-
-
 def chunk_matches(name: str, data: bytes | memoryview) -> bool:
-    """Whether ``data`` is the chunk called ``name``, by the hash whose length the name has."""
-    if len(name) == _OLD_NAME_LEN:
-        return hashlib.blake2b(data, digest_size=20).hexdigest() == name
+    """Whether ``data`` is the chunk called ``name``."""
     return chunk_hash(data) == name
 
 

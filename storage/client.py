@@ -251,10 +251,7 @@ async def _already_there(client: StorageClient, name: str, digest: str) -> s.Wor
     """The workspace's info if the cluster holds exactly the manifest of ``digest`` already (one
     small request, where asking for every chunk and committing would send the whole manifest
     twice), else None."""
-    try:
-        reply = await client.scall(s.VERB_WS_CURRENT, s.CurrentRequest(workspace=name, digest=digest), s.CurrentReply)
-    except InvalidRequest:  # a service older than this client does not know the question
-        return None
+    reply = await client.scall(s.VERB_WS_CURRENT, s.CurrentRequest(workspace=name, digest=digest), s.CurrentReply)
     return reply.info if reply.current else None
 
 
@@ -361,13 +358,10 @@ async def _push(client: StorageClient, root: Path, chunk_bytes: int, request_byt
         digest, packed = _digest_and_packed(out.manifest)
     try:
         info = await commit(client, name, out.manifest, commit_timeout_s, ping_s, packed)
-    except (Conflict, InvalidRequest) as e:
-        # Files on the cluster changed since their push (a job rewrote one, or an old service was
+    except Conflict:
+        # Files on the cluster changed since their push (a job rewrote one, or a service was
         # killed mid-commit), or chunks presumed there are not: the service forgot the changed
-        # files, so asking again about every chunk lists what to send. (A service older than
-        # this client says InvalidRequest for chunks it lacks.)
-        if isinstance(e, InvalidRequest) and not presumed:
-            raise
+        # files, so asking again about every chunk lists what to send.
         out = _with_lacking(out, await _ask_missing(client, name, out.hashes), chunk_bytes)
         more, _named_too = await _send_lacking(client, root, name, out, chunk_bytes, request_bytes, on_plan,
                                                on_send, bwlimit)
@@ -555,8 +549,6 @@ async def _commit_alive(client: StorageClient, name: str) -> str:
     except Unavailable as e:
         how = "it is not running" if "no storage service" in str(e) else "it is hung or cut off from NATS"
         return f"stopped answering while committing workspace {name} ({how})"
-    except InvalidRequest:  # a service older than this client: it cannot tell, so keep waiting
-        return ""
     return "" if status.committing else f"{_RESTARTED} while committing workspace {name}"
 
 
@@ -716,17 +708,8 @@ async def _put_unnamed(client: StorageClient, name: str, chunks: tuple[s.ChunkDa
     """Put chunks the client did not hash (of one file's part file with ``key``); their names."""
     if not chunks:
         return ()
-    older = Unavailable("the storage service did not name the chunks sent unhashed: it is older than this "
-                        "client; upgrade hfai-storage")
-    try:
-        reply = await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=chunks, file=key, first=first),
-                                   s.PutReply)
-    except InvalidRequest as e:
-        if key and "sent with its chunks' names" in str(e):  # what an older service says to a part
-            raise older from None
-        raise
-    if len(reply.hashes) != len(chunks):
-        raise older
+    reply = await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=chunks, file=key, first=first),
+                               s.PutReply)
     return reply.hashes
 
 

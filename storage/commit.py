@@ -73,8 +73,8 @@ NEXT_PREFIX = ".hfai-next-"
 #: A used side tree, renamed out of the way to be removed after the commit's reply (unlinking a
 #: 10,000-file tree took 80 ms of a one-edit push here): ``.hfai-gone-<name>.<id>``.
 GONE_PREFIX = ".hfai-gone-"
-#: Temporary names inside a workspace while a file is renamed into place (also the suffix older
-#: versions used, so their leftovers are cleaned too).
+#: Temporary names inside a workspace while a file is renamed into place (a killed commit's are
+#: removed by :func:`clean_temporaries`).
 TMP_SUFFIX = ".hfai-tmp"
 FAULT_ENV = "HFAI_STORAGE_FAULT"
 

@@ -42,8 +42,8 @@ from hfai.storage.workspace import Workspaces, packed_body, remove_trees
 
 log = logging.getLogger(__name__)
 
-# Hashes in one missing/fetch request: 64 hex characters each (40 from older clients), under
-# NATS's default 1 MiB max_payload.
+# Hashes in one missing/fetch request: 64 hex characters each, under NATS's default 1 MiB
+# max_payload.
 MAX_HASHES = 8192
 #: Requests served at once; more wait in the subscription's queue (bounded by NATS's pending limits).
 MAX_HANDLERS = 16
@@ -120,7 +120,6 @@ class StorageService:
             s.VERB_WS_COMMIT: (s.CommitRequest, self.ws_commit),
             s.VERB_WS_COMMIT_STATUS: (s.WorkspaceRequest, self.ws_commit_status),
             s.VERB_WS_CURRENT: (s.CurrentRequest, self.ws_current),
-            s.VERB_WS_MANIFEST: (s.WorkspaceRequest, self.ws_manifest),
             s.VERB_WS_MANIFEST_PART: (s.ManifestPart, self.ws_manifest_part),
             s.VERB_WS_MANIFEST_SLICE: (s.ManifestSliceRequest, self.ws_manifest_slice),
             s.VERB_WS_FETCH: (s.FetchRequest, self.ws_fetch),
@@ -351,17 +350,6 @@ class StorageService:
     async def ws_commit_status(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.CommitStatus:
         rules.check_workspace_name(req.workspace)
         return s.CommitStatus(workspace=req.workspace, committing=(user, req.workspace) in self._committing)
-
-    async def ws_manifest(self, user: str, _op: bool, req: s.WorkspaceRequest) -> s.Manifest:
-        """The whole manifest in one reply (older clients); newer ones read it in slices."""
-        self.workspaces.info(user, req.workspace)  # NotFound if none
-        whole, _digest = await asyncio.to_thread(self.workspaces.manifest_bytes, user, req.workspace)
-        if self._nc is not None and len(whole) > self._nc.max_payload - SLICE_ROOM:
-            raise InvalidRequest(f"workspace {req.workspace!r} lists too many files for one message; pull it with "
-                                 "a newer hfai (it reads the list in pieces)")
-        m = self.workspaces.manifest(user, req.workspace)
-        assert m is not None
-        return m
 
     async def ws_manifest_part(self, user: str, _op: bool, req: s.ManifestPart) -> s.ManifestPartReply:
         rules.check_workspace_name(req.workspace)

@@ -222,10 +222,10 @@ def test_recovery_removes_a_tree_nobody_journaled_and_old_temporaries(tmp_path):
     side.mkdir()
     (side / "half").write_bytes(b"x")
     stray = ws.path(USER, NAME) / "d" / f".f00002{commit_mod.TMP_SUFFIX}"
-    stray.write_bytes(b"left by an older service")
+    stray.write_bytes(b"left by a killed commit")
     ws.recover()
     assert not side.exists()
-    # A temporary without a journal (an older service's) goes at the next commit of that workspace.
+    # A temporary without a journal goes at the next commit of that workspace.
     Setup(tmp_path / "again", "new").commit_v2(ws)
     assert not stray.exists()
 

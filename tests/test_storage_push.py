@@ -267,42 +267,6 @@ def test_many_small_files_are_hashed_many_to_a_thread_call_and_give_the_serial_m
         assert f.chunks == tuple(chunk_hash(data[j:j + CHUNK]) for j in range(0, len(data), CHUNK))
 
 
-def test_chunks_named_by_older_clients_blake2b_are_still_checked_by_that_hash(tmp_path: Path):
-    import hashlib
-
-    from hfai.storage.chunks import chunk_matches
-
-    def old(d: bytes) -> str:
-        return hashlib.blake2b(d, digest_size=20).hexdigest()
-
-    a, b = b"a" * CHUNK, b"b" * 5
-    assert len(chunk_hash(a)) == 64 and chunk_hash(a) == hashlib.sha256(a).hexdigest()
-    assert chunk_matches(old(a), a) and chunk_matches(chunk_hash(a), a)
-    assert not chunk_matches(old(a), b) and not chunk_matches(chunk_hash(a), b)
-    assert not chunk_matches(chunk_hash(a)[:40], a)  # a SHA-256 cut to 40 digits is no BLAKE2b name
-    with pytest.raises(InvalidRequest, match="does not match its content"):
-        write_pack(tmp_path / "x", (s.ChunkData(hash=old(a), data=b),))
-    # A workspace an older client pushed (BLAKE2b names) is committed again by a newer one: the
-    # chunks the old files hold are found and checked under their old names, new ones staged.
-    ws = Workspaces(tmp_path / "ws", tmp_path / "state")
-    staging = Staging.open(ws.root, ttl_s=100.0)
-    pack, listing = write_pack(staging.user_dir("alice"), (s.ChunkData(hash=old(a), data=a),
-                                                           s.ChunkData(hash=old(b), data=b)))
-    staging.added("alice", pack, listing)
-    m1 = s.Manifest(files=(s.FileEntry(path="f", size=len(a + b), mode=0o644, chunks=(old(a), old(b))),),
-                    chunk_bytes=CHUNK)
-    commit_mod.commit(ws, "alice", "w", m1, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
-    c = b"c" * 2
-    pack, listing = write_pack(staging.user_dir("alice"), _chunks(c))
-    staging.added("alice", pack, listing)
-    held = ws.held("alice", "w")
-    assert set(held) == {old(a), old(b)}
-    m2 = s.Manifest(files=(s.FileEntry(path="g", size=len(a + c), mode=0o644, chunks=(old(a), chunk_hash(c))),),
-                    chunk_bytes=CHUNK)
-    commit_mod.commit(ws, "alice", "w", m2, lambda h: staging.read("alice", h), lambda h: staging.locate("alice", h))
-    assert (ws.path("alice", "w") / "g").read_bytes() == a + c
-
-
 def test_a_push_sends_no_more_a_request_than_the_server_delivers(nats_url):
     import nats
 
@@ -356,7 +320,7 @@ def test_an_unchanged_tree_is_told_from_the_index_alone_and_any_change_shows(tmp
     stamps: dict = {}
     index = quick_index(tmp_path, build_manifest(tmp_path, CHUNK, stamps=stamps), stamps)
     assert unchanged_tree(scan(tmp_path), index)
-    # The index of an older client (no mode) never says "unchanged": the manifest is made.
+    # An index entry without the mode (a damaged index) never says "unchanged": the manifest is made.
     assert not unchanged_tree(scan(tmp_path), {k: v[:4] for k, v in index.items()})
     os.chmod(tmp_path / "a", 0o600)
     assert not unchanged_tree(scan(tmp_path), index)
