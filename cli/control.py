@@ -79,7 +79,8 @@ async def _call(verb: str, request):
 async def _each(refs: tuple[str, ...], verb: str, request, what: str, applies) -> None:
     """``verb`` with ``request(job id)`` for each job REFS mean (a job array: its members for which
     ``applies`` holds), one connection for all (cli/arrays.py)."""
-    from hfai.cli import arrays
+    from hfai.api import arrays
+    from hfai.cli.arrays import apply_each
     from hfai.protocol.types import JobReply
 
     async with common.api() as client:
@@ -88,7 +89,7 @@ async def _each(refs: tuple[str, ...], verb: str, request, what: str, applies) -
         async def act(job_id: str):
             return (await client.call(verb, request(job_id), JobReply)).job
 
-        await arrays.apply_each(targets, act, what, applies)
+        await apply_each(targets, act, what, applies)
 
 
 @click.command()

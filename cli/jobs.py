@@ -45,8 +45,8 @@ async def ps(show_all: bool, mine: bool, users: tuple[str, ...], all_users: bool
              as_json: bool):
     """List jobs (the active ones, by default everyone's): id, name, user, nodes (an elastic job:
     held of MIN-MAX), priority, state, suspend count, age, why."""
+    from hfai.api.arrays import in_order
     from hfai.api.client import JobFilter
-    from hfai.cli.arrays import in_order
 
     shown = render.parse_columns(columns) if columns else render.DEFAULT_COLUMNS
     order = render.parse_sort(sort_by) if sort_by else ()
@@ -75,7 +75,7 @@ async def status(job: str, as_json: bool):
     """Show one job (by id or name): state, why, nodes, run time, hold, dependencies, limits, history.
     --json prints one object: a `hfai ps --json` item with its history. A job array (its id or
     name) shows a line about it and its members in index order (--json: an object with them)."""
-    from hfai.cli import arrays
+    from hfai.api import arrays
 
     async with common.api() as client:
         [target] = await arrays.resolve(client, [job])
@@ -100,11 +100,12 @@ async def status(job: str, as_json: bool):
 async def stop(jobs: tuple[str, ...]):
     """Stop jobs (each by id or name, or a whole job array by its id or name): waiting jobs at
     once, running ones through their nodes' agents."""
-    from hfai.cli import arrays
+    from hfai.api import arrays
+    from hfai.cli.arrays import apply_each
 
     async with common.api() as client:
         targets = await arrays.resolve(client, jobs)
-        await arrays.apply_each(targets, client.stop, "stopped", lambda j: not j.state.final)
+        await apply_each(targets, client.stop, "stopped", lambda j: not j.state.final)
 
 
 @click.command()

@@ -13,6 +13,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
+from hfai.api.present import quota_defaults
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.reasons import describe
@@ -303,18 +304,6 @@ def throughput_lines(j: JobRecord) -> list[str]:
     if restart:
         lines.append(f"{'':<11}a restart costs it {age(restart)} (its latest interruption and start)")
     return lines
-
-
-def quota_defaults(needed_above: int) -> str:
-    """What applies where no quota is set, as the controller says (``SettingsReply
-    .quota_needed_above``; -1: an older controller): said by every quota listing, so nobody reads
-    an empty table as "no limits"."""
-    above = [p.name for p in sorted(Priority) if p.value > needed_above]
-    if needed_above < 0 or not above:
-        return "defaults: without a quota, every level has no limit"
-    return (f"defaults: without a quota, {Priority.label(needed_above)} and lower have no limit; "
-            f"{', '.join(above)} are closed (0 nodes) to all but operators' jobs. An operator opens a level "
-            "with `hfai quota set USER LEVEL N` ('*' as USER: everyone).")
 
 
 def quotas_table(table, needed_above: int = -1) -> str:

@@ -14,8 +14,8 @@ from hfai.cli.errors import user_errors
 
 
 def _table(rows) -> list[str]:
+    from hfai.api.present import totals
     from hfai.cli import render
-    from hfai.controller.usage import totals
     from hfai.protocol.types import Priority
 
     head = f"{'DAY':<10}  {'USER':<16}  {'GROUP':<12}  {'PRIORITY':<12}  {'GPU-HOURS':>10}  {'RUNS':>5}"
@@ -37,8 +37,8 @@ def _table(rows) -> list[str]:
 @user_errors()
 async def usage(days: int, only_user: str, as_csv: bool, as_json: bool) -> None:
     """GPU-hours per day, user, group and priority (everyone's, like the queue)."""
+    from hfai.api.present import DAY_S, csv_lines
     from hfai.cli import common
-    from hfai.controller.usage import DAY_S, csv_lines
 
     since = (time.time() // DAY_S - (days - 1)) * DAY_S  # midnight UTC, `days` days ago
     async with common.api() as client:

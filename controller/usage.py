@@ -8,9 +8,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 
+from hfai.api.present import DAY_S
 from hfai.protocol.types import ChainState, JobRecord, UsageEntry, UsageRow, run_key
 
-DAY_S = 86400.0
 #: States in which a run's processes may still hold its nodes (the run has not ended).
 _HOLDING = (ChainState.RUNNING, ChainState.SUSPENDING, ChainState.STOPPING)
 
@@ -83,23 +83,3 @@ def usage_rows(entries: Iterable[UsageEntry], since_ts: float, until_ts: float) 
             runs.setdefault(key, set()).add(run_key(e.job_id, e.run_id))
     return [UsageRow(day=k[0], user=k[1], group=k[2], priority=k[3], gpu_hours=hours[k], runs=len(runs[k]))
             for k in sorted(hours, key=lambda k: (k[0], k[1], k[2], -k[3]))]
-
-
-def totals(rows: Iterable[UsageRow], by: str) -> dict[str, float]:
-    """GPU-hours per value of one column of the rows (``user``, ``group``, ``priority`` or ``day``)."""
-    out: dict[str, float] = {}
-    for r in rows:
-        key = str(getattr(r, by))
-        out[key] = out.get(key, 0.0) + r.gpu_hours
-    return out
-
-
-CSV_HEADER = ("day", "user", "group", "priority", "gpu_hours", "runs")
-
-
-def csv_lines(rows: Iterable[UsageRow]) -> list[str]:
-    """The rows as CSV lines (header first); names are tokens, so nothing needs quoting."""
-    from hfai.protocol.types import Priority
-
-    return [",".join(CSV_HEADER)] + [
-        f"{r.day},{r.user},{r.group},{Priority.label(r.priority)},{r.gpu_hours:.3f},{r.runs}" for r in rows]

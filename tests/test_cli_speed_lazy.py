@@ -20,7 +20,7 @@ from hfai.protocol import _lazy
 #: The lazily made classes a CLI call meets (the protocol's messages are listed by MESSAGE_TYPES).
 OTHERS = ("hfai.config:NatsConfig", "hfai.config:ControllerConfig", "hfai.config:AgentConfig",
           "hfai.config:WebConfig", "hfai.config:StorageConfig", "hfai.config:DevConfig",
-          "hfai.api.client:JobFilter", "hfai.cli.arrays:Target", "hfai.cli.render:QuotaUse",
+          "hfai.api.client:JobFilter", "hfai.api.arrays:Target", "hfai.cli.render:QuotaUse",
           "hfai._nats:Buckets", "hfai.protocol.reasons:Reason", "hfai.config:Config", "hfai.auth.roles:Permissions")
 
 

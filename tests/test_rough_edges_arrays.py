@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hfai.cli import arrays, render
+from hfai.api import arrays
+from hfai.cli import render
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hfai.api.present import csv_lines, totals
 from hfai.controller.metrics import latencies
-from hfai.controller.usage import csv_lines, merge, runs_of, totals, usage_rows
+from hfai.controller.usage import merge, runs_of, usage_rows
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import (
     ChainState,

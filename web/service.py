@@ -17,8 +17,8 @@ from hfai import _nats
 from hfai._clock import SYSTEM, Clock
 from hfai._daemon import Supervisor
 from hfai.api.client import LIST_HISTORY
+from hfai.api.present import csv_lines, totals
 from hfai.config import Config
-from hfai.controller.usage import csv_lines, totals
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable
 from hfai.protocol.types import ListRequest, UsageRow
 from hfai.web import assets, pages, views
@@ -202,7 +202,7 @@ class WebService:
     async def job_page(self, request: web.Request) -> web.Response:
         """A job's page, or a job array's (``hfai status ARRAY``'s): the reference is looked up as the
         CLI does, a job first, then an array by id or name; neither: a 404 page."""
-        from hfai.cli import arrays
+        from hfai.api import arrays
 
         session = _session(request)
         [target] = await arrays.resolve(session.api, [request.match_info["id"]])
@@ -242,8 +242,8 @@ class WebService:
 
     async def api_array(self, request: web.Request) -> web.Response:
         """A job array: the line `hfai status ARRAY` prints about it, and its members' rows in index order."""
+        from hfai.api import arrays
         from hfai.api.client import JobFilter
-        from hfai.cli import arrays
 
         session, ref = _session(request), request.match_info["id"]
         target = arrays.find_array(await session.api.jobs(JobFilter.of(finished=True)), ref, session.user)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
+from hfai.api.present import quota_defaults
 from hfai.protocol.reasons import describe
 from hfai.protocol.types import JobRecord, NodeInfo, NodeState, Priority, QuotaTable
 
@@ -138,8 +139,6 @@ def quotas_vs_use(quotas: QuotaTable, jobs: Sequence[JobRecord], needed_above: i
 
 def quota_note(quotas: QuotaTable, needed_above: int = -1) -> str:
     """What the quotas table means, above all when it is empty: the defaults, worded as the CLI's."""
-    from hfai.cli.render import quota_defaults
-
     defaults = quota_defaults(needed_above)
     defaults = defaults[0].upper() + defaults[1:]
     if "hfai quota set" not in defaults:
