@@ -13,6 +13,7 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     runs/<job>.<run>/exit_code       written by the launcher when the job exits
     runs/<job>.<run>/term            when the agent sent SIGTERM (a stamp: wall and boot clock,
                                      stamps.py; the interrupt windows run on the boot clock)
+    runs/<job>.<run>/killed          the agent sent SIGKILL (empty)
     runs/<job>.<run>/suspend_raised  when the agent raised the suspend flag (a stamp)
     runs/<job>.<run>/ack_seen        when the agent first saw the job's acknowledgement (a stamp)
     runs/<job>.<run>/fenced          the launcher stopped the job: the agent was silent too long
@@ -32,7 +33,8 @@ Layout under ``state_dir`` (0711: job users may pass through to their own contro
     trash/                           0700: run and control directories of forgotten runs, moved
                                      there at once and deleted in the background
 
-Everything is a file, so an agent restarted while jobs run finds them all again (adoption).
+Everything is a file, so an agent restarted while jobs run finds them all again (adoption), each
+in the lifecycle state its files record (lifecycle.py).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from hfai.protocol.types import FENCE_KILL_FACTOR, JOB_DEV, RunAssignment, RunEv
 
 __all__ = ["DiskFull", "RunStore", "fence_spec", "settle_exit"]
 
+KILLED_FILE = "killed"  # in a run directory: the agent sent SIGKILL
 CONTAINMENT_FILE = "containment"  # in the state directory: Containment.summary, written at start
 CGROUP_REMOVE_S = 2.0  # how long a round of the trash waits for a forgotten run's cgroup to empty
 
@@ -185,6 +188,7 @@ class RunStore:
             ack_ts=self._ack_seen(d, control) if acked else None,
             ack_stop=acked and _asks_to_stop(safefs.read_small(control, ACK_FILE)),
             term_ts=stamps.read(d / "term", self.clock),
+            killed=(d / KILLED_FILE).exists(),
             fenced=(d / FENCED_FILE).exists(),
             hung_s=_read_hung(d / HUNG_FILE),
             lost=first is None and not alive and second is None,
@@ -377,6 +381,8 @@ class RunStore:
         d = self.dir(key)
         if sig == signal.SIGTERM and not (d / "term").exists():
             write_state(d / "term", stamps.stamp(self.clock), durable=True)  # a full disk: its reserve
+        elif sig == signal.SIGKILL:
+            _mark_killed(d / KILLED_FILE)
         pgid = _read_int(d / "child_pid")
         if pgid is None:
             # The launcher has not started the job yet: stop the launcher itself.
@@ -556,6 +562,16 @@ def _is_dev(ra: RunAssignment) -> bool:
     """A development session's run (an older controller's assignment has no kind: its command
     tells)."""
     return ra.kind == JOB_DEV or tuple(ra.entrypoint[1:3]) == DEV_ENTRYPOINT[1:3]
+
+
+def _mark_killed(path: Path) -> None:
+    """Record that the agent sent SIGKILL (RunState.KILLED). Best effort, never in the way of the
+    signal: unrecorded, the run reads as TERMINATED, whose kill window is over, so the next plan
+    kills it again anyway."""
+    try:
+        touch(path)
+    except OSError as e:
+        log.warning("could not record the SIGKILL of %s: %s", path.parent.name, e)
 
 
 def _read_hung(path: Path) -> float:

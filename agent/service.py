@@ -50,7 +50,18 @@ from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.operations import Operations
-from hfai.agent.plan import Act, Action, LocalRun, RunPhase, RunUsage, fence_problem, plan, platform_stopped, stale_logs
+from hfai.agent.plan import (
+    Act,
+    Action,
+    LocalRun,
+    RunPhase,
+    RunUsage,
+    fence_problem,
+    next_state,
+    plan,
+    platform_stopped,
+    stale_logs,
+)
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
 from hfai.agent.throughput import Relay, read_window
@@ -521,6 +532,8 @@ class Agent:
 
     async def _do(self, a: Action, local: dict[str, LocalRun]) -> None:
         key, ra = a.key, a.run
+        if a.act not in _REPORTS:
+            next_state(local.get(key), a.act)  # IllegalTransition: a step the run's state does not allow
         if a.act is Act.START:
             self._check_fence(ra.fence_s)
             try:
@@ -559,6 +572,8 @@ class Agent:
     async def _send_reports(self, actions: list[Action], local: dict[str, LocalRun]) -> None:
         """Publish the events of ``actions`` together (JetStream keeps their order: one
         connection), and mark each sent once acknowledged."""
+        for a in actions:
+            next_state(local.get(a.key), a.act)  # IllegalTransition: a report the run's state does not allow
         events = [(a, *self._event(a, local)) for a in actions]
         sent = await asyncio.gather(*(self._publish(a.run, kind, **fields) for a, kind, fields in events))
         for (a, kind, _), ok in zip(events, sent, strict=True):

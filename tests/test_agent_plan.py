@@ -53,6 +53,23 @@ def test_an_acked_job_gets_seconds_to_exit_unless_it_asks_to_be_stopped():
     assert acts({s.key: s}, {s.key: stop_me}, now=95.0) == [(Act.TERMINATE, s.key)]
 
 
+def test_a_killed_run_is_killed_again_until_it_is_gone_and_never_sent_sigterm():
+    s = replace(RA, desired=DesiredRun.SUSPEND)
+    killed = local(suspend_ts=80.0, term_ts=90.0, killed=True)
+    assert acts({s.key: s}, {s.key: killed}) == [(Act.KILL, s.key)]
+    assert acts({}, {RA.key: killed}) == [(Act.KILL, RA.key)]
+    # SIGKILLed outside the plan, with no SIGTERM before: no kill window to wait out.
+    assert acts({}, {RA.key: local(killed=True)}) == [(Act.KILL, RA.key)]
+
+
+def test_a_run_sent_sigterm_without_a_flag_gets_its_flag_once_it_is_to_be_suspended():
+    """Stopped as no longer wanted, then held suspended (agent/operations.py): the flag still lets
+    it checkpoint before its SIGKILL, which follows at the next plan."""
+    s = replace(RA, desired=DesiredRun.SUSPEND)
+    assert acts({s.key: s}, {s.key: local(term_ts=90.0)}) == [(Act.RAISE_SUSPEND, s.key)]
+    assert acts({s.key: s}, {s.key: local(term_ts=90.0, suspend_ts=99.0)}) == [(Act.KILL, s.key)]
+
+
 def test_exit_is_reported_once_and_unwanted_runs_are_stopped_then_cleaned():
     gone = local(phase=RunPhase.EXITED, exit_code=0)
     assert acts({RA.key: RA}, {RA.key: gone}) == [(Act.REPORT_EXIT, RA.key)]
