@@ -104,10 +104,9 @@ def check_command(argv: list[str], env: dict[str, str], workdir: str) -> None:
 
 def node_log_file(control_dir: str, ra: RunAssignment) -> str:
     """The file the agent writes ``ra``'s output to on this node, found from the run's control
-    directory: the run store keeps ``<state>/control/<run key>`` (older runs
-    ``<state>/runs/<run key>/control``) and ``<state>/logs/<job>/rank<r>.log`` (runs.py: log_path)."""
-    control = Path(control_dir)
-    state = control.parents[2] if control.name == "control" else control.parents[1]
+    directory: the run store keeps ``<state>/control/<run key>`` and
+    ``<state>/logs/<job>/rank<r>.log`` (runs.py: log_path)."""
+    state = Path(control_dir).parents[1]
     return str(state / "logs" / ra.job_id / f"rank{ra.rank}.log")
 
 

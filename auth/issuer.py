@@ -101,7 +101,6 @@ class Issuer:
 
     def _save(self, registry: dict) -> None:
         write_atomic(str(self.root / "registry.json"), json.dumps(registry, indent=1, sort_keys=True), mode=0o600)
-        os.chmod(self.root / "registry.json", 0o600)  # made by an older version with the umask's mode
 
     def holders(self) -> list[Holder]:
         return sorted((Holder(name=n, role=Role(h["role"]), public_key=h["public_key"], issued_ts=h["issued_ts"])

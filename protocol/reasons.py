@@ -2,10 +2,10 @@
 
 The controller produces these (controller/policy/, controller/plan.py, controller/transitions.py,
 controller/api.py at submit) and stores one in the job record next to the text (``JobRecord.why``
-and ``JobEvent.why``, protocol 1.3); what a reason *says* is decided here once, by :func:`render`,
+and ``JobEvent.why``); what a reason *says* is decided here once, by :func:`render`,
 and read at the edges (the CLI, the web pages). Code that needs to know what a reason means
-compares its ``code`` and reads its ``params``; nothing parses the words back. A record written
-before protocol 1.3 has only the text (``why`` is None): :func:`describe` shows that as it is.
+compares its ``code`` and reads its ``params``; nothing parses the words back. A reason given
+only as words (``why`` is None) is shown as it is by :func:`describe`.
 
 Parameters are strings on the wire (numbers as written by ``str``), so a reader never meets a type
 it did not expect; a code this side does not know (a newer controller's) renders as the text the
@@ -275,6 +275,6 @@ class Explained(Protocol):
 
 def describe(item: Explained) -> str:
     """What a record or a history event says about itself: its typed reason rendered here, or
-    its text (a record written before protocol 1.3 has only the text)."""
+    its text (a reason given only as words has no typed one)."""
     why = item.why
     return item.reason if why is None else render(why, item.reason)

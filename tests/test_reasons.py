@@ -1,13 +1,10 @@
-"""Typed reasons (protocol 1.3): every code renders, records carry them on the wire, records of
-older controllers (text only) still decode and render, and nothing in the controller reads its
-own words back."""
+"""Typed reasons: every code renders, records carry them on the wire, an event with only words
+renders them, and nothing in the controller reads its own words back."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import msgpack
 
 from hfai.controller import transitions
 from hfai.controller.policy import JobView, NodeView, PolicyConfig, Start, Wait, decide
@@ -190,34 +187,6 @@ def test_a_requeue_at_once_marks_the_timeline_by_its_code_and_a_loss_while_suspe
     lost = transitions.apply_node_lost(asked, "n2", T0 + 60)
     assert lost is not None and lost.why is not None and lost.why.code == ReasonCode.NODE_LOST
     assert [m.kind for m in job_timeline(lost, T0 + 100)[1]] == [MarkKind.INTERRUPTED]
-
-
-def _old_record_bytes() -> bytes:
-    """A record as a protocol 1.2 controller wrote it: no ``why`` anywhere, reasons in words."""
-    body = {
-        "id": "j1", "spec": {"name": "train", "entrypoint": ["x"], "workdir": "/", "nodes": 2, "user": "alice"},
-        "state": "suspended", "submit_ts": T0, "run_id": 1, "reason": "preempted by job h (priority HIGH > LOW); "
-        "acknowledged", "started_ts": T0 + 10, "last_nodes": ["n1", "n2"],
-        "history": [
-            {"ts": T0, "state": "queued", "reason": "submitted by alice"},
-            {"ts": T0 + 10, "state": "running", "reason": "started on n1, n2"},
-            {"ts": T0 + 100, "state": "suspending", "reason": "preempted by job h (priority HIGH > LOW)"},
-            {"ts": T0 + 104, "state": "suspended", "reason": "preempted by job h (priority HIGH > LOW); acknowledged"},
-        ],
-    }
-    return msgpack.packb({"k": "job_record", "v": [1, 2], "b": body}, use_bin_type=True)
-
-
-def test_a_record_of_an_older_controller_decodes_renders_and_draws():
-    old = decode(_old_record_bytes(), JobRecord)
-    assert old.why is None and all(e.why is None for e in old.history)
-    assert describe(old) == "preempted by job h (priority HIGH > LOW); acknowledged"
-    segments, marks = job_timeline(old, now=T0 + 1000)
-    assert [(s.nodes, s.start, s.end) for s in segments] == [(("n1", "n2"), T0 + 10, T0 + 104)]
-    assert [m.kind for m in marks] == [MarkKind.PREEMPTED, MarkKind.ACKNOWLEDGED]
-    # And a typed reason written over it replaces the words with its own.
-    waiting = transitions.replace(old, state=ChainState.SUSPENDED)
-    assert transitions.wait_reason_due(waiting, reason(ReasonCode.RELEASING), None, T0, 30.0)
 
 
 def test_a_history_event_without_a_typed_reason_renders_its_words():

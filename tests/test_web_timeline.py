@@ -55,9 +55,9 @@ def test_a_running_job_is_drawn_up_to_now_and_unknown_reasons_still_show():
     assert j is not None
     segs, _ = job_timeline(j, now=T0 + 50)
     assert [(s.start, s.end, s.ongoing) for s in segs] == [(T0 + 10, T0 + 50, True)]
-    assert mark_kind(SG, None, "requeued by alice") is MarkKind.INTERRUPTED
-    assert mark_kind(SG, Reason("a_code_of_a_later_controller"), "its words") is MarkKind.INTERRUPTED
-    assert mark_kind(SD, None, "rank 0 on n1 stopped by the platform: x; requeued") is None  # marked when interrupted
+    assert mark_kind(SG, None) is MarkKind.INTERRUPTED  # a reason in words only ("requeued by alice")
+    assert mark_kind(SG, Reason("a_code_of_a_later_controller")) is MarkKind.INTERRUPTED
+    assert mark_kind(SD, None) is None  # marked when interrupted
     assert mark_kind(R, reason(ReasonCode.STARTED, nodes="n1")) is None
 
 

@@ -9,9 +9,9 @@ interruption) and how it ended (the SUSPENDED event's: ACKNOWLEDGED when every r
 the suspend request, NOT_ACKNOWLEDGED when some did not). A run requeued without being asked to
 suspend first (a node lost, a rank that failed and is retried, one the platform stopped, when
 every rank had already exited) goes straight from RUNNING to SUSPENDED: that event's code
-(NODE_LOST, EXITED, PLATFORM_STOPPED) marks the interruption. Events written before protocol 1.3
-carry only the words: they are read by the controller's wording of that time. A reason this module
-does not know still shows, as a plain interruption, never as nothing."""
+(NODE_LOST, EXITED, PLATFORM_STOPPED) marks the interruption. The words of a reason are never
+read back: a reason this module does not know, or an event with only words, still shows, as a
+plain interruption, never as nothing."""
 
 from __future__ import annotations
 
@@ -69,35 +69,22 @@ _MARKS: dict[ChainState, dict[str, MarkKind]] = {
 }
 
 
-def mark_kind(state: ChainState, why: Reason | None, reason: str = "") -> MarkKind | None:
+def mark_kind(state: ChainState, why: Reason | None) -> MarkKind | None:
     """The mark an event makes on the timeline, or None (a start, a stop, an end: the bar shows
-    those). ``why``: the event's typed reason; ``reason``: its words, read only without one."""
+    those). ``why``: the event's typed reason."""
     if state not in _MARKS:
         return None
-    code = why.code if why is not None else _old_code(state, reason)
-    found = _MARKS[state].get(code) if code is not None else None
+    found = _MARKS[state].get(why.code) if why is not None else None
     if found is None and state is ChainState.SUSPENDING:
         return MarkKind.INTERRUPTED
     return found  # SUSPENDED: the end of an interruption marked when it began, or a requeue at once
 
 
-def _old_code(state: ChainState, reason: str) -> str | None:
-    """The code of a pre-1.3 event's reason, by the words the controller wrote then."""
-    if state is ChainState.SUSPENDING:
-        return (ReasonCode.PREEMPTED if reason.startswith("preempted by") else
-                ReasonCode.TIME_SLICE if reason.startswith("time slice") else None)
-    if reason.endswith("; acknowledged"):
-        return ReasonCode.ACKNOWLEDGED
-    return ReasonCode.NOT_ACKNOWLEDGED if reason.endswith("stopped after the interrupt windows") else None
-
-
 def _start_nodes(e: JobEvent) -> tuple[str, ...] | None:
     """The nodes a RUNNING event names (rank order), or None."""
-    if e.why is not None:
-        listed = e.why.params.get("nodes") if e.why.code in (ReasonCode.STARTED, ReasonCode.RESUMED) else None
-    else:  # pre-1.3
-        head = next((h for h in ("started on ", "resumed on ") if e.reason.startswith(h)), None)
-        listed = e.reason[len(head):] if head is not None else None
+    if e.why is None or e.why.code not in (ReasonCode.STARTED, ReasonCode.RESUMED):
+        return None
+    listed = e.why.params.get("nodes")
     if listed is None:
         return None
     return tuple(n.strip() for n in listed.split(",") if n.strip())
@@ -128,7 +115,7 @@ def job_timeline(job: JobRecord, now: float) -> tuple[list[Segment], list[Mark]]
             if run > 1:
                 marks.append(Mark(job.id, e.ts, MarkKind.RESUMED, nodes, describe(e)))
             continue
-        kind = mark_kind(e.state, e.why, e.reason)
+        kind = mark_kind(e.state, e.why)
         if kind is MarkKind.INTERRUPTED and after is ChainState.SUSPENDING:
             kind = None  # a node lost while suspending: the interruption was marked when it began
         if kind is not None:
