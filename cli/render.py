@@ -9,42 +9,14 @@ from __future__ import annotations
 
 import json
 import time
-import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from hfai.api.present import quota_defaults
+from hfai.api.present import age, clean, quota_defaults, throughput_lines
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.reasons import describe
 from hfai.protocol.types import ChainState, JobRecord, NodeInfo, NodeState, Priority, QuotaTable, StoreHealth
-
-
-def clean(text: object) -> str:
-    """``text`` with every non-printable character (C0/C1 controls such as ESC, DEL, line breaks,
-    bidi overrides, zero-width and other format characters; spaces of any width stay) written as a
-    visible escape (``\\x1b``, ``\\n``, ``\\u202e``), so the terminal shows it instead of obeying it."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or unicodedata.category(c) == "Zs" else _escape(c) for c in text)
-
-
-def _escape(c: str) -> str:
-    special = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c)
-    if special:
-        return special
-    code = ord(c)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def age(seconds: float) -> str:
-    """Compact age: 42s, 5m, 3h, 2d."""
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def table_text(headers: list[str], rows: list[list[str]]) -> str:
@@ -285,27 +257,6 @@ def _extras(j: JobRecord) -> list[str]:
     return lines
 
 
-def throughput_lines(j: JobRecord) -> list[str]:
-    """An elastic job's measured throughput per size, the speedup curve fitted to it, and its
-    measured restart cost (protocol 1.8): what the scheduler sizes it by (docs/scheduling.md)."""
-    rates = getattr(j, "throughput", ())
-    if not rates:
-        return []
-    from hfai.controller.policy.speedup import fit_points  # only here: `hfai status` of a measured job
-
-    unit = clean(getattr(j, "throughput_unit", "") or "steps")
-    measured = ", ".join(f"{r.nodes} node{'s' if r.nodes > 1 else ''} {r.rate:.3g}" for r in rates)
-    lines = [f"throughput {unit}/s measured: {measured}"]
-    if j.spec.elastic:
-        curve = fit_points([(r.nodes, r.rate) for r in rates])
-        lines.append(f"{'':<11}fitted speedup on 1..{j.spec.max_nodes} nodes: "
-                     + " ".join(f"{curve.relative(n):.2f}" for n in range(1, j.spec.max_nodes + 1)))
-    restart = float(getattr(j, "restart_s", 0.0))
-    if restart:
-        lines.append(f"{'':<11}a restart costs it {age(restart)} (its latest interruption and start)")
-    return lines
-
-
 def quotas_table(table, needed_above: int = -1) -> str:
     if not table.entries:
         return "no quotas set\n" + quota_defaults(needed_above)
@@ -461,7 +412,7 @@ def quota_use(user: str, table: QuotaTable, jobs: Iterable[JobRecord], groups: I
     """``user``'s limits next to their use (pure), per priority and group: every level and group
     where a quota applies to them (the policy's rule: the most specific of user/any and group/any)
     or where their jobs hold or want nodes. Groups are those the nodes have and their jobs name."""
-    from hfai.controller.views import quotas_of
+    from hfai.protocol.quotas import quotas_of
 
     quotas = quotas_of(table, needed_above if needed_above >= 0 else Priority.EXTREME_HIGH.value)
     used: dict[tuple[int, str], int] = {}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 from hfai.config import ControllerConfig
-from hfai.controller.policy import JobView, PolicyConfig, Quotas
-from hfai.protocol.types import JOB_DEV, DrainedNodes, JobRecord, Priority, QuotaTable
+from hfai.controller.policy import JobView, PolicyConfig
+from hfai.protocol.quotas import quotas_of
+from hfai.protocol.types import JOB_DEV, DrainedNodes, JobRecord, QuotaTable
 
 
 def job_view(j: JobRecord) -> JobView:
@@ -19,20 +20,6 @@ def job_view(j: JobRecord) -> JobView:
         throughput=tuple((r.nodes, r.rate) for r in j.throughput), throughput_unit=j.throughput_unit,
         restart_s=j.restart_s,
     )
-
-
-#: On a live cluster the levels above this need a quota ([controller] quota_needed_above,
-#: docs/scheduling.md "Quotas"): without one, any user could submit at EXTREME_HIGH and preempt
-#: everyone. Operators' jobs are exempt.
-CLOSED_ABOVE = Priority.NORMAL.value
-
-
-def quotas_of(table: QuotaTable | None, closed_above: int = CLOSED_ABOVE) -> Quotas:
-    """The live cluster's quotas: the operators' table; the levels above ``closed_above`` need a
-    quota (none closed from EXTREME_HIGH on)."""
-    entries = table.entries if table is not None else ()
-    closed = closed_above if closed_above < Priority.EXTREME_HIGH.value else None
-    return Quotas(limits={(e.user, e.priority, e.group): e.nodes for e in entries}, closed_above=closed)
 
 
 def policy_config(cc: ControllerConfig, quotas: QuotaTable | None) -> PolicyConfig:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from hfai.controller.policy import HFAI, HFAI_GAIN, JobView, NodeView, PolicyConfig, Resize, Start, Suspend, Wait
 from hfai.controller.policy.gain import decide as gain_decide
 from hfai.controller.policy.rules import effective_priority
-from hfai.controller.policy.speedup import LINEAR, Speedup, fit
 from hfai.controller.views import job_view
+from hfai.protocol.speedup import LINEAR, Speedup, fit
 from hfai.protocol.types import ChainState, Priority
 from hfai.sim import SimConfig, Simulator, TraceJob, parse_row
 

@@ -151,8 +151,8 @@ def test_levels_above_normal_need_a_quota_on_a_live_cluster_but_operators_are_ex
 
     from hfai.controller.policy import ANY, Quotas
     from hfai.controller.validate import check_quota
-    from hfai.controller.views import quotas_of
     from hfai.protocol.errors import InvalidRequest
+    from hfai.protocol.quotas import quotas_of
     from hfai.protocol.types import Priority, QuotaEntry, QuotaTable
 
     live = quotas_of(None)
@@ -174,7 +174,7 @@ def test_levels_above_normal_need_a_quota_on_a_live_cluster_but_operators_are_ex
 
 def test_a_waiting_job_at_a_closed_level_says_it_needs_a_quota_and_preempts_nobody():
     from hfai.controller.policy import JobView, NodeView, Suspend, Wait, decide
-    from hfai.controller.views import quotas_of
+    from hfai.protocol.quotas import quotas_of
     from hfai.protocol.types import Priority
 
     config = PolicyConfig(slice_s=1800.0, quotas=quotas_of(None))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from hfai.api.present import quota_defaults
+from hfai.api.present import quota_defaults, throughput_lines
 from hfai.protocol.reasons import describe
 from hfai.protocol.types import JobRecord, NodeInfo, NodeState, Priority, QuotaTable
 
@@ -63,8 +63,6 @@ def job_detail(j: JobRecord) -> dict:
 
 
 def _throughput_lines(j: JobRecord) -> list[str]:
-    from hfai.cli.render import throughput_lines  # the CLI's words (as quota_note's)
-
     return [" ".join(line.split()) for line in throughput_lines(j)]
 
 

@@ -50,17 +50,16 @@ from hfai.controller.policy.interface import FunctionPolicy, Policy
 from hfai.controller.policy.rounds import HFAI, QUIET_MARGIN_S, decide, quiet_until
 from hfai.controller.policy.rules import effective_priority, indexed, ordering, quota_usage, resolve_auto, service_band
 from hfai.controller.policy.views import (
-    ANY,
     Decision,
     JobView,
     NodeView,
     PolicyConfig,
-    Quotas,
     Resize,
     Start,
     Suspend,
     Wait,
 )
+from hfai.protocol.quotas import ANY, Quotas
 
 __all__ = [
     "ANY", "HFAI", "HFAI_GAIN", "QUIET_MARGIN_S", "Decision", "FunctionPolicy", "JobView", "NodeView", "Policy",

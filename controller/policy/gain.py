@@ -36,12 +36,12 @@ from dataclasses import replace
 from hfai.controller.policy.interface import FunctionPolicy, Policy
 from hfai.controller.policy.rounds import HFAI, GroupRound, decide_with, quiet_until
 from hfai.controller.policy.rules import ordering, service_band
-from hfai.controller.policy.speedup import Speedup, fit
 from hfai.controller.policy.victims import Victim
 from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize, Suspend
 from hfai.controller.queues import GroupJobs, JobIndex
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.reasons import Reason, ReasonCode, reason
+from hfai.protocol.speedup import Speedup, fit
 
 
 def model_of(job: JobView, config: PolicyConfig) -> Speedup:

@@ -8,8 +8,9 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from hfai.controller.policy.views import JobView, PolicyConfig, Quotas
+from hfai.controller.policy.views import JobView, PolicyConfig
 from hfai.controller.queues import JobIndex, Ordering, priority_ordering
+from hfai.protocol.quotas import Quotas
 from hfai.protocol.types import Priority
 
 ABOVE_NORMAL = Priority.ABOVE_NORMAL.value

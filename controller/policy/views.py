@@ -8,51 +8,11 @@ builds them from records (controller/views.py), the simulator from its trace, an
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hfai.protocol.quotas import Quotas
 from hfai.protocol.reasons import Reason, render
 from hfai.protocol.types import ChainState
-
-#: Wildcard for the user or group part of a quota key.
-ANY = "*"
-
-@dataclass(frozen=True)
-class Quotas:
-    """Node quotas per (user, priority, group): the most nodes a user's jobs of that priority may
-    hold in that group at once. ``limits`` maps ``(user, priority, group)`` to a node count; the
-    user or the group may be :data:`ANY`. The most specific key wins: (user, p, group), (user, p,
-    ANY), (ANY, p, group), (ANY, p, ANY). No matching key means no limit, except at levels above
-    ``closed_above``: there it means 0 nodes (the level is closed until an operator gives a quota,
-    ``*`` opening it for everyone), unless the job is ``exempt`` (an operator's). A live cluster
-    closes the levels above NORMAL (:func:`hfai.controller.views.quotas_of`); None closes none.
-    """
-
-    limits: Mapping[tuple[str, int, str], int] = field(default_factory=dict)
-    closed_above: int | None = None
-
-    def limit(self, user: str, priority: int, group: str, exempt: bool = False) -> int | None:
-        found = self.explicit(user, priority, group) if self.limits else None
-        if found is None and not exempt and self.closed(priority):
-            return 0
-        return found
-
-    def explicit(self, user: str, priority: int, group: str) -> int | None:
-        """The quota a key sets for the user (None: no key matches)."""
-        get = self.limits.get
-        for key in ((user, priority, group), (user, priority, ANY), (ANY, priority, group), (ANY, priority, ANY)):
-            found = get(key)
-            if found is not None:
-                return found
-        return None
-
-    def closed(self, priority: int) -> bool:
-        """Whether ``priority`` is a level that needs a quota (no key: 0 nodes)."""
-        return self.closed_above is not None and priority > self.closed_above
-
-    def closed_by_default(self, user: str, priority: int, group: str, exempt: bool = False) -> bool:
-        """Whether the user gets no nodes at ``priority`` only because no quota opens the level."""
-        return not exempt and self.closed(priority) and self.explicit(user, priority, group) is None
 
 
 @dataclass(frozen=True)
