@@ -135,8 +135,6 @@ def load(fname: str | os.PathLike, nthreads: int = 8, loader: Callable[[str], An
     **others}`` (parts read by ``nthreads`` threads), a single file what was saved in it.
     ``torch_load_kw`` go to ``torch.load`` (default ``map_location="cpu"``, ``weights_only=False``:
     a checkpoint is the job's own file); ``loader(path)`` replaces ``torch.load``."""
-    if callable(nthreads):  # load(path, loader) positionally, as before the directory form
-        loader, nthreads = nthreads, 8
     p = Path(fname)
     if p.is_dir():
         return load_sharded(p, nthreads, loader, **torch_load_kw)
