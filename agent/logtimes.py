@@ -128,7 +128,7 @@ def stamp_lines(records: list[tuple[int, float]], offsets: list[int]) -> tuple[f
 def line_times(fd: int | None, offset: int, data: bytes, at_line_start: bool) -> tuple[bytes, tuple[float, ...]]:
     """``data`` (read from the log at ``offset``; cut after :data:`MAX_STAMPED_LINES` lines) and
     the time each line starting in it was read, from the open times file ``fd`` (None: there is
-    none, as for a log written before this file existed: every time 0.0)."""
+    none, as when it could not be created: every time 0.0)."""
     starts = line_starts(data, at_line_start)
     if len(starts) > MAX_STAMPED_LINES:
         data = data[: starts[MAX_STAMPED_LINES]]

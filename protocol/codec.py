@@ -32,15 +32,9 @@ from hfai.protocol import types as t
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import ProtocolError
 
-PROTOCOL_VERSION = (1, 9)  # 1.1: paged list and nodes replies; 1.2: dependencies, arrays, holds, limits;
-# 1.3: typed reasons (JobRecord.why, JobEvent.why); 1.4: node health (NodeRecord.fault, faults,
-# check; JobRecord.avoid; GpuFaultEvent; the agent operation "health"); 1.5: compute containers
-# (RunEvent.peak_bytes, cpu_s, oom_limit_bytes; JobRecord.peak_bytes, cpu_s; NodeRecord.containment);
-# 1.6: log lines' times (LogRequest.timestamps, LogChunk.line_ts); 1.7: the log watchdog
-# (RunEvent.hung_s; JobSpec.restart_on_hang; JobRecord.hang_restarts; RunAssignment.kind); 1.8:
-# elastic sizing by measured gain (JobRecord.throughput, SizeRate); 1.9: the watchdog shown
-# (RunWatch, NodeRecord.watchdogs, JobRecord.watchdog) and the validator's all-reduce
-# (HealthCheck.bus_gbps)
+#: The version every envelope carries: a field added with a default bumps the minor, anything a
+#: decoder of this major could not read bumps the major (see the module docstring).
+PROTOCOL_VERSION = (1, 9)
 
 # NATS delivers at most max_payload bytes (1 MiB by default; 8 MiB is the most NATS recommends),
 # so nothing larger is a message we ever sent.

@@ -32,7 +32,7 @@ VERB_DRAIN = "drain"
 VERB_LOGS = "logs"
 # GPU-hours per day, user, group and priority (hfai usage, hfai-web).
 VERB_USAGE = "usage"
-# Protocol 1.2: hold/release a waiting job, requeue a running one, change a waiting one.
+# Hold/release a waiting job, requeue a running one, change a waiting one.
 VERB_HOLD = "hold"
 VERB_REQUEUE = "requeue"
 VERB_UPDATE = "update"

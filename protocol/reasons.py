@@ -113,7 +113,7 @@ def _rate(p: Mapping[str, str]) -> str:
 def _shrinks(p: Mapping[str, str]) -> str:
     if not p.get("size"):
         return ""
-    # Protocol 1.8: what the nodes it gives up added, by its measured speedup curve.
+    # What the nodes it gives up added, by its measured speedup curve.
     lost = f" (the nodes it gives up added {p['lost']}% {_rate(p)})" if p.get("lost") else ""
     return f": shrinks to {p['size']} node(s){lost}"
 

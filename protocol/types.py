@@ -220,7 +220,7 @@ class JobSpec:
     # Elastic jobs run on min_nodes..max_nodes (``nodes`` = max_nodes); 0 means a fixed size.
     min_nodes: int = 0
     max_nodes: int = 0
-    # Protocol 1.2. Start only after these jobs ended: "ID:ok" (succeeded) or "ID:any".
+    # Start only after these jobs ended: "ID:ok" (succeeded) or "ID:any".
     after: tuple[str, ...] = ()
     # Stopped by the platform once it has run this long over all its runs (0: no limit).
     time_limit_s: float = 0.0
@@ -237,7 +237,7 @@ class JobSpec:
     # What kind of job: JOB_BATCH, or JOB_DEV, a development session (JupyterLab, docs/dev.md),
     # which the scheduler never time-slices and limits per user (docs/scheduling.md).
     kind: str = "batch"
-    # Protocol 1.7: a run its node ended as hung (no output for its watchdog time, docs/health.md)
+    # A run its node ended as hung (no output for its watchdog time, docs/health.md)
     # is requeued this many times before the job fails (--restart-on-hang).
     restart_on_hang: int = 0
 
@@ -254,13 +254,13 @@ class JobEvent:
     ts: float
     state: ChainState
     reason: str = ""
-    # Protocol 1.3: the reason as a typed value (hfai.protocol.reasons); None in older records.
+    # The reason as a typed value (hfai.protocol.reasons); None for a reason given only as words.
     why: Reason | None = None
 
 
 @message("size_rate")
 class SizeRate:
-    """A job's throughput measured at one size (protocol 1.8): its steps (or samples) per second
+    """A job's throughput measured at one size: its steps (or samples) per second
     on ``nodes`` nodes, averaged over ``seconds`` of its runs at that size. The policy fits its
     speedup curve to these (hfai.controller.policy.speedup)."""
 
@@ -303,7 +303,7 @@ class JobRecord:
     queued_ts: float = 0.0
     last_nodes: tuple[str, ...] = ()
     history: tuple[JobEvent, ...] = ()
-    # Protocol 1.2: who put a waiting job on hold ("" = not held); failed runs requeued so far.
+    # Who put a waiting job on hold ("" = not held); failed runs requeued so far.
     hold: str = ""
     retried: int = 0
     # The fencing token (lease term) of the leader that last decided on this record; a leader
@@ -313,31 +313,31 @@ class JobRecord:
     # other ranks stop, kept while the job waits out its backoff, cleared when it starts again;
     # a retry is its own count (``retried``), never a suspension.
     retry_ts: float = 0.0
-    # Protocol 1.3: ``reason`` as a typed value (hfai.protocol.reasons), when the controller gave
-    # one; None in older records and for reasons that are only text (an exit code, a user's stop).
+    # ``reason`` as a typed value (hfai.protocol.reasons), when the controller gave one; None for
+    # a reason given only as words.
     why: Reason | None = None
-    # Protocol 1.4: GPU faults seen under the job's runs (a GPU_FAULT reason with the node, at the
+    # GPU faults seen under the job's runs (a GPU_FAULT reason with the node, at the
     # time the agent saw it; the newest FAULTS_LIMIT), beside its history, which holds only the
     # states it entered: `hfai status` shows them among its history lines.
     faults: tuple[JobEvent, ...] = ()
-    # Protocol 1.4: nodes the job's next start avoids where it can (controller/plan.py): a node
+    # Nodes the job's next start avoids where it can (controller/plan.py): a node
     # whose fault interrupted it (a GPU fault, a lost node). Cleared when it starts again.
     avoid: tuple[str, ...] = ()
-    # Protocol 1.5, compute containers: the most memory one rank's run used at once (its cgroup's
+    # Compute containers: the most memory one rank's run used at once (its cgroup's
     # peak, bytes) over the job's runs, and the CPU time of all its runs and ranks (seconds).
     peak_bytes: int = 0
     cpu_s: float = 0.0
-    # Protocol 1.7: runs ended as hung that were requeued (``spec.restart_on_hang`` at most).
+    # Runs ended as hung that were requeued (``spec.restart_on_hang`` at most).
     hang_restarts: int = 0
-    # Protocol 1.8: the job's throughput per size it ran at (one SizeRate per size, by nodes),
+    # The job's throughput per size it ran at (one SizeRate per size, by nodes),
     # what the policy sizes an elastic job by (docs/scheduling.md, "Elastic jobs").
     throughput: tuple[SizeRate, ...] = ()
-    # Protocol 1.8: the unit of ``throughput``'s rates ("steps", "samples" or "tokens"), and what
+    # The unit of ``throughput``'s rates ("steps", "samples" or "tokens"), and what
     # the job's latest restart cost (seconds from the decision to suspend it to its next run's
     # first step; 0: never measured): what the gain policy weighs a resize against.
     throughput_unit: str = ""
     restart_s: float = 0.0
-    # Protocol 1.9: shown, never stored: the log watchdog of its current run on the node nearest
+    # Shown, never stored: the log watchdog of its current run on the node nearest
     # to its watchdog time, as that node's latest heartbeat said, filled in by the controller's
     # status reply (``watch_of``). None while it runs nowhere, or has no watchdog.
     watchdog: RunWatch | None = None
@@ -377,7 +377,7 @@ class GpuStat:
 class GpuFault:
     """One GPU fault a node's health watch classified (hfai.agent.health): when it saw it, what it
     is (a GPU_FAULT :class:`Reason`: GPU, Xid, meaning, kind), and whether it is the hardware's
-    (the node drains itself) rather than the job's or a warning. Protocol 1.4."""
+    (the node drains itself) rather than the job's or a warning."""
 
     KIND: ClassVar[str]
     ts: float
@@ -391,21 +391,21 @@ class GpuFault:
 @message("health_check")
 class HealthCheck:
     """The node validator's last run (hfai.agent.health_check): when it ran, whether every step
-    passed, how long it took, and what failed (one line per failed step). Protocol 1.4."""
+    passed, how long it took, and what failed (one line per failed step)."""
 
     KIND: ClassVar[str]
     ts: float
     ok: bool
     duration_s: float = 0.0
     detail: str = ""
-    # Protocol 1.9: the bus bandwidth (GB/s) the in-node all-reduce step measured through
+    # The bus bandwidth (GB/s) the in-node all-reduce step measured through
     # hfreduce (0: the step did not run or did not get that far).
     bus_gbps: float = 0.0
 
 
 @message("run_watch")
 class RunWatch:
-    """A running job's log watchdog on one node (protocol 1.9; agent/watchdog.py): the watchdog
+    """A running job's log watchdog on one node (agent/watchdog.py): the watchdog
     time the run's launcher holds now, and how long the run had been silent (no output on any of
     its processes there) at ``ts``, the node's time when it looked. ``run`` is the run's key
     (``job.run``); ``node`` names the node once the controller shows it on the job."""
@@ -446,16 +446,16 @@ class NodeRecord:
     # Why the agent takes no new work ("" = it does): its node drained by itself, e.g. its state
     # directory is full (agent/diskwatch.py); it undrains itself when that is over.
     drain_reason: str = ""
-    # Protocol 1.4, node health (agent/health.py): the hardware fault that drains the node until
+    # Node health (agent/health.py): the hardware fault that drains the node until
     # a health check passes or an operator forces it back (None: none), the node's latest faults
     # (newest last, a few), and the validator's last result (None: it has not run).
     fault: GpuFault | None = None
     faults: tuple[GpuFault, ...] = ()
     check: HealthCheck | None = None
-    # Protocol 1.5: how the node contains its runs, in one line ("bwrap, cgroup v1", or what is
+    # How the node contains its runs, in one line ("bwrap, cgroup v1", or what is
     # missing and why: agent/contain.py).
     containment: str = ""
-    # Protocol 1.9: the log watchdog of each of its running runs that has one (a development
+    # The log watchdog of each of its running runs that has one (a development
     # session has none): what `hfai status` and the job page show (RunWatch).
     watchdogs: tuple[RunWatch, ...] = ()
 
@@ -487,7 +487,7 @@ FENCE_KILL_FACTOR = 4 / 3
 class RunAssignment:
     """One run the leader wants on a node, with everything the agent needs to start it.
 
-    ``fence_s`` (0: off, what older controllers send): the run's launcher stops the job when the
+    ``fence_s`` (0: off): the run's launcher stops the job when the
     node's agent has not had a heartbeat accepted by NATS for that long (TERM at ``fence_s``, KILL
     at ``FENCE_KILL_FACTOR * fence_s``). The leader sets it well inside its heartbeat timeout, so
     an orphan is dead before the leader can declare the node lost and restart the job elsewhere.
@@ -516,7 +516,7 @@ class RunAssignment:
     fence_s: float = 0.0
     # Failed runs of the chain requeued by --retry so far (HFAI_RETRY_COUNT).
     retry_count: int = 0
-    # Protocol 1.7: the job's kind (JobSpec.kind): a development session's run has no watchdog.
+    # The job's kind (JobSpec.kind): a development session's run has no watchdog.
     kind: str = "batch"
 
     @property
@@ -553,12 +553,12 @@ class RunEvent:
     platform_stopped: bool = False
     whole_life_state: int | None = None
     message: str = ""
-    # Protocol 1.5: what the run used (its cgroup: 0 where it had none), and the memory limit it
+    # What the run used (its cgroup: 0 where it had none), and the memory limit it
     # met when the kernel killed it for memory (0: it was not).
     peak_bytes: int = 0
     cpu_s: float = 0.0
     oom_limit_bytes: int = 0
-    # Protocol 1.7: the watchdog time (seconds) the run went past without output, when its
+    # The watchdog time (seconds) the run went past without output, when its
     # launcher ended it as hung (0: it did not).
     hung_s: float = 0.0
 
@@ -566,8 +566,7 @@ class RunEvent:
 @message("gpu_fault_event")
 class GpuFaultEvent:
     """An agent's report that a GPU fault happened under a run on its node, sent on the events
-    stream beside :class:`RunEvent`; the leader records it in the job's history (a controller
-    older than protocol 1.4 drops it as undecodable)."""
+    stream beside :class:`RunEvent`; the leader records it in the job's history."""
 
     KIND: ClassVar[str]
     node: str
@@ -578,11 +577,11 @@ class GpuFaultEvent:
 
 @message("run_throughput")
 class RunThroughput:
-    """An agent's relay of its run's throughput (protocol 1.8), on the events stream beside
+    """An agent's relay of its run's throughput, on the events stream beside
     :class:`RunEvent`: the rate the job measured over its latest window of ``seconds``
     (hfai._throughput), in ``unit`` per second, and ``startup_s``, how long its run took from
     its start to its first step. Only the node of rank 0 relays, at most every ``[agent]
-    throughput_relay_s`` (a controller older than it drops it as undecodable)."""
+    throughput_relay_s``."""
 
     KIND: ClassVar[str]
     node: str
@@ -646,13 +645,12 @@ class SubmitRequest:
     KIND: ClassVar[str]
     spec: JobSpec
     force: bool = False
-    # Protocol 1.2: a job array, one job per index (each sees HFAI_ARRAY_INDEX); at most
+    # A job array, one job per index (each sees HFAI_ARRAY_INDEX); at most
     # ``spec.array_limit`` of them hold nodes at once.
     array: tuple[int, ...] = ()
     # The client's name for this submission (random hex, "" for none): the controller derives the
     # job's id from it and the user, so a copy of the request sent again (through another NATS
-    # server, after no answer) finds the job the first made instead of making a second. A
-    # controller older than it ignores it (then a copy would make a second job).
+    # server, after no answer) finds the job the first made instead of making a second.
     request_id: str = ""
 
 
@@ -666,7 +664,7 @@ class ListRequest:
     include_finished: bool = True
     after_ts: float = 0.0
     after_id: str = ""
-    # Protocol 1.2: only the last N lines of each job's history (-1: all). A list shows the latest
+    # Only the last N lines of each job's history (-1: all). A list shows the latest
     # state; the whole history (up to 50 lines a job) was most of a page's bytes and decode time.
     history: int = -1
 
@@ -720,7 +718,7 @@ class EstimateRequest:
     KIND: ClassVar[str]
     default_run_s: float = 0.0
     # With no default_run_s: guess how long a job without a limit runs from the cluster's history
-    # (controller/estimate.py, Guess) instead of for ever. An older controller ignores it.
+    # (controller/estimate.py, Guess) instead of for ever.
     guess: bool = False
 
 
@@ -767,7 +765,7 @@ class DrainRequest:
 class JobReply:
     KIND: ClassVar[str]
     job: JobRecord
-    # Protocol 1.2: the ids of all the members of a submitted job array (``job`` is the first).
+    # The ids of all the members of a submitted job array (``job`` is the first).
     array_ids: tuple[str, ...] = ()
 
 
@@ -850,9 +848,8 @@ class ErrorReply:
 
 @message("log_request")
 class LogRequest:
-    """Asks an agent for a slice of one rank's log file; ``timestamps`` (protocol 1.6): with the
-    time each line starting in it was read from the job (``LogChunk.line_ts``; an older agent
-    sends none)."""
+    """Asks an agent for a slice of one rank's log file; ``timestamps``: with the
+    time each line starting in it was read from the job (``LogChunk.line_ts``)."""
 
     KIND: ClassVar[str]
     job_id: str
@@ -869,8 +866,8 @@ class LogChunk:
     offset: int
     size: int
     exists: bool = True
-    # Protocol 1.6, asked for (LogRequest.timestamps): when the node read each line that starts in
-    # ``data``, in order (Unix time; 0.0: not known, a log written before agents kept the times). A
+    # Asked for (LogRequest.timestamps): when the node read each line that starts in
+    # ``data``, in order (Unix time; 0.0: not known, the node kept no time for it). A
     # line starts at data[0] when it is the log's first byte or follows a newline, and after every
     # newline but a last one (hfai.agent.logtimes).
     line_ts: tuple[float, ...] = ()
@@ -961,7 +958,7 @@ HEALTH_ACTIONS = (HEALTH_FAULT, HEALTH_CLEAR, HEALTH_VALIDATE, HEALTH_UNDRAIN)
 class NodeHealthRequest:
     """An operator's request to one node's health watch (agent operation ``health``). For
     ``fault``: ``signal`` is "xid" (with ``xid``), "dbe", "retired", "lost", "thermal" or "power",
-    on GPU ``gpu``. ``force``: undrain without a passing check. Protocol 1.4."""
+    on GPU ``gpu``. ``force``: undrain without a passing check."""
 
     KIND: ClassVar[str]
     action: str

@@ -4,9 +4,7 @@ A wait reason is not kept in the job record (a change of reason for 20,000 waiti
 20,000 compare-and-set writes, and every replica would decode each): the leader keeps the current
 ones in memory and publishes the changes, in batches, on the non-durable subject
 :data:`hfai.protocol.names.WAITS_SUBJECT` (controller/waits.py). Only controller replicas send and
-read these messages; importing this module registers them with the codec. No message of an
-older protocol changed, so the version stays: a replica that predates them never subscribes, and
-shows each record's own reason (that of its last state change) until it is upgraded.
+read these messages; importing this module registers them with the codec.
 """
 
 from __future__ import annotations
