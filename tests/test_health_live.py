@@ -87,3 +87,45 @@ def test_hardware_xid_drains_the_node_and_the_job_resumes_elsewhere(tmp_path):
         r = c.cli("admin", "validate", bad, user="root")
         assert r.returncode == 0 and "passed" in r.stdout, r.stdout + r.stderr
         c.wait(lambda: _node(c, bad).state is NodeState.UP, 10, f"{bad} back in service")
+
+
+# Each polled signal and an application Xid, as `hfai admin fault` injects them: (flag, value,
+# words of its meaning, whether it drains the node).
+SIGNALS = [
+    ("--signal", "thermal", "clocks throttled: too hot", False),
+    ("--signal", "power", "clocks throttled: power brake or cap", False),
+    ("--xid", "13", "Xid 13 on GPU 0", False),
+    ("--signal", "dbe", "uncorrectable ECC errors", True),
+    ("--signal", "retired", "retired memory pages pending", True),
+    ("--signal", "lost", "GPU is lost", True),
+]
+
+
+def _with_fault(c: Cluster, name: str, words: str):
+    n = _node(c, name)
+    return n if any(words in f.text() for f in n.record.faults) else None
+
+
+def test_every_injected_signal_is_recorded_on_its_node_and_classified(tmp_path):
+    """Each kind of fault reaches the node's record (`hfai nodes`) with its meaning; a hardware one
+    drains the node, a warning or the job's own error does not. Prints each one's detection time
+    (inject -> shown), which the health interval bounds (docs/health.md)."""
+    cluster = Cluster(tmp_path, nodes=1)
+    cluster.local.agent = dataclasses.replace(cluster.local.agent, health_interval_s=HEALTH_INTERVAL_S)
+    times = []
+    with cluster as c:
+        c.wait(lambda: _node(c, "node-0").state is NodeState.UP, 30, "node-0 up")
+        for flag, value, words, drains in SIGNALS:
+            began = time.monotonic()
+            r = c.cli("admin", "fault", "node-0", flag, value, "--gpu", "0", user="root")
+            assert r.returncode == 0, r.stderr
+            node = c.wait(lambda w=words: _with_fault(c, "node-0", w), 30, f"{value} on node-0's record", poll=0.05)
+            times.append((value, time.monotonic() - began))
+            fault = next(f for f in node.record.faults if words in f.text())
+            assert fault.hardware is drains, (value, fault)
+            if not drains:
+                assert node.state is NodeState.UP, (value, node.reason)
+            else:
+                c.wait(lambda: _node(c, "node-0").state is NodeState.DRAINED, 30, f"node-0 drained by {value}")
+    print("\ndetection (inject -> on the node's record), health interval "
+          f"{HEALTH_INTERVAL_S:g} s: " + ", ".join(f"{v} {s:.2f} s" for v, s in times))
