@@ -34,7 +34,7 @@ from hfai.protocol.errors import ProtocolError
 
 #: The version every envelope carries: a field added with a default bumps the minor, anything a
 #: decoder of this major could not read bumps the major (see the module docstring).
-PROTOCOL_VERSION = (1, 9)
+PROTOCOL_VERSION = (1, 10)
 
 # NATS delivers at most max_payload bytes (1 MiB by default; 8 MiB is the most NATS recommends),
 # so nothing larger is a message we ever sent.
