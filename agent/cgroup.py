@@ -30,7 +30,7 @@ __all__ = ["CgroupKind", "CgroupSetup", "RunCgroup", "Usage", "detect", "parse_f
 
 CGROUP_FS = "/sys/fs/cgroup"
 # Not cpuacct: every hierarchy a run joins costs its launcher a cgroup migration (an RCU grace
-# period, 1 ms or more) on the path of every run, and the launcher, a subreaper that reaps all the
+# period) on the path of every run, and the launcher, a subreaper that reaps all the
 # run's processes, has their CPU time in its own rusage (launcher.py).
 V1_CONTROLLERS = ("memory", "pids")
 KILL_ROUNDS = 200  # kill-and-look rounds (each catches what forked meanwhile; the pids limit bounds it)

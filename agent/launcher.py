@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
 
 def _persist_after_exit(paths: list[str]) -> None:
     """fsync ``paths`` in a child process, so that this launcher can exit (which wakes the agent)
-    without waiting for the disk: two fsyncs on every run's path cost 8-14 ms on a loaded host.
+    without waiting for the disk: two fsyncs would otherwise be on every run's path.
     After a power loss the files are whole or missing, never torn (renamed into place), and a
     missing one reads as a run killed with its node (RunStore). Without a fork, synced here."""
     try:
@@ -288,8 +288,8 @@ def _end_cgroup(run: RunCgroup | None, run_dir: str, limit: int) -> tuple[Usage,
     """Once the job ended: kill what is left in its cgroup and record what the run used; returns
     the usage and how many processes were killed. The launcher stays in the cgroup until it exits,
     and the agent removes the cgroup as it forgets the run (RunStore.cleanup): moving a process
-    between cgroups waits for the kernel's RCU grace period (v1: 1 ms a hierarchy, more on a
-    busy host), which the run's end, and so its node's next run, would wait for."""
+    between cgroups waits for the kernel's RCU grace period (v1: one per hierarchy), which the
+    run's end, and so its node's next run, would wait for."""
     if run is None:
         return None
     killed = run.kill_all(spare=os.getpid())
@@ -437,8 +437,7 @@ def _spawn(spec: LaunchSpec, log: int) -> subprocess.Popen:
     """Start the job in a session of its own, in its workdir, as its user.
 
     No ``preexec_fn``: Python runs one in the forked child only after a full fork (no vfork) and
-    its own after-fork work, which made starting ``true`` cost 2-4 ms, and 13 ms on a loaded
-    bench, the largest part of a trivial job's cycle. The workdir must still be entered as the
+    its own after-fork work, the largest part of a trivial job's cycle. The workdir must still be entered as the
     job's user (so that a job never starts in a directory its user may not enter), while Popen's
     ``cwd`` is entered before the uid switch: so the launcher enters it itself, as that user
     (:func:`_enter_as`), and the job inherits it. Without a switch, ``cwd`` does the same."""

@@ -4,7 +4,8 @@ launcher`` by :func:`make_launcher`.
 
 * ``"fork"`` (:class:`ZygoteLauncher`): forked from a pre-imported zygote (zygote.py), about a
   millisecond; a zygote that fails or does not answer costs that one run an exec'd launcher.
-* ``"exec"`` (:class:`ExecLauncher`): each launcher a fresh interpreter, 50-100 ms of CPU.
+* ``"exec"`` (:class:`ExecLauncher`): each launcher a fresh interpreter (its start and imports
+  on every run).
 
 Either way the launcher gets the agent's own environment, never the job's (see launcher.py), and a
 session of its own; what it runs is in the run directory, written before it starts (runs.py).

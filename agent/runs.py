@@ -473,8 +473,8 @@ class RunStore:
     def cleanup(self, key: str) -> None:
         """Forget a run: its run and control directories move to ``trash/`` (a rename each, so
         a snapshot sees the run whole or not at all), which :meth:`empty_trash` deletes later, off
-        the agent's event loop: deleting them takes 5-8 ms per run, which the next run's exit and
-        events would wait for."""
+        the agent's event loop: deleting them there would make the next run's exit and events
+        wait."""
         self.launcher.forget(key)
         self._forget_cgroup(key)
         try:

@@ -1,8 +1,8 @@
 """Run-directory files that need not survive a power loss: written atomically, never fsynced.
 
-An fsync costs milliseconds on a busy or virtual disk (1-7 ms, median, on the 3-node bench), and a
-run writes seven files (assignment, launch spec, launcher pid, job pid, exit status, two ``.sent``
-markers), all on its path through the agent's event loop and its launcher. What each fsync buys:
+An fsync costs milliseconds on a busy or virtual disk (docs/performance.md), and a run writes
+seven files (assignment, launch spec, launcher pid, job pid, exit status, two ``.sent`` markers),
+all on its path through the agent's event loop and its launcher. What each fsync buys:
 
 * A crash of the agent process loses nothing either way: written data is in the page cache.
 * After a power loss (or a kernel crash) every run of the node is dead, so a file whose only

@@ -1,7 +1,7 @@
 """Launchers forked from one pre-imported process: ``python -m hfai.agent.zygote``.
 
-Exec'ing a fresh interpreter for every run's launcher cost 50-100 ms of CPU (interpreter start and
-imports), which capped a node at a few runs per second. The agent instead starts this *zygote*
+Exec'ing a fresh interpreter for every run's launcher (interpreter start and imports) would cap a
+node at a few runs per second. The agent instead starts this *zygote*
 once: it imports the launcher and waits on its stdin for run directories, one per line. For each
 it hands the directory to a child forked ahead (see :func:`serve`) that becomes a launcher exactly
 as ``python -m hfai.agent.launcher RUN_DIR`` would be — a session of its own, stdin/stdout/stderr
@@ -104,9 +104,9 @@ def serve(requests, replies) -> int:
 
     A *spare* launcher is forked ahead of each request and has settled (it leads a session of its
     own, its stdio on /dev/null) before it is handed out: a request only passes the run directory
-    to it and answers its pid. Forking on request and waiting for the child to settle put two more
-    process switches (a fork, the child's setsid) on every run's path, 4-9 ms on a loaded host;
-    the next spare is forked after the answer, while the run goes on."""
+    to it and answers its pid. Forking on request and waiting for the child to settle would put two
+    more process switches (a fork, the child's setsid) on every run's path; the next spare is
+    forked after the answer, while the run goes on."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the launchers: no zombies
     spare = _fork_spare()
     for line in requests:

@@ -32,7 +32,7 @@ MIN_WHY = 20
 
 class Column(NamedTuple):
     """One column ``hfai ps -o`` may show: its header, what it means, and its cell (pure). A named
-    tuple: the listing makes all of them at import, and a dataclass costs every call 1-3 ms."""
+    tuple: the listing makes all of them at import, where each dataclass would cost every call."""
 
     header: str
     help: str

@@ -1,6 +1,6 @@
 """`hfai nodes` reply pages, each node's heartbeat record encoded once.
 
-A node's record (8 GPUs: ~1.4 KB, ~50 us to encode) changes only with its heartbeat, while its
+A node's record (a kilobyte and more, costly to encode) changes only with its heartbeat, while its
 state, age and jobs change with time: the record's bytes are kept while it is the node's current
 record and spliced into each page (codec.pack), and only a page's own nodes are looked at.
 """

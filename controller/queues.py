@@ -1,8 +1,8 @@
 """The live jobs as the policy reads them, kept between scheduling rounds.
 
 A round must not cost O((W + R) log(W + R)) for W waiting and R running jobs, as rebuilding and
-sorting every job would (~35 ms at 6,000 jobs; an overloaded trace's replay, whose queue grows to
-tens of thousands, would crawl). So :class:`JobIndex` is updated per changed job
+sorting every job would (an overloaded trace's replay, whose queue grows to tens of thousands,
+would crawl). So :class:`JobIndex` is updated per changed job
 (:meth:`JobIndex.put`, :meth:`JobIndex.discard`) and keeps, per node group:
 
 * waiting jobs per *effective* priority level (a waiting job's level cannot change while it

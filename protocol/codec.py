@@ -187,8 +187,8 @@ def decode(data: bytes | bytearray | memoryview | None, expect: type | tuple[typ
 # ------------------------------------------------------------------------------------ internals
 
 # Encoders and decoders are built once per type (the first message of a kind pays for reading its
-# type hints); walking the type hints of every field of every message instead costs ~1.2 ms per
-# node record, which a 1,000-node `hfai nodes` pays on every call (figures: docs/performance.md).
+# type hints); walking the type hints of every field of every message instead would cost each
+# node record as much again, which a 1,000-node `hfai nodes` pays on every call.
 
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 _ENCODERS: dict[type, Any] = {}
@@ -228,8 +228,8 @@ def _encoder(tp: type) -> Any:
 def _hints(cls: type) -> dict[str, Any]:
     """The type of each of ``cls``'s fields, as ``typing.get_type_hints`` finds them. The usual
     annotations (a name, ``X | None``, ``tuple[X, ...]``, the scalars and their tuples and maps)
-    are looked up rather than compiled and evaluated one by one as get_type_hints does: 0.2 ms
-    instead of 1 for the five classes of an `hfai status` reply. Anything else: get_type_hints."""
+    are looked up rather than compiled and evaluated one by one as get_type_hints does, a fifth
+    of its cost. Anything else: get_type_hints."""
     import sys
 
     # Messages defined outside protocol/types.py (protocol/storage.py) name their own module's types.
@@ -362,8 +362,8 @@ def _dataclass_decoder(cls: type) -> _Decoder:
     # decoder would return, so it is taken without the call and without spelling its path (most
     # fields of a heartbeat are plain numbers and strings: ~100 per 8-GPU node).
     fields: list[tuple[str, _Decoder, Callable[[], Any] | None, type | None]] = []
-    # A frozen dataclass's __init__ sets each field through object.__setattr__ (~2 us for a
-    # GpuStat); a message without __post_init__ is filled in directly instead, as evolve() does,
+    # A frozen dataclass's __init__ sets each field through object.__setattr__ (slow for a
+    # message of many fields); a message without __post_init__ is filled in directly instead, as evolve() does,
     # and a class still pending (hfai.protocol._lazy) stays so: its fields are read without making
     # it, and a reply a command only prints never makes its dataclass methods.
     direct = not hasattr(cls, "__post_init__")

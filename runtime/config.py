@@ -119,7 +119,7 @@ class ControllerConfig:
     # Working out why every waiting job waits costs O(queue): rounds between do only what changes
     # something (controller/plan.py), and one round this often also explains (and when a job waits
     # with no reason yet, but not more often than explain_new_interval_s: under a steady stream
-    # of submissions every round would otherwise explain, 18 ms a round at 5,000 waiting).
+    # of submissions every round would otherwise explain).
     explain_interval_s: float = 2.0
     explain_new_interval_s: float = 0.25
     # Prometheus /metrics on this port (0: off; -1: any free port, written to the log and, if set, to
@@ -201,7 +201,7 @@ class AgentConfig:
     metrics_port: int = 0
     metrics_host: str = "0.0.0.0"
     # How runs' launchers start: "fork" (from one pre-imported process, about a millisecond) or
-    # "exec" (a fresh interpreter per run, 50-100 ms of CPU); see agent/zygote.py. A fork that
+    # "exec" (a fresh interpreter per run, its start and imports each time); see agent/zygote.py. A fork that
     # fails or gets no answer within launcher_reply_timeout_s falls back to exec.
     launcher: str = "fork"
     launcher_reply_timeout_s: float = 5.0

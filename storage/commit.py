@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 #: The assembled tree's name beside the workspace (workspace names never start with '.').
 NEXT_PREFIX = ".hfai-next-"
 #: A used side tree, renamed out of the way to be removed after the commit's reply (unlinking a
-#: 10,000-file tree took 80 ms of a one-edit push here): ``.hfai-gone-<name>.<id>``.
+#: large tree would be most of a one-edit push): ``.hfai-gone-<name>.<id>``.
 GONE_PREFIX = ".hfai-gone-"
 #: Temporary names inside a workspace while a file is renamed into place (a killed commit's are
 #: removed by :func:`clean_temporaries`).

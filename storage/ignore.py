@@ -15,7 +15,7 @@ class Ignore:
     def __init__(self, lines: list[str]):
         self._spec: Any = None
         if any(line.strip() and not line.lstrip().startswith("#") for line in lines):
-            import pathspec  # 20-30 ms of every push: only for a workspace with its own rules
+            import pathspec  # a costly import on every push: only for a workspace with its own rules
 
             self._spec = pathspec.GitIgnoreSpec.from_lines([*ALWAYS_IGNORED, *lines])
 

@@ -233,8 +233,8 @@ class StorageService:
             raise InvalidRequest(f"unknown storage verb {verb[:64]!r}")
         kind, handler = self._handlers[verb]
         if verb == s.VERB_WS_COMMIT:
-            # Its manifest is recorded as the request carried it: packing it again took 50 ms
-            # of a one-edit push of 10,000 files.
+            # Its manifest is recorded as the request carried it: packing it again would be a
+            # large part of a one-edit push.
             req: s.CommitRequest = decode(data, s.CommitRequest)
             if not req.upload:
                 return await self.ws_commit(user, operator, req, packed_field(data, "manifest"))

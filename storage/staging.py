@@ -108,8 +108,8 @@ def _write(directory: Path, chunks: tuple[ChunkData, ...]) -> tuple[str, list[tu
 
 
 def remove_packs(paths: list[str]) -> None:
-    """Unlink packs (blocking: freeing a pack's pages took 5 ms per 4 MiB here, so the service
-    does it in a thread after its reply)."""
+    """Unlink packs (blocking: freeing a pack's pages takes time in proportion to its size, so the
+    service does it in a thread after its reply)."""
     for p in paths:
         Path(p).unlink(missing_ok=True)
         if is_part(p):

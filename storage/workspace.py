@@ -135,8 +135,8 @@ class Workspaces:
         with tree:
             for path in paths:
                 try:
-                    # Relative to the workspace's descriptors, strings: Path's parsing was 50 µs
-                    # a file, and resolving the whole absolute path again about half the rest.
+                    # Relative to the workspace's descriptors, strings: Path's parsing, and
+                    # resolving the whole absolute path again, would cost more than the lstat.
                     # Never through a symlink a job made of a directory: that file is not there.
                     st = tree.lstat(path)
                 except OSError:

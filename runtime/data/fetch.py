@@ -4,7 +4,7 @@ A batch is planned as :class:`Span` lists (one sample: where it lies in the file
 in the batch buffer, which CRC it must have) and then filled by one of:
 
 - :func:`copy_mapped`: copy from the file's memory map on the calling thread. Fastest when the
-  pages are cached (about 1 µs per 4 KiB sample), but every uncached page would block it.
+  pages are cached, but every uncached page would block it.
   :func:`gather_rows` does the same for fixed-size samples with one numpy gather.
 - :class:`ThreadedReads`: positioned reads (``os.preadv``, which releases the GIL) on a pool of
   threads, so many reads are in flight at once: the fast path for a cold cache. Each thread

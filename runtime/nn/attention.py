@@ -313,10 +313,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     def _torch_fast_path_likely(self, query: Tensor, key: Tensor, value: Tensor) -> bool:
         """The main conditions of torch's fused inference path (``_native_multi_head_attention``).
 
-        Measured on CPU it beats hfai's route when the weights are requested (torch 393 ms vs
-        480 ms at batch 16, seq 256, E 512), not when they are not (315 vs 248), so only the
-        former is handed to torch. Should torch decline for a reason not checked here, its regular
-        path runs: same results, as always on fallback.
+        Measured on CPU it beats hfai's route when the weights are requested, not when they are
+        not (docs/performance.md), so only the former is handed to torch. Should torch decline for
+        a reason not checked here, its regular path runs: same results, as always on fallback.
         """
         if self.training or not self.batch_first or not (query is key and key is value):
             return False
