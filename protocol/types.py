@@ -834,6 +834,9 @@ class ErrorReply:
     KIND: ClassVar[str]
     code: str
     message: str
+    # Which case of ``code`` this is, for a receiver that acts on it (an ``ErrorSub`` value of
+    # hfai.protocol.errors; "" for none): ``message`` is for people and may be reworded.
+    sub: str = ""
 
     MESSAGE_LIMIT: ClassVar[int] = 2000
 

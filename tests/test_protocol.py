@@ -27,10 +27,10 @@ SPEC = JobSpec(name="mnist", entrypoint=("python", "train.py"), workdir="/home/a
 
 def test_golden_bytes_of_a_small_message():
     # Pinned: changing the encoding of an existing message breaks deployed agents and controllers.
-    # {"k": "stop_request", "v": [1, 9], "b": {"job": "abc"}}: only the minor version moved
-    # (1.2 to 1.9 added fields with defaults and new messages; a 1.1 peer still decodes this).
+    # {"k": "stop_request", "v": [1, 10], "b": {"job": "abc"}}: only the minor version moved
+    # (1.2 to 1.10 added fields with defaults and new messages; a 1.1 peer still decodes this).
     assert encode(StopRequest(job="abc")).hex() == (
-        "83" "a16b" "ac73746f705f72657175657374" "a176" "920109" "a162" "81" "a36a6f62" "a3616263"
+        "83" "a16b" "ac73746f705f72657175657374" "a176" "92010a" "a162" "81" "a36a6f62" "a3616263"
     )
 
 
@@ -76,7 +76,7 @@ def test_bad_input_raises_one_typed_error(data, text):
 
 
 def test_newer_minor_version_with_unknown_field_is_accepted():
-    data = msgpack.packb({"k": "stop_request", "v": [1, 9], "b": {"job": "a", "reason": "new field"}})
+    data = msgpack.packb({"k": "stop_request", "v": [1, 10], "b": {"job": "a", "reason": "new field"}})
     assert decode(data) == StopRequest(job="a")
 
 
@@ -119,3 +119,21 @@ def test_a_1_0_peer_still_decodes_and_is_decoded():
     # 1.0 decoder of a peer ignores them (unknown fields of a newer minor are skipped).
     old = msgpack.packb({"k": "list_request", "v": [1, 0], "b": {"all_users": True, "include_finished": False}})
     assert decode(old, ListRequest) == ListRequest(include_finished=False)
+
+
+def test_an_error_reply_carries_its_sub_code_and_one_without_it_still_decodes():
+    from hfai.protocol.errors import ErrorSub, Unavailable, error_of
+    from hfai.protocol.types import ErrorReply
+
+    sent = ErrorReply(code="unavailable", message="nobody home", sub=ErrorSub.NO_RESPONDERS.value)
+    assert decode(encode(sent), ErrorReply) == sent
+    # A 1.9 peer's reply has no "sub": it reads as no case at all, and so does a case this side
+    # does not know yet (a newer peer's).
+    old = msgpack.packb({"k": "error_reply", "v": [1, 9], "b": {"code": "unavailable", "message": "m"}})
+    assert decode(old, ErrorReply).sub == ""
+    newer = msgpack.packb({"k": "error_reply", "v": [1, 11], "b": {"code": "forbidden", "message": "m",
+                                                                   "sub": "some_future_case"}})
+    e = error_of(**{k: getattr(decode(newer, ErrorReply), k) for k in ("code", "message", "sub")})
+    assert e.sub is ErrorSub.NONE and type(e).__name__ == "Forbidden"
+    raised = error_of(sent.code, sent.message, sent.sub)
+    assert isinstance(raised, Unavailable) and raised.sub is ErrorSub.NO_RESPONDERS and str(raised) == "nobody home"
