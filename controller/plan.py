@@ -336,84 +336,104 @@ class Planner:
     # -- one round
 
     def plan(self, nodes: Sequence[PlanNode], settings: PlanSettings, now: float) -> list[JobAction]:
-        """The actions of one round at time ``now`` (see the module docstring). Deterministic
-        for the same records, nodes, settings, time and explanation memory."""
+        """The actions of one round at time ``now`` (see the module docstring), phase by phase in
+        the docstring's order. Deterministic for the same records, nodes, settings, time and
+        explanation memory."""
         index = self._index(settings.policy)
         self._rebase(index, settings, now)
-        actions: list[JobAction] = []
-        # Records as they will be after the node losses and restrictions, for the policy's eyes;
-        # the index is put back as it was before returning.
-        overlay: dict[str, JobRecord] = {}
         views, address, troubled = self._node_views(nodes)
-        if settings.term:
-            for job_id, node in self._superseded_claims(settings.term):
-                lose = LoseNode(job_id, node)
-                after = lose.apply(overlay.get(job_id, self.records[job_id]), now)
-                if after is not None:
-                    actions.append(lose)
-                    overlay[job_id] = after
+        rnd = _Round(self.records, settings, now)
+        self._lose_superseded(rnd)
+        self._lose_troubled(rnd, troubled, index)
+        self._restrict(rnd)
+        self._stop_timed_out(rnd)
+        self._hold_gated(rnd)
+        decisions = self._decide(rnd, index, views)
+        for decision in self._avoid(decisions, views, index.holder):
+            if isinstance(decision, Start):
+                self._start(rnd, decision, address)
+            elif isinstance(decision, Suspend):  # a Resize too: it is interrupted alike
+                rnd.actions.append(Interrupt(decision.job_id, decision))
+            elif isinstance(decision, Wait):
+                self._note_wait(rnd, decision)
+        if settings.policy.explain_waits:
+            self._fresh.clear()
+        return rnd.actions
+
+    def _lose_superseded(self, rnd: _Round) -> None:
+        """Step 1, under a term: an older term's record loses the nodes this term's records hold."""
+        if not rnd.settings.term:
+            return
+        for job_id, node in self._superseded_claims(rnd.settings.term):
+            lose = LoseNode(job_id, node)
+            rnd.take(lose, lose.apply(rnd.current(job_id), rnd.now))
+
+    def _lose_troubled(self, rnd: _Round, troubled: Sequence[PlanNode], index: JobIndex) -> None:
+        """Step 1: the job on a node that is down loses it; the job on a faulty node that is alive
+        is interrupted, and its next start avoids that node."""
         for n in troubled:
-            held_by = index.holder.get(n.name)
-            if held_by is None:
+            job_id = index.holder.get(n.name)
+            if job_id is None:
                 continue
-            job_id = held_by
-            job = overlay.get(job_id, self.records[job_id])
+            job = rnd.current(job_id)
             if n.alive:
                 fault = {"fault": n.fault} if n.fault else {}
                 d = Suspend(job_id, reason(ReasonCode.GPU_ERROR, node=n.name, **fault), for_job="")
                 interrupt = Interrupt(job_id, d, avoid=n.name)
-                after = interrupt.apply(job, now)
-                if after is not None:
-                    actions.append(interrupt)
-                    overlay[job_id] = after
+                rnd.take(interrupt, interrupt.apply(job, rnd.now))
+            else:
+                rnd.take(LoseNode(job_id, n.name), transitions.apply_node_lost(job, n.name, rnd.now))
+
+    def _restrict(self, rnd: _Round) -> None:
+        """Step 2: a restricted user's running jobs are interrupted, their waiting ones kept from
+        the policy, saying why."""
+        restricted = rnd.settings.restricted
+        if not restricted:
+            return
+        for job_id, job in self.records.items():
+            why = restricted.get(job.spec.user)
+            if why is None:
                 continue
-            after = transitions.apply_node_lost(job, n.name, now)
-            if after is not None:
-                actions.append(LoseNode(job_id, n.name))
-                overlay[job_id] = after
-        hidden: list[str] = []
-        if settings.restricted:
-            for job_id, job in self.records.items():
-                why = settings.restricted.get(job.spec.user)
-                if why is None:
-                    continue
-                job = overlay.get(job_id, job)
-                if job.state.waiting:
-                    hidden.append(job_id)
-                    self._explain(actions, job, reason(ReasonCode.RESTRICTED, why=why), now, settings)
-                else:
-                    d = Suspend(job_id, reason(ReasonCode.RESTRICTED_INTERRUPT, user=job.spec.user, why=why),
-                                for_job="")
-                    after = transitions.apply_suspend(job, d, now)
-                    if after is not None:
-                        actions.append(Interrupt(job_id, d))
-                        overlay[job_id] = after
+            job = rnd.overlay.get(job_id, job)
+            if job.state.waiting:
+                rnd.hidden.append(job_id)
+                self._explain(rnd.actions, job, reason(ReasonCode.RESTRICTED, why=why), rnd.now, rnd.settings)
+            else:
+                d = Suspend(job_id, reason(ReasonCode.RESTRICTED_INTERRUPT, user=job.spec.user, why=why),
+                            for_job="")
+                rnd.take(Interrupt(job_id, d), transitions.apply_suspend(job, d, rnd.now))
+
+    def _stop_timed_out(self, rnd: _Round) -> None:
+        """Step 3: jobs past their time limit (as the leader measures their run) are stopped."""
+        now = rnd.now
         for job_id in sorted(self._timed):
-            job = overlay.get(job_id, self.records[job_id])
-            this_run = settings.ran.get(job_id)
+            job = rnd.current(job_id)
+            this_run = rnd.settings.ran.get(job_id)
             if transitions.time_limit_reached(job, now, this_run):
                 ran = transitions.run_time(job, now, this_run)
                 out_of_time = reason(ReasonCode.TIME_LIMIT, ran=_hms(ran), limit=_hms(job.spec.time_limit_s))
-                after = transitions.apply_platform_stop(job, now, out_of_time)
-                if after is not None:
-                    actions.append(StopRun(job_id, out_of_time))
-                    overlay[job_id] = after
+                rnd.take(StopRun(job_id, out_of_time), transitions.apply_platform_stop(job, now, out_of_time))
+
+    def _hold_gated(self, rnd: _Round) -> None:
+        """Step 3: waiting jobs that may not start yet (held, backing off, waiting on others, or
+        beyond their array's limit) are kept from the policy, saying why; a job whose dependency
+        can never be met is stopped."""
         arrays: dict[str, list[JobRecord]] = {}  # waiting members that passed the other gates
         for job_id in sorted(self._gated):
-            job = overlay.get(job_id, self.records[job_id])
-            if not job.state.waiting or job_id in hidden:
+            job = rnd.current(job_id)
+            if not job.state.waiting or job_id in rnd.hidden:
                 continue
-            gate = self._gate(job, settings, now)
+            gate = self._gate(job, rnd.settings, rnd.now)
             if gate is None:
                 if job.spec.array_limit:
                     arrays.setdefault(job.spec.array_id, []).append(job)
                 continue
             stop, gated = gate
-            hidden.append(job_id)  # waits, or is stopped: not for the policy either way
+            rnd.hidden.append(job_id)  # waits, or is stopped: not for the policy either way
             if stop:
-                actions.append(StopRun(job_id, gated))
+                rnd.actions.append(StopRun(job_id, gated))
             else:
-                self._explain(actions, job, gated, now, settings)
+                self._explain(rnd.actions, job, gated, rnd.now, rnd.settings)
         for array_id, members in arrays.items():
             # Only as many as the array may still start, in index order, go to the policy.
             limit = members[0].spec.array_limit
@@ -422,43 +442,44 @@ class Planner:
             members.sort(key=lambda j: (j.spec.array_index, j.id))
             full = reason(ReasonCode.ARRAY_LIMIT, array=array_id, limit=limit, running=running, ahead=room)
             for job in members[room:]:
-                hidden.append(job.id)
-                self._explain(actions, job, full, now, settings)
-        for after in overlay.values():
+                rnd.hidden.append(job.id)
+                self._explain(rnd.actions, job, full, rnd.now, rnd.settings)
+
+    def _decide(self, rnd: _Round, index: JobIndex, views: Sequence[NodeView]) -> Sequence[Decision]:
+        """Step 4: the policy's decisions on the records as steps 1 to 3 leave them. The index
+        shows the policy those records (and not the hidden jobs) and is put back as it was."""
+        settings, now = rnd.settings, rnd.now
+        for after in rnd.overlay.values():
             index.put(self._rebased(job_view(after), settings, now))
-        for job_id in hidden:
+        for job_id in rnd.hidden:
             index.discard(job_id)
         try:
-            decisions = self.policy.decide(index, views, now, settings.policy)
+            return self.policy.decide(index, views, now, settings.policy)
         finally:
-            for job_id in (*overlay, *hidden):
+            for job_id in (*rnd.overlay, *rnd.hidden):
                 index.put(self._views[job_id])
-        picked: dict[str, set[int]] = {}  # master ports given this round, per address
-        unacked: dict[str, Reason | None] = {}  # group -> who holds up its released nodes (_unacked)
-        decisions = self._avoid(decisions, views, index.holder)
-        for decision in decisions:
-            if isinstance(decision, Start):
-                addr = address.get(decision.nodes[0], "")
-                used = picked.setdefault(addr, set())
-                record = self.records[decision.job_id]
-                port = pick_master_port(decision.job_id, record.run_id + 1, _InUse(self._ports.get(addr, {}), used),
-                                        settings.master_port_base, settings.master_port_span)
-                used.add(port)
-                actions.append(StartRun(decision.job_id, decision.nodes, addr, port, decision.reason))
-            elif isinstance(decision, Suspend):
-                actions.append(Interrupt(decision.job_id, decision))
-            elif isinstance(decision, Wait):
-                job = overlay.get(decision.job_id) or self.records[decision.job_id]
-                waits = decision.why
-                if waits.code in _RELEASE_WAITS:
-                    group = job.spec.group
-                    if group not in unacked:
-                        unacked[group] = self._unacked(group, now, settings)
-                    waits = unacked[group] or waits
-                self._explain(actions, job, waits, now, settings)
-        if settings.policy.explain_waits:
-            self._fresh.clear()
-        return actions
+
+    def _start(self, rnd: _Round, decision: Start, address: Mapping[str, str]) -> None:
+        """A start with its master address (its first node's) and a port free there."""
+        addr = address.get(decision.nodes[0], "")
+        used = rnd.picked.setdefault(addr, set())
+        record = self.records[decision.job_id]
+        port = pick_master_port(decision.job_id, record.run_id + 1, _InUse(self._ports.get(addr, {}), used),
+                                rnd.settings.master_port_base, rnd.settings.master_port_span)
+        used.add(port)
+        rnd.actions.append(StartRun(decision.job_id, decision.nodes, addr, port, decision.reason))
+
+    def _note_wait(self, rnd: _Round, decision: Wait) -> None:
+        """The policy's wait reason, when due; a job counting on nodes being released is told
+        which job holds them up if one has not acknowledged its interrupt."""
+        job = rnd.overlay.get(decision.job_id) or self.records[decision.job_id]
+        waits = decision.why
+        if waits.code in _RELEASE_WAITS:
+            group = job.spec.group
+            if group not in rnd.unacked:
+                rnd.unacked[group] = self._unacked(group, rnd.now, rnd.settings)
+            waits = rnd.unacked[group] or waits
+        self._explain(rnd.actions, job, waits, rnd.now, rnd.settings)
 
     def quiet_until(self, settings: PlanSettings, now: float) -> float:
         """The earliest time after ``now`` at which a round on the same records and nodes could
@@ -620,6 +641,32 @@ class Planner:
             ports[r.master_port] = n
         else:
             ports.pop(r.master_port, None)
+
+
+class _Round:
+    """One round's working state: the actions so far, the records as those actions leave them
+    (``overlay``, what the policy sees), the waiting jobs kept from the policy, and what the
+    decisions' phase has given out (master ports per address) or looked up (unacked groups)."""
+
+    __slots__ = ("actions", "hidden", "now", "overlay", "picked", "records", "settings", "unacked")
+
+    def __init__(self, records: Mapping[str, JobRecord], settings: PlanSettings, now: float):
+        self.records, self.settings, self.now = records, settings, now
+        self.actions: list[JobAction] = []
+        self.overlay: dict[str, JobRecord] = {}
+        self.hidden: list[str] = []
+        self.picked: dict[str, set[int]] = {}  # master ports given this round, per address
+        self.unacked: dict[str, Reason | None] = {}  # group -> who holds up its released nodes
+
+    def current(self, job_id: str) -> JobRecord:
+        """The job's record as this round's actions so far leave it."""
+        return self.overlay.get(job_id, self.records[job_id])
+
+    def take(self, action: JobAction, after: JobRecord | None) -> None:
+        """Keep ``action`` if it changes the record (``after``: what it makes of it)."""
+        if after is not None:
+            self.actions.append(action)
+            self.overlay[action.job_id] = after
 
 
 class _InUse:
