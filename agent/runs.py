@@ -181,8 +181,8 @@ class RunStore:
         acked = safefs.lstat_mtime(control, ACK_FILE) is not None
         return LocalRun(
             key=d.name, assignment=ra, phase=phase, exit_code=exit_code,
-            # The agent's own stamps (stamps.py): a flag without one is an older agent's, or a
-            # full disk's (raise_suspend), and its time is converted once.
+            # The agent's own stamps (stamps.py): a flag without one is a full disk's
+            # (raise_suspend), and its time is converted once.
             suspend_ts=stamps.read(d / SUSPEND_STAMP, self.clock, safefs.lstat_mtime(control, SUSPEND_FILE)),
             acked=acked,
             ack_ts=self._ack_seen(d, control) if acked else None,

@@ -4,15 +4,15 @@ acknowledgement), as files of the run's directory that the interrupt windows are
 A stamp is one line, ``"<wall> <boottime>"``: the wall time for people, the boot clock
 (:meth:`hfai._clock.Clock.boottime`) for deadlines. The boot clock is the same in every process of
 a boot and is never stepped, so an agent restarted mid-window, or a wall clock stepped by NTP or by
-hand, neither stretches nor cuts a window (issue 38 §3: a clock stepped back 300 s kept a job that
-never acknowledged from its SIGTERM for over a minute against a 10 s window; stepped forward, a
-checkpoint was cut off).
+hand, neither stretches nor cuts a window (a clock stepped back by minutes would keep a job that
+never acknowledges alive long past its SIGTERM's window; stepped forward, it would cut a
+checkpoint off).
 
 Stamps live in ``runs/<key>/``, the agent's alone: nothing a job can write (its control directory,
-the times of its files) moves a deadline. A run directory an older agent wrote holds wall times
-only (``term`` with one number; the suspend flag's own mtime): :func:`read` turns such a time into
-the boot clock at the offset the two clocks have now, never later than now, and writes the result
-down, so it is converted once and a later step of the wall clock no longer moves it.
+the times of its files) moves a deadline. Where a stamp could not be written (a full disk) only a
+wall time is there, the suspend flag's own mtime: :func:`read` turns it into the boot clock at the
+offset the two clocks have now, never later than now, and writes the result down, so it is
+converted once and a later step of the wall clock does not move it.
 """
 
 from __future__ import annotations
@@ -42,16 +42,15 @@ def _text(wall: float, boot: float) -> str:
 
 
 def parse(text: str | None) -> tuple[float | None, float | None]:
-    """(wall, boottime) of a stamp's text; None for what it does not hold (a wall-only stamp of an
-    older agent has no boot time; unreadable text holds neither)."""
+    """(wall, boottime) of a stamp's text; (None, None) for text that is not a stamp."""
     parts = (text or "").split()
     try:
         values = [float(p) for p in parts[:2]]
     except ValueError:
         return None, None
-    if not values or not all(math.isfinite(v) for v in values):
+    if len(values) < 2 or not all(math.isfinite(v) for v in values):
         return None, None
-    return values[0], values[1] if len(values) > 1 else None
+    return values[0], values[1]
 
 
 def from_wall(wall: float, clock: Clock) -> float:
@@ -61,15 +60,15 @@ def from_wall(wall: float, clock: Clock) -> float:
     return min(now, now - (clock.time() - wall))
 
 
-def read(path: Path, clock: Clock, legacy_wall: float | None = None) -> float | None:
-    """The boot time stamped in ``path``, never later than now. A wall-only stamp, or none but
-    ``legacy_wall`` (a time an older agent left elsewhere), is converted by :func:`from_wall` and
-    written back to ``path`` in the new form (best effort: on a full disk it is converted again
-    next time). None: nothing was stamped."""
-    wall, boot = parse(_read_text(path))
+def read(path: Path, clock: Clock, fallback_wall: float | None = None) -> float | None:
+    """The boot time stamped in ``path``, never later than now. Without a stamp, ``fallback_wall``
+    (the wall time of what the stamp would have dated, when the stamp could not be written) is
+    converted by :func:`from_wall` and written to ``path`` (best effort: on a full disk it is
+    converted again next time). None: nothing was stamped."""
+    _wall, boot = parse(_read_text(path))
     if boot is not None:
         return min(boot, clock.boottime())
-    wall = wall if wall is not None else legacy_wall
+    wall = fallback_wall
     if wall is None:
         return None
     boot = from_wall(wall, clock)

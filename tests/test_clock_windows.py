@@ -193,22 +193,6 @@ async def test_the_agent_keeps_its_stamps_in_the_run_directory(tmp_path):
         assert wall is not None and abs(wall - r.clock.time()) <= TICK_S
 
 
-async def test_an_older_agents_wall_stamps_are_converted_once(tmp_path):
-    """A run directory an older agent wrote: ``term`` holds one wall time. It is read at the
-    offset the clocks have when first loaded and written down on the boot clock, so a wall clock
-    stepped forward afterwards does not bring the SIGKILL early; the kill window does."""
-    async with _Running(tmp_path) as r:
-        r.agent.store.signal(KEY, signal.SIGTERM)
-        (r.run_dir / "term").write_text(f"{r.clock.time() - 5.0}\n")  # as an older agent wrote it
-        assert r.agent.store.snapshot()[KEY].term_ts == r.clock.boottime() - 5.0
-        termed = r.boot_stamp("term")
-        r.clock.wall_offset += 120.0
-        await r.advance_to(termed + KILL_WINDOW_S - TICK_S)
-        assert r.agent.store.snapshot()[KEY].phase is RunPhase.ALIVE, "SIGKILL before the kill window was over"
-        await r.clock.advance(2 * TICK_S)
-        await _real_wait(lambda: r.agent.store.snapshot()[KEY].phase is RunPhase.EXITED, "the SIGKILL")
-
-
 async def test_a_stepped_wall_clock_does_not_make_a_live_launcher_look_gone(tmp_path):
     """psutil's creation time of a process is the boot time plus its start in ticks, and Linux
     reports the boot time as the wall clock less the time since boot: a clock stepped back 300 s
