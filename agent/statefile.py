@@ -65,7 +65,7 @@ def touch(path: str | os.PathLike) -> None:
 # must be able to write whatever the disk holds (the job's pid, its exit status, the fence and
 # SIGTERM markers) get a reserve when the run starts: ``<name>.reserve``, RESERVE_BYTES of blanks
 # already on the disk. A write that meets a full disk overwrites the reserve's bytes in place (no
-# new block) and renames it over ``<name>``: atomic as before, and the readers, which strip
+# new block) and renames it over ``<name>``: atomic all the same, and the readers, which strip
 # whitespace, read the same value.
 
 RESERVE_SUFFIX = ".reserve"

@@ -16,7 +16,7 @@ stdin or dies, leaving its launchers running for the next agent to adopt.
 
 The agent's side is :class:`Zygote`: a blocking request with a bounded wait (the agent starts runs
 synchronously, so a snapshot never sees a run directory without its launcher's pid). Any fault of
-the zygote raises :class:`ZygoteError`; the caller then execs a launcher the old way.
+the zygote raises :class:`ZygoteError`; the caller then execs a fresh launcher instead.
 """
 
 from __future__ import annotations

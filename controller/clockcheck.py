@@ -3,7 +3,7 @@ by a small pure state machine.
 
 Job records carry wall stamps (``submit_ts``, ``ended_ts``) that the leader compares with its own
 clock to forget finished jobs after ``finished_retention_s``. A leader whose clock ran 31 days
-ahead purged the record of a job that had just finished (issue 38 §4). Hosts' clocks cannot be
+ahead would purge the record of a job that had just finished. Hosts' clocks cannot be
 assumed right, but the NATS server stamps every message it stores, and every replica reaches it:
 so every ``clock_check_s`` a replica writes a value to the ``hfai_health`` bucket, reads back the
 server's stamp of that very write (the ``Nats-Time-Stamp`` of the stored message), and takes

@@ -2,8 +2,8 @@
 
 A time limit (``--time``) and the run time a job carries into its next run (``JobRecord.run_s``)
 must not be differences of wall stamps that different hosts wrote: a leader whose clock is 2 h
-ahead of the one that started a run read ``now - started_ts`` as 2 h and stopped a job with a 1 h
-limit 5 s after it started (issue 38 §4). So every replica, leader or standby, notes on its own
+ahead of the one that started a run would read ``now - started_ts`` as 2 h and stop a job with a
+1 h limit seconds after it started. So every replica, leader or standby, notes on its own
 monotonic clock when it first saw each run in its copy of the jobs bucket (the watch delivers a
 start within milliseconds, to every replica), and a leader measures a run from there: a takeover
 inherits nothing but the records, and still counts right.
@@ -16,7 +16,7 @@ never too long, so a replica whose clock is off stops no job early while it does
 replica whose watch of the bucket broke and resumed sees runs that started meanwhile late, and
 counts them short by that gap.
 
-The same holds for the other windows of the policy (issue 38 §3/§4): a time slice and
+The same holds for the other windows of the policy: a time slice and
 ``above_normal_s`` count a run's time, so the planner rebases each running job's ``started_ts``
 onto the leader's clock as ``now - ran`` (controller/plan.py); a ``--retry``'s backoff counts from
 when the leader requeued the failed run (``retry_ts``, written by whichever leader did), so it is

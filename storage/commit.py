@@ -22,7 +22,7 @@ new one, never a mix. Killed anywhere, :func:`recover` (run at start) decides fr
 which inode is at the path: before the swap it removes N (the old tree stays, exactly); after it,
 it redoes the apply step (every step is idempotent) and finishes. Where the filesystem cannot
 exchange (:mod:`hfai.storage.swap`), steps 2 and 4 are skipped and readers see the apply step's
-file-by-file renames, as before this module existed; the journal still makes a killed commit
+file-by-file renames, each atomic but not the whole; the journal still makes a killed commit
 finish at start.
 
 ``HFAI_STORAGE_FAULT=<point>`` (tests only) stops the service process (SIGSTOP) at that point of
