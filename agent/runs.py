@@ -351,7 +351,7 @@ class RunStore:
     def _open_log(self, ra: RunAssignment, who: JobIdentity) -> Path:
         logf = self.log_path(ra.job_id, ra.rank)
         logf.parent.mkdir(mode=0o711, exist_ok=True)
-        logf.parent.chmod(0o711)  # created by older agents with the umask's mode
+        logf.parent.chmod(0o711)  # mkdir's mode is less the umask
         owner = (who.account.uid, who.account.gid) if who.switch else None
         try:
             fd = safefs.open_log(logf, owner)
@@ -559,9 +559,8 @@ def fence_spec(fence_s: float, alive: Path, fence_poll_s: float) -> Fencing | No
 
 
 def _is_dev(ra: RunAssignment) -> bool:
-    """A development session's run (an older controller's assignment has no kind: its command
-    tells)."""
-    return ra.kind == JOB_DEV or tuple(ra.entrypoint[1:3]) == DEV_ENTRYPOINT[1:3]
+    """A development session's run."""
+    return ra.kind == JOB_DEV
 
 
 def _mark_killed(path: Path) -> None:
@@ -594,7 +593,7 @@ def _warn_if_unreachable(path: Path) -> None:
 
 def _asks_to_stop(ack: bytes | None) -> bool:
     """Does the job's ack (``go_suspend``: "<pid> <time> exit|stop") ask to be stopped now? Anything
-    else, an older runtime's ack included, means the job exits by itself."""
+    else means the job exits by itself."""
     return ack is not None and ack.split()[2:3] == [b"stop"]
 
 
