@@ -130,8 +130,8 @@ async def nodes(as_json: bool):
 @click.option("-n", "--tail", type=click.IntRange(min=0), metavar="N",
               help="Only the last N lines (then, with -f, what follows).")
 @click.option("-t", "--timestamps", is_flag=True,
-              help="Put the time before each line: when its node read it from the job (for a log written "
-                   "by an older agent: when this command received it).")
+              help="Put the time before each line: when its node read it from the job (where the node "
+                   "kept no time for it: when this command received it).")
 @click.option("--poll", default=0.5, hidden=True)
 @common.run_async
 async def logs(job: str, follow: bool, rank: int, tail: int | None, timestamps: bool, poll: float):
@@ -150,8 +150,8 @@ async def logs(job: str, follow: bool, rank: int, tail: int | None, timestamps: 
                 async for chunk in client.read_log_chunks(record.id, rank, offset, timestamps=stamper is not None):
                     data = chunk.data
                     offset += len(data)
-                    # Each line's time is when its node read it (an older agent's log has none:
-                    # then when this command received it).
+                    # Each line's time is when its node read it (where the node kept none: when
+                    # this command received it).
                     sys.stdout.buffer.write(stamper.feed(data, time.time(), chunk.line_ts) if stamper else data)
                     sys.stdout.flush()
             elif not follow:

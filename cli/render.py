@@ -57,9 +57,8 @@ def run_seconds(j: JobRecord, now: float) -> float:
 
 
 def held_by(j: JobRecord) -> str:
-    """Who put a waiting job on hold ("" if nobody). Records written before protocol 1.2 have no
-    ``hold`` field."""
-    return str(getattr(j, "hold", "") or "")
+    """Who put a waiting job on hold ("" if nobody)."""
+    return j.hold
 
 
 #: The columns of ``hfai ps -o``, in the order ``hfai ps --help`` lists them.
@@ -202,7 +201,7 @@ def job_details(j: JobRecord) -> str:
         *_extras(j),
         "history:",
     ]
-    # GPU faults under its runs (protocol 1.4) among the states it entered, by time.
+    # GPU faults under its runs among the states it entered, by time.
     for ev in sorted((*j.history, *j.faults), key=lambda e: e.ts):
         at = time.strftime('%H:%M:%S', time.localtime(ev.ts))
         lines.append(f"  {at}  {ev.state.value:<11} {clean(describe(ev))}")
@@ -228,32 +227,29 @@ def _size(n: int) -> str:
 
 
 def _extras(j: JobRecord) -> list[str]:
-    """Lines for what only some jobs have (protocol 1.2 fields; older records lack them)."""
+    """Lines for what only some jobs have (a hold, dependencies, limits, a watchdog, an array)."""
     s = j.spec
     lines = []
     if held_by(j):
         lines.append(f"held       by {clean(held_by(j))} (hfai release starts it again)")
-    after = getattr(s, "after", ())
-    if after:
-        lines.append(f"after      {clean(', '.join(after))}")
-    limit = float(getattr(s, "time_limit_s", 0.0))
-    if limit > 0:
-        lines.append(f"time limit {age(limit)} (run {age(run_seconds(j, time.time()))} so far)")
-    retries = int(getattr(s, "retries", 0))
-    if retries:
-        lines.append(f"retries    {int(getattr(j, 'retried', 0))} of {retries} used")
-    watch = getattr(j, "watchdog", None)  # protocol 1.9: its nodes' latest heartbeats (none for a dev session)
+    if s.after:
+        lines.append(f"after      {clean(', '.join(s.after))}")
+    if s.time_limit_s > 0:
+        lines.append(f"time limit {age(s.time_limit_s)} (run {age(run_seconds(j, time.time()))} so far)")
+    if s.retries:
+        lines.append(f"retries    {j.retried} of {s.retries} used")
+    watch = j.watchdog  # its nodes' latest heartbeats (none for a dev session)
     if watch is not None:
         at = time.strftime("%H:%M:%S", time.localtime(watch.ts))
         lines.append(f"watchdog   {age(watch.watchdog_s)} without output ends it as hung; silent for "
                      f"{age(watch.silent_s)} (on {clean(watch.node)} at {at})")
-    peak, cpu = int(getattr(j, "peak_bytes", 0)), float(getattr(j, "cpu_s", 0.0))
+    peak, cpu = j.peak_bytes, j.cpu_s
     if peak or cpu:
         lines.append(f"resources  peak memory {_size(peak)} (one rank's run, at most), CPU time {age(cpu)} (all runs)")
     lines.extend(throughput_lines(j))
-    if getattr(s, "array_id", ""):
-        lines.append(f"array      {clean(getattr(s, 'array_id', ''))} index {getattr(s, 'array_index', -1)}"
-                     + (f" (at most {getattr(s, 'array_limit', 0)} at once)" if getattr(s, "array_limit", 0) else ""))
+    if s.array_id:
+        lines.append(f"array      {clean(s.array_id)} index {s.array_index}"
+                     + (f" (at most {s.array_limit} at once)" if s.array_limit else ""))
     return lines
 
 
@@ -297,10 +293,10 @@ def nodes_table(nodes: tuple[NodeInfo, ...] | list[NodeInfo]) -> str:
         why = [f"no heartbeat for {age(n.age_s)}, figures are from then"] if down else []
         if n.reason:
             why.append(f"drained: {clean(n.reason)}" if down else clean(n.reason))
-        check = n.record.check  # protocol 1.4: the node validator's last run
+        check = n.record.check  # the node validator's last run
         if check is not None and not check.ok:
             why.append(f"health check failed: {clean(check.detail)}")
-        contained = getattr(n.record, "containment", "")  # protocol 1.5: says what is missing, if anything
+        contained = n.record.containment  # says what is missing, if anything
         if contained and contained not in FULLY_CONTAINED:
             why.append(clean(contained))
         rows.append([clean(n.record.name), clean(n.record.group), n.state.value, *figures,
@@ -337,11 +333,11 @@ def job_json(j: JobRecord, now: float | None = None, history: bool = False) -> d
         "runtime_s": round(run_seconds(j, now), 3), "runs": j.run_id, "suspend_count": j.suspend_count,
         "whole_life_state": j.whole_life_state,
         "command": list(s.entrypoint), "workdir": s.workdir, "env_name": s.env_name, "env": dict(s.env),
-        "after": list(getattr(s, "after", ())), "time_limit_s": float(getattr(s, "time_limit_s", 0.0)),
-        "retries": int(getattr(s, "retries", 0)), "retried": int(getattr(j, "retried", 0)),
-        "array_id": str(getattr(s, "array_id", "")) or None, "array_index": _index(getattr(s, "array_index", -1)),
-        "peak_memory_bytes": int(getattr(j, "peak_bytes", 0)), "cpu_s": round(float(getattr(j, "cpu_s", 0.0)), 3),
-        "watchdog": _watch_json(getattr(j, "watchdog", None)),
+        "after": list(s.after), "time_limit_s": float(s.time_limit_s),
+        "retries": s.retries, "retried": j.retried,
+        "array_id": s.array_id or None, "array_index": _index(s.array_index),
+        "peak_memory_bytes": j.peak_bytes, "cpu_s": round(float(j.cpu_s), 3),
+        "watchdog": _watch_json(j.watchdog),
     }
     if history:
         out["history"] = [{"ts": ev.ts, "state": ev.state.value, "reason": describe(ev)} for ev in j.history]
@@ -373,7 +369,7 @@ def node_json(n: NodeInfo) -> dict[str, Any]:
         "memory_used": sum(g.memory_used for g in gpus), "memory_total": sum(g.memory_total for g in gpus),
         "jobs": list(n.jobs),
         # How its runs are contained (docs/security.md): "bwrap, cgroup v1", or what is missing.
-        "containment": getattr(n.record, "containment", "") or None,
+        "containment": n.record.containment or None,
         # Node health (docs/health.md): the fault that drains it, its latest faults, the last check.
         "fault": n.record.fault.text() if n.record.fault is not None else None,
         "faults": [{"ts": f.ts, "fault": f.text(), "hardware": f.hardware} for f in n.record.faults],
@@ -452,7 +448,7 @@ def states_help() -> str:
 class LineStamper:
     """``hfai logs --timestamps``: puts the time each line was read before it: the time the node
     read it from the job (``line_ts``, which agents keep with the log: hfai.agent.logtimes), else,
-    for a log an older agent wrote, the time this client received the line's first bytes. Fed
+    where the node kept no time for it, the time this client received the line's first bytes. Fed
     from the log's start or a line's start; a line split across chunks is stamped once."""
 
     def __init__(self) -> None:
