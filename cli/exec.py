@@ -20,11 +20,18 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
+from hfai.api.client import ApiClient
+from hfai.api.config import cli_config
 from hfai.cli.common import run_async
+from hfai.protocol import decode, encode, names
+from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, Unavailable
 from hfai.protocol.limits import MAX_RANK
+from hfai.protocol.types import ChainState, ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted
 
 if TYPE_CHECKING:
-    from hfai.protocol.types import ExecRequest, JobRecord
+    from nats.aio.subscription import Subscription
+
+    from hfai.protocol.types import JobRecord
 
 __all__ = ["ChunkOrder", "exec_cmd", "shell", "target"]
 
@@ -39,9 +46,6 @@ _END_GRACE_S = 1.0
 
 def target(job: JobRecord, rank: int) -> str:
     """The node that runs rank ``rank`` of ``job``; a typed error saying why there is none."""
-    from hfai.protocol.errors import Conflict, InvalidRequest
-    from hfai.protocol.types import ChainState
-
     if job.state not in (ChainState.RUNNING, ChainState.SUSPENDING) or not job.nodes:
         raise Conflict(f"job {job.id} ({job.spec.name}) is {job.state.value}, not running: no process to run a "
                        f"command in")
@@ -115,127 +119,170 @@ class _Terminal:
     typed_ahead: bytes = b""  # keys typed before the session, sent first (see _raw)
 
 
-async def _session(job_ref: str, rank: int, argv: tuple[str, ...], tty: bool, term: _Terminal) -> int:
-    from hfai.api.client import ApiClient
-    from hfai.api.config import cli_config
-    from hfai.protocol import decode, encode, names
-    from hfai.protocol.errors import Forbidden, Unavailable
-    from hfai.protocol.types import ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted
+class ExecClient(ApiClient):
+    """The API client, and the session's own traffic with the agent of the rank's node: the
+    request that opens it, its output stream, and its input stream."""
 
-    class ExecClient(ApiClient):
-        async def start(self, node: str, req: ExecRequest) -> ExecStarted:
-            subject = names.agent_op_subject(node, self.user, names.AGENT_OP_EXEC) if self.operator else \
-                names.agent_exec_subject(node, self.user)
-            try:
-                return await self._request(subject, encode(req), ExecStarted)
-            except Forbidden as e:
-                if not str(e).startswith("the cluster does not let"):
-                    raise  # the agent's refusal: not the job's owner
-                raise Forbidden(f"the cluster does not let {self.user} run commands in jobs (credentials issued "
-                                f"before hfai exec existed? ask an operator for new ones)") from None
-            except Unavailable:
-                raise Unavailable(f"the agent of node {node} does not answer") from None
+    async def start(self, node: str, req: ExecRequest) -> ExecStarted:
+        subject = names.agent_op_subject(node, self.user, names.AGENT_OP_EXEC) if self.operator else \
+            names.agent_exec_subject(node, self.user)
+        try:
+            return await self._request(subject, encode(req), ExecStarted)
+        except Forbidden as e:
+            if not str(e).startswith("the cluster does not let"):
+                raise  # the agent's refusal: not the job's owner
+            raise Forbidden(f"the cluster does not let {self.user} run commands in jobs (credentials issued "
+                            f"before hfai exec existed? ask an operator for new ones)") from None
+        except Unavailable:
+            raise Unavailable(f"the agent of node {node} does not answer") from None
 
-    api = ExecClient(cli_config())
-    async with api:
-        job = await api.status(job_ref)
-        node = target(job, rank)
-        session = secrets.token_hex(8)
-        rows, cols = _size(term.tty_fd)
-        req = ExecRequest(job_id=job.id, rank=rank, session=session, argv=argv, tty=tty,
-                          stdin=term.stdin_fd is not None, rows=rows, cols=cols,
-                          term=os.environ.get("TERM", "xterm") or "xterm")
-        nc = api._conn
-        inbox: asyncio.Queue = asyncio.Queue()
+    async def listen(self, node: str, session: str, inbox: asyncio.Queue) -> Subscription:
+        """Put the session's output messages (their bytes) in ``inbox``, from before it starts."""
 
         async def received(msg) -> None:
             inbox.put_nowait(msg.data)
 
-        sub = await nc.subscribe(names.exec_stream_subject(node, api.user, session, names.EXEC_OUT), cb=received)
-        await nc.flush()
-        started = await api.start(node, req)
-        in_subject = names.exec_stream_subject(node, api.user, session, names.EXEC_IN)
+        sub = await self._conn.subscribe(names.exec_stream_subject(node, self.user, session, names.EXEC_OUT),
+                                         cb=received)
+        await self._conn.flush()
+        return sub
 
-        async def send(**fields) -> None:
-            with contextlib.suppress(Exception):  # the session's end tells what matters
-                await nc.publish(in_subject, encode(ExecInput(session=session, **fields)))
+    async def send(self, node: str, message: ExecInput) -> None:
+        await self._conn.publish(names.exec_stream_subject(node, self.user, message.session, names.EXEC_IN),
+                                 encode(message))
 
-        order = ChunkOrder()
-        loop = asyncio.get_running_loop()
-        helpers = [asyncio.create_task(_keepalive(send, order, started.idle_s / 3))]
-        if term.typed_ahead:
-            await send(data=term.typed_ahead)
-        if term.stdin_fd is not None:
-            helpers.append(asyncio.create_task(_relay_stdin(loop, term.stdin_fd, send, tty)))
-        handled: list[int] = []
-        sending: set[asyncio.Task] = set()  # what signal handlers send, kept until sent
 
-        def later(**fields) -> None:
-            task = loop.create_task(send(**fields))
-            sending.add(task)
-            task.add_done_callback(sending.discard)
+async def _session(job_ref: str, rank: int, argv: tuple[str, ...], tty: bool, term: _Terminal) -> int:
+    """Run ``argv`` (a shell when empty) in rank ``rank`` of the job, relaying ``term``; the
+    command's exit status."""
+    async with ExecClient(cli_config()) as api:
+        job = await api.status(job_ref)
+        node = target(job, rank)
+        req = _request(job, rank, argv, tty, term)
+        end, lost = await _Session(api, node, req, term).run()
+        _report(term, end, lost, tty)
+        return end.exit_code
 
-        def resized() -> None:
-            r, c = _size(term.tty_fd)
-            later(rows=r, cols=c, acked=order.acked)
 
-        def forward(signum: int) -> None:
-            later(signal=signum, acked=order.acked)
+def _request(job: JobRecord, rank: int, argv: tuple[str, ...], tty: bool, term: _Terminal) -> ExecRequest:
+    """The request that opens a new session (its name random) on rank ``rank`` of ``job``."""
+    rows, cols = _size(term.tty_fd)
+    return ExecRequest(job_id=job.id, rank=rank, session=secrets.token_hex(8), argv=argv, tty=tty,
+                       stdin=term.stdin_fd is not None, rows=rows, cols=cols,
+                       term=os.environ.get("TERM", "xterm") or "xterm")
 
-        if term.tty_fd is not None:
-            loop.add_signal_handler(signal.SIGWINCH, resized)
-            handled.append(signal.SIGWINCH)
-        if not tty:  # a terminal session sends Ctrl-C as a key
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, forward, int(signum))
-                handled.append(signum)
-        unacked = 0
-        end: ExecExit | None = None
+
+class _Session:
+    """One session with the agent of ``node``, from its start to the command's exit: the output
+    it sends put back in order and written to the terminal, and what the terminal gives (keys,
+    its size, signals) sent to it, with acknowledgements of the output received."""
+
+    def __init__(self, api: ExecClient, node: str, req: ExecRequest, term: _Terminal):
+        self.api, self.node, self.req, self.term = api, node, req, term
+        self.tty = req.tty
+        self.order = ChunkOrder()
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self._sending: set[asyncio.Task] = set()  # what signal handlers send, kept until sent
+        self._handled: list[int] = []  # the signals handled while the session lasts
+
+    async def run(self) -> tuple[ExecExit, int]:
+        """The command's end, and how many of its output chunks were lost on the way."""
+        sub = await self.api.listen(self.node, self.req.session, self.inbox)
+        started = await self.api.start(self.node, self.req)
+        helpers = [asyncio.create_task(_keepalive(self.send, self.order, started.idle_s / 3))]
+        if self.term.typed_ahead:
+            await self.send(data=self.term.typed_ahead)
+        if self.term.stdin_fd is not None:
+            helpers.append(asyncio.create_task(_relay_stdin(self.loop, self.term.stdin_fd, self.send, self.tty)))
+        self._handle_signals()
         try:
-            while not order.complete:
-                wait = _END_GRACE_S if end is not None else started.idle_s
-                try:
-                    data = await asyncio.wait_for(inbox.get(), wait)
-                except TimeoutError:
-                    if end is None:
-                        raise Unavailable(f"lost the agent of node {node}: nothing from it for "
-                                          f"{started.idle_s:g}s") from None
-                    chunks = order.skip()
-                else:
-                    msg = decode(data, (ExecOutput, ExecExit))
-                    if isinstance(msg, ExecExit):
-                        end = msg
-                        chunks = order.finish(msg.seq)
-                    else:
-                        chunks = order.add(msg.seq, msg)
-                for chunk in chunks:
-                    if chunk.data:
-                        out = term.stderr if chunk.stream == 2 else term.stdout
-                        out.write(chunk.data)
-                        out.flush()
-                unacked += len(chunks)
-                if unacked >= max(1, started.window // 2) and end is None:
-                    unacked = 0
-                    await send(acked=order.acked)
+            end = await self._receive(started)
         except BaseException:
-            await send(close=True)
+            await self.send(close=True)
             raise
         finally:
-            for handled_signal in handled:
-                loop.remove_signal_handler(handled_signal)
+            for handled_signal in self._handled:
+                self.loop.remove_signal_handler(handled_signal)
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        return end, self.order.lost
+
+    async def send(self, **fields) -> None:
+        """An input message of the session (keys, eof, size, signal, acked, close)."""
+        with contextlib.suppress(Exception):  # the session's end tells what matters
+            await self.api.send(self.node, ExecInput(session=self.req.session, **fields))
+
+    def _later(self, **fields) -> None:
+        """Send from a signal handler (it cannot wait)."""
+        task = self.loop.create_task(self.send(**fields))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    def _resized(self) -> None:
+        r, c = _size(self.term.tty_fd)
+        self._later(rows=r, cols=c, acked=self.order.acked)
+
+    def _forward(self, signum: int) -> None:
+        self._later(signal=signum, acked=self.order.acked)
+
+    def _handle_signals(self) -> None:
+        """The terminal's size changes are relayed; so are SIGINT and SIGTERM without a terminal
+        (a terminal session sends Ctrl-C as a key)."""
+        if self.term.tty_fd is not None:
+            self.loop.add_signal_handler(signal.SIGWINCH, self._resized)
+            self._handled.append(signal.SIGWINCH)
+        if not self.tty:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.loop.add_signal_handler(signum, self._forward, int(signum))
+                self._handled.append(signum)
+
+    async def _receive(self, started: ExecStarted) -> ExecExit:
+        """Write the output to the terminal in order until all of it before the command's exit
+        came (or stayed lost past a grace), acknowledging it every half window."""
+        order, term = self.order, self.term
+        unacked = 0
+        end: ExecExit | None = None
+        while not order.complete:
+            wait = _END_GRACE_S if end is not None else started.idle_s
+            try:
+                data = await asyncio.wait_for(self.inbox.get(), wait)
+            except TimeoutError:
+                if end is None:
+                    raise Unavailable(f"lost the agent of node {self.node}: nothing from it for "
+                                      f"{started.idle_s:g}s") from None
+                chunks = order.skip()
+            else:
+                msg = decode(data, (ExecOutput, ExecExit))
+                if isinstance(msg, ExecExit):
+                    end = msg
+                    chunks = order.finish(msg.seq)
+                else:
+                    chunks = order.add(msg.seq, msg)
+            for chunk in chunks:
+                if chunk.data:
+                    out = term.stderr if chunk.stream == 2 else term.stdout
+                    out.write(chunk.data)
+                    out.flush()
+            unacked += len(chunks)
+            if unacked >= max(1, started.window // 2) and end is None:
+                unacked = 0
+                await self.send(acked=order.acked)
         assert end is not None
-        eol = "\r\n" if tty else "\n"  # a terminal in raw mode moves down a line, not to its start
-        if order.lost:
-            term.stderr.write(f"hfai: {order.lost} output chunk(s) of the command were lost on the way{eol}".encode())
-        if end.reason:
-            term.stderr.write(f"hfai: the platform ended the command: {end.reason}{eol}".encode())
-        term.stderr.flush()
-        return end.exit_code
+        return end
+
+
+def _report(term: _Terminal, end: ExecExit, lost: int, tty: bool) -> None:
+    """Say on stderr what the command's output alone would not: chunks lost, the platform's end."""
+    eol = "\r\n" if tty else "\n"  # a terminal in raw mode moves down a line, not to its start
+    if lost:
+        term.stderr.write(f"hfai: {lost} output chunk(s) of the command were lost on the way{eol}".encode())
+    if end.reason:
+        term.stderr.write(f"hfai: the platform ended the command: {end.reason}{eol}".encode())
+    term.stderr.flush()
 
 
 async def _keepalive(send, order: ChunkOrder, every_s: float) -> None:
