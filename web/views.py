@@ -55,7 +55,7 @@ def job_detail(j: JobRecord) -> dict:
             "peak_bytes": j.peak_bytes, "cpu_s": round(j.cpu_s, 3),
             # An elastic job's measured throughput per size, its fitted curve, its restart cost.
             "throughput": _throughput_lines(j),
-            # Its log watchdog as its nodes last said (protocol 1.9; None: none, or not running).
+            # Its log watchdog as its nodes last said (None: none, or not running).
             "watchdog": None if j.watchdog is None else {
                 "watchdog_s": j.watchdog.watchdog_s, "silent_s": round(j.watchdog.silent_s, 3),
                 "node": j.watchdog.node, "ts": j.watchdog.ts},
@@ -88,7 +88,7 @@ def node_health(r) -> str:
         at = time.strftime("%H:%M:%S", time.localtime(r.check.ts))
         parts.append(f"check passed in {r.check.duration_s:.2f}s at {at}" if r.check.ok
                      else f"check failed at {at}: {r.check.detail}")
-        if r.check.bus_gbps:  # protocol 1.9: the in-node all-reduce ran
+        if r.check.bus_gbps:  # the in-node all-reduce ran
             parts[-1] += f" (all-reduce {r.check.bus_gbps:.2f} GB/s)"
     if r.faults:
         parts.append(f"{len(r.faults)} recent fault(s), latest: {r.faults[-1].text()}")
