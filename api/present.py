@@ -43,18 +43,18 @@ def age(seconds: float) -> str:
 
 def throughput_lines(j: JobRecord) -> list[str]:
     """An elastic job's measured throughput per size, the speedup curve fitted to it, and its
-    measured restart cost (protocol 1.8): what the scheduler sizes it by (docs/scheduling.md)."""
-    rates = getattr(j, "throughput", ())
+    measured restart cost: what the scheduler sizes it by (docs/scheduling.md)."""
+    rates = j.throughput
     if not rates:
         return []
-    unit = clean(getattr(j, "throughput_unit", "") or "steps")
+    unit = clean(j.throughput_unit or "steps")
     measured = ", ".join(f"{r.nodes} node{'s' if r.nodes > 1 else ''} {r.rate:.3g}" for r in rates)
     lines = [f"throughput {unit}/s measured: {measured}"]
     if j.spec.elastic:
         curve = fit_points([(r.nodes, r.rate) for r in rates])
         lines.append(f"{'':<11}fitted speedup on 1..{j.spec.max_nodes} nodes: "
                      + " ".join(f"{curve.relative(n):.2f}" for n in range(1, j.spec.max_nodes + 1)))
-    restart = float(getattr(j, "restart_s", 0.0))
+    restart = float(j.restart_s)
     if restart:
         lines.append(f"{'':<11}a restart costs it {age(restart)} (its latest interruption and start)")
     return lines

@@ -506,7 +506,7 @@ class Planner:
         """Each job holding nodes shown to the policy as started ``settings.ran`` seconds before
         ``now``: its time slice, its ``above_normal_s`` and its service band count the run's time
         as the leader measures it, not ``now`` minus a wall stamp another host (or a leader before
-        this one) wrote (issue 38 §4). The records keep their stamps; only the views move, and
+        this one) wrote. The records keep their stamps; only the views move, and
         only when off by over REBASE_SLACK_S (an index update each round would cost)."""
         for job_id in sorted(set(index.holder.values())):
             view = self._views.get(job_id)

@@ -13,8 +13,8 @@ The fit: least squares on the logarithm of the measured rates over a small grid 
 sync), with ``A`` solved in closed form, plus a weak prior that pulls towards a serial fraction
 (``PolicyConfig.prior_serial``, 0 by default) and no sync cost, so a job measured at one size
 (or none) is assumed to scale as the prior says until it has shown otherwise: that is how sizes
-not yet seen are predicted. The default prior is linear, what hfai assumed of every job before:
-a job without measurements at two sizes is sized exactly as before (bench/bench_elastic.py: a
+not yet seen are predicted. The default prior is linear, what the ``hfai`` policy assumes of every
+job: a job without measurements at two sizes is sized exactly as ``hfai`` sizes it (bench/bench_elastic.py: a
 5% serial prior shortened the Pollux-derived traces' average JCT by up to 8% more, but made
 traces without curves worse by 1-4%, with twice the interruptions). Rates are whatever
 unit the job reported (steps, samples or tokens per second): only their ratios matter.

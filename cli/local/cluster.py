@@ -285,7 +285,7 @@ class LocalCluster:
         asked = [node for node, pid in agents.items() if pid_alive(pid)]
         owner = self.owner or _login()
         if self.auth:
-            self.user_creds(owner, operator=True)  # an older file lacks the agents' operations
+            self.user_creds(owner, operator=True)  # asking the agents takes an operator's permissions
         done = asyncio.run(suspend_nodes(self.config(), owner, asked, ack_s, kill_s, wait_s, announce))
         # A dead agent cannot interrupt its runs, and the jobs would outlive the cluster: stop
         # them. Its runs' exits are reported by the next agent of that node (as killed).

@@ -27,7 +27,7 @@ class Credentials:
     def _creds(self, path: Path, name: str, role) -> Path:
         """``path``, holding credentials of ``name`` with ``role``; issued if missing (a stale
         registration without its file is replaced, which revokes the lost key), or if the file
-        grants other permissions than the role has now (issued by an older hfai)."""
+        grants other permissions than the role has now (the role's permissions changed since)."""
         from hfai.auth.issuer import write_secret
 
         issuer = self.issuer()
