@@ -214,7 +214,7 @@ class RunStore:
         fields = text.split()
         try:
             pid, created = int(fields[0]), float(fields[1])
-            ticks = int(fields[2]) if len(fields) > 2 else None  # none: an older agent's
+            ticks = int(fields[2]) if len(fields) > 2 else None  # none: /proc had no start for it
         except (ValueError, IndexError):
             return False
         return pid_alive(pid, created, ticks)  # a recycled pid belongs to a process created at another time
