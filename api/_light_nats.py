@@ -1,21 +1,22 @@
 """Importing this module imports nats-py's core client without what it loads and a CLI call never uses.
 
-Three of ``nats.aio.client``'s imports cost more than everything else an ``hfai ps`` does:
+Three of ``nats.aio.client``'s imports cost more than everything else an ``hfai ps`` does
+(docs/performance.md):
 
 * ``nats.aio.transport`` imports aiohttp (and, through it, builds an SSL context), in a ``try``
-  that leaves the WebSocket transport unavailable when the import fails: 0.13-0.2 s, for a
-  transport hfai's ``nats://``/``tls://`` URLs never use. aiohttp is hidden while nats-py loads,
-  then visible again (anything else in the process may still import it); a ``ws://`` URL gets
-  the transport back at connect (:func:`hfai._nats.connect`).
+  that leaves the WebSocket transport unavailable when the import fails, for a transport hfai's
+  ``nats://``/``tls://`` URLs never use. aiohttp is hidden while nats-py loads, then visible again
+  (anything else in the process may still import it); a ``ws://`` URL gets the transport back at
+  connect (:func:`hfai._nats.connect`).
 * ``import nats.js``, the JetStream client (its API dataclasses, the KV and object stores, the
-  email parser): 50-80 ms. The core client reads one enum from it, and only for a message with
+  email parser). The core client reads one enum from it, and only for a message with
   headers (a no-responders status). ``nats.js`` is loaded lazily (``importlib.util.LazyLoader``):
   the module is in place at once and runs on its first attribute access, so the controller,
   the agents and a ``hfai logs`` that use JetStream get all of it.
-* ``importlib.metadata``, for nats-py's own version string (sent in CONNECT): 10-40 ms. It is
+* ``importlib.metadata``, for nats-py's own version string (sent in CONNECT). It is
   hidden too, and the version is read from the name of nats-py's ``.dist-info`` folder.
 
-And ``ssl`` (OpenSSL's bindings and their enums: 6-9 ms), which a ``nats://`` connection never
+And ``ssl`` (OpenSSL's bindings and their enums), which a ``nats://`` connection never
 uses. asyncio imports it in a ``try`` and reads two of its exceptions as it loads, nats-py
 imports it outright. So when neither asyncio nor ssl is loaded yet (a CLI command that imports
 this module first), asyncio is loaded with ssl hidden, and nats-py gets ``ssl`` lazily (as

@@ -2,7 +2,7 @@
 
 A connection with credentials signs the server's nonce with the seed of its ``.creds`` file.
 nats-py does it with ``nkeys``, whose import is PyNaCl's whole ``nacl.bindings`` package (its
-every binding, 5-8 ms of each CLI call); a signature needs the seed decoded and one libsodium
+every binding, on each CLI call); a signature needs the seed decoded and one libsodium
 call, which is what this module does (the ``nkeys`` package itself is still the issuer's:
 :mod:`hfai.auth.issuer`). The seed format (nkeys, and the Go library it follows): base32 without
 padding of two prefix bytes (the seed's, and the key type: user, account, ...), the 32 bytes of
@@ -67,7 +67,7 @@ def _libsodium() -> tuple[Any, Any]:
     """(ffi, lib) of PyNaCl's libsodium module, initialised as PyNaCl initialises it; (None,
     None) where that module is not there (then :func:`sign` uses ``nacl.bindings``)."""
     try:
-        from nacl._sodium import ffi, lib  # type: ignore[import-not-found]  # PyNaCl's cffi module: ~1 ms (bindings ~5)
+        from nacl._sodium import ffi, lib  # type: ignore[import-not-found]  # PyNaCl's cffi module alone
     except ImportError:
         try:
             import nacl  # noqa: F401  (PyNaCl itself missing: say which package)

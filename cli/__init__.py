@@ -3,7 +3,7 @@
 Where this process is the ``hfai`` command (the console script, ``python -m hfai.cli.main``), the
 cyclic garbage collector is paused from here on, while click and then the command's module load
 (``hfai.cli.main._loading`` freezes what exists then and starts it again): it would run some 15
-times over what the imports make, all of which lives as long as the process (2 ms of a call).
+times over what the imports make, all of which lives as long as the process.
 """
 
 import gc

@@ -114,8 +114,8 @@ def _loading(module: str) -> Iterator[None]:
     protocol: most of a call's time), the cyclic garbage collector is paused: it would run some
     20 times and find nothing to free, since what a module makes lives as long as the process.
     What exists then is frozen (gc.freeze), so that the command's own collections do not go
-    through it (together 5-10 ms of CPU); LazyGroup.main thaws it when the command ends, so that
-    a process that goes on (a test calling the CLI in-process) collects as before."""
+    through it; LazyGroup.main thaws it when the command ends, so that a process that goes on (a
+    test calling the CLI in-process) collects all of it again."""
     global _frozen
     import hfai.cli
 
@@ -133,10 +133,10 @@ def _loading(module: str) -> Iterator[None]:
 
 
 # At exit the interpreter collects every generation, going through all that the imports made to
-# find next to nothing: 20-30 ms of every `hfai` call, a sixth of an `hfai ps`. Frozen first, those
-# objects are left out. Only the exit's collections are spared: objects in reference cycles then
-# (garbage not collected yet) are not finalized, which Python never promises at exit anyway;
-# files, streams and logging are flushed and closed as before.
+# find next to nothing, a large part of a short command. Frozen first, those objects are left out.
+# Only the exit's collections are spared: objects in reference cycles then (garbage not collected
+# yet) are not finalized, which Python never promises at exit anyway; files, streams and logging
+# are still flushed and closed.
 atexit.register(gc.freeze)
 
 
@@ -150,7 +150,7 @@ def _exit_now(status: int) -> None:
     """End the process as its exit would, without tearing the interpreter down: the atexit
     handlers run (logging's flush among them), stdout and stderr are flushed, then ``os._exit``.
     What that skips is freeing every object the imports made, one by one, and the final
-    collections: 5-6 ms of CPU of an `hfai ps`, for memory the process hands back anyway. Where
+    collections, for memory the process hands back anyway. Where
     another thread still runs (the interpreter would wait for it) or a flush fails (the interpreter
     reports it), this returns and the exit goes on the usual way."""
     import threading

@@ -2,13 +2,12 @@
 
 ``dataclasses`` writes each class's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__``,
 ``__setattr__`` and ``__delattr__`` as source text and compiles it (six ``exec`` calls a class on
-Python 3.11): about 1 ms a class, 40-60 ms for the protocol's forty-odd messages at every import,
-in every hfai process. A CLI call decodes three or four of them, and that import was a third of
-its wall time. :func:`frozen_dataclass` leaves the class as its body made it, with a placeholder
-under each name ``dataclasses`` would add; the first lookup of any of them (an instance made,
-``dataclasses.fields``, ``==``, ``repr``, ``hash``, an attribute set) removes the placeholders and
-applies ``dataclass(frozen=True)`` to the class in place, so from then on it is exactly the frozen
-dataclass it would have been.
+Python 3.11), for the protocol's forty-odd messages at every import, in every hfai process, while
+a CLI call decodes three or four of them (docs/performance.md). :func:`frozen_dataclass` leaves
+the class as its body made it, with a placeholder under each name ``dataclasses`` would add; the
+first lookup of any of them (an instance made, ``dataclasses.fields``, ``==``, ``repr``,
+``hash``, an attribute set) removes the placeholders and applies ``dataclass(frozen=True)`` to the
+class in place, so from then on it is exactly the frozen dataclass it would have been.
 
 An instance made of a pending class (``Point(1, y=2)``) is filled in as the dataclass's
 ``__init__`` would fill it (defaults, default factories, ``__post_init__``) without making the
@@ -21,7 +20,7 @@ instances are made by the hundred (a manifest's entries) is made after its first
 Code that only needs to know a class's fields (the codec decoding a reply into instances it makes
 with ``object.__new__``, the config loader checking a file's keys) asks :func:`fields`, which reads
 them from a pending class's body as ``dataclass()`` would, without making it: a CLI call then
-makes only the classes whose instances it creates or compares (1-3 ms each on a busy machine).
+makes only the classes whose instances it creates or compares.
 """
 
 from __future__ import annotations
@@ -168,7 +167,7 @@ def _annotation_kind(annotation: Any) -> str:
 
 
 #: Instances of a pending class filled in before the class is made (from then on its own
-#: ``__init__``, 1-4 us faster each, makes them): making it costs about as much as 300 of them.
+#: ``__init__``, a little faster each, makes them): making it costs about as much as 300 of them.
 PLAIN_INITS = 64
 
 #: The plain ``__init__`` of each pending class :func:`_plain_init` could write one for.
