@@ -20,6 +20,7 @@ import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -28,23 +29,20 @@ from nats.aio.client import Client
 from hfai import _nats
 from hfai.api.config import creds_path, current_user
 from hfai.config import Config
-from hfai.protocol import decode, encode, names
+from hfai.protocol import decode, encode, names, verbs
 from hfai.protocol._lazy import frozen_dataclass
-from hfai.protocol.errors import Forbidden, InvalidRequest, Unavailable, error_for_code
+from hfai.protocol.errors import ErrorSub, Forbidden, InvalidRequest, Unavailable, error_of
 from hfai.protocol.types import (
     ChainState,
     DrainRequest,
     ErrorReply,
-    JobList,
     JobRecord,
-    JobReply,
     JobRequest,
     JobSpec,
     ListRequest,
     LogChunk,
     LogRequest,
     NodeInfo,
-    NodesReply,
     NodesRequest,
     QuotaEntry,
     QuotaSetRequest,
@@ -53,10 +51,10 @@ from hfai.protocol.types import (
     StopRequest,
     StoreHealth,
     SubmitRequest,
-    UsageReply,
     UsageRequest,
     UsageRow,
 )
+from hfai.protocol.verbs import Verb
 
 log = logging.getLogger(__name__)
 
@@ -114,18 +112,8 @@ class JobFilter:
 #: History lines per job a list asks for: the run time of a finished job needs the last two.
 LIST_HISTORY = 2
 
-#: Verbs whose request may be sent more than once (a hung replica must not fail the call): reads,
-#: and changes that set a value, so that a second copy finds it set and changes nothing (stop: a
-#: stopping or final job is left as it is; hold/release, update, quota_set, drain: the same
-#: value again). Not requeue (a second copy would interrupt the job's next run, or fail on the
-#: first's result), nor submit: its copies go only through another server when the first is cut
-#: off (below, ``_move``), named by a ``request_id`` that the controller dedups on. A controller
-#: older than that field makes a job per copy; copies sent on a schedule, as these are, would
-#: reach one every time a submit is slow, a move only when the first server is cut off.
-REPEATABLE_VERBS = frozenset({
-    names.VERB_LIST, names.VERB_STATUS, names.VERB_NODES, names.VERB_SETTINGS, names.VERB_LOGS, names.VERB_USAGE,
-    names.VERB_ESTIMATE, names.VERB_STOP, names.VERB_HOLD, names.VERB_UPDATE, names.VERB_QUOTA_SET, names.VERB_DRAIN,
-})
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
 
 
 def try_plan(deadline_s: float, try_s: float, max_copies: int) -> tuple[tuple[float, int], ...]:
@@ -184,13 +172,11 @@ class ApiClient:
     async def _on_error(self, e: Exception) -> None:
         # The server answers a publish outside our permissions with an asynchronous error, not a
         # reply: turn it into Forbidden for the request waiting on that subject.
-        text = str(e)
-        if "permissions violation" in text.lower():
-            for subject, waiting in self._refused.items():
-                if f'"{subject}"' in text:
-                    for fut in waiting:
-                        if not fut.done():
-                            fut.set_result(text)
+        for subject, waiting in self._refused.items():
+            if _nats.denies(e, subject):
+                for fut in waiting:
+                    if not fut.done():
+                        fut.set_result(str(e))
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
@@ -207,20 +193,35 @@ class ApiClient:
                 await nc.close()
         self._nc, self._left = None, []
 
-    async def call(self, verb: str, request, expect: type):
-        if verb == names.VERB_SUBMIT and not request.request_id:
+    async def call(self, verb: Verb[Req, Rep], request: Req, *, timeout: float | None = None) -> Rep:
+        """One API request (``verb``: an entry of :mod:`hfai.protocol.verbs`), its typed reply;
+        sent again or elsewhere as the verb's ``repeatable`` and ``movable`` allow. ``timeout``:
+        seconds to wait for it, other than ``[nats] request_timeout_s``. A refusal raises the
+        typed error the reply names (:func:`hfai.protocol.errors.error_of`)."""
+        if not isinstance(request, verb.request):
+            raise TypeError(f"{verb.name} takes a {verb.request.__name__}, not a {type(request).__name__}")
+        if isinstance(request, SubmitRequest) and not request.request_id:
             # Named, so that a copy sent through another server makes no second job.
-            request = replace(request, request_id=os.urandom(8).hex())
+            request = replace(request, request_id=os.urandom(8).hex())  # type: ignore[assignment]
+        # An operator sends everything on the operator subject: its verbs, and others' jobs.
+        return await self.request(names.api_subject(self.user, verb.name, operator=self.operator), request,
+                                  verb.reply, timeout=timeout, repeatable=verb.repeatable, movable=verb.movable)
+
+    async def request(self, subject: str, request: object, reply: type[Rep], *, timeout: float | None = None,
+                      repeatable: bool = False, movable: bool = False) -> Rep:
+        """One request on any subject this client's credentials may publish (a service other
+        than the controllers' API: the storage service, an agent's operations), its reply decoded
+        as ``reply``; ``timeout``, ``repeatable`` and ``movable`` as for :meth:`call` and
+        :meth:`_request`."""
         try:
             payload = encode(request)
         except OverflowError:
             # The CLI bounds what a user types (hfai.protocol.limits); this is the last line for
             # a caller of the Python API: one typed error, not msgpack's traceback.
-            raise InvalidRequest(f"{verb}: a number in the request is too large to send (the wire carries "
-                                 "64-bit integers)") from None
-        # An operator sends everything on the operator subject: its verbs, and others' jobs.
-        return await self._request(names.api_subject(self.user, verb, operator=self.operator), payload, expect,
-                                   repeatable=verb in REPEATABLE_VERBS, movable=verb == names.VERB_SUBMIT)
+            raise InvalidRequest(f"{subject.rsplit('.', 1)[-1]}: a number in the request is too large to send "
+                                 "(the wire carries 64-bit integers)") from None
+        return await self._request(subject, payload, reply, repeatable=repeatable, movable=movable,
+                                   timeout_s=timeout)
 
     @property
     def _conn(self) -> Client:
@@ -228,14 +229,15 @@ class ApiClient:
             raise RuntimeError("ApiClient is used as `async with ApiClient(...) as api:`")
         return self._nc
 
-    async def _request(self, subject: str, payload: bytes, expect: type, repeatable: bool = False,
-                       movable: bool = False):
+    async def _request(self, subject: str, payload: bytes, expect: type[Rep], repeatable: bool = False,
+                       movable: bool = False, timeout_s: float | None = None) -> Rep:
         """One request, answered by whichever copy answers first. A ``repeatable`` one is sent
-        again on :func:`try_plan`'s schedule (see REPEATABLE_VERBS); every copy waits until the same
-        deadline, so a slow but live replica's answer still counts. A ``repeatable`` or ``movable``
-        one is also sent through another server if this one seems cut off (:meth:`_move`)."""
+        again on :func:`try_plan`'s schedule (see hfai.protocol.verbs); every copy waits until the
+        same deadline (``timeout_s``, else ``[nats] request_timeout_s``), so a slow but live
+        replica's answer still counts. A ``repeatable`` or ``movable`` one is also sent through
+        another server if this one seems cut off (:meth:`_move`)."""
         nats_config = self.config.nats
-        deadline_s = nats_config.request_timeout_s
+        deadline_s = nats_config.request_timeout_s if timeout_s is None else timeout_s
         plan = try_plan(deadline_s, nats_config.request_try_s, nats_config.request_copies) if repeatable else \
             ((0.0, 1),)
         loop = asyncio.get_running_loop()
@@ -243,8 +245,7 @@ class ApiClient:
         self._refused.setdefault(subject, set()).add(refused)
         asks: set[asyncio.Future] = set()
         try:
-            msg = await self._first_answer(subject, payload, plan, loop.time() + deadline_s, asks, refused,
-                                           movable or repeatable)
+            msg = await self._first_answer(subject, payload, plan, deadline_s, asks, refused, movable or repeatable)
         finally:
             for ask in asks:
                 ask.cancel()
@@ -255,12 +256,14 @@ class ApiClient:
             refused.cancel()
         reply = decode(msg.data, (expect, ErrorReply))
         if isinstance(reply, ErrorReply):
-            raise error_for_code(reply.code)(reply.message)
-        return reply
+            raise error_of(reply.code, reply.message, reply.sub)
+        return reply  # type: ignore[return-value]
 
-    async def _first_answer(self, subject: str, payload: bytes, plan: tuple[tuple[float, int], ...], deadline: float,
-                            asks: set[asyncio.Future], refused: asyncio.Future, movable: bool = False):
-        """Send the copies ``plan`` says when it says (seconds after now); the first reply.
+    async def _first_answer(self, subject: str, payload: bytes, plan: tuple[tuple[float, int], ...],
+                            deadline_s: float, asks: set[asyncio.Future], refused: asyncio.Future,
+                            movable: bool = False):
+        """Send the copies ``plan`` says when it says (seconds after now), each waiting until
+        ``deadline_s`` from now; the first reply.
 
         ``movable``: with other servers configured, no answer through this one within
         ``request_try_s`` (or no responders at all) may mean that this server is cut off from its
@@ -268,7 +271,7 @@ class ApiClient:
         another, and the copies go through both, the new ones with a deadline of their own."""
         loop = asyncio.get_running_loop()
         start, sent = loop.time(), 0
-        todo = [(start + at, n, self._conn, deadline) for at, n in plan]
+        todo = [(start + at, n, self._conn, start + deadline_s) for at, n in plan]
         try_s = self.config.nats.request_try_s
         move_at = start + try_s if movable and try_s > 0 and self._movable() else None
         moving: asyncio.Future | None = None
@@ -285,19 +288,20 @@ class ApiClient:
             if moving is not None and moving.done():
                 there, moving = moving.result(), None
                 if there is not None:
-                    ends = now + self.config.nats.request_timeout_s
+                    ends = now + deadline_s
                     todo = sorted([*todo, *((now + at, n, there, ends) for at, n in plan)], key=lambda t: t[0])
             waiting = {a for a in asks if not a.done()}
             if not waiting and not todo and moving is None and move_at is None:
-                raise Unavailable(f"no answer within {self.config.nats.request_timeout_s:g}s on {subject}"
-                                  + (f" (asked {sent} times)" if sent > 1 else ""))
+                raise Unavailable(f"no answer within {deadline_s:g}s on {subject}"
+                                  + (f" (asked {sent} times)" if sent > 1 else ""), sub=ErrorSub.NO_ANSWER)
             until = min([t[0] for t in todo[:1]] + ([move_at] if move_at is not None else []), default=None)
             done, _ = await asyncio.wait(waiting | {refused} | ({moving} if moving is not None else set()),
                                          timeout=None if until is None else max(0.0, until - now),
                                          return_when=asyncio.FIRST_COMPLETED)
             if refused.done():
                 raise Forbidden(f"the cluster does not let {self.user} send {subject}"
-                                + ("" if self.operator else " (only operators may, or it is another user's)"))
+                                + ("" if self.operator else " (only operators may, or it is another user's)"),
+                                sub=ErrorSub.SUBJECT_DENIED)
             for ask in done:
                 if ask is moving:
                     continue
@@ -308,7 +312,8 @@ class ApiClient:
                     # routes): asked at once, without the check. Nowhere else to ask: none at all.
                     no_responders = True
                     if move_at is None and moving is None:
-                        raise Unavailable("no controller is serving the API; is `hfai-controller` running?") from None
+                        raise Unavailable("no controller is serving the API; is `hfai-controller` running?",
+                                          sub=ErrorSub.NO_RESPONDERS) from None
                     move_at = now if move_at is not None else None
                 except (TimeoutError, nats.errors.TimeoutError):
                     pass  # this copy's time is up; the others may still answer
@@ -373,7 +378,7 @@ class ApiClient:
     # ------------------------------------------------------------------------------- verbs
 
     async def submit(self, spec: JobSpec, force: bool = False) -> JobRecord:
-        return (await self.call(names.VERB_SUBMIT, SubmitRequest(spec=spec, force=force), JobReply)).job
+        return (await self.call(verbs.SUBMIT, SubmitRequest(spec=spec, force=force))).job
 
     async def list(self, all_users: bool = True, include_finished: bool = True,
                    request: ListRequest | None = None) -> tuple[JobRecord, ...]:
@@ -381,7 +386,7 @@ class ApiClient:
         jobs: list[JobRecord] = []
         req = request or ListRequest(all_users=all_users, include_finished=include_finished)
         while True:
-            page = await self.call(names.VERB_LIST, req, JobList)
+            page = await self.call(verbs.LIST, req)
             jobs.extend(page.jobs)
             if not (page.more and page.jobs):
                 return tuple(jobs)
@@ -389,10 +394,10 @@ class ApiClient:
             req = replace(req, after_ts=last.submit_ts, after_id=last.id)
 
     async def status(self, job: str) -> JobRecord:
-        return (await self.call(names.VERB_STATUS, JobRequest(job=job), JobReply)).job
+        return (await self.call(verbs.STATUS, JobRequest(job=job))).job
 
     async def stop(self, job: str) -> JobRecord:
-        return (await self.call(names.VERB_STOP, StopRequest(job=job), JobReply)).job
+        return (await self.call(verbs.STOP, StopRequest(job=job))).job
 
     async def nodes(self) -> tuple[NodeInfo, ...]:
         """Every node, fetched page by page (each reply is bounded in size)."""
@@ -404,21 +409,21 @@ class ApiClient:
         nodes: list[NodeInfo] = []
         req = NodesRequest()
         while True:
-            page = await self.call(names.VERB_NODES, req, NodesReply)
+            page = await self.call(verbs.NODES, req)
             nodes.extend(page.nodes)
             if not (page.more and page.nodes):
                 return tuple(nodes), page.store
             req = NodesRequest(after=page.nodes[-1].record.name)
 
     async def settings(self) -> SettingsReply:
-        return await self.call(names.VERB_SETTINGS, QuotasRequest(), SettingsReply)
+        return await self.call(verbs.SETTINGS, QuotasRequest())
 
     async def set_quota(self, user: str, priority: int, group: str, nodes: int) -> SettingsReply:
         entry = QuotaEntry(user=user, priority=priority, group=group, nodes=nodes)
-        return await self.call(names.VERB_QUOTA_SET, QuotaSetRequest(entry=entry), SettingsReply)
+        return await self.call(verbs.QUOTA_SET, QuotaSetRequest(entry=entry))
 
     async def drain(self, node: str, drain: bool = True, reason: str = "") -> SettingsReply:
-        return await self.call(names.VERB_DRAIN, DrainRequest(node=node, drain=drain, reason=reason), SettingsReply)
+        return await self.call(verbs.DRAIN, DrainRequest(node=node, drain=drain, reason=reason))
 
     async def jobs(self, only: JobFilter) -> tuple[JobRecord, ...]:
         """The jobs ``only`` lets through: filtered by the server where the API can, else here."""
@@ -429,7 +434,7 @@ class ApiClient:
         """A slice of one rank's log, relayed by the controller (only owners and operators);
         ``timestamps``: with the time the node read each line that starts in it (``line_ts``)."""
         req = LogRequest(job_id=job_id, rank=rank, offset=offset, max_bytes=max_bytes, timestamps=timestamps)
-        return await self.call(names.VERB_LOGS, req, LogChunk)
+        return await self.call(verbs.LOGS, req)
 
     async def tail_offset(self, job_id: str, rank: int, lines: int, step: int = 65536) -> int:
         """Where the last ``lines`` lines of one rank's log begin (its size for 0 lines). Reads
@@ -471,7 +476,7 @@ class ApiClient:
 
     async def usage(self, since_ts: float, until_ts: float = 0.0) -> tuple[UsageRow, ...]:
         """GPU-hours per UTC day, user, group and priority (everyone's, like the queue)."""
-        reply = await self.call(names.VERB_USAGE, UsageRequest(since_ts=since_ts, until_ts=until_ts), UsageReply)
+        reply = await self.call(verbs.USAGE, UsageRequest(since_ts=since_ts, until_ts=until_ts))
         return reply.rows
 
 

@@ -55,8 +55,8 @@ from hfai.cli.local import LocalCluster
 from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER
 from hfai.cli.local.nats_server import start_nats
 from hfai.config import AgentConfig, Config, ControllerConfig
-from hfai.protocol import decode, names
-from hfai.protocol.types import ChainState, JobRecord, JobSpec, NodeRecord, NodesReply, NodesRequest, NodeState
+from hfai.protocol import decode, names, verbs
+from hfai.protocol.types import ChainState, JobRecord, JobSpec, NodeRecord, NodesRequest, NodeState
 
 USER = "bench"  # submits as a plain user; it has no Unix account here, so jobs run as the agents' account
 
@@ -239,7 +239,7 @@ async def controller_view(api: ApiClient) -> tuple[list[float], list[float], flo
     req = NodesRequest()
     while True:
         t0 = time.time()
-        page = await api.call(names.VERB_NODES, req, NodesReply)
+        page = await api.call(verbs.NODES, req)
         t1 = time.time()
         rtt = max(rtt, t1 - t0)
         for info in page.nodes:

@@ -226,17 +226,11 @@ async def node_undrain(name: str, force: bool):
 async def _health(client, node: str, req, wait_s: float = 0.0):
     """Ask ``node``'s agent for the health operation ``req`` (operators only: NATS lets only them
     publish on agent operations), waiting up to ``wait_s`` more than a plain request."""
-    import copy
-    from dataclasses import replace
-
-    from hfai.protocol import encode, names
+    from hfai.protocol import names
     from hfai.protocol.types import NodeHealthReply
 
-    caller = copy.copy(client)  # the same connection, waiting as long as the operation may take
-    nats = client.config.nats
-    caller.config = replace(client.config, nats=replace(nats, request_timeout_s=nats.request_timeout_s + wait_s))
-    return await caller._request(names.agent_op_subject(node, client.user, names.AGENT_OP_HEALTH), encode(req),
-                                 NodeHealthReply)
+    return await client.request(names.agent_op_subject(node, client.user, names.AGENT_OP_HEALTH), req,
+                                NodeHealthReply, timeout=client.config.nats.request_timeout_s + wait_s)
 
 
 @admin.command("fault")

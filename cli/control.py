@@ -6,6 +6,7 @@ states each change applies to) are enforced by the controller."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +17,10 @@ from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.limits import MAX_ARRAY, MAX_ARRAY_INDEX, MAX_NODES
 from hfai.protocol.reasons import describe
 from hfai.protocol.types import Priority
+
+if TYPE_CHECKING:
+    from hfai.protocol.types import JobReply
+    from hfai.protocol.verbs import Verb
 
 run_async = user_errors()
 
@@ -69,25 +74,22 @@ def _show(job, what: str) -> None:
                + (f", {render.clean(describe(job))}" if job.reason else ""))
 
 
-async def _call(verb: str, request):
-    from hfai.protocol.types import JobReply
-
+async def _call(verb: Verb[Any, JobReply], request):
     async with common.api() as client:
-        return (await client.call(verb, request, JobReply)).job
+        return (await client.call(verb, request)).job
 
 
-async def _each(refs: tuple[str, ...], verb: str, request, what: str, applies) -> None:
+async def _each(refs: tuple[str, ...], verb: Verb[Any, JobReply], request, what: str, applies) -> None:
     """``verb`` with ``request(job id)`` for each job REFS mean (a job array: its members for which
     ``applies`` holds), one connection for all (cli/arrays.py)."""
     from hfai.api import arrays
     from hfai.cli.arrays import apply_each
-    from hfai.protocol.types import JobReply
 
     async with common.api() as client:
         targets = await arrays.resolve(client, refs)
 
         async def act(job_id: str):
-            return (await client.call(verb, request(job_id), JobReply)).job
+            return (await client.call(verb, request(job_id))).job
 
         await apply_each(targets, act, what, applies)
 
@@ -98,10 +100,10 @@ async def _each(refs: tuple[str, ...], verb: str, request, what: str, applies) -
 async def hold(jobs: tuple[str, ...]):
     """Keep waiting JOBs (ids or names; a job array by its id or name: its waiting members) from
     starting until `hfai release`."""
-    from hfai.protocol import names
+    from hfai.protocol import verbs
     from hfai.protocol.types import HoldRequest
 
-    await _each(jobs, names.VERB_HOLD, lambda j: HoldRequest(job=j, hold=True), "held", lambda j: j.state.waiting)
+    await _each(jobs, verbs.HOLD, lambda j: HoldRequest(job=j, hold=True), "held", lambda j: j.state.waiting)
 
 
 @click.command()
@@ -109,10 +111,10 @@ async def hold(jobs: tuple[str, ...]):
 @run_async
 async def release(jobs: tuple[str, ...]):
     """Let held JOBs (or a job array's held members) start again (they keep their place in line)."""
-    from hfai.protocol import names
+    from hfai.protocol import verbs
     from hfai.protocol.types import HoldRequest
 
-    await _each(jobs, names.VERB_HOLD, lambda j: HoldRequest(job=j, hold=False), "released",
+    await _each(jobs, verbs.HOLD, lambda j: HoldRequest(job=j, hold=False), "released",
                 lambda j: j.state.waiting and bool(render.held_by(j)))
 
 
@@ -121,10 +123,10 @@ async def release(jobs: tuple[str, ...]):
 @run_async
 async def requeue(job: str):
     """Interrupt a running JOB like a preemption (it checkpoints) and put it back in line."""
-    from hfai.protocol import names
+    from hfai.protocol import verbs
     from hfai.protocol.types import RequeueRequest
 
-    _show(await _call(names.VERB_REQUEUE, RequeueRequest(job=job)), "requeued")
+    _show(await _call(verbs.REQUEUE, RequeueRequest(job=job)), "requeued")
 
 
 @click.command()
@@ -135,7 +137,7 @@ async def requeue(job: str):
 async def update(jobs: tuple[str, ...], priority: str | None, nodes: int | None):
     """Change waiting JOBs' priority or node count (checked like a new submission); a job array
     (its id or name): its waiting members."""
-    from hfai.protocol import names
+    from hfai.protocol import verbs
     from hfai.protocol.errors import HfaiError
     from hfai.protocol.types import UpdateRequest
 
@@ -145,7 +147,7 @@ async def update(jobs: tuple[str, ...], priority: str | None, nodes: int | None)
         level = Priority.parse(priority) if priority is not None else None
     except HfaiError as e:
         raise click.UsageError(str(e)) from None
-    await _each(jobs, names.VERB_UPDATE, lambda j: UpdateRequest(job=j, priority=level, nodes=nodes), "changed",
+    await _each(jobs, verbs.UPDATE, lambda j: UpdateRequest(job=j, priority=level, nodes=nodes), "changed",
                 lambda j: j.state.waiting)
 
 
@@ -172,14 +174,13 @@ async def estimate(assume: str | None, as_json: bool):
     new arrived: a forward replay of the live policy (priorities, slices, holds, dependencies).
     A job without a time limit is guessed to run as long as the jobs that finished here (the
     median), or as long again as it has run already: such estimates are marked as guesses."""
-    from hfai.protocol import names
-    from hfai.protocol.types import EstimateReply, EstimateRequest, ListRequest
+    from hfai.protocol import verbs
+    from hfai.protocol.types import EstimateRequest, ListRequest
 
     forever = assume is not None and assume.strip().lower() == "forever"
     default = parse_time(assume) if assume and not forever else 0.0
     async with common.api() as client:
-        reply = await client.call(names.VERB_ESTIMATE, EstimateRequest(default_run_s=default, guess=assume is None),
-                                  EstimateReply)
+        reply = await client.call(verbs.ESTIMATE, EstimateRequest(default_run_s=default, guess=assume is None))
         jobs = await client.list(request=ListRequest(include_finished=False, history=0))
     waiting = [j for j in jobs if j.state.waiting]
     # A start rests on the guess when some job without a time limit is ahead of it or is it.

@@ -107,13 +107,13 @@ def build_spec(command: list[str], nodes: str, name: str | None, priority: str, 
 @common.run_async
 async def _submit(spec, force: bool, array: str | None = None) -> None:
     from hfai.cli.control import parse_array
-    from hfai.protocol import names
-    from hfai.protocol.types import JobReply, SubmitRequest
+    from hfai.protocol import verbs
+    from hfai.protocol.types import SubmitRequest
 
     indices = parse_array(array)[0] if array else ()
     async with common.api() as client:
         spec = await _resolve_after(client, spec)
-        reply = await client.call(names.VERB_SUBMIT, SubmitRequest(spec=spec, force=force, array=indices), JobReply)
+        reply = await client.call(verbs.SUBMIT, SubmitRequest(spec=spec, force=force, array=indices))
     job = reply.job
     size = f"{job.spec.min_nodes}-{job.spec.max_nodes}" if job.spec.elastic else str(job.spec.nodes)
     if reply.array_ids:

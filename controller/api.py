@@ -32,9 +32,9 @@ from hfai.controller.validate import check_array, parse_dependency
 from hfai.controller.views import job_view, quotas_of
 from hfai.controller.waits import WaitBoard
 from hfai.kv import KVCache, cas_update, cas_value
-from hfai.protocol import decode, encode, names
+from hfai.protocol import decode, encode, names, verbs
 from hfai.protocol.codec import Encoded, pack
-from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_for_code
+from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_of
 from hfai.protocol.limits import MAX_NODES
 from hfai.protocol.reasons import ReasonCode, reason
 from hfai.protocol.types import (
@@ -125,22 +125,23 @@ class ApiService:
         self._config = config or ControllerConfig()
         self._dev = dev or DevConfig()
         self._request = request  # NATS request/reply, to relay log requests to the agents
-        # Each handler takes the request type it is listed with (hence Any).
-        self._handlers: dict[str, tuple[type, Callable[[Caller, Any], Awaitable[object]]]] = {
-            names.VERB_SUBMIT: (SubmitRequest, self.submit),
-            names.VERB_LIST: (ListRequest, self.list),
-            names.VERB_STATUS: (JobRequest, self.status),
-            names.VERB_STOP: (StopRequest, self.stop),
-            names.VERB_NODES: (NodesRequest, self.nodes),
-            names.VERB_QUOTA_SET: (QuotaSetRequest, self.quota_set),
-            names.VERB_SETTINGS: (QuotasRequest, self.settings),
-            names.VERB_DRAIN: (DrainRequest, self.drain),
-            names.VERB_LOGS: (LogRequest, self.logs),
-            names.VERB_USAGE: (UsageRequest, self.usage_report),
-            names.VERB_HOLD: (HoldRequest, self.hold),
-            names.VERB_REQUEUE: (RequeueRequest, self.requeue),
-            names.VERB_UPDATE: (UpdateRequest, self.update),
-            names.VERB_ESTIMATE: (EstimateRequest, self.estimate),
+        # Each handler takes its verb's request type (hfai.protocol.verbs; hence Any) and answers
+        # with its reply type, or that reply already encoded (list, nodes: paged).
+        self._handlers: dict[str, Callable[[Caller, Any], Awaitable[object]]] = {
+            verbs.SUBMIT.name: self.submit,
+            verbs.LIST.name: self.list,
+            verbs.STATUS.name: self.status,
+            verbs.STOP.name: self.stop,
+            verbs.NODES.name: self.nodes,
+            verbs.QUOTA_SET.name: self.quota_set,
+            verbs.SETTINGS.name: self.settings,
+            verbs.DRAIN.name: self.drain,
+            verbs.LOGS.name: self.logs,
+            verbs.USAGE.name: self.usage_report,
+            verbs.HOLD.name: self.hold,
+            verbs.REQUEUE.name: self.requeue,
+            verbs.UPDATE.name: self.update,
+            verbs.ESTIMATE.name: self.estimate,
         }
         # Usage accounting (controller/usage_recorder.py), set by the controller service.
         self.usage: Callable[[UsageRequest, int], UsageReply] | None = None
@@ -156,9 +157,13 @@ class ApiService:
         user, verb, operator = names.parse_api_subject(subject)
         names.check_token("user name", user)
         if verb not in self._handlers:
-            raise InvalidRequest(f"unknown API verb {verb[:64]!r}; known: {', '.join(names.VERBS)}")
-        kind, handler = self._handlers[verb]
-        return await handler(Caller(user=user, operator=operator), decode(data, kind))
+            raise InvalidRequest(f"unknown API verb {verb[:64]!r}; known: {', '.join(verbs.VERBS)}")
+        return await self._handlers[verb](Caller(user=user, operator=operator), decode(data, verbs.VERBS[verb].request))
+
+    @property
+    def served(self) -> frozenset[str]:
+        """The verbs this service answers (every one of hfai.protocol.verbs: a test holds it)."""
+        return frozenset(self._handlers)
 
     # ---------------------------------------------------------------------------------- verbs
 
@@ -375,7 +380,7 @@ class ApiService:
             raise Unavailable(f"the agent of node {nodes[req.rank]} did not answer for the log") from None
         reply = decode(data, (LogChunk, ErrorReply))
         if isinstance(reply, ErrorReply):
-            raise error_for_code(reply.code)(reply.message)
+            raise error_of(reply.code, reply.message, reply.sub)
         return reply
 
     async def nodes(self, caller: Caller, req: NodesRequest) -> Encoded:

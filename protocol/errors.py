@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 
 
-class ErrorSub(str, enum.Enum):
+class ErrorSub(enum.StrEnum):
     """Which case of its class an error is, where some code decides on it. Travels as its value
     in ``ErrorReply.sub``; a value this side does not know reads as ``NONE`` (:meth:`of`)."""
 

@@ -26,7 +26,7 @@ from hfai._retry import Backoff
 from hfai.config import Config
 from hfai.protocol import names
 from hfai.protocol._lazy import frozen_dataclass
-from hfai.protocol.errors import Forbidden, InvalidRequest, Unavailable
+from hfai.protocol.errors import ErrorSub, Forbidden, InvalidRequest, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -240,11 +240,11 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
                 return nc
             log.warning("still waiting for NATS at %s", config.nats.url)
     except (TimeoutError, OSError, nats.errors.NoServersError, nats.errors.Error) as e:
-        if "authorization violation" in str(e).lower():
+        if server_refusal(e) is ErrorSub.CREDENTIALS_REFUSED:
             raise Forbidden(f"NATS at {config.nats.url} refused " + (
                 f"the credentials in {creds_file} (revoked, or issued for another cluster)" if creds else
                 "a connection without credentials; an operator issues them with `hfai admin user add NAME`"
-            )) from None
+            ), sub=ErrorSub.CREDENTIALS_REFUSED) from None
         why = "no answer" if isinstance(e, asyncio.TimeoutError) else e.__class__.__name__
         raise Unavailable(
             f"cannot reach NATS at {config.nats.url} ({why}); is the cluster up? "
@@ -516,6 +516,32 @@ async def events_subscription(js: JetStreamContext, config: Config) -> JetStream
     )
 
 
+def server_refusal(e: BaseException) -> ErrorSub:
+    """Which refusal of the NATS server ``e`` reports, if any: ``CREDENTIALS_REFUSED`` (it refused
+    the connection's credentials: "Authorization Violation") or ``SUBJECT_DENIED`` (it refused a
+    publish outside their permissions: "Permissions Violation for Publish to "SUBJECT""), else
+    ``NONE``. The one place that reads nats-py's words: it passes the server's ``-ERR`` line on
+    as a plain ``nats.errors.Error`` (its ``AuthorizationError`` only where it processes the line
+    itself, after connecting), so the text, matched with nats-py's own constants, is all there
+    is. tests/test_api_client_errors.py holds both against a real server."""
+    from nats.protocol.parser import AUTHORIZATION_VIOLATION, PERMISSIONS_ERR
+
+    if isinstance(e, nats.errors.AuthorizationError):
+        return ErrorSub.CREDENTIALS_REFUSED
+    text = str(e).lower()
+    if AUTHORIZATION_VIOLATION in text:
+        return ErrorSub.CREDENTIALS_REFUSED
+    if PERMISSIONS_ERR in text:
+        return ErrorSub.SUBJECT_DENIED
+    return ErrorSub.NONE
+
+
+def denies(e: BaseException, subject: str) -> bool:
+    """Whether ``e`` is the server refusing a publish on ``subject`` (``SUBJECT_DENIED``, see
+    :func:`server_refusal`): it quotes the subject, ``... to "hfai.api.bob.stop"``."""
+    return server_refusal(e) is ErrorSub.SUBJECT_DENIED and f'"{subject}"' in str(e)
+
+
 async def answer(msg: Any, dispatch: Callable[[str, bytes], Awaitable[object]], service: str,
                  local_error: Callable[[OSError], str] | None = None) -> None:
     """Serve one request message with ``dispatch(subject, data)`` and always reply (when the caller
@@ -531,7 +557,7 @@ async def answer(msg: Any, dispatch: Callable[[str, bytes], Awaitable[object]], 
     try:
         reply = await dispatch(msg.subject, msg.data)
     except HfaiError as e:
-        reply = ErrorReply(code=e.code, message=str(e))
+        reply = ErrorReply(code=e.code, message=str(e), sub=e.sub.value)
     except (TimeoutError, nats.errors.Error) as e:
         # JetStream busy for a moment (a bucket changing leader, a server lost): not a bug.
         log.warning("JetStream did not answer while serving %s: %s", msg.subject, e or type(e).__name__)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import hashlib
 import json
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from hfai._atomic import write_atomic
 from hfai.api.client import ApiClient
@@ -26,7 +28,7 @@ from hfai.api.workspace import MARKER_DIR, find_root, read_marker, write_marker
 from hfai.protocol import encode, names
 from hfai.protocol import storage as s
 from hfai.protocol.codec import encode_packed, pack
-from hfai.protocol.errors import Conflict, HfaiError, InvalidRequest, NotFound, Unavailable
+from hfai.protocol.errors import Conflict, ErrorSub, HfaiError, InvalidRequest, NotFound, Unavailable
 from hfai.storage import rules
 from hfai.storage.chunks import (
     Walked,
@@ -67,6 +69,7 @@ MISSING_BATCH = 4096
 COMMIT_PING_S = 1.0
 
 Progress = Callable[[int], object]
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -80,32 +83,23 @@ class PushResult:
 
 
 class StorageClient(ApiClient):
-    async def scall(self, verb: str, request, expect: type, timeout_s: float | None = None):
+    async def scall(self, verb: str, request: object, expect: type[R], timeout_s: float | None = None) -> R:
         """One request to the storage service (``timeout_s``: other than ``[nats] request_timeout_s``)."""
-        import copy
-        from dataclasses import replace
-
         subject = names.storage_subject(self.user, verb, operator=self.operator)
-        # A twin sharing the connection carries the other timeout, so requests made meanwhile
-        # (a commit's liveness pings) keep the usual one.
-        caller = self
-        if timeout_s is not None:
-            caller = copy.copy(self)
-            caller.config = replace(self.config, nats=replace(self.config.nats, request_timeout_s=timeout_s))
-        payload = encode(request)
         # Here, not at the top: hfai.api.client loads nats-py first, its own way (api/_light_nats.py:
         # without aiohttp); by now it has.
         import nats.errors
 
         try:
-            return await caller._request(subject, payload, expect)
+            return await self.request(subject, request, expect, timeout=timeout_s)
         except Unavailable as e:
-            if "no controller" in str(e):
-                raise Unavailable("no storage service answers; is `hfai-storage` running?") from None
+            if e.sub is ErrorSub.NO_RESPONDERS:
+                raise Unavailable("no storage service answers; is `hfai-storage` running?",
+                                  sub=ErrorSub.NO_RESPONDERS) from None
             raise
         except nats.errors.MaxPayloadError:
-            raise InvalidRequest(f"a {verb} request of {len(payload)} bytes is over the NATS server's max_payload "
-                                 f"({self._conn.max_payload} bytes); this client should have split it: "
+            raise InvalidRequest(f"a {verb} request of {len(encode(request))} bytes is over the NATS server's "
+                                 f"max_payload ({self._conn.max_payload} bytes); this client should have split it: "
                                  "please report it") from None
         except nats.errors.Error as e:
             raise Unavailable(f"NATS: {e or type(e).__name__} (during {verb}); push again") from None
@@ -502,13 +496,13 @@ async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout
             done, _ = await asyncio.wait({ask}, timeout=ping_s)
             if done:
                 return ask.result()
-            why = await _commit_alive(client, name)
-            forgotten = forgotten + 1 if why.startswith(_RESTARTED) else 0
+            seen = await _commit_alive(client, name)
+            forgotten = forgotten + 1 if seen is CommitSeen.FORGOTTEN else 0
             if ask.done():
                 return ask.result()
             # One "not committing" can be the reply still on its way; two in a row are not.
-            if why and (not why.startswith(_RESTARTED) or forgotten >= 2):
-                raise Unavailable(f"the storage service {why}. A commit is all "
+            if seen is not CommitSeen.GOING and (seen is not CommitSeen.FORGOTTEN or forgotten >= 2):
+                raise Unavailable(f"the storage service {seen.value.format(name=name)}. A commit is all "
                                   "or nothing: jobs see the workspace as before this push or as pushed, never a "
                                   "mix, and the service finishes or undoes it when it starts. Push again once "
                                   "`hfai-storage` runs (the chunks already sent are not sent again).")
@@ -518,7 +512,15 @@ async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout
         await asyncio.gather(ask, return_exceptions=True)
 
 
-_RESTARTED = "restarted"
+class CommitSeen(enum.Enum):
+    """What a ping of a commit in progress found (:func:`_commit_alive`); each value words it."""
+
+    GOING = ""  # the service is at it
+    FORGOTTEN = "restarted while committing workspace {name}"  # it answers, committing nothing
+    NOT_RUNNING = "stopped answering while committing workspace {name} (it is not running)"
+    SILENT = "stopped answering while committing workspace {name} (it is hung or cut off from NATS)"
+
+
 #: Manifest pieces in flight at once.
 PIECES_IN_FLIGHT = 4
 
@@ -543,14 +545,13 @@ async def _upload(client: StorageClient, name: str, whole: bytes) -> str:
     return upload
 
 
-async def _commit_alive(client: StorageClient, name: str) -> str:
-    """Empty if the service is committing ``name`` for us, else what happened to it."""
+async def _commit_alive(client: StorageClient, name: str) -> CommitSeen:
+    """Whether the service is still committing ``name`` for us, and if not, what happened to it."""
     try:
         status = await client.scall(s.VERB_WS_COMMIT_STATUS, s.WorkspaceRequest(workspace=name), s.CommitStatus)
     except Unavailable as e:
-        how = "it is not running" if "no storage service" in str(e) else "it is hung or cut off from NATS"
-        return f"stopped answering while committing workspace {name} ({how})"
-    return "" if status.committing else f"{_RESTARTED} while committing workspace {name}"
+        return CommitSeen.NOT_RUNNING if e.sub is ErrorSub.NO_RESPONDERS else CommitSeen.SILENT
+    return CommitSeen.GOING if status.committing else CommitSeen.FORGOTTEN
 
 
 def _read_quick(root: Path, chunk_bytes: int) -> tuple[dict, str]:

@@ -14,11 +14,11 @@ import nats
 import pytest
 from spine_cluster import nats_server
 
-from hfai.api.client import REPEATABLE_VERBS, ApiClient, try_plan
+from hfai.api.client import ApiClient, try_plan
 from hfai.config import Config, NatsConfig
-from hfai.protocol import encode, names
-from hfai.protocol.errors import Unavailable
-from hfai.protocol.types import JobList, JobSpec
+from hfai.protocol import encode, names, verbs
+from hfai.protocol.errors import ErrorSub, Unavailable
+from hfai.protocol.types import JobList, JobRequest, JobSpec
 
 USER = "tester"
 
@@ -36,9 +36,9 @@ def test_try_plan(deadline, try_s, copies, plan):
 
 
 def test_only_requests_safe_to_repeat_are_repeated():
-    assert names.VERB_SUBMIT not in REPEATABLE_VERBS and names.VERB_REQUEUE not in REPEATABLE_VERBS
-    assert {names.VERB_LIST, names.VERB_STATUS, names.VERB_NODES, names.VERB_STOP} <= REPEATABLE_VERBS
-    assert REPEATABLE_VERBS <= set(names.VERBS)
+    assert not verbs.SUBMIT.repeatable and not verbs.REQUEUE.repeatable and not verbs.REQUEUE.movable
+    assert verbs.SUBMIT.movable  # through another server only, named by its request_id
+    assert all(v.repeatable for v in (verbs.LIST, verbs.STATUS, verbs.NODES, verbs.STOP))
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +129,27 @@ async def test_a_request_nobody_answers_fails_at_the_deadline_saying_how_often_i
             with pytest.raises(Unavailable, match=r"no answer within 2s .*status \(asked 8 times\)"):
                 await api.status("nobody-answers-status")
     assert replicas.total(names.VERB_STATUS) == 8  # 1, 1, 2 and 4 copies at 0, 0.5, 1 and 1.5 s
+
+
+async def test_a_calls_own_timeout_is_its_alone(server, tmp_path):
+    """Two calls at once on one client: the one given ``timeout=`` waits that long, the other the
+    configured time (no twin of the client with another config: storage's commit relies on it)."""
+    async with Replicas(server) as replicas:
+        async with ApiClient(_config(server, tmp_path, try_s=0.1, deadline_s=2.0), user=USER) as api:
+            short, usual = await asyncio.gather(
+                api.call(verbs.STATUS, JobRequest(job="short"), timeout=0.4),
+                api.call(verbs.STATUS, JobRequest(job="usual")), return_exceptions=True)
+        await asyncio.sleep(0.1)  # anything sent has reached a member by now
+    assert isinstance(short, Unavailable) and "no answer within 0.4s" in str(short), short
+    assert isinstance(usual, Unavailable) and "no answer within 2s" in str(usual), usual
+    assert short.sub is usual.sub is ErrorSub.NO_ANSWER
+    copies = _config(server, tmp_path, 0.1).nats.request_copies
+    planned = try_plan(0.4, 0.1, copies) + try_plan(2.0, 0.1, copies)
+    assert replicas.total(names.VERB_STATUS) == sum(n for _, n in planned)
+
+
+async def test_no_controller_at_all_is_its_own_case(server, tmp_path):
+    async with ApiClient(_config(server, tmp_path, try_s=0.1), user=USER) as api:
+        with pytest.raises(Unavailable, match="no controller") as e:
+            await api.call(verbs.STATUS, JobRequest(job="nobody"))
+    assert e.value.sub is ErrorSub.NO_RESPONDERS

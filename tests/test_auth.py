@@ -13,10 +13,11 @@ import nats.errors
 import pytest
 from spine_cluster import JOBS, Cluster
 
+from hfai import _nats
 from hfai.api.client import ApiClient
 from hfai.protocol import encode, names
-from hfai.protocol.errors import Forbidden, HfaiError
-from hfai.protocol.types import ChainState, RunEvent, RunEventKind, StopRequest
+from hfai.protocol.errors import ErrorSub, Forbidden, HfaiError
+from hfai.protocol.types import ChainState, JobReply, RunEvent, RunEventKind, StopRequest
 
 # Starts real clusters (nats-server, controllers, agents): excluded by `pytest -m "not slow"`.
 pytestmark = pytest.mark.slow
@@ -67,8 +68,13 @@ def test_credentials_files_are_private(cluster):
 
 def test_a_client_without_credentials_cannot_connect(cluster):
     async def go():
-        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        with pytest.raises(nats.errors.Error, match="Authorization Violation") as refused:
             await nats.connect(cluster.config.nats.url, allow_reconnect=False, max_reconnect_attempts=0)
+        # The one reading of nats-py's words (hfai._nats.server_refusal) knows the real server's.
+        assert _nats.server_refusal(refused.value) is ErrorSub.CREDENTIALS_REFUSED
+        with pytest.raises(Forbidden) as ours:
+            await _nats.connect(cluster.config, name="anonymous", reconnect=False, creds="")
+        assert ours.value.sub is ErrorSub.CREDENTIALS_REFUSED
 
     asyncio.run(go())
     env_home = cluster.local.root / "empty-home"
@@ -92,12 +98,13 @@ def test_the_server_refuses_a_publish_on_another_users_subject(cluster, bobs_job
     err = asyncio.run(_refused_publish(cluster.config.nats.url, alice, names.api_subject("bob", names.VERB_STOP),
                                        encode(StopRequest(job=bobs_job.id))))
     assert "permissions violation" in err.lower()
+    assert _nats.denies(nats.errors.Error(err), names.api_subject("bob", names.VERB_STOP))
 
     async def through_the_client():
         async with ApiClient(cluster.config, user="alice") as api:
-            with pytest.raises(Forbidden):
-                await api._request(names.api_subject("bob", names.VERB_STOP), encode(StopRequest(job=bobs_job.id)),
-                                   object)
+            with pytest.raises(Forbidden) as refused:
+                await api.request(names.api_subject("bob", names.VERB_STOP), StopRequest(job=bobs_job.id), JobReply)
+            assert refused.value.sub is ErrorSub.SUBJECT_DENIED  # the server's refusal, not the controller's
 
     asyncio.run(through_the_client())
     assert cluster.job(bobs_job.id).state is ChainState.RUNNING

@@ -11,9 +11,10 @@ import pytest
 from test_spine_local_restart import STEPS, hfai, job, job_id, ok, wait_state
 from waits import wait_for
 
+from hfai.api.client import ApiClient
 from hfai.api.config import current_user
 from hfai.cli.local import LocalCluster
-from hfai.cli.local.interrupt import AgentOps
+from hfai.cli.local.interrupt import suspend
 from hfai.protocol.errors import Forbidden
 from hfai.protocol.types import ChainState, NodeSuspendRequest
 
@@ -30,9 +31,8 @@ def test_down_has_the_agent_suspend_the_job_and_up_resumes_it(home, tmp_path):
     local.user_creds("bob")  # a user, not an operator
 
     async def as_bob() -> None:
-        ops = AgentOps(local.config(), user="bob")
-        async with ops:
-            await ops.suspend("node-0", NodeSuspendRequest(ack_window_s=0.0, kill_window_s=0.0))
+        async with ApiClient(local.config(), user="bob") as ops:
+            await suspend(ops, "node-0", NodeSuspendRequest(ack_window_s=0.0, kill_window_s=0.0))
 
     with pytest.raises(Forbidden, match="only operators"):
         asyncio.run(as_bob())

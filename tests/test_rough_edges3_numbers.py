@@ -14,6 +14,7 @@ from hfai.api.client import ApiClient
 from hfai.cli.main import main
 from hfai.config import load_config
 from hfai.controller.validate import check_array, check_spec
+from hfai.protocol import verbs
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.limits import MAX_ARRAY_INDEX, MAX_NODES
 from hfai.protocol.types import JobSpec, Priority, SubmitRequest
@@ -74,4 +75,4 @@ def test_the_python_api_says_a_number_is_too_large_to_send(tmp_path):
     client = ApiClient(config, user="alice")  # never connected: the refusal comes first
     request = SubmitRequest(spec=_spec(nodes=10**20))
     with pytest.raises(InvalidRequest, match="too large to send"):
-        asyncio.run(client.call("submit", request, object))
+        asyncio.run(client.call(verbs.SUBMIT, request))

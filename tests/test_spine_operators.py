@@ -111,10 +111,10 @@ def test_list_and_nodes_replies_are_paged(tmp_path):
         assert ps.returncode == 0 and all(i in ps.stdout for i in ids), ps.stdout
 
         async def one_page(api):
-            from hfai.protocol import names
-            from hfai.protocol.types import JobList, ListRequest
+            from hfai.protocol import verbs
+            from hfai.protocol.types import ListRequest
 
-            return await api.call(names.VERB_LIST, ListRequest(), JobList)
+            return await api.call(verbs.LIST, ListRequest())
 
         page = c.run(one_page)
         assert page.more and 0 < len(page.jobs) < len(ids)

@@ -5,27 +5,21 @@ waits for the agents to say their runs ended and were reported."""
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hfai.api.client import ApiClient
 from hfai.config import Config
-from hfai.protocol import encode, names
+from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
 from hfai.protocol.types import NodeSuspendReply, NodeSuspendRequest
 
 
-class AgentOps(ApiClient):
-    """An operator's client of the agents' operations (hfai.agent.<node>.op.<user>.<verb>)."""
-
-    async def suspend(self, node: str, req: NodeSuspendRequest) -> NodeSuspendReply:
-        """Ask ``node``'s agent to suspend every run; it answers within ``req.wait_s``."""
-        caller = copy.copy(self)  # the same connection, waiting as long as the agent may
-        nats = self.config.nats
-        caller.config = replace(self.config, nats=replace(nats, request_timeout_s=req.wait_s + nats.request_timeout_s))
-        return await caller._request(names.agent_op_subject(node, self.user, names.AGENT_OP_SUSPEND), encode(req),
-                                     NodeSuspendReply)
+async def suspend(ops: ApiClient, node: str, req: NodeSuspendRequest) -> NodeSuspendReply:
+    """Ask ``node``'s agent (an agent operation: an operator's client) to suspend every run; it
+    answers within ``req.wait_s``, which the request waits for on top of the usual time."""
+    return await ops.request(names.agent_op_subject(node, ops.user, names.AGENT_OP_SUSPEND), req, NodeSuspendReply,
+                             timeout=req.wait_s + ops.config.nats.request_timeout_s)
 
 
 @dataclass
@@ -43,12 +37,12 @@ async def suspend_nodes(config: Config, user: str, nodes: list[str], ack_window_
     """Ask every node's agent to suspend its runs (at once, to learn how many), then wait for
     them all to settle. An agent that does not answer is reported silent; a refusal (Forbidden:
     not an operator) raises."""
-    ops = AgentOps(config, user=user)
+    ops = ApiClient(config, user=user)
     async with ops:
 
         async def ask(node: str, wait: float) -> NodeSuspendReply | None:
             try:
-                return await ops.suspend(node, NodeSuspendRequest(ack_window_s, kill_window_s, wait))
+                return await suspend(ops, node, NodeSuspendRequest(ack_window_s, kill_window_s, wait))
             except (Unavailable, OSError):
                 return None  # a dead agent (no responders) or one that hangs
 
