@@ -282,7 +282,7 @@ class ApiService:
 
     async def status(self, caller: Caller, req: JobRequest) -> JobReply:
         job = await self._find(caller.user, req.job, shown=True)
-        # Its log watchdog as its nodes' heartbeats last said (protocol 1.9: shown, never stored).
+        # Its log watchdog as its nodes' heartbeats last said (shown, never stored).
         watch = watch_of(job, self._nodes.cache.values)
         return JobReply(job=_shown_to(caller, job if watch is None else replace(job, watchdog=watch)))
 
