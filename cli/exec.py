@@ -24,7 +24,7 @@ from hfai.api.client import ApiClient
 from hfai.api.config import cli_config
 from hfai.cli.common import run_async
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, Unavailable
+from hfai.protocol.errors import Conflict, ErrorSub, Forbidden, InvalidRequest, Unavailable
 from hfai.protocol.limits import MAX_RANK
 from hfai.protocol.types import ChainState, ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted
 
@@ -127,14 +127,14 @@ class ExecClient(ApiClient):
         subject = names.agent_op_subject(node, self.user, names.AGENT_OP_EXEC) if self.operator else \
             names.agent_exec_subject(node, self.user)
         try:
-            return await self._request(subject, encode(req), ExecStarted)
+            return await self.request(subject, req, ExecStarted)
         except Forbidden as e:
-            if not str(e).startswith("the cluster does not let"):
+            if e.sub is not ErrorSub.SUBJECT_DENIED:
                 raise  # the agent's refusal: not the job's owner
             raise Forbidden(f"the cluster does not let {self.user} run commands in jobs (credentials issued "
-                            f"before hfai exec existed? ask an operator for new ones)") from None
-        except Unavailable:
-            raise Unavailable(f"the agent of node {node} does not answer") from None
+                            f"before hfai exec existed? ask an operator for new ones)", sub=e.sub) from None
+        except Unavailable as e:
+            raise Unavailable(f"the agent of node {node} does not answer", sub=e.sub) from None
 
     async def listen(self, node: str, session: str, inbox: asyncio.Queue) -> Subscription:
         """Put the session's output messages (their bytes) in ``inbox``, from before it starts."""

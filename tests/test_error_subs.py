@@ -80,22 +80,22 @@ def test_a_commit_ends_on_the_second_forgotten_ping_in_a_row_only():
 
 
 def test_an_exec_start_tells_the_servers_refusal_from_the_agents(monkeypatch):
-    from hfai.cli import exec as cli_exec
+    from hfai.cli.exec import ExecClient
 
-    if not hasattr(cli_exec, "start"):
-        pytest.skip("cli/exec.py still reaches _request through a subclass")
-    api = SimpleNamespace(user="alice", operator=False)
+    def refusing(e: BaseException) -> ExecClient:
+        api = ExecClient(Config(nats=NatsConfig(url="nats://127.0.0.1:1")), user="alice")  # never connected
 
-    def refusing(e):
         async def request(*a, **k):
             raise e
-        return SimpleNamespace(**vars(api), request=request)
+
+        monkeypatch.setattr(api, "request", request)
+        return api
 
     with pytest.raises(Forbidden, match="run commands in jobs"):
-        asyncio.run(cli_exec.start(refusing(Forbidden(REWORDED, sub=ErrorSub.SUBJECT_DENIED)), "n0", None))
+        asyncio.run(refusing(Forbidden(REWORDED, sub=ErrorSub.SUBJECT_DENIED)).start("n0", None))  # type: ignore
     agents = Forbidden("the cluster does not let you: job j1 belongs to bob")  # the agent's, whatever its words
     with pytest.raises(Forbidden, match="belongs to bob"):
-        asyncio.run(cli_exec.start(refusing(agents), "n0", None))
+        asyncio.run(refusing(agents).start("n0", None))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("error, sub", [
