@@ -25,7 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import Forbidden, HfaiError, NotFound, error_for_code
+from hfai.protocol.errors import Forbidden, HfaiError, NotFound, error_of
 from hfai.protocol.reasons import ReasonCode, describe
 from hfai.protocol.types import JOB_DEV, ChainState, DevSessionReply, DevSessionRequest, ErrorReply, JobRecord
 from hfai.web.pages import error_page
@@ -172,7 +172,7 @@ class DevProxy:
             return DevSessionReply()
         reply = decode(msg.data, (DevSessionReply, ErrorReply))
         if isinstance(reply, ErrorReply):
-            raise error_for_code(reply.code)(reply.message)
+            raise error_of(reply.code, reply.message, reply.sub)
         return reply
 
     # ------------------------------------------------------------------------ relaying
