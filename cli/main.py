@@ -115,12 +115,10 @@ def _loading(module: str) -> Iterator[None]:
     20 times and find nothing to free, since what a module makes lives as long as the process.
     What exists then is frozen (gc.freeze), so that the command's own collections do not go
     through it; LazyGroup.main thaws it when the command ends, so that a process that goes on (a
-    test calling the CLI in-process) collects all of it again."""
+    test calling the CLI in-process) collects as before. Public gc calls only, and only around
+    this import: nothing here depends on how the process was started."""
     global _frozen
-    import hfai.cli
-
-    paused, hfai.cli.gc_paused = hfai.cli.gc_paused, False  # since click's import (hfai/cli/__init__.py)
-    if not paused and (module in sys.modules or not gc.isenabled() or gc.get_freeze_count()):
+    if module in sys.modules or not gc.isenabled() or gc.get_freeze_count():
         yield
         return
     gc.disable()
@@ -132,17 +130,10 @@ def _loading(module: str) -> Iterator[None]:
         gc.enable()
 
 
-# At exit the interpreter collects every generation, going through all that the imports made to
-# find next to nothing, a large part of a short command. Frozen first, those objects are left out.
-# Only the exit's collections are spared: objects in reference cycles then (garbage not collected
-# yet) are not finalized, which Python never promises at exit anyway; files, streams and logging
-# are still flushed and closed.
-atexit.register(gc.freeze)
-
-
 #: Commands that only ask the cluster and print (stdout and stderr are all they write): run as the
-#: process's own command, they end it at once after the interpreter's exit steps that can matter
-#: (see _exit_now), as does a call that ran no command (`hfai --help`, `--version`, a usage error).
+#: process's own command (:meth:`LazyGroup.__call__`), they end it at once after the interpreter's
+#: exit steps that can matter (see _exit_now), as does a call that ran no command (`hfai --help`,
+#: `--version`, a usage error).
 QUICK_EXIT = frozenset({"ps", "status", "stop", "nodes", "logs"})
 
 
@@ -150,14 +141,17 @@ def _exit_now(status: int) -> None:
     """End the process as its exit would, without tearing the interpreter down: the atexit
     handlers run (logging's flush among them), stdout and stderr are flushed, then ``os._exit``.
     What that skips is freeing every object the imports made, one by one, and the final
-    collections, for memory the process hands back anyway. Where
-    another thread still runs (the interpreter would wait for it) or a flush fails (the interpreter
-    reports it), this returns and the exit goes on the usual way."""
+    collections (docs/performance.md), for memory the process hands back anyway. Where another
+    thread still runs (the interpreter would wait for it), a flush fails (the interpreter reports
+    it) or this Python has no ``atexit._run_exitfuncs`` (CPython's, undocumented: then the
+    handlers could not run; tests/test_cli_startup_adapters.py fails on such a Python), this
+    returns and the exit goes on the usual way."""
     import threading
 
-    if threading.active_count() > 1:
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if threading.active_count() > 1 or run_exitfuncs is None:
         return
-    atexit._run_exitfuncs()  # as the interpreter runs them (and then forgets them)
+    run_exitfuncs()  # as the interpreter runs them (and then forgets them)
     try:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
@@ -167,44 +161,32 @@ def _exit_now(status: int) -> None:
     os._exit(status)
 
 
-def _is_the_process(frame) -> bool:
-    """Whether the call in ``frame`` is the process's own command: made by the ``hfai`` console
-    script (``sys.exit(main())``) or by ``python -m hfai.cli.main``, from the top of the stack, in
-    a script without any try at its top level. Not an in-process call (click's CliRunner, a script
-    or a test that goes on after it)."""
-    argv0 = sys.argv[0] if sys.argv else ""
-    if os.path.basename(argv0) != "hfai" and os.path.abspath(argv0) != os.path.abspath(__file__):
-        return False
-    caller = frame.f_back
-    while caller is not None and caller.f_globals.get("__name__") == "click.core":
-        caller = caller.f_back  # click's Command.__call__
-    top = getattr(sys.modules.get("__main__"), "__dict__", None)
-    if caller is None or caller.f_code.co_name != "<module>" or caller.f_globals is not top:
-        return False
-    if getattr(caller.f_code, "co_exceptiontable", None) != b"":
-        return False  # the script has a try (or with) at its top: it may catch the exit and go on
-    outer = caller.f_back
-    while outer is not None:  # `python -m` runs the module from runpy
-        if outer.f_globals.get("__name__") != "runpy":
-            return False
-        outer = outer.f_back
-    return True
-
-
 class LazyGroup(click.Group):
+    """click's group, with each command's module imported when the command runs, and the quick
+    exit of a query that is the process's own command."""
+
     _ran: str | None = None
+
+    def __call__(self, *args, **kwargs):
+        """``main()`` without arguments is how the ``hfai`` console script (``sys.exit(main())``)
+        and ``python -m hfai.cli.main`` run the command: as the process's own, which ends with it.
+        Such a call ends the process at once after a query (:data:`QUICK_EXIT`) or a call that ran
+        no command (:func:`_exit_now`); it does not return. A call with arguments, or through
+        ``main.main(...)`` (click's CliRunner), returns or raises SystemExit as click's does."""
+        if args or kwargs:
+            return self.main(*args, **kwargs)
+        try:
+            return self.main()
+        except SystemExit as e:
+            status = e.code or 0
+            if (self._ran is None or self._ran in QUICK_EXIT) and type(status) is int:
+                _exit_now(status)
+            raise
 
     def main(self, *args, **kwargs):
         global _frozen
         try:
             return super().main(*args, **kwargs)
-        except SystemExit as e:
-            status = e.code or 0
-            if (self._ran is None or self._ran in QUICK_EXIT) and kwargs.get("standalone_mode", True) \
-                    and type(status) is int \
-                    and _is_the_process(sys._getframe()):
-                _exit_now(status)
-            raise
         finally:
             if _frozen:
                 gc.unfreeze()
