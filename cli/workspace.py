@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -125,23 +126,22 @@ MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's most
 TRIM_THRESHOLD = 256 * 1024 * 1024
 
 
-def keep_freed_memory() -> None:
+def keep_freed_memory() -> bool:
     """Have glibc's allocator keep the memory this process frees, for its next allocations: a
     push's data path makes fresh buffers of 0.5-4 MiB for every request (the chunks read, msgpack's
     request, nats-py's command and asyncio's join of it), which glibc otherwise maps and unmaps
-    (or trims) each time, so that every page of every one is faulted in anew: 150,000 faults a GB,
-    a tenth of a push's time (docs/storage.md). Only in a push's own process, once it has bytes to
-    send, and only where glibc is (elsewhere nothing changes)."""
-    if not sys.platform.startswith("linux"):
-        return
+    (or trims) each time, so that every page of every one is faulted in anew (docs/storage.md).
+    Only in a push's own process, once it has bytes to send. ``mallopt`` is glibc's public
+    interface (no Python binding: ctypes); the result says whether both settings were taken:
+    False where the C library is not glibc (the push is then as fast as that allocator makes it),
+    and tests/test_cli_startup_adapters.py fails where glibc refuses them."""
+    if "CS_GNU_LIBC_VERSION" not in getattr(os, "confstr_names", {}) or not os.confstr("CS_GNU_LIBC_VERSION"):
+        return False  # not glibc (musl, macOS, Windows): no mallopt to call
     import ctypes
 
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    mallopt = ctypes.CDLL(None).mallopt  # glibc has had it always: a missing one is an error
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) & bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 class _Bars(contextlib.ExitStack):

@@ -1,0 +1,121 @@
+"""The assumptions the CLI's start-up adapters make about other packages' insides, each checked
+against what is installed, so that an upgrade that breaks one fails here and not, silently, as a
+slower or different `hfai` call (docs/performance.md, "Adapters"):
+
+* hfai.api._light_nats: nats-py's transport imports aiohttp in a ``try`` and runs without it;
+  nats-py reads its version with importlib.metadata in a ``try``; its core client needs nothing
+  of ``nats.js`` to load (a lazily loaded module is enough).
+* hfai.auth.nkey: PyNaCl's private cffi module ``nacl._sodium`` is there and signs as PyNaCl's
+  public ``nacl.bindings`` does.
+* hfai.cli.main._exit_now: CPython's ``atexit._run_exitfuncs`` runs the handlers, once.
+* hfai.cli.workspace.keep_freed_memory: glibc's ``mallopt`` takes the two settings.
+
+(hfai._nats.read_in's, that nats-py reads its sockets ``DEFAULT_BUFFER_SIZE`` bytes at a time, is
+checked on a real connection in tests/test_storage_push.py.) Each import check is a fresh process:
+this one loaded all of it long ago.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _fresh(code: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+# ----------------------------------------------------------------------- hfai.api._light_nats
+
+LIGHT = """
+import json, sys
+import hfai.api._light_nats
+import nats.aio.client, nats.aio.transport
+loaded = {name: name in sys.modules for name in ("aiohttp", "importlib.metadata", "nats.js.api", "nats.js.client")}
+out = {"loaded": loaded, "transport_aiohttp": nats.aio.transport.aiohttp is None,
+       "version": nats.aio.client.__version__, "js_lazy": type(sys.modules["nats.js"]).__name__}
+import nats.js
+out["js_context"] = nats.js.JetStreamContext.__name__  # its first use runs the module
+import importlib.metadata
+out["installed"] = importlib.metadata.version("nats-py")
+print(json.dumps(out))
+"""
+
+
+def test_nats_py_loads_without_aiohttp_and_importlib_metadata_and_with_nats_js_lazy():
+    out = _fresh(LIGHT)
+    assert out["loaded"] == {"aiohttp": False, "importlib.metadata": False, "nats.js.api": False,
+                             "nats.js.client": False}
+    assert out["transport_aiohttp"] is True  # nats-py's own fallback: no WebSocket transport yet
+    assert out["js_lazy"] == "_LazyModule"
+    assert out["js_context"] == "JetStreamContext"
+    assert out["version"] == out["installed"]  # read from its .dist-info folder: what CONNECT sends
+
+
+def test_what_is_hidden_while_nats_py_loads_is_importable_again_after():
+    out = _fresh("import json, hfai.api._light_nats, aiohttp, importlib.metadata, asyncio.sslproto, ssl\n"
+                 "print(json.dumps([aiohttp.__name__, importlib.metadata.__name__, ssl.SSLContext.__name__]))")
+    assert out == ["aiohttp", "importlib.metadata", "SSLContext"]
+
+
+def test_a_websocket_url_gets_nats_pys_transport_back():
+    out = _fresh("import json, hfai.api._light_nats, nats.aio.transport\n"
+                 "from hfai import _nats\n"
+                 "_nats._websocket_transport()\n"
+                 "print(json.dumps(nats.aio.transport.aiohttp.__name__))")
+    assert out == "aiohttp"
+
+
+# ----------------------------------------------------------------------------- hfai.auth.nkey
+
+def test_pynacls_private_sodium_module_is_there_and_signs_as_its_public_bindings():
+    """nkey signs through ``nacl._sodium`` (PyNaCl's cffi module: its public ``nacl.bindings``
+    costs several times more to import). A PyNaCl that moved or changed it fails here."""
+    from nacl.bindings import crypto_sign, crypto_sign_seed_keypair
+
+    from hfai.auth import nkey
+
+    ffi, lib = nkey._libsodium()
+    assert ffi is not None and lib is not None, "nacl._sodium is gone: hfai.auth.nkey falls back to nacl.bindings"
+    for name in ("crypto_sign_seed_keypair", "crypto_sign", "sodium_memzero", "sodium_init"):
+        assert hasattr(lib, name), name
+    import nkeys
+
+    for size in (0, 1, 64, 1000):
+        raw, data = os.urandom(32), os.urandom(size)
+        seed = nkeys.encode_seed(raw, nkeys.PREFIX_BYTE_USER)
+        public = crypto_sign(data, crypto_sign_seed_keypair(raw)[1])[:nkey.SIGNATURE_BYTES]
+        assert nkey.sign(seed, data) == public
+
+
+# ------------------------------------------------------------------------ hfai.cli.main._exit_now
+
+def test_cpythons_atexit_runner_runs_the_handlers_once():
+    """_exit_now runs the atexit handlers with ``atexit._run_exitfuncs`` before ``os._exit``; a
+    Python without it gets the usual exit (slower), and fails here."""
+    code = """
+import atexit, os
+atexit.register(print, "handler", flush=True)
+atexit._run_exitfuncs()
+print("ran", flush=True)
+os._exit(0)
+"""
+    for how in (code, code.replace("os._exit(0)", "")):  # and forgets them: the usual exit does not run them again
+        r = subprocess.run([sys.executable, "-c", how], capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stdout.split()) == (0, ["handler", "ran"]), r.stderr
+
+
+# ------------------------------------------------------------- hfai.cli.workspace.keep_freed_memory
+
+def test_glibcs_mallopt_takes_the_push_settings():
+    if "CS_GNU_LIBC_VERSION" not in getattr(os, "confstr_names", {}) or not os.confstr("CS_GNU_LIBC_VERSION"):
+        pytest.skip("glibc's allocator only")
+    out = subprocess.run([sys.executable, "-c", "from hfai.cli.workspace import keep_freed_memory\n"
+                          "print(keep_freed_memory())"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True"], out.stderr
