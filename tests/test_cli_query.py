@@ -93,7 +93,7 @@ def test_job_json_is_plain_data_with_the_documented_keys():
                          "min_nodes", "max_nodes", "nodes_held", "last_nodes", "held_by", "submitted", "started",
                          "ended", "runtime_s", "runs", "suspend_count", "whole_life_state", "command", "workdir",
                          "env_name", "env", "after", "time_limit_s", "retries", "retried", "array_id", "array_index",
-                         "peak_memory_bytes", "cpu_s"]
+                         "peak_memory_bytes", "cpu_s", "watchdog"]
     assert row["nodes_held"] == ["n1", "n2"] and row["started"] is None and row["held_by"] is None
     assert "history" in render.job_json(JOB, history=True)
     assert "\\u001b" in render.dumps([{"name": "x\x1b[2J"}])  # no raw escape reaches a terminal
