@@ -232,7 +232,8 @@ def _hints(cls: type) -> dict[str, Any]:
     of its cost. Anything else: get_type_hints."""
     import sys
 
-    # Messages defined outside protocol/types.py (protocol/storage.py) name their own module's types.
+    # A message names the types of its own module (protocol/jobs.py, nodes.py, ...), where it
+    # imports them; protocol/types.py, which names every one, stands in for any it does not.
     module = vars(sys.modules[cls.__module__])
     own = cls.__dict__.get("__annotations__", {})
     try:
@@ -251,7 +252,7 @@ _COMMON: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool,
 
 
 def _annotation(text: Any, module: dict[str, Any]) -> Any:
-    """What the annotation ``text`` names in ``module`` (then protocol/types.py), where it is one
+    """What the annotation ``text`` names in ``module`` (then hfai.protocol.types), where it is one
     of the forms :func:`_hints` looks up; else :class:`_Unusual`."""
     if not isinstance(text, str):
         raise _Unusual
