@@ -46,8 +46,8 @@ def user_errors(kinds: Kinds = _hfai_errors) -> _Decorator:
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         def run_async(*args: Any, **kwargs: Any) -> Any:
-            # asyncio here, not at import: a command module that talks NATS imports nats-py's core
-            # client first, which loads asyncio without ssl (hfai.api._light_nats).
+            # asyncio here, not at import: a command's help, or a command that runs no coroutine,
+            # does without it.
             import asyncio
 
             return asyncio.run(command(*args, **kwargs))

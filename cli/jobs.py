@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-# isort: off
-from hfai.api import _light_nats  # noqa: F401  (first: nats-py, and asyncio without ssl, see there)
 import asyncio
-# isort: on
 import sys
 import time
 

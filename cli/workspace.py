@@ -69,8 +69,6 @@ def init(name: str | None):
 @user_errors()
 def push(bwlimit: int, dry_run: bool):
     """Send the workspace containing the current directory: only the chunks the cluster lacks."""
-    # nats-py's core first: asyncio then loads without ssl (hfai.api._light_nats).
-    from hfai.api import _light_nats  # noqa: F401, I001
     import asyncio
 
     asyncio.run(_push(bwlimit, dry_run))

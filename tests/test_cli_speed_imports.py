@@ -1,8 +1,9 @@
 """What an `hfai ps` or `hfai status ID` leaves out on its way to an answer, and that what it left
-out is still there for whoever needs it: ssl (asyncio loads without it, nats-py gets it lazily)
-comes back whole for a tls:// URL, for `[nats] tls_ca` and for a server that requires TLS; the
-daemons' helpers (argparse) and getpass are not loaded; no message class is made for a reply the
-command only prints. Each check is a real process: this one has loaded all of it long ago."""
+out is still there for whoever needs it: aiohttp, importlib.metadata and the JetStream client
+(nats.js runs only at its first use) are not loaded, nor the daemons' helpers (argparse) and
+getpass; TLS connections work from a process that loaded nats-py that way; no message class is
+made for a reply the command only prints. Each check is a real process: this one has loaded all
+of it long ago."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from spine_cluster import Cluster, cli_env
 from hfai.protocol.types import ChainState
 
 #: Loaded by an `hfai ps` before these changes, and needed by none of its steps.
-NOT_NEEDED = ("_ssl", "argparse", "getpass", "termios", "hfai._daemon", "aiohttp", "importlib.metadata")
+NOT_NEEDED = ("argparse", "getpass", "termios", "hfai._daemon", "aiohttp", "importlib.metadata", "nats.js.api")
 
 PROBE = f"""
 import json, sys
@@ -29,8 +30,7 @@ except SystemExit as e:
     assert not e.code, e.code
 from hfai.protocol import _lazy
 from hfai.protocol.types import MESSAGE_TYPES
-print(json.dumps({{"ssl": type(sys.modules.get("ssl")).__name__,
-                  "loaded": [m for m in {NOT_NEEDED!r} if m in sys.modules],
+print(json.dumps({{"loaded": [m for m in {NOT_NEEDED!r} if m in sys.modules],
                   "made": sorted(c.__name__ for c in MESSAGE_TYPES.values() if not _lazy.is_pending(c))}}))
 """
 
@@ -43,7 +43,7 @@ def cluster(tmp_path_factory):
 
 
 @pytest.mark.parametrize("args", [("ps",), ("ps", "-a"), ("status", "JOB")])
-def test_a_query_loads_no_ssl_no_daemon_helpers_and_makes_no_message_class(cluster, tmp_path, args):
+def test_a_query_loads_no_aiohttp_no_jetstream_no_daemon_helpers_and_makes_no_message_class(cluster, tmp_path, args):
     job = cluster.submit([sys.executable, "-c", "pass"], "speed", workdir=tmp_path)
     cluster.wait_state(job.id, ChainState.SUCCEEDED)
     args = tuple(job.id if a == "JOB" else a for a in args)
@@ -52,35 +52,7 @@ def test_a_query_loads_no_ssl_no_daemon_helpers_and_makes_no_message_class(clust
     assert r.returncode == 0, r.stderr
     out, probe = r.stdout.rsplit("\n", 2)[0], json.loads(r.stdout.splitlines()[-1])
     assert job.id in out or args == ("ps",)  # it answered (a plain ps lists active jobs only)
-    assert probe == {"ssl": "_LazyModule", "loaded": [], "made": []}
-
-
-#: The names each asyncio module holds, and what its `ssl` names are, as JSON.
-ASYNCIO_NAMES = """
-import json, sys
-names = {}
-for name, module in sorted(sys.modules.items()):
-    if name.split(".")[0] == "asyncio" and module is not None:
-        names[name] = sorted(vars(module))
-        if "ssl" in vars(module):
-            names[name].append(repr(vars(module)["ssl"]))
-        if "SSLAgainErrors" in vars(module):
-            names[name].append(repr(vars(module)["SSLAgainErrors"]))
-print(json.dumps(names))
-"""
-
-
-def test_asyncio_given_ssl_back_is_asyncio_as_it_loads_with_ssl():
-    """What asyncio's modules read from ssl as they load is all given back (a Python whose asyncio
-    reads more would fail here, not at a user's TLS connection)."""
-    plain = subprocess.run([sys.executable, "-c", "import asyncio, ssl, nats" + ASYNCIO_NAMES],
-                           capture_output=True, text=True, check=True).stdout
-    light = subprocess.run([sys.executable, "-c", "import sys, hfai.api.client, asyncio\n"
-                            "assert type(sys.modules['ssl']).__name__ == '_LazyModule'\n"
-                            "assert sys.modules['asyncio.base_events'].ssl is None\n"
-                            "import ssl; ssl.SSLContext" + ASYNCIO_NAMES],
-                           capture_output=True, text=True, check=True).stdout
-    assert json.loads(light) == json.loads(plain)
+    assert probe == {"loaded": [], "made": []}
 
 
 def make_tls(root: Path) -> dict[str, Path]:
@@ -101,10 +73,10 @@ def make_tls(root: Path) -> dict[str, Path]:
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a certificate")
-def test_tls_connections_get_ssl_after_the_light_import(tmp_path):
+def test_tls_connections_after_the_light_import(tmp_path):
     """A tls:// URL with [nats] tls_ca, a nats:// URL to a server that requires TLS (nats-py
-    upgrades it), and a plain asyncio TLS connection, all from a process that loaded asyncio
-    without ssl; and a server certificate nobody vouches for is still refused."""
+    upgrades it), and a plain asyncio TLS connection, all from a process that loaded nats-py as a
+    query does; and a server certificate nobody vouches for is still refused."""
     from hfai.cli.local.nats_server import start_nats
 
     tls = make_tls(tmp_path / "tls")
@@ -114,9 +86,9 @@ def test_tls_connections_get_ssl_after_the_light_import(tmp_path):
     port = int(url.rsplit(":", 1)[1])
     code = f"""
 import sys
-import hfai.cli.jobs  # as `hfai ps` starts
+import hfai.api.client  # nats-py, as `hfai ps` loads it
 import asyncio
-assert type(sys.modules["ssl"]).__name__ == "_LazyModule" and "_ssl" not in sys.modules
+assert "aiohttp" not in sys.modules and type(sys.modules["nats.js"]).__name__ == "_LazyModule"
 import nats
 from hfai import _nats
 from hfai.config import Config, NatsConfig

@@ -72,6 +72,33 @@ def test_a_websocket_url_gets_nats_pys_transport_back():
     assert out == "aiohttp"
 
 
+def test_the_core_client_runs_nats_js_at_its_first_use_a_no_responders_status(tmp_path):
+    """nats-py reads ``nats.js.api.Header`` for a message with headers: the lazy module runs then."""
+    from hfai.cli.local.nats_server import start_nats
+
+    proc, url = start_nats(tmp_path / "js", tmp_path / "nats.log")
+    code = f"""
+import asyncio, json, sys
+import hfai.api._light_nats
+import nats, nats.errors
+async def main():
+    nc = await nats.connect({url!r})
+    before = type(sys.modules["nats.js"]).__name__
+    try:
+        await nc.request("nobody.listens", b"", timeout=10)
+    except nats.errors.NoRespondersError:
+        print(json.dumps([before, type(sys.modules["nats.js"]).__name__, "no responders"]))
+    finally:
+        await nc.close()
+asyncio.run(main())
+"""
+    try:
+        assert _fresh(code) == ["_LazyModule", "module", "no responders"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 # ----------------------------------------------------------------------------- hfai.auth.nkey
 
 def test_pynacls_private_sodium_module_is_there_and_signs_as_its_public_bindings():
