@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Self, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -158,7 +158,7 @@ class ApiClient:
         self._left: list[Client] = []  # connections to servers left as cut off (closed with the client)
         self._refused: dict[str, set[asyncio.Future]] = {}
 
-    async def __aenter__(self) -> ApiClient:
+    async def __aenter__(self) -> Self:
         creds = self._credentials or ""
         try:
             self._nc = await _nats.connect(self.config, name=f"hfai-cli-{self.user}", reconnect=False, creds=creds,
@@ -202,7 +202,7 @@ class ApiClient:
             raise TypeError(f"{verb.name} takes a {verb.request.__name__}, not a {type(request).__name__}")
         if isinstance(request, SubmitRequest) and not request.request_id:
             # Named, so that a copy sent through another server makes no second job.
-            request = replace(request, request_id=os.urandom(8).hex())  # type: ignore[assignment]
+            request = replace(request, request_id=os.urandom(8).hex())
         # An operator sends everything on the operator subject: its verbs, and others' jobs.
         return await self.request(names.api_subject(self.user, verb.name, operator=self.operator), request,
                                   verb.reply, timeout=timeout, repeatable=verb.repeatable, movable=verb.movable)
@@ -257,7 +257,7 @@ class ApiClient:
         reply = decode(msg.data, (expect, ErrorReply))
         if isinstance(reply, ErrorReply):
             raise error_of(reply.code, reply.message, reply.sub)
-        return reply  # type: ignore[return-value]
+        return reply
 
     async def _first_answer(self, subject: str, payload: bytes, plan: tuple[tuple[float, int], ...],
                             deadline_s: float, asks: set[asyncio.Future], refused: asyncio.Future,
