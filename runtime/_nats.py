@@ -523,7 +523,7 @@ def server_refusal(e: BaseException) -> ErrorSub:
     ``NONE``. The one place that reads nats-py's words: it passes the server's ``-ERR`` line on
     as a plain ``nats.errors.Error`` (its ``AuthorizationError`` only where it processes the line
     itself, after connecting), so the text, matched with nats-py's own constants, is all there
-    is. tests/test_api_client_errors.py holds both against a real server."""
+    is. tests/test_auth.py holds both against a real server."""
     from nats.protocol.parser import AUTHORIZATION_VIOLATION, PERMISSIONS_ERR
 
     if isinstance(e, nats.errors.AuthorizationError):
