@@ -12,7 +12,7 @@ JWT does not allow, so a forged name gets :class:`Forbidden`, not someone else's
 from __future__ import annotations
 
 # isort: off
-from hfai.api import _light_nats  # noqa: F401  (first: nats-py without aiohttp, asyncio without ssl: see there)
+from hfai.api import _light_nats  # noqa: F401  (first: nats-py without aiohttp, see there)
 import asyncio
 import fnmatch
 import logging

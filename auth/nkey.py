@@ -65,7 +65,9 @@ def sign(seed: str | bytes, data: bytes) -> bytes:
 
 def _libsodium() -> tuple[Any, Any]:
     """(ffi, lib) of PyNaCl's libsodium module, initialised as PyNaCl initialises it; (None,
-    None) where that module is not there (then :func:`sign` uses ``nacl.bindings``)."""
+    None) where that module is not there (then :func:`sign` uses ``nacl.bindings``). The one
+    place that reaches into PyNaCl's private ``nacl._sodium``: tests/test_cli_startup_adapters.py
+    fails where a PyNaCl release moves it or it signs otherwise than ``nacl.bindings``."""
     try:
         from nacl._sodium import ffi, lib  # type: ignore[import-not-found]  # PyNaCl's cffi module alone
     except ImportError:

@@ -146,17 +146,23 @@ def _websocket_transport() -> None:
         transport.aiohttp, transport.multidict = aiohttp, multidict
 
 
-def read_in(n: int) -> None:
+def read_in(n: int) -> bool:
     """Have nats-py read its sockets ``n`` bytes at a time in this process, for connections made
     from now on. nats-py 2.x has no option for it: its module constant ``DEFAULT_BUFFER_SIZE``
     (32 KiB), which it reads at each connect (its stream reader's limit) and each read, is set.
     For a process whose connection carries large messages (the storage service's 4 MiB puts: 128
     reads, parser calls and copies into the parser's growing buffer each, most of its event
-    loop's time, where 1 MiB reads took a tenth off a 1 GB push's time, docs/storage.md)."""
+    loop's time, docs/storage.md). The one place that sets another package's constant: a nats-py
+    without it is said in the log (False: reads stay nats-py's own), and
+    tests/test_storage_push.py fails where nats-py no longer reads with it."""
     import nats.aio.client
 
-    if isinstance(getattr(nats.aio.client, "DEFAULT_BUFFER_SIZE", None), int):  # a nats-py without it: as it is
-        nats.aio.client.DEFAULT_BUFFER_SIZE = n
+    if not isinstance(getattr(nats.aio.client, "DEFAULT_BUFFER_SIZE", None), int):
+        log.warning("this nats-py (%s) has no DEFAULT_BUFFER_SIZE: its connections read as it chooses, not %d "
+                    "bytes at a time", getattr(nats.aio.client, "__version__", "?"), n)
+        return False
+    nats.aio.client.DEFAULT_BUFFER_SIZE = n
+    return True
 
 
 async def connect(config: Config, name: str, reconnect: bool = True, creds: str | Credentials | None = None,

@@ -10,9 +10,11 @@ slower or different `hfai` call (docs/performance.md, "Adapters"):
 * hfai.cli.main._exit_now: CPython's ``atexit._run_exitfuncs`` runs the handlers, once.
 * hfai.cli.workspace.keep_freed_memory: glibc's ``mallopt`` takes the two settings.
 
-(hfai._nats.read_in's, that nats-py reads its sockets ``DEFAULT_BUFFER_SIZE`` bytes at a time, is
-checked on a real connection in tests/test_storage_push.py.) Each import check is a fresh process:
-this one loaded all of it long ago.
+* hfai._nats.read_in: nats-py 2.x has the module constant ``DEFAULT_BUFFER_SIZE`` (that it reads
+  its sockets that many bytes at a time is checked on a real connection in
+  tests/test_storage_push.py).
+
+Each import check is a fresh process: this one loaded all of it long ago.
 """
 
 from __future__ import annotations
@@ -97,6 +99,23 @@ asyncio.run(main())
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ------------------------------------------------------------------------------ hfai._nats.read_in
+
+def test_read_in_sets_nats_pys_read_size_and_says_so_where_it_has_none(monkeypatch, caplog):
+    """Where nats-py reads with it: tests/test_storage_push.py, on a real connection."""
+    import nats.aio.client
+
+    from hfai import _nats
+
+    assert isinstance(nats.aio.client.DEFAULT_BUFFER_SIZE, int)
+    monkeypatch.setattr(nats.aio.client, "DEFAULT_BUFFER_SIZE", nats.aio.client.DEFAULT_BUFFER_SIZE)
+    assert _nats.read_in(1 << 20) is True and nats.aio.client.DEFAULT_BUFFER_SIZE == 1 << 20
+    monkeypatch.delattr(nats.aio.client, "DEFAULT_BUFFER_SIZE")
+    with caplog.at_level("WARNING", logger="hfai._nats"):
+        assert _nats.read_in(1 << 20) is False
+    assert "no DEFAULT_BUFFER_SIZE" in caplog.text
 
 
 # ----------------------------------------------------------------------------- hfai.auth.nkey
