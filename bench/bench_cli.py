@@ -10,9 +10,12 @@ pass`` of the same interpreter (what no Python CLI can beat). The commands take 
 run, so that a change of the machine's load falls on all of them alike. With ``--imports``, what
 each command imports that costs most (``python -X importtime``); with ``--stages``, where the time
 of an ``hfai status ID`` goes after the interpreter's start: each group of imports in the order a
-call makes them, then the command itself (medians of fresh processes, timed inside them).
+call makes them, then the command itself (medians of fresh processes, timed inside them). With
+``--rev REV`` (repeatable), ``hfai ps`` and ``hfai status ID`` also run as commit REV of this
+repository has them, taking turns with the others: its package laid out as installed, first on
+PYTHONPATH (before and after a change, measured in the same run).
 
-    python bench/bench_cli.py [--runs 15] [--imports] [--stages]
+    python bench/bench_cli.py [--runs 15] [--imports] [--stages] [--rev REV ...]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from hfai.cli.local import LocalCluster
@@ -72,7 +76,7 @@ import hfai; mark("hfai (runtime/__init__: typing)")
 import click; mark("click")
 import hfai.cli.main; mark("cli/main.py")
 with hfai.cli.main._loading("hfai.cli.jobs"):
-    import hfai.api._light_nats; mark("asyncio (without ssl) and nats-py's core client")
+    import asyncio, hfai.api._light_nats; mark("asyncio and nats-py's core client")
     import hfai.protocol.codec; mark("hfai.protocol (codec, types, reasons, msgpack)")
     import hfai.cli.common; mark("cli/common.py, errors.py, render.py")
     import hfai.config; mark("hfai.config (its dataclasses made at first use)")
@@ -103,6 +107,25 @@ def stages(cmd_args: list[str], env: dict[str, str], runs: int) -> list[tuple[st
     return [(what, statistics.median(ms)) for what, ms in got.items()]
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def package_at(rev: str, into: Path) -> Path:
+    """A folder that, first on PYTHONPATH, makes ``import hfai`` the package as commit ``rev`` has it:
+    its files laid out as pyproject's package-dir installs them (runtime/ as hfai, cli/ as
+    hfai/cli, ...)."""
+    src, site = into / "src", into / "site"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    dirs = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    shutil.copytree(src / dirs["hfai"], site / "hfai")
+    for package, folder in dirs.items():
+        if package.startswith("hfai.") and not folder.startswith(dirs["hfai"] + "/"):
+            (site / package.replace(".", "/")).symlink_to(src / folder, target_is_directory=True)
+    return site
+
+
 def submit_one(cluster: LocalCluster, workdir: Path) -> str:
     from hfai.api.client import ApiClient
     from hfai.protocol.types import JobSpec
@@ -121,6 +144,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--imports", action="store_true", help="also list each command's costliest imports")
     p.add_argument("--stages", action="store_true", help="also time the stages of an `hfai status ID`")
+    p.add_argument("--rev", action="append", default=[], help="also time `hfai ps` and `hfai status ID` as this "
+                   "commit has them (repeatable)")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="hfai-bench-cli-"))
     cluster = LocalCluster(root=base / "cluster", nodes=1)
@@ -136,11 +161,18 @@ def main() -> int:
         load = os.getloadavg()[0]
         cases = [("python -c pass", [sys.executable, "-c", "pass"]), ("hfai --help", [*hfai, "--help"]),
                  ("hfai ps", [*hfai, "ps"]), ("hfai status ID", [*hfai, "status", job])]
+        envs = {label: env for label, _ in cases}
+        for rev in args.rev:
+            site = package_at(rev, base / "rev" / rev)
+            at = {**env, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])}
+            for label, cmd in (("hfai ps", [*hfai, "ps"]), ("hfai status ID", [*hfai, "status", job])):
+                cases.append((f"{label} @{rev[:10]}", cmd))
+                envs[cases[-1][0]] = at
         times: dict[str, list[float]] = {label: [] for label, _ in cases}
         cpu: dict[str, list[float]] = {label: [] for label, _ in cases}
         for i in range(args.runs + 1):  # the first warms the page cache and the .pyc files: not counted
             for label, cmd in cases:
-                wall, used = timed_run(cmd, env)
+                wall, used = timed_run(cmd, envs[label])
                 if i:
                     times[label].append(wall)
                     cpu[label].append(used)
@@ -150,14 +182,14 @@ def main() -> int:
               f"{os.cpu_count()} cores")
         for label, cmd in cases:
             med, lo, hi = statistics.median(times[label]), min(times[label]), max(times[label])
-            line = f"  {label:<15} {med * 1000:7.1f} ms  ({lo * 1000:.0f}-{hi * 1000:.0f})  cpu " \
+            line = f"  {label:<26} {med * 1000:7.1f} ms  ({lo * 1000:.0f}-{hi * 1000:.0f})  cpu " \
                    f"{statistics.median(cpu[label]) * 1000:5.1f} ms"
             if label != "python -c pass":
                 line += f"   ratio to the {TARGET_S:.2f} s target {med / TARGET_S:5.2f}   to python -c pass " \
                         f"{med / floor:5.2f}"
             print(line)
             if args.imports and label != "python -c pass":
-                print("      " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in top_imports(cmd, env)))
+                print("      " + ", ".join(f"{name} {us / 1000:.0f} ms" for us, name in top_imports(cmd, envs[label])))
         if args.stages:
             rows = stages(["status", job], env, args.runs)
             print(f"hfai status ID after the interpreter's start, by stage (median of {args.runs} processes):")
