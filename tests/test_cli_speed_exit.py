@@ -105,7 +105,7 @@ def test_other_commands_and_in_process_calls_exit_the_usual_way(cluster, tmp_pat
     r, marks = hfai(cluster, tmp_path, "sim", "--help")  # not one of QUICK_EXIT
     assert r.returncode == 0 and "Replay" in r.stdout
     assert marks == ["atexit", "torn down"]
-    # In-process, from a script that goes on after it (click's CliRunner; a try around main()),
+    # In-process, from a script that goes on after it (click's CliRunner; main() given its arguments),
     # even one named hfai: each call returns.
     code = textwrap.dedent("""
         import sys

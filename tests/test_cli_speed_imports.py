@@ -88,7 +88,7 @@ def test_tls_connections_after_the_light_import(tmp_path):
 import sys
 import hfai.api.client  # nats-py, as `hfai ps` loads it
 import asyncio
-assert "aiohttp" not in sys.modules and type(sys.modules["nats.js"]).__name__ == "_LazyModule"
+assert "aiohttp" not in sys.modules and "nats.js.client" not in sys.modules
 import nats
 from hfai import _nats
 from hfai.config import Config, NatsConfig
