@@ -12,6 +12,7 @@ import logging
 
 import nats.errors
 import pytest
+from waits import settle, until
 
 from hfai import _nats
 from hfai._daemon import EXIT_FAILED, Supervisor, serve
@@ -22,7 +23,7 @@ async def _forever() -> None:
 
 
 async def _raise_soon(error: Exception) -> None:
-    await asyncio.sleep(0.05)
+    await settle()  # after the others have started
     raise error
 
 
@@ -40,7 +41,7 @@ async def test_a_task_that_fails_fails_the_daemon(caplog):
 
 async def test_a_task_that_returns_or_is_cancelled_by_someone_else_fails_the_daemon():
     async def quits():
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
 
     sup = Supervisor()
     sup.spawn(quits(), "gc")
@@ -57,10 +58,10 @@ async def test_the_first_reason_wins_and_stop_is_no_failure():
     sup = Supervisor()
     sup.spawn(_forever(), "a")
     watched = sup.watch(asyncio.create_task(_forever(), name="b"))
-    await asyncio.sleep(0.01)
+    await settle()
     await sup.stop()
     watched.cancel()  # its owner stops it after the supervisor: not a failure
-    await asyncio.sleep(0.01)
+    await settle()
     assert not sup.has_failed
 
     sup = Supervisor()
@@ -130,10 +131,7 @@ async def test_follow_watches_anew_after_a_failed_open_an_end_and_an_error():
     seen, watches = [], []
     task = asyncio.create_task(_nats.follow(open_watch, seen.append, "test", on_watch=lambda: watches.append(len(seen)),
                                             watcher=ended, retry_s=0.01))
-    for _ in range(200):
-        if seen[-2:] == ["d", None]:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: seen[-2:] == ["d", None], 2.0, "the last watch's snapshot", poll=0.01)
     assert seen == ["a", None, "b", "c", "d", None]
     assert watches == [0, 3, 4]  # before each watch delivers anything
     assert ended.stopped.is_set() and failing.stopped.is_set() and not last.stopped.is_set()

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from fakes import FakeElection
+from waits import settle
 
 from hfai._daemon import EXIT_FAILED, EXIT_WEDGED, StuckTasksError, bounded, cancel_and_wait, raise_if_cancelled, serve
 from hfai.config import Config
@@ -39,7 +40,7 @@ class ReadyAsCancelledPsub:
 
 async def _fetching(psub: ReadyAsCancelledPsub) -> None:
     while psub.release is None:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
 
 
 async def test_event_consumer_stops_when_cancelled_as_its_fetch_completes():
@@ -63,7 +64,7 @@ async def test_the_311_wait_for_race_itself():
         return await asyncio.wait_for(release, 5.0)
 
     task = asyncio.create_task(caller())
-    await asyncio.sleep(0.01)
+    await settle()
     release.set_result("late")
     task.cancel()
     assert await asyncio.wait({task}, timeout=1.0)
@@ -73,7 +74,7 @@ async def test_the_311_wait_for_race_itself():
 async def test_bounded_propagates_a_cancellation_that_arrives_with_the_result():
     release = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(bounded(release, 5.0))
-    await asyncio.sleep(0.01)
+    await settle()
     release.set_result("late")
     task.cancel()
     await asyncio.wait({task}, timeout=1.0)
@@ -95,12 +96,12 @@ async def test_raise_if_cancelled_catches_a_swallowed_cancellation():
         while True:
             raise_if_cancelled()
             try:
-                await asyncio.sleep(10)
+                await asyncio.Event().wait()  # until cancelled
             except asyncio.CancelledError:
                 swallowed.set()  # what a swallowing await looks like from the outside
 
     task = asyncio.create_task(loop())
-    await asyncio.sleep(0.01)
+    await settle()
     task.cancel()
     await asyncio.wait({task}, timeout=1.0)
     assert swallowed.is_set() and task.cancelled()
@@ -109,35 +110,35 @@ async def test_raise_if_cancelled_catches_a_swallowed_cancellation():
 async def test_cancel_and_wait_cancels_again_a_task_that_swallowed_once():
     async def swallow_once():
         try:
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()  # until cancelled
         except asyncio.CancelledError:
             pass
-        await asyncio.sleep(10)
+        await asyncio.Event().wait()
 
     task = asyncio.create_task(swallow_once(), name="swallow-once")
-    await asyncio.sleep(0.01)
+    await settle()
     await cancel_and_wait([task], timeout_s=5.0)
     assert task.cancelled()
 
 
 async def test_cancel_and_wait_gives_up_on_a_task_that_never_stops():
-    released = False
+    released = asyncio.Event()
 
     async def immortal():
-        while not released:
+        while not released.is_set():
             try:
-                await asyncio.sleep(0.05)
+                await released.wait()
             except asyncio.CancelledError:
                 pass
 
     task = asyncio.create_task(immortal(), name="immortal")
-    await asyncio.sleep(0.01)
+    await settle()
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     with pytest.raises(StuckTasksError, match="immortal"):
         await cancel_and_wait([task], timeout_s=0.5)
     assert loop.time() - t0 < 2.0
-    released = True  # let the test's event loop close
+    released.set()  # let the test's event loop close
     await task
 
 
@@ -175,7 +176,7 @@ async def test_serve_exits_at_once_when_close_hangs():
     assert exits == [EXIT_WEDGED]
 
     async def slow_close():
-        await asyncio.sleep(0.5)
+        await asyncio.Event().wait()  # never done
 
     exits.clear()
     await serve(start, slow_close, failed, shutdown_timeout_s=0.1, hard_exit=exits.append)

@@ -7,6 +7,7 @@ import asyncio
 
 import nats
 import pytest
+from waits import until
 
 from hfai.kv import KVCache
 from hfai.protocol import encode
@@ -34,18 +35,12 @@ def test_cache_rewatches_after_its_watch_ends(nats_url):
         await kv.put("c", encode(StopRequest(job="c")))
         await kv.put("a", encode(StopRequest(job="a2")))
 
-        for _ in range(100):
-            if set(cache.values) == {"a", "c"} and cache.values["a"].job == "a2":
-                break
-            await asyncio.sleep(0.1)
+        await until(lambda: set(cache.values) == {"a", "c"} and cache.values["a"].job == "a2", 10.0,
+                    "the new watch to catch up", poll=0.1)
         assert set(cache.values) == {"a", "c"} and cache.values["a"].job == "a2", cache.values
         assert "b" in changed[2:]  # the drop was announced like any change
         await kv.put("d", encode(StopRequest(job="d")))  # and the new watch keeps following
-        for _ in range(50):
-            if "d" in cache.values:
-                break
-            await asyncio.sleep(0.1)
-        assert "d" in cache.values
+        await until(lambda: "d" in cache.values, 5.0, "the new watch to see d", poll=0.1)
         assert tracked == {"a", "b", "c", "d"}  # changed, dropped, new: every key once
         tracked.clear()
         cache.put_local("e", StopRequest(job="e"), 10**9)  # our own write, ahead of the watch

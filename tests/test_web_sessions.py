@@ -9,15 +9,14 @@ and all of them are gone once idle."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import gc
-import time
 from pathlib import Path
 
 import aiohttp
 import psutil
 import pytest
+from waits import until, wait_for
 
 from hfai._clock import FakeClock
 from hfai.auth.push import push_account
@@ -40,10 +39,8 @@ def local(tmp_path_factory):
     lc = LocalCluster(root=tmp_path_factory.mktemp("web-sessions"), nodes=0, controllers=0)
     lc.up()
     try:
-        deadline = time.monotonic() + 30
-        while server_connections(lc) < 1:  # the storage service's: part of the baseline
-            assert time.monotonic() < deadline, "hfai-storage did not connect to NATS"
-            time.sleep(0.05)
+        # The storage service's connection: part of the baseline.
+        wait_for(lambda: server_connections(lc) >= 1, 30, "hfai-storage to connect to NATS", poll=0.05)
         yield lc
     finally:
         lc.down()
@@ -104,14 +101,6 @@ def server_connections(local: LocalCluster) -> int:
 
 def descriptors() -> int:
     return psutil.Process().num_fds()
-
-
-async def until(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_many_sign_ins_stay_bounded_and_idle_sessions_leave_nothing(local):
