@@ -38,7 +38,7 @@ from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled, wait_eve
 from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
 from hfai._version import __version__
-from hfai.agent import logtimes, safefs
+from hfai.agent.cleanup import Cleanup
 from hfai.agent.contain import make_containment
 from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
@@ -48,6 +48,7 @@ from hfai.agent.health_allreduce import AllreduceSettings
 from hfai.agent.health_watch import HealthWatch
 from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
+from hfai.agent.logread import LogReader
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.operations import Operations
 from hfai.agent.plan import (
@@ -60,12 +61,11 @@ from hfai.agent.plan import (
     next_state,
     plan,
     platform_stopped,
-    stale_logs,
 )
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import make_reserve, write_state
 from hfai.agent.throughput import Relay, read_window
-from hfai.agent.trust import StartError, assignment_problem, check_log_request
+from hfai.agent.trust import StartError, assignment_problem
 from hfai.agent.watchdog import WatchdogSettings, read_watch, span
 from hfai.config import Config
 from hfai.protocol import decode, encode, names
@@ -156,7 +156,8 @@ class Agent:
                                  chunk_bytes=self.ac.exec_chunk_bytes, window=self.ac.exec_window,
                                  poll_s=self.ac.exec_poll_s, clock=clock)
         self.dev = DevSessions(self.node, self.store)
-        self._trash = asyncio.Event()  # set when a run's directories were moved to the trash
+        self.cleanup = Cleanup(self.store, clock, self.ac.log_retention_s, self.ac.log_gc_interval_s)
+        self.logs = LogReader(self.node, self.store)
         self._supervisor = Supervisor()
         self._nc: Client | None = None
         self._seq = 0
@@ -170,7 +171,7 @@ class Agent:
         self._nc = nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
         self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
-        self._log_sub = await nc.subscribe(names.agent_logs_subject(self.node), cb=self._serve_logs)
+        await self.logs.serve(nc)
         await self.ops.serve(nc)
         await self.execs.serve(nc)
         await self.dev.serve(nc)
@@ -183,8 +184,8 @@ class Agent:
         spawn(self._heartbeat_loop(), "heartbeat")
         spawn(self._watch_assignment(), "assignment-watch")
         spawn(self._reconcile_loop(), "reconcile")
-        spawn(self._log_gc_loop(), "log-gc")
-        spawn(self._trash_loop(), "trash")
+        spawn(self.cleanup.log_loop(), "log-gc")
+        spawn(self.cleanup.trash_loop(), "trash")
         spawn(self.execs.watch(), "exec-watch")
         spawn(self.health.loop(), "health")
         adopted = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
@@ -388,37 +389,9 @@ class Agent:
 
     # ---------------------------------------------------------------------------- reconcile
 
-    async def _log_gc_loop(self) -> None:
-        while True:
-            raise_if_cancelled()
-            try:
-                self.collect_old_logs()
-            except OSError as e:
-                log.warning("log clean-up failed: %s", e)
-            await self.clock.sleep(self.ac.log_gc_interval_s)
-
     def collect_old_logs(self, now: float | None = None) -> list[str]:
-        """Delete the log folders :func:`stale_logs` picks; returns their job ids."""
-        jobs_here = {run.assignment.job_id for run in self.store.snapshot().values()}
-        gone = stale_logs(self.store.log_last_writes(), jobs_here, self.clock.time() if now is None else now,
-                          self.ac.log_retention_s)
-        for job_id in gone:
-            self.store.remove_logs(job_id)
-            log.info("removed the logs of job %s (nothing written for %gs)", job_id, self.ac.log_retention_s)
-        return gone
-
-    async def _trash_loop(self) -> None:
-        """Delete the directories of forgotten runs (RunStore.cleanup moved them aside) in a
-        thread, so the event loop goes on starting and reporting runs meanwhile; first what an
-        earlier agent left there."""
-        while True:
-            raise_if_cancelled()
-            try:
-                await asyncio.to_thread(self.store.empty_trash)
-            except OSError as e:
-                log.warning("emptying the trash failed: %s", e)
-            await self._trash.wait()
-            self._trash.clear()
+        """Delete the logs of jobs gone long enough (see :class:`hfai.agent.cleanup.Cleanup`)."""
+        return self.cleanup.collect_old_logs(now)
 
     async def _reconcile_loop(self) -> None:
         streak = FailureStreak(self.ac.reconcile_failures_max)  # failures on this node's own state
@@ -567,7 +540,7 @@ class Agent:
             await self._send_reports([a], local)
         elif a.act is Act.CLEANUP:
             self.store.cleanup(key)
-            self._trash.set()
+            self.cleanup.trashed()
 
     async def _send_reports(self, actions: list[Action], local: dict[str, LocalRun]) -> None:
         """Publish the events of ``actions`` together (JetStream keeps their order: one
@@ -690,43 +663,9 @@ class Agent:
 
     # --------------------------------------------------------------------------------- logs
 
-    async def _serve_logs(self, msg) -> None:
-        async def dispatch(_subject: str, data: bytes) -> LogChunk:
-            return self.read_log(decode(data, LogRequest))
-
-        await _nats.answer(msg, dispatch, "agent", local_error=str)
-
     def read_log(self, req: LogRequest) -> LogChunk:
-        """A slice of one rank's log, at most trust.LOG_CHUNK_MAX bytes (the client pages)."""
-        req = check_log_request(req)
-        path = self.store.log_path(req.job_id, req.rank)
-        try:
-            fd = safefs.open_log_for_reading(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return LogChunk(data=b"", offset=req.offset, size=0, exists=False)
-        with open(fd, "rb") as f:
-            size = f.seek(0, 2)
-            offset = min(req.offset, size)
-            f.seek(offset)
-            data = f.read(req.max_bytes)
-            if not req.timestamps:
-                return LogChunk(data=data, offset=offset, size=size)
-            at_line_start = offset == 0 or os.pread(f.fileno(), 1, offset - 1) == b"\n"
-        data, line_ts = _line_times(path, offset, data, at_line_start)
-        return LogChunk(data=data, offset=offset, size=size, line_ts=line_ts)
-
-
-def _line_times(log_path, offset: int, data: bytes, at_line_start: bool) -> tuple[bytes, tuple[float, ...]]:
-    """When each line starting in ``data`` was read from the job (hfai.agent.logtimes)."""
-    try:
-        fd: int | None = safefs.open_log_for_reading(logtimes.times_path(log_path))
-    except (FileNotFoundError, NotADirectoryError):
-        fd = None  # a log of a run from before agents kept the times
-    try:
-        return logtimes.line_times(fd, offset, data, at_line_start)
-    finally:
-        if fd is not None:
-            os.close(fd)
+        """A slice of one rank's log (see :class:`hfai.agent.logread.LogReader`)."""
+        return self.logs.read(req)
 
 
 def _host_stat() -> HostStat:

@@ -106,7 +106,7 @@ def test_the_trash_task_empties_what_reconcile_forgets(tmp_path):
     agent._publish = publish  # type: ignore[method-assign]
 
     async def scenario() -> None:
-        trash = asyncio.create_task(agent._trash_loop())
+        trash = asyncio.create_task(agent.cleanup.trash_loop())
         try:
             _assign(agent, ra)
             await agent.reconcile()
