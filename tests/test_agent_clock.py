@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from waits import until
 
 from hfai._clock import FakeClock
 from hfai._daemon import wait_event
@@ -70,10 +71,7 @@ def _ra(tmp_path: Path, desired: DesiredRun) -> RunAssignment:
 
 async def _real_wait(done, what: str) -> None:
     """Wait for a process to do something, in real time (the fake clock stands still)."""
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        await asyncio.sleep(0.02)
+    await until(done, WAIT_S, what, poll=0.02)
 
 
 async def _advance_to(clock: FakeClock, boot: float) -> None:

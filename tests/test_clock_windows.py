@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from waits import until
+
 from hfai._clock import FakeClock
 from hfai._job import ACK_FILE, SUSPEND_FILE
 from hfai.agent import stamps
@@ -69,10 +71,7 @@ def _assign(agent: Agent, tmp_path: Path, desired: DesiredRun, fence: int) -> No
 
 async def _real_wait(done, what: str) -> None:
     """Wait for a process to do something, in real time (the fake clock stands still)."""
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        await asyncio.sleep(0.02)
+    await until(done, WAIT_S, what, poll=0.02)
 
 
 class _Running:
@@ -127,9 +126,12 @@ class _Running:
         ack.write_text(f"{os.getpid()} {time.time()} exit\n")
         if mtime is not None:
             os.utime(ack, (mtime, mtime))
-        while RunEventKind.SUSPEND_ACKED not in self.sent:
+
+        async def reported() -> bool:
             await self.clock.advance(TICK_S)
-            await asyncio.sleep(0.01)
+            return RunEventKind.SUSPEND_ACKED in self.sent
+
+        await until(reported, WAIT_S, "the acknowledgement's report", poll=0.01)
         return self.clock.boottime()
 
 

@@ -1,6 +1,7 @@
 """The controller's watchdog over its leader loop (issue 11): a loop that stops making progress,
 or whose tasks will not stop, ends the replica with a non-zero status (systemd restarts it)
-instead of leaving it on the lease doing nothing."""
+instead of leaving it on the lease doing nothing. The watchdog runs on a FakeClock: its bound passes
+when the test moves time, not while it sleeps."""
 
 from __future__ import annotations
 
@@ -8,21 +9,27 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+from hfai._clock import FakeClock
 from hfai._daemon import StuckTasksError, cancel_and_wait
 from hfai.config import Config, ControllerConfig
 from hfai.controller import service
 from hfai.controller.service import Controller
 
 
-def _controller(**cc) -> Controller:
-    return Controller(Config(controller=ControllerConfig(id="c0", **cc)))
+def _controller(clock: FakeClock | None = None, **cc) -> Controller:
+    config = Config(controller=ControllerConfig(id="c0", **cc))
+    return Controller(config) if clock is None else Controller(config, clock=clock)
 
 
 async def test_a_stuck_leader_loop_stops_the_controller():
-    c = _controller(leader_exit_s=0.3)
-    c.leader = SimpleNamespace(last_beat=time.monotonic(), fence=5)
+    clock = FakeClock()
+    c = _controller(clock, leader_exit_s=0.3)
+    c.leader = SimpleNamespace(last_beat=clock.monotonic(), fence=5)
     watchdog = asyncio.create_task(c._watchdog())
     try:
+        await clock.advance(0.25)
+        assert not c._supervisor.has_failed, "stopped within the bound"
+        await clock.advance(0.25)
         reason = await asyncio.wait_for(c.failed(), 3.0)
     finally:
         await cancel_and_wait([watchdog])
@@ -30,16 +37,17 @@ async def test_a_stuck_leader_loop_stops_the_controller():
 
 
 async def test_a_beating_leader_loop_and_a_standby_are_left_alone():
-    c = _controller(leader_exit_s=0.3)
-    leader = SimpleNamespace(last_beat=time.monotonic(), fence=5)
+    clock = FakeClock()
+    c = _controller(clock, leader_exit_s=0.3)
+    leader = SimpleNamespace(last_beat=clock.monotonic(), fence=5)
     c.leader = leader
     watchdog = asyncio.create_task(c._watchdog())
     try:
         for _ in range(10):  # 1 s, over three times the bound
-            leader.last_beat = time.monotonic()
-            await asyncio.sleep(0.1)
+            leader.last_beat = clock.monotonic()
+            await clock.advance(0.1)
         c.leader = None  # a standby: no loop to watch
-        await asyncio.sleep(0.5)
+        await clock.advance(5.0)
         assert not c._supervisor.has_failed
     finally:
         await cancel_and_wait([watchdog])
