@@ -4,11 +4,11 @@ recorded (issue 13, defect 11): real agent store, real launcher, a job with spaw
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from waits import until
 
 from hfai.agent.service import Agent
 from hfai.config import AgentConfig, Config
@@ -36,11 +36,13 @@ def _assign(agent: Agent, ra: RunAssignment, fence: int) -> None:
 
 
 async def _reconcile_until(agent: Agent, done, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+    async def reconciled() -> bool:
+        if done():
+            return True
         await agent.reconcile()
-        await asyncio.sleep(0.1)
+        return False
+
+    await until(reconciled, WAIT_S, what, poll=0.1)
 
 
 def test_a_job_with_spawned_workers_that_acks_exits_cleanly_and_its_status_is_kept(tmp_path):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 from types import SimpleNamespace
+
+from waits import until, wait_for
 
 from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
@@ -39,10 +40,11 @@ def _assign(agent: Agent, *runs: RunAssignment) -> None:
 
 
 def _wait_exited(agent: Agent, key: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while (run := agent.store.snapshot().get(key)) is None or run.phase is not RunPhase.EXITED:
-        assert time.monotonic() < deadline, f"{key} did not exit"
-        time.sleep(0.01)
+    def exited() -> bool:
+        run = agent.store.snapshot().get(key)
+        return run is not None and run.phase is RunPhase.EXITED
+
+    wait_for(exited, WAIT_S, f"{key} to exit", poll=0.01)
 
 
 def test_the_agent_fsyncs_nothing_on_a_runs_path(tmp_path, monkeypatch):
@@ -114,10 +116,9 @@ def test_the_trash_task_empties_what_reconcile_forgets(tmp_path):
             await agent.reconcile()  # reports
             _assign(agent)  # no longer wanted: forgotten
             await agent.reconcile()
-            deadline = time.monotonic() + WAIT_S
-            while agent.store.trash_dir.exists() and any(agent.store.trash_dir.iterdir()):
-                assert time.monotonic() < deadline, "the trash was never emptied"
-                await asyncio.sleep(0.01)
+            trash_dir = agent.store.trash_dir
+            await until(lambda: not (trash_dir.exists() and any(trash_dir.iterdir())), WAIT_S,
+                        "the trash to be emptied", poll=0.01)
         finally:
             trash.cancel()
             await asyncio.gather(trash, return_exceptions=True)
@@ -173,16 +174,12 @@ def test_the_zygote_hands_out_a_settled_spare_and_leaves_none_behind(tmp_path):
         (run_dir / "launch").write_bytes(spec.to_json())
         pid = z.spawn(str(run_dir))
         assert z._proc is not None and os.getsid(pid) == pid
-        deadline = time.monotonic() + WAIT_S
-        while not (spares := [p for p in psutil.Process(z._proc.pid).children() if p.pid != pid]):
-            assert time.monotonic() < deadline, "no spare forked after the answer"
-            time.sleep(0.01)
+        spares = wait_for(lambda: [p for p in psutil.Process(z._proc.pid).children() if p.pid != pid], WAIT_S,
+                          "a spare forked after the answer", poll=0.01)
         assert len(spares) == 1
     finally:
         z.close()
-        deadline = time.monotonic() + WAIT_S
-        while not (run_dir / "child_pid").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for((run_dir / "child_pid").exists, WAIT_S, "the child's pid file", poll=0.01)
         os.killpg(int((run_dir / "child_pid").read_text()), signal.SIGKILL)
     gone, alive = psutil.wait_procs(spares, timeout=WAIT_S)
     assert not alive
@@ -204,10 +201,8 @@ def test_the_launcher_fsyncs_the_status_and_assignment_after_it_exits(tmp_path, 
 
     monkeypatch.setattr(os, "fsync", fsync)
     launcher._persist_after_exit(files)
-    deadline = time.monotonic() + WAIT_S
-    while not (record.exists() and len(record.read_text().splitlines()) == 2):
-        assert time.monotonic() < deadline, "the launcher's child did not fsync"
-        time.sleep(0.01)
+    wait_for(lambda: record.exists() and len(record.read_text().splitlines()) == 2, WAIT_S,
+             "the launcher's child to fsync", poll=0.01)
     assert record.read_text().splitlines() == files
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 import psutil
 import pytest
+from waits import wait_for
 
 from hfai.agent import zygote
 from hfai.agent.launchers import ExecLauncher
@@ -30,10 +30,8 @@ def _ra(tmp_path, job_id: str, code: str) -> RunAssignment:
 
 
 def _exit_code(store: RunStore, key: str) -> int | None:
-    deadline = time.monotonic() + WAIT_S
-    while (run := store.snapshot()[key]).phase is RunPhase.ALIVE:
-        assert time.monotonic() < deadline, f"{key} still running"
-        time.sleep(0.05)
+    run = wait_for(lambda: (r := store.snapshot()[key]).phase is not RunPhase.ALIVE and r, WAIT_S, f"{key} to end",
+                   poll=0.05)
     return run.exit_code
 
 

@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 
 import click
 import nats
@@ -17,6 +16,7 @@ import nats.js.errors
 import psutil
 import pytest
 from click.testing import CliRunner
+from waits import wait_for
 
 from hfai._atomic import write_atomic
 from hfai._proc import pid_alive
@@ -209,10 +209,7 @@ def test_pid_alive():
     assert not pid_alive(os.getpid(), me.create_time() - 10), "a recycled pid is another process"
     assert not pid_alive(None) and not pid_alive(0) and not pid_alive(-1)
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    for _ in range(200):
-        if psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE:
-            break
-        time.sleep(0.05)
+    wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 10, "the child to exit", poll=0.05)
     assert not pid_alive(child.pid), "an exited, unreaped child is not alive"
     child.wait()
     assert not pid_alive(child.pid)
