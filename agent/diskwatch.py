@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hfai.agent.statefile import disk_full, write_volatile
@@ -49,12 +50,22 @@ class DiskWatch:
     """The state directory's verdict, checked at each heartbeat (:meth:`check`), and every write
     the agent saw refused for space meanwhile (:meth:`saw`)."""
 
-    def __init__(self, root: str | os.PathLike, min_free: int):
+    def __init__(self, root: str | os.PathLike, min_free: int, drain_now: Callable[[], None] = lambda: None):
         self.root = Path(root)
         self.min_free = min_free
+        self._drain_now = drain_now  # a heartbeat at once, to tell the leader
         self.reason = ""
         self._refused = ""  # the errno name of a write refused since the last check
         self.last_full: float | None = None  # time.time() a write was last refused for space here
+
+    def full(self, e: OSError) -> bool:
+        """Whether ``e`` is this node's disk full; if so the node drains itself at once (the
+        leader hears it now, not a heartbeat later)."""
+        if not self.saw(e):
+            return False
+        if not self.reason:
+            self._drain_now()
+        return True
 
     def saw(self, e: OSError) -> bool:
         """Note ``e`` if it is a full disk (True), so the next check drains the node."""

@@ -38,11 +38,13 @@ from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled, wait_eve
 from hfai._metrics import MetricsServer
 from hfai._retry import Backoff
 from hfai._version import __version__
+from hfai.agent.assignment import AssignmentWatch
 from hfai.agent.cleanup import Cleanup
 from hfai.agent.contain import make_containment
 from hfai.agent.devsession import DevSessions
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.exec import ExecService
+from hfai.agent.fence import Fence
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.health_allreduce import AllreduceSettings
 from hfai.agent.health_watch import HealthWatch
@@ -57,25 +59,22 @@ from hfai.agent.plan import (
     LocalRun,
     RunPhase,
     RunUsage,
-    fence_problem,
     next_state,
     plan,
     platform_stopped,
 )
 from hfai.agent.runs import DiskFull, RunStore
-from hfai.agent.statefile import make_reserve, write_state
+from hfai.agent.statefile import LocalStateError
 from hfai.agent.throughput import Relay, read_window
-from hfai.agent.trust import StartError, assignment_problem
+from hfai.agent.trust import StartError
 from hfai.agent.watchdog import WatchdogSettings, read_watch, span
 from hfai.config import Config
-from hfai.protocol import decode, encode, names
-from hfai.protocol.errors import ProtocolError
+from hfai.protocol import encode, names
 from hfai.protocol.types import (
     GpuFaultEvent,
     HostStat,
     LogChunk,
     LogRequest,
-    NodeAssignment,
     NodeRecord,
     RunAssignment,
     RunEvent,
@@ -103,11 +102,6 @@ class _NotStarted:
     reported: bool = False
 
 
-class LocalStateError(RuntimeError):
-    """The agent cannot write its own state on this node: waiting does not cure that, so the
-    task that met it ends and the agent stops (see :class:`hfai._daemon.Supervisor`)."""
-
-
 class Agent:
     def __init__(self, config: Config, clock: Clock = SYSTEM):
         self.config = config
@@ -127,13 +121,12 @@ class Agent:
                                                            creds_dir=config.nats.creds_dir,
                                                            dev_idle_s=config.dev.idle_s),
                               notebooks_root=config.dev.notebooks_root)
-        self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes)
+        self._beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
+        self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes, drain_now=self._beat_now.set)
         # Runs this agent reported ended without a run directory (its state directory was full):
         # never started here, whatever the assignment still says (key -> the run and its report).
         self._not_started: dict[str, _NotStarted] = {}
         self._throughput = Relay(self.ac.throughput_relay_s)  # runs' measured rates to the leader
-        self._beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
-        self._fence_warned: float | None = None
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self.health = HealthWatch(self.node, self.gpus, self.ac.health_interval_s, self.ac.health_check_step_s, clock,
                                   changed=self._beat_now.set, runs=self._alive_runs, publish=self._publish_fault,
@@ -141,16 +134,9 @@ class Agent:
                                   allreduce=AllreduceSettings(self.ac.health_allreduce,
                                                               self.ac.health_allreduce_floor_gbps,
                                                               self.ac.health_allreduce_bytes))
-        self._desired: dict[str, RunAssignment] = {}
-        self._fence = self._load_fence()
-        self._fence_unsaved = False  # a full disk refused the newest fence: saved once it can be
-        if self._fence:
-            self._reserve_fence()
-        # Set once this node's desired state is known: an accepted assignment, or none in KV.
-        # Until then the agent holds (see reconcile); a refused entry does not count as known.
-        self._have_assignment = False
-        self._refused_in_snapshot = False
         self._wake = asyncio.Event()
+        self.fence = Fence(self.store.root / "fence", self.disk, self.ac.heartbeat_interval_s)
+        self.assignment = AssignmentWatch(self.node, self.fence, changed=self._wake.set, accepted=self._forget_heard)
         self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s, self.clock)
         self.execs = ExecService(self.node, self.store, idle_s=self.ac.exec_idle_s, drain_s=self.ac.exec_drain_s,
                                  chunk_bytes=self.ac.exec_chunk_bytes, window=self.ac.exec_window,
@@ -182,7 +168,7 @@ class Agent:
         await self._first_heartbeat()
         spawn = self._supervisor.spawn
         spawn(self._heartbeat_loop(), "heartbeat")
-        spawn(self._watch_assignment(), "assignment-watch")
+        spawn(self.assignment.watch(self._assign_kv), "assignment-watch")
         spawn(self._reconcile_loop(), "reconcile")
         spawn(self.cleanup.log_loop(), "log-gc")
         spawn(self.cleanup.trash_loop(), "trash")
@@ -277,8 +263,7 @@ class Agent:
             containment=self.store.containment.summary if self.store.containment is not None else "",
             watchdogs=tuple(w for w in watches if w is not None),
         )
-        if self._fence_unsaved:
-            self._save_fence()
+        self.fence.retry()
         data = encode(record)
         if self.metrics is not None:
             self.metrics.heartbeat(record)
@@ -295,97 +280,11 @@ class Agent:
         try:
             self.store.mark_alive(sent_at)
         except OSError as e:
-            if not self._disk_full(e):
+            if not self.disk.full(e):
                 raise LocalStateError(f"cannot stamp this agent alive for its launchers: {e}") from e
             log.warning("cannot stamp this agent alive for its launchers: %s", e)
         assert self._nc is not None, "start() first"
         await self._nc.publish(names.telemetry_subject(self.node), data)
-
-    # --------------------------------------------------------------------------- assignment
-
-    async def _watch_assignment(self) -> None:
-        """Follow this node's assignment; if the watch fails or ends (a NATS server or stream
-        leader lost), watch anew: a new watch delivers the current assignment first. A fence
-        that cannot be saved ends the task (and so the agent)."""
-        await _nats.follow(lambda: self._assign_kv.watch(self.node), self._on_entry, "this node's assignment")
-
-    def _on_entry(self, entry) -> None:
-        if entry is None:
-            self._on_snapshot_end()
-        else:
-            self._on_assignment(entry)
-
-    def _on_snapshot_end(self) -> None:
-        """The watch delivered what KV holds now. Nothing there means nothing is wanted here; a
-        refused entry means the desired state is still unknown, so keep holding."""
-        if not self._refused_in_snapshot:
-            self._have_assignment = True
-        self._refused_in_snapshot = False
-        self._wake.set()
-
-    def _on_assignment(self, entry) -> None:
-        if entry.value is None or entry.operation in ("DEL", "PURGE"):
-            self._accept({})
-            return
-        try:
-            a = decode(entry.value, NodeAssignment)
-        except ProtocolError as e:
-            return self._refuse(f"ignoring undecodable assignment: {e}")
-        problem = assignment_problem(a, self.node)
-        if problem:
-            return self._refuse(f"refusing assignment with fence {a.fence}: {problem}")
-        # An equal fence is the same leader's next write. That a stale leader cannot write one
-        # (it could: a node cut off NATS keeps the old term's fence) is the server's guarantee,
-        # not this check's: a leader writes each assignment by compare-and-set on a value of its
-        # term or older, and stamps every node at a takeover (controller/leader.py).
-        if a.fence < self._fence:
-            return self._refuse(f"ignoring assignment with stale fence {a.fence} (newest seen {self._fence})")
-        if a.fence > self._fence:
-            self._fence = a.fence
-            self._save_fence()
-        self._accept({r.key: r for r in a.runs})
-
-    def _accept(self, desired: dict[str, RunAssignment]) -> None:
-        self._desired = desired
-        for key in [k for k, ns in self._not_started.items() if ns.reported and k not in desired]:
-            del self._not_started[key]  # the leader heard, and no longer asks for it
-        self._have_assignment = True
-        self._refused_in_snapshot = False
-        self._wake.set()
-
-    def _refuse(self, why: str) -> None:
-        log.warning("%s", why)
-        self._refused_in_snapshot = True
-
-    def _load_fence(self) -> int:
-        try:
-            return int((self.store.root / "fence").read_text())
-        except (FileNotFoundError, ValueError):
-            return 0
-
-    def _save_fence(self) -> None:
-        # Atomic: an agent killed while writing must not find a torn fence and accept stale work.
-        try:
-            write_state(self.store.root / "fence", str(self._fence), durable=True)  # a full disk: its reserve
-        except OSError as e:
-            if not self._disk_full(e):
-                raise LocalStateError(f"cannot save the fence {self._fence}: {e}") from e
-            # Kept in memory meanwhile, which is what refuses stale work while this agent lives
-            # (and the server's compare-and-set refuses a stale leader's write in any case).
-            if not self._fence_unsaved:
-                log.warning("cannot save the fence %d yet (the disk is full): retrying at each heartbeat",
-                            self._fence)
-            self._fence_unsaved = True
-            return
-        self._fence_unsaved = False
-        self._reserve_fence()
-
-    def _reserve_fence(self) -> None:
-        """After each save, room for the next on a full disk (the first save has none)."""
-        try:
-            make_reserve(self.store.root / "fence")
-        except OSError as e:
-            self._disk_full(e)  # another try at the next fence
 
     # ---------------------------------------------------------------------------- reconcile
 
@@ -414,7 +313,7 @@ class Agent:
                 nats_refused = True
                 log.exception("reconcile failed on NATS; retrying")  # the connection heals itself
             except Exception as e:
-                if isinstance(e, OSError) and self._disk_full(e):
+                if isinstance(e, OSError) and self.disk.full(e):
                     # A full disk does not count: the node drains itself meanwhile, and works
                     # again once space is back.
                     log.warning("reconcile met a full disk: %s", e)
@@ -476,10 +375,11 @@ class Agent:
     def _wanted(self, local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
         """The desired runs; while they are unknown (just started, or only a refused entry in KV),
         every run on the node as it is: nothing is started or stopped, exits are still reported."""
-        if self._have_assignment:
+        desired = self.assignment.desired
+        if self.assignment.known:
             if not self._not_started:
-                return self._desired
-            return {k: ra for k, ra in self._desired.items() if k not in self._not_started}
+                return desired
+            return {k: ra for k, ra in desired.items() if k not in self._not_started}
         return {key: run.assignment for key, run in local.items()}
 
     async def _report_not_started(self) -> None:
@@ -490,13 +390,9 @@ class Agent:
                 if ns.reported:
                     log.info("reported %s ended without starting: %s", key, ns.message)
 
-    def _disk_full(self, e: OSError) -> bool:
-        """Whether ``e`` is this node's disk full; if so the node drains itself at once."""
-        if not self.disk.saw(e):
-            return False
-        if not self.disk.reason:
-            self._beat_now.set()  # tell the leader now, not a heartbeat later
-        return True
+    def _forget_heard(self, desired: dict[str, RunAssignment]) -> None:
+        for key in [k for k, ns in self._not_started.items() if ns.reported and k not in desired]:
+            del self._not_started[key]  # the leader heard, and no longer asks for it
 
     def _not_start(self, ra: RunAssignment, message: str) -> None:
         """Report ``ra`` ended without starting (an interruption: the leader requeues it)."""
@@ -508,7 +404,7 @@ class Agent:
         if a.act not in _REPORTS:
             next_state(local.get(key), a.act)  # IllegalTransition: a step the run's state does not allow
         if a.act is Act.START:
-            self._check_fence(ra.fence_s)
+            self.fence.check_bound(ra.fence_s)
             try:
                 launched = self.store.start(ra)
                 if launched is None:  # it was here before a crash, and is over: report that
@@ -518,7 +414,7 @@ class Agent:
                 log.info("started %s (job %s rank %d)", key, ra.name, ra.rank)
             except DiskFull as e:
                 log.warning("not starting %s: %s", key, e)
-                self._disk_full(e)
+                self.disk.full(e)
                 self._not_start(ra, f"not started on {self.node}: {e}")
             except StartError as e:
                 log.warning("cannot start %s: %s", key, e)
@@ -597,17 +493,10 @@ class Agent:
             self.store.record_never_ran(ra)
             self.store.mark_sent(key, RunEventKind.STARTED)
         except OSError as e:
-            if not self._disk_full(e):
+            if not self.disk.full(e):
                 raise
             self._not_started[key] = _NotStarted(ra, message)  # kept from a new start; reported again
         return RunEventKind.EXITED, dict(exit_code=-1, platform_stopped=True, message=message)
-
-    def _check_fence(self, fence_s: float) -> None:
-        """Warn (once per bound) when the leader's fence bound is too tight for our heartbeats."""
-        problem = fence_problem(fence_s, self.ac.heartbeat_interval_s)
-        if problem and self._fence_warned != fence_s:
-            log.warning("%s", problem)
-        self._fence_warned = fence_s
 
     def _wake_on_exit(self, pid: int) -> None:
         """Re-plan as soon as a launcher exits instead of at the next periodic tick.

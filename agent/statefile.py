@@ -36,6 +36,11 @@ import os
 from hfai._atomic import write_atomic
 
 
+class LocalStateError(RuntimeError):
+    """The agent cannot write its own state on this node: waiting does not cure that, so the
+    task that met it ends and the agent stops (see :class:`hfai._daemon.Supervisor`)."""
+
+
 def write_volatile(path: str | os.PathLike, data: bytes | str) -> None:
     """Replace ``path`` with ``data`` atomically (temp file, rename), without an fsync."""
     path = os.fspath(path)

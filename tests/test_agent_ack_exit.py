@@ -32,7 +32,7 @@ def _ra(tmp_path: Path, desired: DesiredRun) -> RunAssignment:
 
 def _assign(agent: Agent, ra: RunAssignment, fence: int) -> None:
     entry = SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=fence, runs=(ra,))), operation=None)
-    agent._on_assignment(entry)
+    agent.assignment.on_assignment(entry)
 
 
 async def _reconcile_until(agent: Agent, done, what: str) -> None:

@@ -59,7 +59,7 @@ def _agent(tmp_path: Path, clock: FakeClock, **agent: object) -> tuple[Agent, li
 
 def _assign(agent: Agent, ra: RunAssignment, fence: int) -> None:
     entry = SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=fence, runs=(ra,))), operation=None)
-    agent._on_assignment(entry)
+    agent.assignment.on_assignment(entry)
 
 
 def _ra(tmp_path: Path, desired: DesiredRun) -> RunAssignment:

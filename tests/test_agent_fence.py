@@ -22,12 +22,12 @@ def test_stale_fence_is_ignored_and_fence_survives_restart(tmp_path):
     cfg = Config(agent=AgentConfig(node="n0", state_dir=str(tmp_path), env_root=str(tmp_path / "envs"),
                                    gpu_source="sim"))
     agent = Agent(cfg)
-    agent._on_assignment(_assignment(10, "new"))
-    assert list(agent._desired) == ["new.1"]
-    agent._on_assignment(_assignment(9, "old"))
-    assert list(agent._desired) == ["new.1"]
+    agent.assignment.on_assignment(_assignment(10, "new"))
+    assert list(agent.assignment.desired) == ["new.1"]
+    agent.assignment.on_assignment(_assignment(9, "old"))
+    assert list(agent.assignment.desired) == ["new.1"]
     restarted = Agent(cfg)
-    restarted._on_assignment(_assignment(9, "old"))
-    assert restarted._desired == {}
-    restarted._on_assignment(_assignment(11, "newer"))
-    assert list(restarted._desired) == ["newer.1"]
+    restarted.assignment.on_assignment(_assignment(9, "old"))
+    assert restarted.assignment.desired == {}
+    restarted.assignment.on_assignment(_assignment(11, "newer"))
+    assert list(restarted.assignment.desired) == ["newer.1"]

@@ -35,7 +35,7 @@ def _ra(tmp_path: Path, job_id: str, desired: DesiredRun = DesiredRun.RUN) -> Ru
 
 
 def _assign(agent: Agent, *runs: RunAssignment) -> None:
-    agent._on_assignment(SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=1, runs=runs)),
+    agent.assignment.on_assignment(SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=1, runs=runs)),
                                          operation=None))
 
 

@@ -61,11 +61,11 @@ def test_the_attackers_assignment_is_refused_and_nothing_is_written_outside(tmp_
     sent = _recorder(agent)
     pwned = tmp_path / "pwned"
     evil = _ra(job_id="../../..", entrypoint=("sh", "-c", f"id > {pwned}"), workdir=str(tmp_path))
-    agent._on_assignment(_entry(NodeAssignment(node="n0", fence=10**15, runs=(_ra(), evil))))
-    agent._on_snapshot_end()
+    agent.assignment.on_assignment(_entry(NodeAssignment(node="n0", fence=10**15, runs=(_ra(), evil))))
+    agent.assignment.on_snapshot_end()
     asyncio.run(agent.reconcile())
     time.sleep(0.3)
-    assert agent._desired == {} and agent._fence == 0
+    assert agent.assignment.desired == {} and agent.fence.value == 0
     assert not (agent.store.root / "fence").exists()
     assert sent == [] and not pwned.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
@@ -90,11 +90,11 @@ def test_every_identifier_is_checked(bad):
 
 def test_an_assignment_for_another_node_is_refused_and_good_ones_are_taken(tmp_path):
     agent = _agent(tmp_path)
-    agent._on_assignment(_entry(NodeAssignment(node="n1", fence=5, runs=(_ra(),))))
-    assert agent._desired == {} and agent._fence == 0
+    agent.assignment.on_assignment(_entry(NodeAssignment(node="n1", fence=5, runs=(_ra(),))))
+    assert agent.assignment.desired == {} and agent.fence.value == 0
     assert run_problem(_ra(env_name="torch-2_1")) is None
-    agent._on_assignment(_entry(NodeAssignment(node="n0", fence=5, runs=(_ra(),))))
-    assert list(agent._desired) == ["job1.1"] and agent._fence == 5
+    agent.assignment.on_assignment(_entry(NodeAssignment(node="n0", fence=5, runs=(_ra(),))))
+    assert list(agent.assignment.desired) == ["job1.1"] and agent.fence.value == 5
 
 
 def test_an_unreadable_command_is_a_start_failure_not_a_crash(tmp_path):
@@ -235,19 +235,19 @@ def test_whole_life_state_is_an_int64_or_nothing(tmp_path):
 
 def test_a_restarted_agent_seeing_only_a_stale_assignment_keeps_its_adopted_runs(tmp_path):
     first = _agent(tmp_path, run_as="agent")
-    first._on_assignment(_entry(NodeAssignment(node="n0", fence=10, runs=(_ra(entrypoint=("sleep", "60")),))))
-    launched = first.store.start(first._desired["job1.1"])
+    first.assignment.on_assignment(_entry(NodeAssignment(node="n0", fence=10, runs=(_ra(entrypoint=("sleep", "60")),))))
+    launched = first.store.start(first.assignment.desired["job1.1"])
     try:
         wait_for(lambda: (first.store.dir("job1.1") / "child_pid").exists(), 10, "job1's child", poll=0.05)
         agent = _agent(tmp_path, run_as="agent")  # restarted; KV holds an older leader's entry
         sent = _recorder(agent)
-        agent._on_assignment(_entry(NodeAssignment(node="n0", fence=9, runs=())))
-        agent._on_snapshot_end()
+        agent.assignment.on_assignment(_entry(NodeAssignment(node="n0", fence=9, runs=())))
+        agent.assignment.on_snapshot_end()
         asyncio.run(agent.reconcile())
         run = agent.store.snapshot()["job1.1"]
         assert run.phase is RunPhase.ALIVE and run.term_ts is None
         assert [kind for _, kind, _ in sent] == [RunEventKind.STARTED]  # reported, not stopped
-        agent._on_assignment(_entry(NodeAssignment(node="n0", fence=11, runs=())))
+        agent.assignment.on_assignment(_entry(NodeAssignment(node="n0", fence=11, runs=())))
         asyncio.run(agent.reconcile())
         assert agent.store.snapshot()["job1.1"].term_ts is not None  # a current leader is obeyed
     finally:
@@ -257,5 +257,5 @@ def test_a_restarted_agent_seeing_only_a_stale_assignment_keeps_its_adopted_runs
 
 def test_an_empty_kv_still_means_nothing_is_wanted(tmp_path):
     agent = _agent(tmp_path)
-    agent._on_snapshot_end()
-    assert agent._have_assignment and agent._desired == {}
+    agent.assignment.on_snapshot_end()
+    assert agent.assignment.known and agent.assignment.desired == {}

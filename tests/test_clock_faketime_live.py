@@ -45,7 +45,7 @@ def assign(agent, desired, fence):
                        rank=0, world_size=1, master_addr="127.0.0.1", master_port=20000,
                        entrypoint=(sys.executable, "-c", STUBBORN, str(up)), workdir=str(state.parent),
                        desired=desired, ack_window_s=ACK_WINDOW_S, kill_window_s=60.0)
-    agent._on_assignment(SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=fence, runs=(ra,))),
+    agent.assignment.on_assignment(SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=fence, runs=(ra,))),
                                          operation=None))
 
 

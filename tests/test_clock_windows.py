@@ -66,7 +66,7 @@ def _assign(agent: Agent, tmp_path: Path, desired: DesiredRun, fence: int) -> No
                        entrypoint=(sys.executable, "-c", STUBBORN, str(tmp_path / "up")), workdir=str(tmp_path),
                        desired=desired, ack_window_s=ACK_WINDOW_S, kill_window_s=KILL_WINDOW_S)
     entry = SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=fence, runs=(ra,))), operation=None)
-    agent._on_assignment(entry)
+    agent.assignment.on_assignment(entry)
 
 
 async def _real_wait(done, what: str) -> None:

@@ -168,7 +168,8 @@ def agent_on(tmp_path: Path, state_dir: Path, sent: list) -> Agent:
 
 
 def assign(agent: Agent, *runs: RunAssignment) -> None:
-    agent._on_assignment(SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=1, runs=runs)), operation=None))
+    entry = SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=1, runs=runs)), operation=None)
+    agent.assignment.on_assignment(entry)
 
 
 def heartbeat(agent: Agent) -> NodeRecord:
