@@ -56,10 +56,10 @@ def workspace():
 @user_errors()
 def init(name: str | None):
     """Make the current directory workspace NAME (default: the directory's name)."""
-    from hfai.storage.client import init as do_init
+    from hfai.storage.marker import init as do_init
 
-    data = do_init(Path.cwd(), name)
-    click.echo(f"workspace {data['name']} at {Path.cwd()}; `hfai workspace push` sends it to the cluster "
+    marker = do_init(Path.cwd(), name)
+    click.echo(f"workspace {marker.name} at {Path.cwd()}; `hfai workspace push` sends it to the cluster "
                "(.hfignore lists what stays behind)")
 
 
@@ -86,7 +86,8 @@ async def _push(bwlimit: int, dry_run: bool) -> None:
         async with _client() as client:
             await _dry_run(client, root, sc.chunk_bytes)
         return
-    from hfai.storage.client import drop, start_scan
+    from hfai.storage.manifest import start_scan
+    from hfai.storage.push import drop
 
     walking = start_scan(root)  # the tree is walked while the client connects
     try:
@@ -104,7 +105,7 @@ async def _push(bwlimit: int, dry_run: bool) -> None:
 
 async def _push_with_bars(client, root: Path, sc, bwlimit: int, walking=None):
     """The push, with progress bars on stderr (bytes, rate, ETA): hashing, then sending."""
-    from hfai.storage.client import push as do_push
+    from hfai.storage.push import push as do_push
 
     with _Bars() as bars:
         def planned(chunks: int, size: int) -> None:
@@ -161,10 +162,10 @@ class _Bars(contextlib.ExitStack):
 
 async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
     from hfai.api.workspace import read_marker
-    from hfai.storage.client import outgoing
+    from hfai.storage.push import outgoing
     from hfai.storage.rules import check_workspace_name
 
-    name = check_workspace_name(read_marker(root)["name"])
+    name = check_workspace_name(read_marker(root).name)
     with _Bars() as bars:
         out = await outgoing(client, root, name, chunk_bytes, on_hash=bars.update,
                              on_total=lambda n: bars.open("hashing", n))
@@ -180,7 +181,7 @@ async def _dry_run(client, root: Path, chunk_bytes: int) -> None:
 @user_errors()
 async def pull(name: str, dest: Path | None):
     """Fetch the cluster's copy of workspace NAME into DEST (default: ./NAME)."""
-    from hfai.storage.client import pull as do_pull
+    from hfai.storage.pull import pull as do_pull
 
     dest = dest or Path.cwd() / name
     async with _client() as client:

@@ -55,7 +55,7 @@ SLICE_ROOM = 4096
 READ_BYTES = 1024 * 1024
 #: Requests waiting for a handler are held by the subscription up to this many bytes (beyond it,
 #: NATS drops them as a slow consumer's and their clients time out): some 30 pushing clients'
-#: puts in flight (storage/client.py: IN_FLIGHT_BYTES), where nats-py's default is 64 MiB.
+#: puts in flight (storage/transport.py: IN_FLIGHT_BYTES), where nats-py's default is 64 MiB.
 PENDING_BYTES = 512 * 1024 * 1024
 
 

@@ -17,8 +17,9 @@ from hfai.protocol import decode, encode
 from hfai.protocol import storage as s
 from hfai.protocol.errors import ErrorSub, Forbidden, Unavailable, error_of
 from hfai.protocol.types import ErrorReply
-from hfai.storage import client as storage_client
-from hfai.storage.client import CommitSeen, StorageClient
+from hfai.storage import push as storage_push
+from hfai.storage.client import StorageClient
+from hfai.storage.push import CommitSeen
 
 REWORDED = "the service is not there at all"  # matches none of the old tests of the words
 
@@ -53,7 +54,7 @@ def test_storage_says_no_service_runs_by_the_sub_code(monkeypatch):
     (None, s.CommitStatus(workspace="ws", committing=True), CommitSeen.GOING),
 ])
 def test_a_commits_ping_reads_the_sub_code(monkeypatch, raises, reply, seen):
-    assert asyncio.run(storage_client._commit_alive(_storage_client(monkeypatch, raises, reply), "ws")) is seen
+    assert asyncio.run(storage_push._commit_alive(_storage_client(monkeypatch, raises, reply), "ws")) is seen
 
 
 class _Committing:
@@ -74,7 +75,7 @@ class _Committing:
 def test_a_commit_ends_on_the_second_forgotten_ping_in_a_row_only():
     client = _Committing([False, True, False, False])
     with pytest.raises(Unavailable, match="restarted while committing workspace ws"):
-        asyncio.run(storage_client.commit(client, "ws", s.Manifest(), timeout_s=60,  # type: ignore[arg-type]
+        asyncio.run(storage_push.commit(client, "ws", s.Manifest(), timeout_s=60,  # type: ignore[arg-type]
                                           ping_s=0.001))
     assert client.seen == []  # not at the first "not committing": that one may be the reply on its way
 

@@ -70,7 +70,8 @@ _PROBE = textwrap.dedent("""
                   "hfai.except_hook", "hfai.auto_resume", "hfai.env_switch", "hfai.watchdog", "hfai.datasets",
                   "hfai.distributed", "hfai.multiprocessing", "ffrecord", "hf_env", "hfai_env", "haiscale"])
     import hfai.cli
-    group("cli", ["hfai.cli.main", "hfai.api.client", "hfai.storage.client", "hfai.storage.ignore"]
+    group("cli", ["hfai.cli.main", "hfai.api.client", "hfai.storage.client", "hfai.storage.ignore",
+                  "hfai.storage.push", "hfai.storage.pull"]
                  + [m.name for m in pkgutil.walk_packages(hfai.cli.__path__, "hfai.cli.")])
     print(json.dumps(seen))
 """)

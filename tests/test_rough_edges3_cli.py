@@ -142,26 +142,26 @@ class _Storage:
 
 def test_a_pull_refused_at_once_prints_its_error_alone(tmp_path, monkeypatch):
     import hfai.cli.workspace as ws
-    import hfai.storage.client as storage_client
+    import hfai.storage.pull as storage_pull
 
     async def refused(client, name, dest, request_bytes, on_bytes=None):
         raise NotFound(f"no workspace {name!r}")
 
     monkeypatch.setattr(ws, "_client", _Storage)
-    monkeypatch.setattr(storage_client, "pull", refused)
+    monkeypatch.setattr(storage_pull, "pull", refused)
     r = _cli(tmp_path, monkeypatch, "workspace", "pull", "nosuch")
     assert r.exit_code == 1 and r.output == "Error: no workspace 'nosuch'\n", r.output
 
 
 def test_a_pull_that_moves_bytes_draws_its_bar(tmp_path, monkeypatch):
     import hfai.cli.workspace as ws
-    import hfai.storage.client as storage_client
+    import hfai.storage.pull as storage_pull
 
     async def pulled(client, name, dest, request_bytes, on_bytes=None):
         on_bytes(1000)
         return 1
 
     monkeypatch.setattr(ws, "_client", _Storage)
-    monkeypatch.setattr(storage_client, "pull", pulled)
+    monkeypatch.setattr(storage_pull, "pull", pulled)
     r = _cli(tmp_path, monkeypatch, "workspace", "pull", "mine")
     assert r.exit_code == 0 and "pulling" in r.output and "pulled mine into" in r.output, r.output

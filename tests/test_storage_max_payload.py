@@ -16,6 +16,8 @@ from hfai.protocol import encode
 from hfai.protocol.errors import HfaiError
 from hfai.protocol.storage import CommitRequest
 from hfai.storage import client as sclient
+from hfai.storage import manifest, marker, pull, transport
+from hfai.storage import push as storage_push
 from hfai.storage.chunks import build_manifest
 from hfai.storage.service import StorageService
 
@@ -66,19 +68,19 @@ def test_a_tree_whose_manifest_is_over_max_payload_is_pushed_and_pulled(tmp_path
     config = _config(tmp_path, small_nats)
     root = tmp_path / "local"
     files = _tree(root)
-    sclient.init(root, "big")
+    marker.init(root, "big")
     m = build_manifest(root, CHUNK)
     assert len(encode(CommitRequest(workspace="big", manifest=m))) > MAX_PAYLOAD  # the case at hand
 
     async def push_edit_pull(client):
-        first = await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
+        first = await storage_push.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
         (root / "d00/some/longer/path/file-00000.txt").write_bytes(b"edited\n")
-        second = await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
-        pulled = await sclient.pull(client, "big", tmp_path / "pulled", config.storage.request_bytes)
+        second = await storage_push.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
+        pulled = await pull.pull(client, "big", tmp_path / "pulled", config.storage.request_bytes)
         # The local index lost: every chunk is hashed and asked about (in batches that fit).
-        (root / ".hfai" / sclient.QUICK).unlink()
+        (root / ".hfai" / marker.QUICK).unlink()
         (root / "d01/some/longer/path/file-00100.txt").write_bytes(b"edited too\n")
-        third = await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
+        third = await storage_push.push(client, root, CHUNK, config.storage.request_bytes, 60.0)
         return first, second, pulled, third
 
     first, second, pulled, third = asyncio.run(_with_service(config, push_edit_pull))
@@ -100,11 +102,11 @@ def test_a_push_the_server_refuses_ends_with_a_typed_error(tmp_path, small_nats,
     root = tmp_path / "local"
     (root / "a").mkdir(parents=True)
     (root / "a" / "big.bin").write_bytes(b"x" * 4 * CHUNK)
-    sclient.init(root, "w")
+    marker.init(root, "w")
     monkeypatch.setattr(sclient.StorageClient, "request_size", lambda self, configured: 4 * MAX_PAYLOAD)
 
     async def push(client):
-        return await sclient.push(client, root, 2 * MAX_PAYLOAD, 4 * MAX_PAYLOAD, 60.0)
+        return await storage_push.push(client, root, 2 * MAX_PAYLOAD, 4 * MAX_PAYLOAD, 60.0)
 
     (root / "a" / "big.bin").write_bytes(b"x" * 3 * MAX_PAYLOAD)
     with pytest.raises(HfaiError, match="max_payload"):
@@ -118,13 +120,13 @@ def test_a_file_gone_during_the_push_ends_with_a_typed_error(tmp_path, small_nat
     (root / "a").mkdir(parents=True)
     for i in range(3):
         (root / "a" / f"f{i}").write_bytes(b"x" * (3 * CHUNK))
-    sclient.init(root, "w")
+    marker.init(root, "w")
 
     async def push(client):
-        walked = sclient.start_scan(root)
+        walked = manifest.start_scan(root)
         await walked
         (root / "a" / "f1").unlink()  # after the walk listed it, before it is read
-        return await sclient.push(client, root, CHUNK, config.storage.request_bytes, 60.0, walking=walked)
+        return await storage_push.push(client, root, CHUNK, config.storage.request_bytes, 60.0, walking=walked)
 
     with pytest.raises(HfaiError, match="a/f1"):
         asyncio.run(_with_service(config, push))
@@ -138,14 +140,14 @@ def test_a_put_of_many_tiny_files_is_bounded_by_their_count_and_fits_a_message()
     hs = [f"{i:064x}" for i in range(5000)]
     sizes = {h: 10 for h in hs}
     room = MAX_PAYLOAD - sclient.FRAME_BYTES
-    groups = sclient.packs(hs, sizes, 4 * 1024 * 1024, message_bytes=room, max_chunks=sclient.PUT_CHUNKS)
-    assert [h for g in groups for h in g] == hs and max(len(g) for g in groups) <= sclient.PUT_CHUNKS
+    groups = transport.packs(hs, sizes, 4 * 1024 * 1024, message_bytes=room, max_chunks=transport.PUT_CHUNKS)
+    assert [h for g in groups for h in g] == hs and max(len(g) for g in groups) <= transport.PUT_CHUNKS
     biggest = max(groups, key=len)
     put = s.PutRequest(workspace="w" * 64, chunks=tuple(s.ChunkData(hash=h, data=b"x" * 10) for h in biggest),
                        whole=tuple(biggest), file="k" * 64, first=2**31)
     reply = s.PutReply(stored=len(biggest), hashes=tuple(biggest))
     assert len(encode(put)) <= MAX_PAYLOAD and len(encode(reply)) <= MAX_PAYLOAD
-    assert len(sclient.packs(hs, sizes, 4 * 1024 * 1024, max_chunks=1000)) == 5
+    assert len(transport.packs(hs, sizes, 4 * 1024 * 1024, max_chunks=1000)) == 5
 
 
 def test_a_manifest_over_one_message_s_size_is_recorded_and_read_back(tmp_path):

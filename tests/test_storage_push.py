@@ -148,8 +148,8 @@ def test_a_staged_whole_file_a_workspace_already_holds_is_not_copied_from(tmp_pa
 def test_a_file_sent_as_parts_is_written_at_its_places_survives_a_restart_and_is_linked(tmp_path: Path):
     import hashlib
 
-    from hfai.storage.client import packs, parts
     from hfai.storage.staging import write_put
+    from hfai.storage.transport import packs, parts
 
     body = os.urandom(5 * CHUNK + 3)
     chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)]
@@ -472,7 +472,7 @@ def test_a_used_side_tree_is_renamed_aside_and_removed_later_or_at_start(tmp_pat
 
 
 def test_a_push_presumes_there_only_the_chunks_of_files_sent_exactly_so_last_time():
-    from hfai.storage.client import presumed_there
+    from hfai.storage.manifest import presumed_there
 
     same = s.FileEntry(path="same", size=3, mode=0o644, chunks=("h1",))
     edited = s.FileEntry(path="edited", size=3, mode=0o644, chunks=("h3",))
@@ -489,12 +489,12 @@ def test_a_commit_request_carries_its_manifest_packed_once_and_the_service_recor
     from hfai.protocol import encode
     from hfai.protocol.codec import encode_packed, pack
     from hfai.storage import rules
-    from hfai.storage.client import _digest_and_packed
+    from hfai.storage.manifest import digest_and_packed
     from hfai.storage.service import packed_field
 
     m = s.Manifest(files=tuple(s.FileEntry(path=f"d/{i}", size=i, mode=0o600, chunks=(chunk_hash(bytes([i])),))
                                for i in range(30)), chunk_bytes=CHUNK)
-    digest, body = _digest_and_packed(m)
+    digest, body = digest_and_packed(m)
     assert digest == rules.manifest_digest(m) and body == pack(m)
     request = s.CommitRequest(workspace="w", manifest=m)
     data = encode_packed(request, manifest=body).data
@@ -519,17 +519,19 @@ def test_a_commit_request_carries_its_manifest_packed_once_and_the_service_recor
 
 
 def test_init_under_another_name_forgets_what_the_last_push_recorded(tmp_path: Path):
-    from hfai.api.workspace import MARKER_DIR, read_marker, write_marker
-    from hfai.storage.client import QUICK, init
+    import json
+
+    from hfai.api.workspace import MARKER_DIR, Marker, read_marker, write_marker
+    from hfai.storage.marker import QUICK, init
 
     init(tmp_path, "first")
-    write_marker(tmp_path, {**read_marker(tmp_path), "remote": "/ws/alice/first", "pushed_ts": 1.0})
+    write_marker(tmp_path, Marker("first", remote="/ws/alice/first", pushed_ts=1.0))
     (tmp_path / MARKER_DIR / QUICK).write_text("{}")
     init(tmp_path, "first")  # the same name again: nothing forgotten
-    assert read_marker(tmp_path)["remote"] == "/ws/alice/first" and (tmp_path / MARKER_DIR / QUICK).exists()
+    assert read_marker(tmp_path).remote == "/ws/alice/first" and (tmp_path / MARKER_DIR / QUICK).exists()
     init(tmp_path, "second")
-    marker = read_marker(tmp_path)
-    assert marker["name"] == "second" and "remote" not in marker and "pushed_ts" not in marker
+    assert read_marker(tmp_path) == Marker("second")
+    assert json.loads((tmp_path / MARKER_DIR / "workspace.json").read_text()) == {"name": "second"}
     assert not (tmp_path / MARKER_DIR / QUICK).exists()
 
 
@@ -640,27 +642,28 @@ def test_a_large_file_is_read_unhashed_at_its_walked_size_or_not_at_all(tmp_path
 def test_the_names_the_service_gave_complete_the_manifest_and_the_journal_outlives_a_kill(tmp_path: Path):
     from hfai.api.workspace import MARKER_DIR
     from hfai.storage.chunks import scan
-    from hfai.storage.client import SENT, _indexed, _Journal, _named, _read_known, init
+    from hfai.storage.manifest import indexed, named
+    from hfai.storage.marker import SENT, Journal, init, read_known
 
     init(tmp_path, "w")
     (tmp_path / "a.txt").write_bytes(b"alpha")
     (tmp_path / "b.txt").write_bytes(b"be")
     unhashed: list[int] = []
     m = build_manifest(tmp_path, CHUNK, unhashed=unhashed)
-    out = _indexed(m, unhashed)
+    out = indexed(m, unhashed)
     assert out.sending == out.chunks == 2 and out.bytes == 7 and out.lacking == ()
-    journal = _Journal(tmp_path, scan(tmp_path))
-    journal.add([(out.unhashed[0], chunk_hash(b"alpha"), 5)])
+    journal = Journal(tmp_path, scan(tmp_path))
+    journal.add([(out.unhashed[0], (chunk_hash(b"alpha"),), 5)])
     journal.close()
     (tmp_path / MARKER_DIR / SENT).open("a").write('["b.txt", 2, 1')  # a line cut short by a kill
-    known, last = _read_known(tmp_path, CHUNK)
+    known, last = read_known(tmp_path, CHUNK)
     assert last == "" and list(known) == ["a.txt"]
     # The next manifest takes a.txt from the journal, unread; b.txt is still to send.
     unhashed = []
     again = build_manifest(tmp_path, CHUNK, known=known, unhashed=unhashed)
     assert [again.files[i].path for i in unhashed] == ["b.txt"]
     assert again.files[0].chunks == (chunk_hash(b"alpha"),)
-    done = _named(_indexed(again, unhashed), {"b.txt": ((chunk_hash(b"be"),), 2)}, CHUNK)
+    done = named(indexed(again, unhashed), {"b.txt": ((chunk_hash(b"be"),), 2)}, CHUNK)
     assert done.manifest == build_manifest(tmp_path, CHUNK)
     assert done.lacking == (chunk_hash(b"be"),) and done.unhashed == ()
 
@@ -670,22 +673,23 @@ def test_a_large_file_sent_unhashed_is_named_whole_and_a_killed_push_hashes_it_n
     first put (at its size, no chunks), so the next push after a kill hashes it and asks which of
     its chunks the cluster lacks, where sending it unhashed again would send every chunk."""
     from hfai.storage.chunks import scan
-    from hfai.storage.client import _indexed, _Journal, _named, _read_known, init
+    from hfai.storage.manifest import indexed, named
+    from hfai.storage.marker import Journal, init, read_known
 
     init(tmp_path, "w")
     body = os.urandom(4 * CHUNK + 1)
     (tmp_path / "big.bin").write_bytes(body)
     unhashed: list[int] = []
     m = build_manifest(tmp_path, CHUNK, unhashed=unhashed)
-    out = _indexed(m, unhashed)
+    out = indexed(m, unhashed)
     assert out.sending == out.chunks == 5 and out.bytes == len(body) and out.files() == [("big.bin", 5, len(body))]
     names = tuple(chunk_hash(body[i:i + CHUNK]) for i in range(0, len(body), CHUNK))
-    done = _named(out, {"big.bin": (names, len(body))}, CHUNK)
+    done = named(out, {"big.bin": (names, len(body))}, CHUNK)
     assert done.manifest == build_manifest(tmp_path, CHUNK) and done.lacking == names
-    journal = _Journal(tmp_path, scan(tmp_path))
+    journal = Journal(tmp_path, scan(tmp_path))
     journal.add([(out.unhashed[0], (), len(body))])  # begun, then killed
     journal.close()
-    known, last = _read_known(tmp_path, CHUNK)
+    known, last = read_known(tmp_path, CHUNK)
     assert last == "" and known["big.bin"][0] == len(body) and known["big.bin"][2] == []
     unhashed = []
     again = build_manifest(tmp_path, CHUNK, known=known, unhashed=unhashed)

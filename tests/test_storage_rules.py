@@ -14,10 +14,10 @@ from hfai.protocol.storage import ChunkData, FileEntry, Manifest, PutRequest
 from hfai.protocol.types import RestrictedUsers
 from hfai.storage import rules
 from hfai.storage.chunks import build_manifest, chunk_hash
-from hfai.storage.client import packs
 from hfai.storage.gc import run_gc
 from hfai.storage.ignore import Ignore
 from hfai.storage.staging import describe, parse_description
+from hfai.storage.transport import packs
 from hfai.storage.workspace import Workspaces
 
 DAY = 86400.0
