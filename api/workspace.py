@@ -36,15 +36,13 @@ class Marker:
     @classmethod
     def parse(cls, text: str, where: Path | str = MARKER) -> Marker:
         try:
-            data = json.loads(text)
+            data = json_object(text, where)
         except ValueError as e:
-            raise InvalidRequest(f"{where} is not JSON ({e}); `hfai workspace init` again") from None
-        if not isinstance(data, dict):
-            data = {}
+            raise InvalidRequest(f"{e}; `hfai workspace init` again") from None
         name, remote, ts = data.get("name"), data.get("remote") or "", data.get("pushed_ts") or 0
         if not (isinstance(name, str) and name and isinstance(remote, str) and isinstance(ts, int | float)
                 and not isinstance(ts, bool)):
-            raise InvalidRequest(f"{where} is not a workspace marker (a name, and where and when it was "
+            raise InvalidRequest(f"{where}: not a workspace marker (a name, and where and when it was "
                                  "pushed); `hfai workspace init` again")
         return cls(name, remote, float(ts))
 
@@ -53,6 +51,17 @@ class Marker:
         if self.remote:
             data |= {"remote": self.remote, "pushed_ts": self.pushed_ts}
         return json.dumps(data, indent=1)
+
+
+def json_object(text: str, where: Path | str) -> dict:
+    """``text`` as a JSON object; ValueError naming ``where`` and what is wrong if it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{where}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: not a JSON object")
+    return data
 
 
 def read_marker(root: Path) -> Marker:

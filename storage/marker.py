@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hfai._atomic import write_atomic
-from hfai.api.workspace import MARKER_DIR, Marker, find_root, read_marker, write_marker
+from hfai.api.workspace import MARKER_DIR, Marker, find_root, json_object, read_marker, write_marker
 from hfai.protocol import storage as s
 from hfai.storage import rules
 from hfai.storage.chunks import Walked
@@ -69,11 +69,9 @@ class PushedIndex:
     @classmethod
     def parse(cls, text: str, where: Path | str = QUICK) -> PushedIndex:
         try:
-            data = json.loads(text)
+            data = json_object(text, where)
         except ValueError as e:
-            raise RecordError(f"{where}: not JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a JSON object")
+            raise RecordError(str(e)) from None
         chunk_bytes, files, digest = data.get("chunk_bytes"), data.get("files", {}), data.get("digest", "")
         if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
             raise RecordError(f"{where}: chunk_bytes is {chunk_bytes!r}, not a positive integer")

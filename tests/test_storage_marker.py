@@ -28,7 +28,7 @@ def test_the_marker_is_written_and_read_back_as_itself(tmp_path: Path):
 def test_a_marker_that_is_not_one_is_an_error_saying_what_to_do(tmp_path: Path, text: str):
     (tmp_path / MARKER_DIR).mkdir()
     (tmp_path / MARKER_DIR / "workspace.json").write_text(text)
-    with pytest.raises(InvalidRequest, match=r"workspace\.json .*`hfai workspace init` again"):
+    with pytest.raises(InvalidRequest, match=r"workspace\.json: .*`hfai workspace init` again"):
         read_marker(tmp_path)
 
 
