@@ -25,7 +25,6 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
 
 import nats.errors
 import psutil
@@ -58,49 +57,26 @@ from hfai.agent.plan import (
     Action,
     LocalRun,
     RunPhase,
-    RunUsage,
     next_state,
     plan,
-    platform_stopped,
 )
+from hfai.agent.reports import REPORTS, Reports
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import LocalStateError
-from hfai.agent.throughput import Relay, read_window
 from hfai.agent.trust import StartError
-from hfai.agent.watchdog import WatchdogSettings, read_watch, span
+from hfai.agent.watchdog import WatchdogSettings, read_watch
 from hfai.config import Config
 from hfai.protocol import encode, names
 from hfai.protocol.types import (
-    GpuFaultEvent,
     HostStat,
     LogChunk,
     LogRequest,
     NodeRecord,
     RunAssignment,
-    RunEvent,
     RunEventKind,
-    RunThroughput,
 )
 
 log = logging.getLogger(__name__)
-
-LAUNCHER_DIED = "its launcher died before the job ended"
-
-# The actions that publish an event (see Agent.reconcile).
-_REPORTS = frozenset({Act.REPORT_STARTED, Act.REPORT_ACK, Act.REPORT_EXIT, Act.REPORT_NEVER_RAN})
-
-# The reason an EXITED event gives for a run its launcher stopped (self-fencing, launcher.py).
-FENCED_MESSAGE = "stopped on its node: the node's agent had no heartbeat accepted for the fence bound"
-
-
-@dataclass
-class _NotStarted:
-    """A run the agent could not start (its state directory was full) and reports ended."""
-
-    run: RunAssignment
-    message: str
-    reported: bool = False
-
 
 class Agent:
     def __init__(self, config: Config, clock: Clock = SYSTEM):
@@ -123,20 +99,23 @@ class Agent:
                               notebooks_root=config.dev.notebooks_root)
         self._beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
         self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes, drain_now=self._beat_now.set)
-        # Runs this agent reported ended without a run directory (its state directory was full):
-        # never started here, whatever the assignment still says (key -> the run and its report).
-        self._not_started: dict[str, _NotStarted] = {}
-        self._throughput = Relay(self.ac.throughput_relay_s)  # runs' measured rates to the leader
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self.health = HealthWatch(self.node, self.gpus, self.ac.health_interval_s, self.ac.health_check_step_s, clock,
-                                  changed=self._beat_now.set, runs=self._alive_runs, publish=self._publish_fault,
+                                  changed=self._beat_now.set, runs=self._alive_runs,
+                                  publish=lambda ev: self.reports.publish_fault(ev),
                                   idle_check_s=self.ac.health_check_idle_s,
                                   allreduce=AllreduceSettings(self.ac.health_allreduce,
                                                               self.ac.health_allreduce_floor_gbps,
                                                               self.ac.health_allreduce_bytes))
+        self.metrics = (AgentMetrics(lambda: self._nc.stats["reconnects"] if self._nc else 0,
+                                     xids=lambda: self.health.health.xids)
+                        if self.ac.metrics_port else None)
+        self.reports = Reports(self.node, self.store, self.disk, self.health, clock, config.nats.request_timeout_s,
+                               self.ac.throughput_relay_s, self.metrics)
         self._wake = asyncio.Event()
         self.fence = Fence(self.store.root / "fence", self.disk, self.ac.heartbeat_interval_s)
-        self.assignment = AssignmentWatch(self.node, self.fence, changed=self._wake.set, accepted=self._forget_heard)
+        self.assignment = AssignmentWatch(self.node, self.fence, changed=self._wake.set,
+                                          accepted=self.reports.forget_heard)
         self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s, self.clock)
         self.execs = ExecService(self.node, self.store, idle_s=self.ac.exec_idle_s, drain_s=self.ac.exec_drain_s,
                                  chunk_bytes=self.ac.exec_chunk_bytes, window=self.ac.exec_window,
@@ -147,16 +126,15 @@ class Agent:
         self._supervisor = Supervisor()
         self._nc: Client | None = None
         self._seq = 0
-        self._unacked = False  # a report of this reconcile round was not acknowledged
         self._pidfds: set[int] = set()
         self._closed = False
-        self.metrics: AgentMetrics | None = None  # when [agent] metrics_port is set
         self._metrics_server: MetricsServer | None = None
 
     async def start(self) -> None:
         self._nc = nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
         self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
+        self.reports.connect(self._js)
         await self.logs.serve(nc)
         await self.ops.serve(nc)
         await self.execs.serve(nc)
@@ -179,10 +157,8 @@ class Agent:
                  f"; adopted running runs {adopted}" if adopted else "")
 
     async def _start_metrics(self) -> None:
-        if not self.ac.metrics_port:
+        if self.metrics is None:  # [agent] metrics_port is not set
             return
-        self.metrics = AgentMetrics(lambda: self._nc.stats["reconnects"] if self._nc else 0,
-                                    xids=lambda: self.health.health.xids)
         self._metrics_server = MetricsServer(self.metrics.registry, self.ac.metrics_host, self.ac.metrics_port)
         port = await self._metrics_server.start()
         write_atomic(os.path.join(self.ac.state_dir, "metrics_port"), f"{port}\n".encode())
@@ -301,12 +277,12 @@ class Agent:
         while True:
             raise_if_cancelled()
             self._wake.clear()
-            self._unacked = False
+            self.reports.unacked = False
             nats_refused = False
             try:
                 await self.reconcile()
                 streak.succeeded()
-                nats_refused = self._unacked
+                nats_refused = self.reports.unacked
             except LocalStateError:
                 raise
             except (nats.errors.Error, TimeoutError):
@@ -337,71 +313,38 @@ class Agent:
         order, then every report at once. Reports wait for JetStream's acknowledgement; sent one
         after another, a run that started and exited between two plans (STARTED, EXITED) took
         two round trips before the leader could hear of its end."""
-        await self._report_not_started()
+        await self.reports.report_not_started()
         local = self.store.snapshot()
         reports: list[Action] = []
         for action in plan(self.ops.wanted(self._wanted(local), local), local, self.clock.boottime(),
                            self.ac.ack_exit_grace_s):
-            if action.act in _REPORTS:
+            if action.act in REPORTS:
                 reports.append(action)
             else:
                 await self._do(action, local)
         if reports:
-            await self._send_reports(reports, local)
-        await self._relay_throughput(local)
-
-    async def _relay_throughput(self, local: dict[str, LocalRun]) -> None:
-        """Relay the throughput windows of this node's rank-0 runs that are due (agent/throughput.py)."""
-        alive = {k: r for k, r in local.items() if r.phase is RunPhase.ALIVE}
-        self._throughput.forget(set(alive))
-        now = self.clock.boottime()
-        for key, run in alive.items():
-            if not self._throughput.wants(run.assignment, now):
-                continue
-            w = self._throughput.due(run.assignment, read_window(self.store.control_dir(key)), now)
-            if w is not None:
-                ra = run.assignment
-                ev = RunThroughput(node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=self.clock.time(),
-                                   rate=w.rate, seconds=w.seconds, unit=w.unit, startup_s=w.startup_s)
-                await self._publish_throughput(ev)
-
-    async def _publish_throughput(self, ev: RunThroughput) -> None:
-        try:  # not acknowledged: lost, the next window says as much
-            await self._js.publish(names.event_subject(self.node), encode(ev),
-                                   timeout=self.config.nats.request_timeout_s)
-        except Exception as e:
-            log.warning("could not relay the throughput of %s.%d: %s", ev.job_id, ev.run_id, e)
+            await self.reports.send(reports, local)
+        await self.reports.relay_throughput(local)
 
     def _wanted(self, local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
         """The desired runs; while they are unknown (just started, or only a refused entry in KV),
         every run on the node as it is: nothing is started or stopped, exits are still reported."""
         desired = self.assignment.desired
         if self.assignment.known:
-            if not self._not_started:
+            not_started = self.reports.not_started
+            if not not_started:
                 return desired
-            return {k: ra for k, ra in desired.items() if k not in self._not_started}
+            return {k: ra for k, ra in desired.items() if k not in not_started}
         return {key: run.assignment for key, run in local.items()}
-
-    async def _report_not_started(self) -> None:
-        for key, ns in self._not_started.items():
-            if not ns.reported:
-                ns.reported = await self._publish(ns.run, RunEventKind.EXITED, exit_code=-1, platform_stopped=True,
-                                                  message=ns.message)
-                if ns.reported:
-                    log.info("reported %s ended without starting: %s", key, ns.message)
-
-    def _forget_heard(self, desired: dict[str, RunAssignment]) -> None:
-        for key in [k for k, ns in self._not_started.items() if ns.reported and k not in desired]:
-            del self._not_started[key]  # the leader heard, and no longer asks for it
 
     def _not_start(self, ra: RunAssignment, message: str) -> None:
         """Report ``ra`` ended without starting (an interruption: the leader requeues it)."""
-        self._not_started[ra.key] = _NotStarted(ra, message)
+        self.reports.not_start(ra, message)
         self._wake.set()
 
     async def _do(self, a: Action, local: dict[str, LocalRun]) -> None:
         key, ra = a.key, a.run
-        if a.act not in _REPORTS:
+        if a.act not in REPORTS:
             next_state(local.get(key), a.act)  # IllegalTransition: a step the run's state does not allow
         if a.act is Act.START:
             self.fence.check_bound(ra.fence_s)
@@ -418,7 +361,7 @@ class Agent:
                 self._not_start(ra, f"not started on {self.node}: {e}")
             except StartError as e:
                 log.warning("cannot start %s: %s", key, e)
-                if await self._publish(ra, RunEventKind.START_FAILED, message=str(e)):
+                if await self.reports.publish(ra, RunEventKind.START_FAILED, message=str(e)):
                     self.store.mark_sent(key, RunEventKind.STARTED)
                     self.store.mark_sent(key, RunEventKind.EXITED)
         elif a.act is Act.RAISE_SUSPEND:
@@ -432,71 +375,11 @@ class Agent:
         elif a.act is Act.KILL:
             log.warning("killing %s: still alive after the kill window", key)
             self.store.signal(key, signal.SIGKILL)
-        elif a.act in _REPORTS:
-            await self._send_reports([a], local)
+        elif a.act in REPORTS:
+            await self.reports.send([a], local)
         elif a.act is Act.CLEANUP:
             self.store.cleanup(key)
             self.cleanup.trashed()
-
-    async def _send_reports(self, actions: list[Action], local: dict[str, LocalRun]) -> None:
-        """Publish the events of ``actions`` together (JetStream keeps their order: one
-        connection), and mark each sent once acknowledged."""
-        for a in actions:
-            next_state(local.get(a.key), a.act)  # IllegalTransition: a report the run's state does not allow
-        events = [(a, *self._event(a, local)) for a in actions]
-        sent = await asyncio.gather(*(self._publish(a.run, kind, **fields) for a, kind, fields in events))
-        for (a, kind, _), ok in zip(events, sent, strict=True):
-            if ok:
-                self.store.mark_sent(a.key, kind)
-                if kind is RunEventKind.SUSPEND_ACKED and self.metrics is not None:
-                    self.metrics.suspend_acked(a.key)
-
-    def _event(self, a: Action, local: dict[str, LocalRun]) -> tuple[RunEventKind, dict]:
-        """The event a report action sends, and its fields."""
-        key, ra = a.key, a.run
-        if a.act is Act.REPORT_STARTED:
-            return RunEventKind.STARTED, {}
-        if a.act is Act.REPORT_ACK:
-            return RunEventKind.SUSPEND_ACKED, {"acked": True}
-        if a.act is Act.REPORT_EXIT:
-            run = local.get(key)  # the snapshot the plan was made from: it saw the exit
-            stopped, message = platform_stopped(run), FENCED_MESSAGE if run is not None and run.fenced else ""
-            if run is not None and run.lost and self.disk.last_full is not None:
-                # Its launcher ended without recording the status, on a node whose disk was full:
-                # the platform lost the run, the user did not fail it.
-                stopped, message = True, f"its end could not be recorded: {self.store.full_reason()}"
-            elif run is not None and run.lost:
-                # Its launcher died (killed) before the job's end: the platform's fault. In a
-                # container the job died with it; a bare one's processes are killed through its
-                # cgroup here, before the report frees the node for another job.
-                stopped, message = True, LAUNCHER_DIED
-                left = self.store.end_leftovers(key)
-                if left:
-                    log.warning("killed %d process(es) of %s, whose launcher died", left, key)
-            fault = self.health.health.fault
-            if fault is not None and not stopped and (run is None or run.exit_code != 0):
-                # A run that failed on a node with a hardware fault failed because of it (a lost
-                # GPU ends the job's processes): a platform fault, requeued, never the user's.
-                stopped, message = True, f"GPU fault: {fault.text()}"
-            used = run.usage if run is not None and run.usage is not None else RunUsage()
-            hung_s = run.hung_s if run is not None else 0.0
-            if hung_s and not message:
-                message = f"hung: no output for {span(hung_s)}; stacks in the log"
-            return RunEventKind.EXITED, dict(
-                exit_code=run.exit_code if run else -1, acked=bool(run and run.acked),
-                platform_stopped=stopped, whole_life_state=self.store.whole_life_state(key), message=message,
-                peak_bytes=used.peak_bytes, cpu_s=used.cpu_s,
-                oom_limit_bytes=used.limit_bytes if used.oom_kills else 0, hung_s=hung_s)
-        assert a.act is Act.REPORT_NEVER_RAN, a
-        message = "stopped before it started on this node"
-        try:
-            self.store.record_never_ran(ra)
-            self.store.mark_sent(key, RunEventKind.STARTED)
-        except OSError as e:
-            if not self.disk.full(e):
-                raise
-            self._not_started[key] = _NotStarted(ra, message)  # kept from a new start; reported again
-        return RunEventKind.EXITED, dict(exit_code=-1, platform_stopped=True, message=message)
 
     def _wake_on_exit(self, pid: int) -> None:
         """Re-plan as soon as a launcher exits instead of at the next periodic tick.
@@ -521,34 +404,6 @@ class Agent:
 
     def _alive_runs(self) -> list[RunAssignment]:
         return [r.assignment for r in self.store.snapshot().values() if r.phase is RunPhase.ALIVE]
-
-    async def _publish_fault(self, ev: GpuFaultEvent) -> bool:
-        """Report a GPU fault under a run (the leader records it in the job's history)."""
-        try:
-            await self._js.publish(
-                names.event_subject(self.node), encode(ev),
-                headers={"Nats-Msg-Id": f"{self.node}:{ev.job_id}.{ev.run_id}:fault:{ev.fault.ts!r}:{ev.fault.why.code}"
-                                        f":{ev.fault.why.params.get('gpu')}:{ev.fault.why.params.get('xid', '')}"},
-                timeout=self.config.nats.request_timeout_s,
-            )
-            return True
-        except Exception as e:  # not acknowledged: the health watch tries again at its next poll
-            log.warning("could not report a GPU fault under %s.%d: %s", ev.job_id, ev.run_id, e)
-            return False
-
-    async def _publish(self, ra: RunAssignment, kind: RunEventKind, **fields) -> bool:
-        ev = RunEvent(event=kind, node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=self.clock.time(), **fields)
-        try:
-            await self._js.publish(
-                names.event_subject(self.node), encode(ev),
-                headers={"Nats-Msg-Id": f"{self.node}:{ra.key}:{kind.value}"},
-                timeout=self.config.nats.request_timeout_s,
-            )
-            return True
-        except Exception as e:  # not acknowledged: the next reconcile round tries again, after a backoff
-            log.warning("could not report %s of %s: %s", kind.value, ra.key, e)
-            self._unacked = True
-            return False
 
     # --------------------------------------------------------------------------------- logs
 

@@ -56,7 +56,7 @@ def test_a_job_with_spawned_workers_that_acks_exits_cleanly_and_its_status_is_ke
         sent.append((kind, fields))
         return True
 
-    agent._publish = publish  # type: ignore[method-assign]
+    agent.reports.publish = publish  # type: ignore[method-assign]
     logf = agent.store.log_path("spawned", 0)
 
     async def scenario() -> None:

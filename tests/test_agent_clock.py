@@ -53,7 +53,7 @@ def _agent(tmp_path: Path, clock: FakeClock, **agent: object) -> tuple[Agent, li
         sent.append((kind, fields))
         return True
 
-    a._publish = publish  # type: ignore[method-assign]
+    a.reports.publish = publish  # type: ignore[method-assign]
     return a, sent
 
 
@@ -133,7 +133,7 @@ async def test_a_round_nats_refused_is_retried_after_a_growing_jittered_backoff(
 
     async def reconcile() -> None:
         rounds.append(clock.monotonic())
-        agent._unacked = len(rounds) <= 5  # the first five rounds' reports go unacknowledged
+        agent.reports.unacked = len(rounds) <= 5  # the first five rounds' reports go unacknowledged
 
     agent.reconcile = reconcile  # type: ignore[method-assign]
     loop = asyncio.create_task(agent._reconcile_loop())

@@ -65,7 +65,7 @@ def test_the_agent_fsyncs_nothing_on_a_runs_path(tmp_path, monkeypatch):
     async def publish(ra, kind, **fields):
         return True
 
-    agent._publish = publish  # type: ignore[method-assign]
+    agent.reports.publish = publish  # type: ignore[method-assign]
     ra = _ra(tmp_path, "j1")
     _assign(agent, ra)
     asyncio.run(agent.reconcile())  # starts it
@@ -105,7 +105,7 @@ def test_the_trash_task_empties_what_reconcile_forgets(tmp_path):
         sent.append(kind)
         return True
 
-    agent._publish = publish  # type: ignore[method-assign]
+    agent.reports.publish = publish  # type: ignore[method-assign]
 
     async def scenario() -> None:
         trash = asyncio.create_task(agent.cleanup.trash_loop())
@@ -146,7 +146,7 @@ def test_a_plans_events_are_in_flight_together(tmp_path):
             await asyncio.wait_for(in_flight.wait(), WAIT_S)
             return kind is RunEventKind.EXITED  # STARTED not acknowledged: sent again next time
 
-        agent._publish = publish  # type: ignore[method-assign]
+        agent.reports.publish = publish  # type: ignore[method-assign]
         _assign(agent, ra)
         await agent.reconcile()
         await asyncio.to_thread(_wait_exited, agent, ra.key)
@@ -217,7 +217,7 @@ def test_a_run_a_crash_left_unreadable_is_reported_ended_not_started_again(tmp_p
         sent.append((kind, fields))
         return True
 
-    agent._publish = publish  # type: ignore[method-assign]
+    agent.reports.publish = publish  # type: ignore[method-assign]
     ra = _ra(tmp_path, "j5")
     d = agent.store.runs_dir / ra.key
     d.mkdir()

@@ -48,7 +48,7 @@ def _recorder(agent: Agent) -> list:
         sent.append((ra.key, kind, fields))
         return True
 
-    agent._publish = publish
+    agent.reports.publish = publish
     return sent
 
 

@@ -219,7 +219,7 @@ def test_the_agent_refuses_an_illegal_act_before_it_touches_the_run(tmp_path: Pa
     with pytest.raises(IllegalTransition):
         asyncio.run(agent._do(Action(Act.KILL, RA.key, RA), local))
     with pytest.raises(IllegalTransition):
-        asyncio.run(agent._send_reports([Action(Act.REPORT_EXIT, RA.key, RA)], local))
+        asyncio.run(agent.reports.send([Action(Act.REPORT_EXIT, RA.key, RA)], local))
     assert list(d.iterdir()) == []
 
 

@@ -64,7 +64,7 @@ async def main():
         sent.append(kind)
         return True
 
-    agent._publish = publish
+    agent.reports.publish = publish
     key = "stubborn.1"
     assign(agent, DesiredRun.RUN, 1)
     loop = asyncio.create_task(agent._reconcile_loop())

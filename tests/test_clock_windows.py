@@ -56,7 +56,7 @@ def _agent(tmp_path: Path, clock: FakeClock) -> tuple[Agent, list[RunEventKind]]
         sent.append(kind)
         return True
 
-    agent._publish = publish  # type: ignore[method-assign]
+    agent.reports.publish = publish  # type: ignore[method-assign]
     return agent, sent
 
 

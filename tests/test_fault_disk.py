@@ -163,7 +163,7 @@ def agent_on(tmp_path: Path, state_dir: Path, sent: list) -> Agent:
         sent.append((ra.key, kind, fields))
         return True
 
-    agent._publish = publish  # type: ignore[method-assign]
+    agent.reports.publish = publish  # type: ignore[method-assign]
     return agent
 
 
