@@ -14,7 +14,7 @@ nats-py can swallow a cancellation), waits for its wake-up event or its period w
 :func:`hfai._daemon.wait_event` (never 3.11's ``asyncio.wait_for``), and retries what NATS refused after a
 jittered backoff (``hfai._retry``), so a thousand agents do not retry in the same instant after a
 NATS restart. The one time not read from the clock is the liveness stamp of the launchers: other
-processes compare it with the host's CLOCK_MONOTONIC (see :meth:`Agent._heartbeat_once`).
+processes compare it with the host's CLOCK_MONOTONIC (see :mod:`hfai.agent.heartbeat`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
-import time
 
 import nats.errors
 import psutil
@@ -35,8 +33,6 @@ from hfai._atomic import write_atomic
 from hfai._clock import SYSTEM, Clock
 from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled, wait_event
 from hfai._metrics import MetricsServer
-from hfai._retry import Backoff
-from hfai._version import __version__
 from hfai.agent.assignment import AssignmentWatch
 from hfai.agent.cleanup import Cleanup
 from hfai.agent.contain import make_containment
@@ -47,6 +43,7 @@ from hfai.agent.fence import Fence
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.health_allreduce import AllreduceSettings
 from hfai.agent.health_watch import HealthWatch
+from hfai.agent.heartbeat import Heartbeat, default_address, loop_backoff
 from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
 from hfai.agent.logread import LogReader
@@ -64,14 +61,12 @@ from hfai.agent.reports import REPORTS, Reports
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import LocalStateError
 from hfai.agent.trust import StartError
-from hfai.agent.watchdog import WatchdogSettings, read_watch
+from hfai.agent.watchdog import WatchdogSettings
 from hfai.config import Config
-from hfai.protocol import encode, names
+from hfai.protocol import names
 from hfai.protocol.types import (
-    HostStat,
     LogChunk,
     LogRequest,
-    NodeRecord,
     RunAssignment,
     RunEventKind,
 )
@@ -84,7 +79,7 @@ class Agent:
         self.ac = config.agent
         self.clock = clock
         self.node = names.check_token("node name", self.ac.resolved_node())
-        self.address = self.ac.address or _default_address()
+        self.address = self.ac.address or default_address()
         self.store = RunStore(self.ac.state_dir, self.node, self.ac.env_root, check_run_as(self.ac.run_as),
                               fence_poll_s=self.ac.fence_poll_s, datasets_dir=config.storage.dataset_root,
                               launcher=make_launcher(self.ac.launcher, self.ac.launcher_reply_timeout_s),
@@ -97,11 +92,11 @@ class Agent:
                                                            creds_dir=config.nats.creds_dir,
                                                            dev_idle_s=config.dev.idle_s),
                               notebooks_root=config.dev.notebooks_root)
-        self._beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
-        self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes, drain_now=self._beat_now.set)
+        beat_now = asyncio.Event()  # a heartbeat at once: the node's drain reason changed
+        self.disk = DiskWatch(self.store.root, self.ac.state_min_free_bytes, drain_now=beat_now.set)
         self.gpus = open_gpu_source(self.ac.gpu_source, self.ac.sim_gpus)
         self.health = HealthWatch(self.node, self.gpus, self.ac.health_interval_s, self.ac.health_check_step_s, clock,
-                                  changed=self._beat_now.set, runs=self._alive_runs,
+                                  changed=beat_now.set, runs=self._alive_runs,
                                   publish=lambda ev: self.reports.publish_fault(ev),
                                   idle_check_s=self.ac.health_check_idle_s,
                                   allreduce=AllreduceSettings(self.ac.health_allreduce,
@@ -114,6 +109,8 @@ class Agent:
                                self.ac.throughput_relay_s, self.metrics)
         self._wake = asyncio.Event()
         self.fence = Fence(self.store.root / "fence", self.disk, self.ac.heartbeat_interval_s)
+        self.heartbeat = Heartbeat(self.node, self.address, self.ac, self.store, self.gpus, self.health, self.disk,
+                                   self.fence, clock, now=beat_now, metrics=self.metrics)
         self.assignment = AssignmentWatch(self.node, self.fence, changed=self._wake.set,
                                           accepted=self.reports.forget_heard)
         self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s, self.clock)
@@ -125,7 +122,6 @@ class Agent:
         self.logs = LogReader(self.node, self.store)
         self._supervisor = Supervisor()
         self._nc: Client | None = None
-        self._seq = 0
         self._pidfds: set[int] = set()
         self._closed = False
         self._metrics_server: MetricsServer | None = None
@@ -135,6 +131,7 @@ class Agent:
         self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)
         self.reports.connect(self._js)
+        self.heartbeat.connect(nc, self._nodes_kv)
         await self.logs.serve(nc)
         await self.ops.serve(nc)
         await self.execs.serve(nc)
@@ -143,9 +140,9 @@ class Agent:
         await self._start_metrics()
         if self.ac.health_check_on_start:
             await self.health.validate()  # a node that fails it starts drained
-        await self._first_heartbeat()
+        await self.heartbeat.first(self.config.nats.setup_retry_s)
         spawn = self._supervisor.spawn
-        spawn(self._heartbeat_loop(), "heartbeat")
+        spawn(self.heartbeat.loop(), "heartbeat")
         spawn(self.assignment.watch(self._assign_kv), "assignment-watch")
         spawn(self._reconcile_loop(), "reconcile")
         spawn(self.cleanup.log_loop(), "log-gc")
@@ -192,76 +189,6 @@ class Agent:
         if self._metrics_server is not None:
             await self._metrics_server.close()
 
-    # ---------------------------------------------------------------------------- heartbeat
-
-    def _backoff(self, base_s: float) -> Backoff:
-        """The retry schedule of a loop whose period is ``base_s``: from there up to one heartbeat
-        interval (a node never waits longer than a heartbeat to try again)."""
-        return Backoff(base_s, max(base_s, self.ac.heartbeat_interval_s))
-
-    async def _first_heartbeat(self) -> None:
-        """The first heartbeat, retried while JetStream cannot take it yet: on a fresh replicated
-        cluster the bucket exists a moment before its stream answers (no responders)."""
-        backoff = self._backoff(self.config.nats.setup_retry_s)
-        while True:
-            raise_if_cancelled()
-            try:
-                await self._heartbeat_once()
-                return
-            except (nats.errors.Error, TimeoutError) as e:
-                delay = backoff.next()
-                log.warning("first heartbeat not taken yet (%s); retrying in %.2fs", e or type(e).__name__, delay)
-                await self.clock.sleep(delay)
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            raise_if_cancelled()
-            await wait_event(self._beat_now, self.ac.heartbeat_interval_s, self.clock)
-            self._beat_now.clear()
-            try:
-                await self._heartbeat_once()
-            except LocalStateError:
-                raise
-            except Exception as e:  # NATS away: keep trying, the controller will notice
-                log.warning("heartbeat failed: %s", e)
-
-    async def _heartbeat_once(self) -> None:
-        self._seq += 1
-        alive = [k for k, r in self.store.snapshot().items() if r.phase is RunPhase.ALIVE]
-        ts, mono = self.clock.time(), time.monotonic()  # the launchers' watchdogs run on the host's own clock
-        watches = (read_watch(self.store.runs_dir / k, k, mono, ts) for k in alive)
-        record = NodeRecord(
-            name=self.node, group=self.ac.group, address=self.address, ts=ts, seq=self._seq,
-            gpus=self.gpus.sample(busy=bool(alive)), host=_host_stat(), envs=self.store.environments(),
-            gpu_source=self.gpus.name, runs=tuple(alive), agent_version=__version__,
-            drain_reason=self.health.drain_reason() or self.disk.check(),
-            fault=self.health.health.fault, faults=tuple(self.health.health.faults), check=self.health.health.check,
-            containment=self.store.containment.summary if self.store.containment is not None else "",
-            watchdogs=tuple(w for w in watches if w is not None),
-        )
-        self.fence.retry()
-        data = encode(record)
-        if self.metrics is not None:
-            self.metrics.heartbeat(record)
-        # Taken before the put: the leader times the node from when it sees the record, which is
-        # after the put reached NATS, so the launchers' fence clock never runs behind the leader's.
-        # The host's own clock, not self.clock: the launchers read it against CLOCK_MONOTONIC.
-        sent_at = time.monotonic()
-        await self._nodes_kv.put(self.node, data)
-        # Only a heartbeat NATS accepted keeps this node's runs alive (launcher.py self-fencing).
-        # One that cannot be stamped would look alive to the leader while the launchers fence
-        # every run: the agent stops instead (the leader then moves the work elsewhere). Unless
-        # the disk is full: the stamp is then overwritten in place (RunStore.mark_alive), and if
-        # even that fails the node is drained (its runs fence themselves, an interruption).
-        try:
-            self.store.mark_alive(sent_at)
-        except OSError as e:
-            if not self.disk.full(e):
-                raise LocalStateError(f"cannot stamp this agent alive for its launchers: {e}") from e
-            log.warning("cannot stamp this agent alive for its launchers: %s", e)
-        assert self._nc is not None, "start() first"
-        await self._nc.publish(names.telemetry_subject(self.node), data)
-
     # ---------------------------------------------------------------------------- reconcile
 
     def collect_old_logs(self, now: float | None = None) -> list[str]:
@@ -273,7 +200,7 @@ class Agent:
         # After a round NATS refused (a failure, or a report not acknowledged) the next comes after
         # a jittered backoff instead of the period: every agent met the same outage at once. A
         # local fault keeps the period: it herds nothing, and the streak's bound counts rounds.
-        backoff = self._backoff(self.ac.reconcile_interval_s)
+        backoff = loop_backoff(self.ac.reconcile_interval_s, self.ac.heartbeat_interval_s)
         while True:
             raise_if_cancelled()
             self._wake.clear()
@@ -410,16 +337,3 @@ class Agent:
     def read_log(self, req: LogRequest) -> LogChunk:
         """A slice of one rank's log (see :class:`hfai.agent.logread.LogReader`)."""
         return self.logs.read(req)
-
-
-def _host_stat() -> HostStat:
-    vm = psutil.virtual_memory()
-    return HostStat(cpu_percent=psutil.cpu_percent(interval=None), memory_used=int(vm.used),
-                    memory_total=int(vm.total), load1=psutil.getloadavg()[0])
-
-
-def _default_address() -> str:
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"

@@ -157,12 +157,12 @@ async def test_heartbeats_come_each_interval_and_at_once_when_asked(tmp_path):
     async def beat() -> None:
         beats.append(clock.monotonic())
 
-    agent._heartbeat_once = beat  # type: ignore[method-assign]
+    agent.heartbeat.once = beat  # type: ignore[method-assign]
     start = clock.monotonic()
-    loop = asyncio.create_task(agent._heartbeat_loop())
+    loop = asyncio.create_task(agent.heartbeat.loop())
     try:
         await clock.advance(12.0)
-        agent._beat_now.set()  # the node's drain reason changed
+        agent.heartbeat.now.set()  # the node's drain reason changed
         await clock.settle()
         await clock.advance(5.0)
     finally:

@@ -182,9 +182,8 @@ def heartbeat(agent: Agent) -> NodeRecord:
     async def publish(subject, data):
         pass
 
-    agent._nodes_kv = SimpleNamespace(put=put)
-    agent._nc = SimpleNamespace(publish=publish)  # type: ignore[assignment]
-    asyncio.run(agent._heartbeat_once())
+    agent.heartbeat.connect(SimpleNamespace(publish=publish), SimpleNamespace(put=put))  # type: ignore[arg-type]
+    asyncio.run(agent.heartbeat.once())
     return decode(puts[-1], NodeRecord)
 
 
@@ -214,7 +213,7 @@ def test_a_run_assigned_onto_a_full_disk_is_an_interruption_with_the_reason(tmp_
     fields = sent[0][2]
     assert fields["platform_stopped"] is True
     assert fields["message"] == f"not started on n0: state directory full: {state_dir} (ENOSPC)"
-    assert agent._beat_now.is_set()
+    assert agent.heartbeat.now.is_set()
     filler.unlink()
     asyncio.run(agent.reconcile())
     assert not (agent.store.runs_dir / r.key).exists()  # still not started: it was reported ended
