@@ -17,10 +17,11 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from waits import wait_for
 
 from hfai.cli.local.nats_server import nats_server_binary
 
@@ -148,16 +149,13 @@ class PartitionableCluster:
                                                stderr=subprocess.STDOUT, start_new_session=True))
 
     def _wait_formed(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def formed() -> bool:
             logs = [self.log(i).read_text(errors="replace") for i in range(self.size)]
-            if all("Server is ready" in t for t in logs) and any(
+            return all("Server is ready" in t for t in logs) and any(
                 re.search(r"JetStream cluster new metadata leader|Self is new JetStream cluster metadata leader", t)
-                for t in logs
-            ):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"NATS cluster did not form; see {self.root}")
+                for t in logs)
+
+        wait_for(formed, timeout_s, f"the NATS cluster to form; see {self.root}")
 
     def clients(self, i: int) -> set[str]:
         """The names of the clients connected to server ``i`` (its /connz page)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from spine_cluster import Cluster
+from waits import wait_for
 
 from hfai._daemon import EXIT_FAILED
 
@@ -38,10 +39,7 @@ def _block_with_directory(path: Path, timeout: float = 10.0) -> None:
 
 def _wait_exit(c: Cluster, name: str, timeout: float) -> int:
     proc = c.local._procs[name]
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        assert time.monotonic() < deadline, f"{name} still running {timeout:g}s after its state became unwritable"
-        time.sleep(0.1)
+    wait_for(lambda: proc.poll() is not None, timeout, f"{name} to exit after its state became unwritable")
     return proc.returncode
 
 

@@ -10,10 +10,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waits import wait_for
 
 from hfai.agent.devsession import base_url, jupyter_argv, notebooks_dir
 from hfai.agent.identity import RUN_AS_AGENT, RUN_AS_SUBMITTER
@@ -195,9 +195,7 @@ def test_the_sessions_process_exits_75_when_jupyterlab_stops_for_idleness_and_no
     out, _ = idle.communicate(timeout=120)
     assert idle.returncode == DEV_IDLE_EXIT, out[-2000:]
     assert "shutting down" in out
-    deadline = time.monotonic() + 120
-    while len(list((tmp_path / "rt").glob("jpserver-*.json"))) < 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: list((tmp_path / "rt").glob("jpserver-*.json")), 120, "the busy lab's server file", poll=0.2)
     assert busy.poll() is None  # not idle for an hour yet
     busy.send_signal(signal.SIGTERM)  # the agent's stop
     out, _ = busy.communicate(timeout=60)

@@ -235,12 +235,20 @@ def test_faults_are_injected_into_simulated_gpus_only():
 
 
 def test_a_step_that_overruns_fails_the_check():
-    import time
+    import threading
 
     from hfai.agent.health_check import Step, run_check
 
-    check = asyncio.run(run_check([Step("slow", lambda: time.sleep(0.5) or ""), Step("ok", lambda: "")], 0.05,
-                                  lambda: T0))
+    release = threading.Event()  # the step runs until the check is over: it overruns whatever the load
+
+    async def checked():
+        try:
+            return await run_check([Step("slow", lambda: release.wait() and ""), Step("ok", lambda: "")], 0.05,
+                                   lambda: T0)
+        finally:
+            release.set()  # before asyncio.run waits for the step's thread
+
+    check = asyncio.run(checked())
     assert not check.ok and check.detail == "slow: took longer than 0.05 s"
 
 

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 from spine_cluster import Cluster
+from waits import until
 
 from hfai import _nats
 from hfai.protocol import names
@@ -40,8 +41,10 @@ def test_a_batch_of_trivial_jobs_costs_a_few_kv_writes_each(tmp_path):
             ids = [(await api.submit(JobSpec(name=f"t{i}", entrypoint=("true",), workdir=str(tmp_path)))).id
                    for i in range(JOBS)]
             for job_id in ids:  # FIFO: waiting for each in turn costs one status call per poll
-                while not (j := await api.status(job_id)).state.final:
-                    await asyncio.sleep(0.2)
+                async def ended(job_id=job_id):
+                    return (j := await api.status(job_id)).state.final and j
+
+                j = await until(ended, 120, f"{job_id} to end", poll=0.2)
                 assert j.state is ChainState.SUCCEEDED and j.run_id == 1, j
 
         c.run(batch)

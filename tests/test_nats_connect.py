@@ -4,6 +4,7 @@ daemon started before NATS waits and connects once the server comes up (real nat
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import pytest
 from ports import free_port
+from waits import until
 
 from hfai import _nats
 from hfai.cli.local.nats_server import start_nats
@@ -35,14 +37,17 @@ def test_cli_connect_raises_unavailable():
         asyncio.run(asyncio.wait_for(_nats.connect(config, "t", reconnect=False), 30))
 
 
-def test_daemon_waits_for_nats_to_come_up(tmp_path, monkeypatch):
+def test_daemon_waits_for_nats_to_come_up(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(_nats, "WAIT_LOG_INTERVAL_S", 0.2)  # the waiting branch loops, logging
     port = free_port()
     config = Config(nats=NatsConfig(url=f"nats://127.0.0.1:{port}", connect_timeout_s=0.5))
 
+    def waited() -> int:
+        return sum("still waiting for NATS" in r.getMessage() for r in caplog.records)
+
     async def go():
         attempt = asyncio.ensure_future(_nats.connect(config, "daemon", reconnect=True))
-        await asyncio.sleep(1.5)
+        await until(lambda: waited() >= 3, 30, "the daemon to say three times that it waits")
         assert not attempt.done(), "connected with no server?"
         server, _url = start_nats(tmp_path / "js", tmp_path / "nats.log", port=port)
         try:
@@ -53,7 +58,8 @@ def test_daemon_waits_for_nats_to_come_up(tmp_path, monkeypatch):
             server.terminate()
             server.wait(10)
 
-    asyncio.run(go())
+    with caplog.at_level(logging.WARNING, logger=_nats.__name__):
+        asyncio.run(go())
 
 
 def test_a_daemon_waiting_for_nats_retries_after_growing_jittered_waits():
@@ -67,7 +73,7 @@ def test_a_daemon_waiting_for_nats_retries_after_growing_jittered_waits():
 
     async def go():
         attempt = asyncio.ensure_future(_nats.connect(config, "daemon", reconnect=True, on_error=on_error))
-        await asyncio.sleep(4.0)
+        await until(lambda: len(failed) >= 3, 30, "three refused attempts")
         attempt.cancel()
         await asyncio.gather(attempt, return_exceptions=True)
 

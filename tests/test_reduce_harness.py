@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -134,7 +135,7 @@ def _value_error_or_death(rank, world):
 
 
 def _hang(rank, world):
-    time.sleep(120)
+    threading.Event().wait()  # for ever: only the deadline ends it
 
 
 @pytest.mark.timeout(60)
