@@ -22,16 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 
-import nats.errors
 import psutil
 from nats.aio.client import Client
 
 from hfai import _nats
 from hfai._atomic import write_atomic
 from hfai._clock import SYSTEM, Clock
-from hfai._daemon import FailureStreak, Supervisor, raise_if_cancelled, wait_event
+from hfai._daemon import Supervisor
 from hfai._metrics import MetricsServer
 from hfai.agent.assignment import AssignmentWatch
 from hfai.agent.cleanup import Cleanup
@@ -43,24 +41,18 @@ from hfai.agent.fence import Fence
 from hfai.agent.gpu import open_gpu_source
 from hfai.agent.health_allreduce import AllreduceSettings
 from hfai.agent.health_watch import HealthWatch
-from hfai.agent.heartbeat import Heartbeat, default_address, loop_backoff
+from hfai.agent.heartbeat import Heartbeat, default_address
 from hfai.agent.identity import check_run_as
 from hfai.agent.launchers import make_launcher
 from hfai.agent.logread import LogReader
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.operations import Operations
 from hfai.agent.plan import (
-    Act,
-    Action,
-    LocalRun,
     RunPhase,
-    next_state,
-    plan,
 )
-from hfai.agent.reports import REPORTS, Reports
-from hfai.agent.runs import DiskFull, RunStore
-from hfai.agent.statefile import LocalStateError
-from hfai.agent.trust import StartError
+from hfai.agent.reconcile import Reconciler
+from hfai.agent.reports import Reports
+from hfai.agent.runs import RunStore
 from hfai.agent.watchdog import WatchdogSettings
 from hfai.config import Config
 from hfai.protocol import names
@@ -68,7 +60,6 @@ from hfai.protocol.types import (
     LogChunk,
     LogRequest,
     RunAssignment,
-    RunEventKind,
 )
 
 log = logging.getLogger(__name__)
@@ -107,22 +98,24 @@ class Agent:
                         if self.ac.metrics_port else None)
         self.reports = Reports(self.node, self.store, self.disk, self.health, clock, config.nats.request_timeout_s,
                                self.ac.throughput_relay_s, self.metrics)
-        self._wake = asyncio.Event()
+        wake = asyncio.Event()  # plan again now
         self.fence = Fence(self.store.root / "fence", self.disk, self.ac.heartbeat_interval_s)
         self.heartbeat = Heartbeat(self.node, self.address, self.ac, self.store, self.gpus, self.health, self.disk,
                                    self.fence, clock, now=beat_now, metrics=self.metrics)
-        self.assignment = AssignmentWatch(self.node, self.fence, changed=self._wake.set,
+        self.assignment = AssignmentWatch(self.node, self.fence, changed=wake.set,
                                           accepted=self.reports.forget_heard)
-        self.ops = Operations(self.node, self.store, self._wake.set, self.ac.reconcile_interval_s, self.clock)
+        self.ops = Operations(self.node, self.store, wake.set, self.ac.reconcile_interval_s, self.clock)
         self.execs = ExecService(self.node, self.store, idle_s=self.ac.exec_idle_s, drain_s=self.ac.exec_drain_s,
                                  chunk_bytes=self.ac.exec_chunk_bytes, window=self.ac.exec_window,
                                  poll_s=self.ac.exec_poll_s, clock=clock)
         self.dev = DevSessions(self.node, self.store)
         self.cleanup = Cleanup(self.store, clock, self.ac.log_retention_s, self.ac.log_gc_interval_s)
         self.logs = LogReader(self.node, self.store)
+        self.reconciler = Reconciler(self.node, self.ac, self.store, clock, wake, assignment=self.assignment,
+                                     ops=self.ops, reports=self.reports, fence=self.fence, disk=self.disk,
+                                     cleanup=self.cleanup, metrics=self.metrics)
         self._supervisor = Supervisor()
         self._nc: Client | None = None
-        self._pidfds: set[int] = set()
         self._closed = False
         self._metrics_server: MetricsServer | None = None
 
@@ -144,7 +137,7 @@ class Agent:
         spawn = self._supervisor.spawn
         spawn(self.heartbeat.loop(), "heartbeat")
         spawn(self.assignment.watch(self._assign_kv), "assignment-watch")
-        spawn(self._reconcile_loop(), "reconcile")
+        spawn(self.reconciler.loop(), "reconcile")
         spawn(self.cleanup.log_loop(), "log-gc")
         spawn(self.cleanup.trash_loop(), "trash")
         spawn(self.execs.watch(), "exec-watch")
@@ -174,11 +167,7 @@ class Agent:
         # The cgroups of runs forgotten since the trash last ran: nothing else would remove them.
         await asyncio.to_thread(self.store.empty_trash)
         await self.execs.close()  # while the connection can still tell their callers
-        loop = asyncio.get_running_loop()
-        for fd in list(self._pidfds):
-            loop.remove_reader(fd)
-            os.close(fd)
-        self._pidfds.clear()
+        self.reconciler.close()
         if self._nc is not None:
             try:
                 await self._nc.drain()
@@ -191,143 +180,13 @@ class Agent:
 
     # ---------------------------------------------------------------------------- reconcile
 
+    async def reconcile(self) -> None:
+        """One round of the plan carried out (see :class:`hfai.agent.reconcile.Reconciler`)."""
+        await self.reconciler.reconcile()
+
     def collect_old_logs(self, now: float | None = None) -> list[str]:
         """Delete the logs of jobs gone long enough (see :class:`hfai.agent.cleanup.Cleanup`)."""
         return self.cleanup.collect_old_logs(now)
-
-    async def _reconcile_loop(self) -> None:
-        streak = FailureStreak(self.ac.reconcile_failures_max)  # failures on this node's own state
-        # After a round NATS refused (a failure, or a report not acknowledged) the next comes after
-        # a jittered backoff instead of the period: every agent met the same outage at once. A
-        # local fault keeps the period: it herds nothing, and the streak's bound counts rounds.
-        backoff = loop_backoff(self.ac.reconcile_interval_s, self.ac.heartbeat_interval_s)
-        while True:
-            raise_if_cancelled()
-            self._wake.clear()
-            self.reports.unacked = False
-            nats_refused = False
-            try:
-                await self.reconcile()
-                streak.succeeded()
-                nats_refused = self.reports.unacked
-            except LocalStateError:
-                raise
-            except (nats.errors.Error, TimeoutError):
-                nats_refused = True
-                log.exception("reconcile failed on NATS; retrying")  # the connection heals itself
-            except Exception as e:
-                if isinstance(e, OSError) and self.disk.full(e):
-                    # A full disk does not count: the node drains itself meanwhile, and works
-                    # again once space is back.
-                    log.warning("reconcile met a full disk: %s", e)
-                else:
-                    # A disk that stays read-only (or any local fault) does not heal by retrying:
-                    # past the bound the agent stops (systemd restarts it, and meanwhile the leader
-                    # moves the work) rather than heartbeating as a healthy node that never runs
-                    # anything.
-                    log.exception("reconcile failed (%d in a row); retrying", streak.count + 1)
-                    if streak.failed():
-                        raise LocalStateError(f"reconcile failed {streak.count} times in a row: {e}") from e
-            if nats_refused:
-                delay = backoff.next()
-            else:
-                backoff.reset()
-                delay = self.ac.reconcile_interval_s
-            await wait_event(self._wake, delay, self.clock)
-
-    async def reconcile(self) -> None:
-        """Carry out the plan: first what changes the node (start, signal, clean up), in plan
-        order, then every report at once. Reports wait for JetStream's acknowledgement; sent one
-        after another, a run that started and exited between two plans (STARTED, EXITED) took
-        two round trips before the leader could hear of its end."""
-        await self.reports.report_not_started()
-        local = self.store.snapshot()
-        reports: list[Action] = []
-        for action in plan(self.ops.wanted(self._wanted(local), local), local, self.clock.boottime(),
-                           self.ac.ack_exit_grace_s):
-            if action.act in REPORTS:
-                reports.append(action)
-            else:
-                await self._do(action, local)
-        if reports:
-            await self.reports.send(reports, local)
-        await self.reports.relay_throughput(local)
-
-    def _wanted(self, local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
-        """The desired runs; while they are unknown (just started, or only a refused entry in KV),
-        every run on the node as it is: nothing is started or stopped, exits are still reported."""
-        desired = self.assignment.desired
-        if self.assignment.known:
-            not_started = self.reports.not_started
-            if not not_started:
-                return desired
-            return {k: ra for k, ra in desired.items() if k not in not_started}
-        return {key: run.assignment for key, run in local.items()}
-
-    def _not_start(self, ra: RunAssignment, message: str) -> None:
-        """Report ``ra`` ended without starting (an interruption: the leader requeues it)."""
-        self.reports.not_start(ra, message)
-        self._wake.set()
-
-    async def _do(self, a: Action, local: dict[str, LocalRun]) -> None:
-        key, ra = a.key, a.run
-        if a.act not in REPORTS:
-            next_state(local.get(key), a.act)  # IllegalTransition: a step the run's state does not allow
-        if a.act is Act.START:
-            self.fence.check_bound(ra.fence_s)
-            try:
-                launched = self.store.start(ra)
-                if launched is None:  # it was here before a crash, and is over: report that
-                    self._wake.set()
-                    return
-                self._wake_on_exit(launched.pid)
-                log.info("started %s (job %s rank %d)", key, ra.name, ra.rank)
-            except DiskFull as e:
-                log.warning("not starting %s: %s", key, e)
-                self.disk.full(e)
-                self._not_start(ra, f"not started on {self.node}: {e}")
-            except StartError as e:
-                log.warning("cannot start %s: %s", key, e)
-                if await self.reports.publish(ra, RunEventKind.START_FAILED, message=str(e)):
-                    self.store.mark_sent(key, RunEventKind.STARTED)
-                    self.store.mark_sent(key, RunEventKind.EXITED)
-        elif a.act is Act.RAISE_SUSPEND:
-            log.info("asking %s to suspend", key)
-            self.store.raise_suspend(key)
-            if self.metrics is not None:
-                self.metrics.suspend_raised(key)
-        elif a.act is Act.TERMINATE:
-            log.info("terminating %s", key)
-            self.store.signal(key, signal.SIGTERM)
-        elif a.act is Act.KILL:
-            log.warning("killing %s: still alive after the kill window", key)
-            self.store.signal(key, signal.SIGKILL)
-        elif a.act in REPORTS:
-            await self.reports.send([a], local)
-        elif a.act is Act.CLEANUP:
-            self.store.cleanup(key)
-            self.cleanup.trashed()
-
-    def _wake_on_exit(self, pid: int) -> None:
-        """Re-plan as soon as a launcher exits instead of at the next periodic tick.
-
-        A pidfd becomes readable when the process exits (Linux >= 5.3); without pidfds the
-        periodic reconcile tick notices the exit a little later.
-        """
-        try:
-            fd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            return
-        loop = asyncio.get_running_loop()
-
-        def exited() -> None:
-            loop.remove_reader(fd)
-            self._pidfds.discard(fd)
-            os.close(fd)
-            self._wake.set()
-
-        loop.add_reader(fd, exited)
-        self._pidfds.add(fd)
 
     def _alive_runs(self) -> list[RunAssignment]:
         return [r.assignment for r in self.store.snapshot().values() if r.phase is RunPhase.ALIVE]

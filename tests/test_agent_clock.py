@@ -93,7 +93,7 @@ async def test_the_ack_and_kill_windows_run_on_the_agents_clock(tmp_path):
     agent, sent = _agent(tmp_path, clock)
     key = "stubborn.1"
     _assign(agent, _ra(tmp_path, DesiredRun.RUN), fence=1)
-    loop = asyncio.create_task(agent._reconcile_loop())
+    loop = asyncio.create_task(agent.reconciler.loop())
     try:
         await _real_wait((tmp_path / "up").exists, "the job to start")
         _assign(agent, _ra(tmp_path, DesiredRun.SUSPEND), fence=2)
@@ -135,8 +135,8 @@ async def test_a_round_nats_refused_is_retried_after_a_growing_jittered_backoff(
         rounds.append(clock.monotonic())
         agent.reports.unacked = len(rounds) <= 5  # the first five rounds' reports go unacknowledged
 
-    agent.reconcile = reconcile  # type: ignore[method-assign]
-    loop = asyncio.create_task(agent._reconcile_loop())
+    agent.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+    loop = asyncio.create_task(agent.reconciler.loop())
     try:
         await clock.advance(60.0)
     finally:

@@ -225,6 +225,6 @@ def test_a_run_a_crash_left_unreadable_is_reported_ended_not_started_again(tmp_p
     assert ra.key not in agent.store.snapshot()
     _assign(agent, ra)
     asyncio.run(agent.reconcile())  # the plan says start; the store says it is over
-    assert not (d / "launcher_pid").exists() and agent._wake.is_set()
+    assert not (d / "launcher_pid").exists() and agent.reconciler.wake.is_set()
     asyncio.run(agent.reconcile())
     assert [(k, f.get("exit_code")) for k, f in sent] == [(RunEventKind.STARTED, None), (RunEventKind.EXITED, -9)]

@@ -102,7 +102,7 @@ def test_an_unreadable_command_is_a_start_failure_not_a_crash(tmp_path):
     sent = _recorder(agent)
     for i, ra in enumerate([_ra(job_id="nul", entrypoint=("echo", "a\0b")), _ra(job_id="noargv", entrypoint=()),
                             _ra(job_id="badenv", env={"A=B": "1"}), _ra(job_id="nodir", workdir="/no/such/dir")]):
-        asyncio.run(agent._do(Action(Act.START, ra.key, ra), {}))
+        asyncio.run(agent.reconciler.do(Action(Act.START, ra.key, ra), {}))
         assert sent[i][1] is RunEventKind.START_FAILED and sent[i][2]["message"]
     assert {r.phase for r in agent.store.snapshot().values()} == {RunPhase.EXITED}
 
@@ -154,7 +154,7 @@ def test_a_refused_user_is_reported_start_failed_with_the_reason(tmp_path):
     agent = _agent(tmp_path)  # run_as = "submitter"
     sent = _recorder(agent)
     ra = _ra(user="hfaitest-nosuch", entrypoint=("sh", "-c", f"touch {tmp_path / 'ran'}"))
-    asyncio.run(agent._do(Action(Act.START, ra.key, ra), {}))
+    asyncio.run(agent.reconciler.do(Action(Act.START, ra.key, ra), {}))
     (key, kind, fields), = sent
     assert kind is RunEventKind.START_FAILED and "hfaitest-nosuch" in fields["message"]
     assert (agent.store.dir(key) / "start_error").read_text() == fields["message"]

@@ -217,7 +217,7 @@ def test_the_agent_refuses_an_illegal_act_before_it_touches_the_run(tmp_path: Pa
     d.mkdir()
     local = {RA.key: _run()}
     with pytest.raises(IllegalTransition):
-        asyncio.run(agent._do(Action(Act.KILL, RA.key, RA), local))
+        asyncio.run(agent.reconciler.do(Action(Act.KILL, RA.key, RA), local))
     with pytest.raises(IllegalTransition):
         asyncio.run(agent.reports.send([Action(Act.REPORT_EXIT, RA.key, RA)], local))
     assert list(d.iterdir()) == []

@@ -67,7 +67,7 @@ async def main():
     agent.reports.publish = publish
     key = "stubborn.1"
     assign(agent, DesiredRun.RUN, 1)
-    loop = asyncio.create_task(agent._reconcile_loop())
+    loop = asyncio.create_task(agent.reconciler.loop())
     await until(up.exists)
     assign(agent, DesiredRun.SUSPEND, 2)
     flag, term = agent.store.control_dir(key) / SUSPEND_FILE, agent.store.dir(key) / "term"

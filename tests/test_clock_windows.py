@@ -85,7 +85,7 @@ class _Running:
 
     async def __aenter__(self) -> _Running:
         _assign(self.agent, self.tmp_path, DesiredRun.RUN, fence=1)
-        self.loop = asyncio.create_task(self.agent._reconcile_loop())
+        self.loop = asyncio.create_task(self.agent.reconciler.loop())
         await _real_wait((self.tmp_path / "up").exists, "the job to start")
         _assign(self.agent, self.tmp_path, DesiredRun.SUSPEND, fence=2)
         await _real_wait(self.flag.exists, "the suspend flag")

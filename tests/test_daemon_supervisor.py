@@ -190,7 +190,8 @@ async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_p
     leaving a node that heartbeats but never runs work; a NATS error is retried for ever."""
     import dataclasses
 
-    from hfai.agent.service import Agent, LocalStateError
+    from hfai.agent.service import Agent
+    from hfai.agent.statefile import LocalStateError
     from hfai.config import AgentConfig, Config
 
     # A round NATS refused is retried after a backoff capped at one heartbeat interval: short here.
@@ -204,9 +205,9 @@ async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_p
         calls.append(1)
         raise OSError(30, "Read-only file system")  # (a full disk drains the node instead: test_fault_disk)
 
-    agent.reconcile = broken  # type: ignore[method-assign]
+    agent.reconciler.reconcile = broken  # type: ignore[method-assign]
     with pytest.raises(LocalStateError, match="5 times in a row"):
-        await asyncio.wait_for(agent._reconcile_loop(), 10)
+        await asyncio.wait_for(agent.reconciler.loop(), 10)
     assert len(calls) == 5
 
     async def nats_down() -> None:
@@ -215,7 +216,7 @@ async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_p
             raise asyncio.CancelledError
         raise nats.errors.ConnectionClosedError
 
-    agent.reconcile = nats_down  # type: ignore[method-assign]
+    agent.reconciler.reconcile = nats_down  # type: ignore[method-assign]
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(agent._reconcile_loop(), 10)
+        await asyncio.wait_for(agent.reconciler.loop(), 10)
     assert len(calls) > 50

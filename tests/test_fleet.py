@@ -82,4 +82,4 @@ def test_a_fleet_in_one_process_joins_the_cluster_and_runs_a_two_node_job(tmp_pa
         assert f"fleet of {NODES} agents up" in log, log[-2000:]
         # Each line says which agent wrote it, also from the tasks an agent started.
         assert all(f"INFO {n} hfai.agent.service: agent {n} up" in log for n in nodes), log[-2000:]
-        assert all(f"INFO {n} hfai.agent.service: started {job.id}." in log for n in done.last_nodes), log[-2000:]
+        assert all(f"INFO {n} hfai.agent.reconcile: started {job.id}." in log for n in done.last_nodes), log[-2000:]
