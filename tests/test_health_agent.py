@@ -261,14 +261,14 @@ def test_a_run_that_fails_on_a_faulted_node_is_reported_stopped_by_the_platform(
     agent = Agent(Config(agent=cfg))
     ra = _ra()
     failed = {ra.key: LocalRun(ra.key, ra, RunPhase.EXITED, exit_code=1)}
-    kind, fields = agent._event(Action(Act.REPORT_EXIT, ra.key, ra), failed)
+    kind, fields = agent.reports.event(Action(Act.REPORT_EXIT, ra.key, ra), failed)
     assert kind is RunEventKind.EXITED and not fields["platform_stopped"]
     agent.gpus.inject(GpuSignal(Signal.XID, 0, xid=79))
     asyncio.run(agent.health.poll())
-    kind, fields = agent._event(Action(Act.REPORT_EXIT, ra.key, ra), failed)
+    kind, fields = agent.reports.event(Action(Act.REPORT_EXIT, ra.key, ra), failed)
     assert fields["platform_stopped"] and fields["message"] == "GPU fault: Xid 79 on GPU 0: fell off the bus"
     finished = {ra.key: LocalRun(ra.key, ra, RunPhase.EXITED, exit_code=0)}
-    assert not agent._event(Action(Act.REPORT_EXIT, ra.key, ra), finished)[1]["platform_stopped"]
+    assert not agent.reports.event(Action(Act.REPORT_EXIT, ra.key, ra), finished)[1]["platform_stopped"]
 
 
 def test_metrics_say_whether_the_node_is_healthy_and_count_xids():
