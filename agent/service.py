@@ -1,12 +1,18 @@
-"""The node agent: heartbeats with telemetry, watches its node's desired state, reconciles.
+"""The node agent: the composition root that wires its collaborators and owns their tasks.
+
+Each job is its own module: the heartbeat and the node record it sends (agent/heartbeat.py), the
+term fence and its bound (agent/fence.py), this node's assignment watched and checked
+(agent/assignment.py), the plan carried out on the run store (agent/reconcile.py, the plan itself
+pure in agent/plan.py), the events sent to the leader and acknowledged (agent/reports.py), the
+log clean-up and the trash (agent/cleanup.py), slices of logs served (agent/logread.py), the
+state directory's room (agent/diskwatch.py), the GPUs' health (agent/health_watch.py).
 
 Tasks (all owned, all cancelled on close): heartbeat, assignment watch, reconcile loop, log
-clean-up, trash and the exec sessions' watch; requests for logs, operator operations and exec
-sessions (agent/exec.py) are served by subscriptions. The tasks are supervised: one
-that ends before close (a fault of our own, such as a state file it cannot write) fails the agent,
-which then exits non-zero for systemd to restart it, rather than heartbeat on while doing nothing.
-Events go to the durable stream with a ``Nats-Msg-Id`` so a retried publish is never counted twice;
-an event is marked sent only after JetStream acknowledged it.
+clean-up, trash, the exec sessions' watch and the health watch; requests for logs, operator
+operations, exec and development sessions are served by subscriptions. The tasks are supervised:
+one that ends before close (a fault of our own, such as a state file it cannot write:
+:class:`hfai.agent.statefile.LocalStateError`) fails the agent, which then exits non-zero for
+systemd to restart it, rather than heartbeat on while doing nothing.
 
 One discipline for the loops: each reads the time and sleeps through the agent's :class:`Clock`
 (a FakeClock in timing tests), tests ``Task.cancelling()`` every round (``raise_if_cancelled``:
@@ -47,22 +53,17 @@ from hfai.agent.launchers import make_launcher
 from hfai.agent.logread import LogReader
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.operations import Operations
-from hfai.agent.plan import (
-    RunPhase,
-)
+from hfai.agent.plan import RunPhase
 from hfai.agent.reconcile import Reconciler
 from hfai.agent.reports import Reports
 from hfai.agent.runs import RunStore
 from hfai.agent.watchdog import WatchdogSettings
 from hfai.config import Config
 from hfai.protocol import names
-from hfai.protocol.types import (
-    LogChunk,
-    LogRequest,
-    RunAssignment,
-)
+from hfai.protocol.types import LogChunk, LogRequest, RunAssignment
 
 log = logging.getLogger(__name__)
+
 
 class Agent:
     def __init__(self, config: Config, clock: Clock = SYSTEM):
