@@ -529,25 +529,31 @@ class Planner:
         """The decisions with each start's avoided nodes (JobRecord.avoid: a fault interrupted the
         job there) swapped for nodes of the same group that are free and picked by no other start
         this round, where there are such; otherwise the start keeps them (the node is healthy
-        again: it is schedulable)."""
+        again: it is schedulable). A node a start gives up is free for the others: the swaps go
+        round until none is left to make (each one uses an avoided node less, so they end)."""
         avoided = [d for d in decisions if isinstance(d, Start) and set(d.nodes) & set(self.records[d.job_id].avoid)]
         if not avoided:
             return list(decisions)
         taken = {n for d in decisions if isinstance(d, Start) for n in d.nodes}
         group = {v.name: v.group for v in views}
         spare = [v.name for v in views if v.schedulable and v.name not in holder and v.name not in taken]
-        swapped: dict[str, Start] = {}
-        for d in avoided:
-            avoid = set(self.records[d.job_id].avoid)
-            nodes = list(d.nodes)
-            for i, n in enumerate(nodes):
-                if n not in avoid:
-                    continue
-                other = next((s for s in spare if group[s] == group[n] and s not in avoid), None)
-                if other is not None:
-                    spare.remove(other)
-                    nodes[i] = other
-            swapped[d.job_id] = Start(d.job_id, tuple(nodes), d.reason)
+        picked = {d.job_id: list(d.nodes) for d in avoided}
+        moved = True
+        while moved:
+            moved = False
+            for d in avoided:
+                avoid = set(self.records[d.job_id].avoid)
+                nodes = picked[d.job_id]
+                for i, n in enumerate(nodes):
+                    if n not in avoid:
+                        continue
+                    other = next((s for s in spare if group[s] == group[n] and s not in avoid), None)
+                    if other is not None:
+                        spare.remove(other)
+                        spare.append(n)
+                        nodes[i] = other
+                        moved = True
+        swapped = {d.job_id: Start(d.job_id, tuple(picked[d.job_id]), d.reason) for d in avoided}
         return [swapped.get(d.job_id, d) if isinstance(d, Start) else d for d in decisions]
 
     def _unacked(self, group: str, now: float, settings: PlanSettings) -> Reason | None:

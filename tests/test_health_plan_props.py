@@ -119,3 +119,14 @@ def test_a_job_interrupted_by_a_fault_restarts_on_another_node_and_forgets_the_a
     only = [("n0", "g1", "ok"), ("n1", "g1", "drained")]
     [start] = plan_once([job], plan_nodes(_tracker(only), [job], 0.0), PlanSettings(), NOW)
     assert start.nodes == ("n0",)
+
+
+def test_a_node_one_start_gives_up_for_its_avoided_one_is_free_for_the_next():
+    """j10 avoids n1 and j11 avoids n3; the policy picks n1 and n3 for them (the first free nodes),
+    leaving n6 spare. j10 takes n6 instead of n1, and n1, given up, serves j11 instead of n3."""
+    nodes = [("n1", "g2", "ok"), ("n3", "g2", "ok"), ("n6", "g2", "ok")]
+    jobs = [_job(10, "g2", ChainState.QUEUED, avoid=("n1",)), _job(11, "g2", ChainState.QUEUED, avoid=("n3",))]
+    actions = plan_once(jobs, plan_nodes(_tracker(nodes), jobs, led_s=0.0), PlanSettings(), NOW)
+    starts = {a.job_id: a.nodes for a in actions if isinstance(a, StartRun)}
+    assert set(starts) == {"j10", "j11"}
+    assert "n1" not in starts["j10"] and "n3" not in starts["j11"], starts
