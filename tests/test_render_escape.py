@@ -95,7 +95,7 @@ class FakeClient:
 
     user = EVIL_SPEC.user
 
-    async def call(self, verb, request, expect):  # submit (job arrays go through it)
+    async def call(self, verb, request, *, timeout=None):  # submit (job arrays go through it)
         return await self._answer(JobReply(job=EVIL_JOB))
 
     async def list(self, all_users=True, include_finished=True, request=None):
