@@ -13,6 +13,7 @@ import time
 import nats
 import pytest
 from cutoff_cluster import PartitionableCluster
+from waits import until
 
 from hfai import _nats
 from hfai.config import Config, NatsConfig
@@ -28,14 +29,13 @@ NEVER_S = 30.0
 
 async def _ready(make, what: str):
     """``make()``'s result once the freshly formed cluster can place it (its meta leader settles)."""
-    deadline = time.monotonic() + NEVER_S
-    while True:
+    async def made():
         try:
             return await make()
         except (TimeoutError, nats.errors.Error):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the cluster never made {what}") from None
-            await asyncio.sleep(0.5)
+            return None
+
+    return await until(made, NEVER_S, f"the cluster to make {what}", poll=0.5)
 
 
 async def _put_within(kv, key: str, timeout_s: float) -> bool:

@@ -34,6 +34,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from spine_cluster import JOBS, Cluster
+from waits import until
 
 from hfai import _nats
 from hfai.api.client import ApiClient
@@ -240,16 +241,7 @@ class Rig:
         return records
 
     async def until(self, cond, timeout: float, what: str, poll: float = 0.05):
-        deadline = time.monotonic() + timeout
-        while True:
-            value = cond()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-            await asyncio.sleep(poll)
+        return await until(cond, timeout, what, poll)
 
     def controller_log(self, name: str) -> str:
         return (self.c.local.root / "logs" / f"{name}.log").read_text(errors="replace")

@@ -6,16 +6,17 @@ scheduled after one NATS server is killed; a revocation pushed to one server rea
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import nats
 import pytest
 from spine_cluster import JOBS, Cluster
+from waits import until, wait_for
 
 from hfai import _nats
 from hfai.cli.local import LocalCluster
@@ -97,16 +98,13 @@ class NatsCluster:
     def wait_formed(self, timeout_s: float = 60.0) -> None:
         """Every server up, and the JetStream meta group has a leader (replicated assets cannot be
         created before)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def formed() -> bool:
             logs = [self.log(i).read_text(errors="replace") for i in range(self.size)]
-            if all("Server is ready" in t for t in logs) and any(
+            return all("Server is ready" in t for t in logs) and any(
                 re.search(r"JetStream cluster new metadata leader|Self is new JetStream cluster metadata leader", t)
-                for t in logs
-            ):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"NATS cluster did not form; see {self.root}")
+                for t in logs)
+
+        wait_for(formed, timeout_s, f"the NATS cluster to form; see {self.root}")
 
     def __enter__(self) -> NatsCluster:
         try:
@@ -167,7 +165,7 @@ def test_jobs_survive_the_loss_of_one_nats_server(tmp_path):
             c.wait(lambda one=one: c.cli_env(one, "ps").returncode != 0, 20, f"server on {port} to refuse erin")
 
 
-def test_setup_waits_for_the_nats_cluster_to_form(tmp_path):
+def test_setup_waits_for_the_nats_cluster_to_form(tmp_path, caplog):
     """A daemon started with the first of its NATS servers waits (no crash) until JetStream can
     place replicated buckets, then creates them."""
     cluster = NatsCluster(tmp_path / "nats")
@@ -175,11 +173,14 @@ def test_setup_waits_for_the_nats_cluster_to_form(tmp_path):
     try:
         cluster.start(0)
 
+        def retries() -> int:
+            return sum("JetStream not ready" in r.getMessage() for r in caplog.records)
+
         async def go():
             nc = await nats.connect(cluster.url.split(",")[:1])
             try:
                 setup = asyncio.ensure_future(_nats.ensure_shared_state(nc.jetstream(), config))
-                await asyncio.sleep(3)
+                await until(lambda: retries() >= 3, 30, "setup to retry three times")
                 assert not setup.done(), "set up R3 buckets with one server of three?"
                 for i in range(1, cluster.size):
                     cluster.start(i)
@@ -190,7 +191,8 @@ def test_setup_waits_for_the_nats_cluster_to_form(tmp_path):
             finally:
                 await nc.close()
 
-        asyncio.run(go())
+        with caplog.at_level(logging.WARNING, logger=_nats.__name__):
+            asyncio.run(go())
     finally:
         cluster.__exit__()
 
