@@ -12,9 +12,9 @@ storm and a stalled lease, on an in-memory KV (bench/bench_storm.py measures the
 from __future__ import annotations
 
 import asyncio
-import time
 
 from fakes import FakeElection, FakeKV
+from waits import wait_for
 
 from hfai._clock import FakeClock
 from hfai.config import Config, ControllerConfig
@@ -104,13 +104,16 @@ async def test_the_lease_is_renewed_while_a_slow_plan_runs():
         leader, _ = leader_with([job("w1")], [], election=election, clock=None)
         leader.fence = election.token
         slow_plan = leader.planner.plan
+        first = lease_kv.messages[names.LEADER_KEY].revision
 
         def plan(*args):
-            time.sleep(1.0)  # an O(queue) plan of pure Python: longer than the lease's validity
+            # An O(queue) plan of pure Python, longer than the lease's validity: it ends once the
+            # lease was renewed twice meanwhile, which a plan that held the event loop never sees.
+            wait_for(lambda: lease_kv.messages[names.LEADER_KEY].revision >= first + 2, 10.0,
+                     "the lease to be renewed during the plan", poll=0.05)
             return slow_plan(*args)
 
         leader.planner.plan = plan
-        first = lease_kv.messages[names.LEADER_KEY].revision
         await leader._plan_round()
         assert lease_kv.messages[names.LEADER_KEY].revision >= first + 2, "the lease was not renewed during the plan"
         assert election.is_leader
