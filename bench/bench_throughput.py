@@ -75,6 +75,17 @@ async def run_batch(config: Config, n: int, workdir: str, timeout_s: float) -> t
         return took, done
 
 
+def host_busy_s() -> float:
+    """Busy CPU seconds of the whole host since boot, from /proc/stat: the batch's cost
+    in CPU, which throughput on 2 shared cores depends on, read without instrumenting any process
+    (the launchers and jobs are reaped by the kernel, so no parent's rusage has them)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz
+
+
 def breakdown(jobs: list[JobRecord]) -> tuple[float, float]:
     """Medians of (start decided -> exit recorded: the agent's round trip) and (a node's exit
     recorded -> the leader's next start decision on that node: the leader's reaction)."""
@@ -89,9 +100,11 @@ def breakdown(jobs: list[JobRecord]) -> tuple[float, float]:
     return statistics.median(runs), statistics.median(gaps) if gaps else 0.0
 
 
-def measure(args, launcher: str, container: str) -> tuple[float, list[JobRecord], dict[str, int], dict[str, int]]:
+def measure(args, launcher: str, container: str) -> tuple[float, list[JobRecord], dict[str, int], dict[str, int],
+                                                           float]:
     """One batch on a fresh cluster whose agents start launchers the way ``launcher`` says and
-    run jobs in ``container`` ("bwrap" or "none": bare processes, without cgroups either)."""
+    run jobs in ``container`` ("bwrap" or "none": bare processes, without cgroups either); also
+    the host's busy CPU seconds while the batch ran."""
     with tempfile.TemporaryDirectory(prefix="hfai-bench-tp-") as tmp:
         if args.keep:
             tmp = f"{args.keep}/{launcher}-{container}"
@@ -106,11 +119,13 @@ def measure(args, launcher: str, container: str) -> tuple[float, list[JobRecord]
             cluster.user_creds("bench")
             creds = str(cluster.service_creds("controller-0", Role.CONTROLLER))
             before = asyncio.run(kv_revisions(config, creds))
+            busy0 = host_busy_s()
             took, jobs = asyncio.run(run_batch(config, args.jobs, tmp, args.timeout))
+            busy = host_busy_s() - busy0
             after = asyncio.run(kv_revisions(config, creds))
         finally:
             cluster.down()
-    return took, jobs, before, after
+    return took, jobs, before, after, busy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = {}
     for launcher, container in itertools.product(args.launchers.split(","), args.containers.split(",")):
         load_before = os.getloadavg()[0]
-        took, jobs, before, after = measure(args, launcher, container)
+        took, jobs, before, after, busy = measure(args, launcher, container)
         rate = rates[launcher, container] = args.jobs / took
         jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
         assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
@@ -139,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
               f"{rate / SLURM_JOBS_PER_S:.2f}x)")
         print(f"  KV writes per job   {jobs_w:8.2f} job records + {assign_w:.2f} assignments")
+        print(f"  host CPU per job    {busy / args.jobs * 1000:8.1f} ms   ({busy:.1f} of {took * os.cpu_count():.1f} "
+              f"core-seconds busy while the batch ran, whatever ran)")
         agent_s, leader_s = breakdown(jobs)
         print(f"  per job (medians)   {agent_s * 1000:8.0f} ms start decided -> exit recorded, "
               f"{leader_s * 1000:.0f} ms exit recorded -> next start on the node", flush=True)
