@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from hfai._daemon import run_daemon
+from hfai.core.daemon import run_daemon
 
 
 def _make(config):

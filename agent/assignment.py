@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from hfai import _nats
 from hfai.agent.fence import Fence
 from hfai.agent.trust import assignment_problem
+from hfai.core import nats as _nats
 from hfai.protocol import decode
 from hfai.protocol.errors import ProtocolError
 from hfai.protocol.types import NodeAssignment, RunAssignment

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from hfai._clock import Clock
-from hfai._daemon import raise_if_cancelled
 from hfai.agent.plan import stale_logs
 from hfai.agent.runs import RunStore
+from hfai.core.clock import Clock
+from hfai.core.daemon import raise_if_cancelled
 
 log = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def free_port(address: str) -> int:
 def main() -> None:
     """The session's process (a job's rank 0, run as its user): write ``dev.json``, exec JupyterLab."""
     from hfai._atomic import write_atomic
-    from hfai.config import hfai_home, load_config
+    from hfai.core.config import hfai_home, load_config
 
     env = os.environ
     job_id, user, control = env["HFAI_JOB_ID"], env["HFAI_USER"], env["HFAI_CONTROL_DIR"]
@@ -182,7 +182,7 @@ class DevSessions:
         return DevSessionReply()
 
     async def _on_request(self, msg) -> None:
-        from hfai._nats import answer  # here: the session's own process imports this module, not NATS
+        from hfai.core.nats import answer  # here: the session's own process imports this module, not NATS
 
         async def dispatch(subject: str, data: bytes) -> DevSessionReply:
             if subject != names.agent_dev_subject(self.node):

@@ -42,15 +42,15 @@ from pathlib import Path
 import psutil
 from nats.aio.client import Client
 
-from hfai import _nats
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import raise_if_cancelled
 from hfai.agent.contain import ContainmentError, enter_argv
 from hfai.agent.identity import Account, job_identity, lookup_account
 from hfai.agent.jobenv import check_command, job_command
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.runs import RunStore
 from hfai.agent.trust import short
+from hfai.core import nats as _nats
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.daemon import raise_if_cancelled
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable
 from hfai.protocol.types import ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted

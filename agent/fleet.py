@@ -31,9 +31,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import SHUTDOWN_TIMEOUT_S, serve, setup_logging
-from hfai.config import Config, hfai_home
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.config import Config, hfai_home
+from hfai.core.daemon import SHUTDOWN_TIMEOUT_S, serve, setup_logging
 from hfai.protocol import names
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(NodeLogFilter())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(node)s %(name)s: %(message)s"))
-    from hfai.config import load_config
+    from hfai.core.config import load_config
     from hfai.protocol.errors import HfaiError
 
     try:

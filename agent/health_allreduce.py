@@ -41,7 +41,7 @@ SIMULATED_RANKS = 2
 @dataclass(frozen=True)
 class AllreduceSettings:
     """``[agent] health_allreduce``, ``health_allreduce_floor_gbps``, ``health_allreduce_bytes``
-    (hfai.config); ``rounds`` timed after one checked warm-up round."""
+    (hfai.core.config); ``rounds`` timed after one checked warm-up round."""
 
     mode: str = ALLREDUCE_GPUS
     floor_gbps: float = 1.0

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hfai._daemon import bounded
 from hfai.agent.gpu import GpuSource
 from hfai.agent.health_allreduce import (
     ALLREDUCE_ALWAYS,
@@ -28,6 +27,7 @@ from hfai.agent.health_allreduce import (
     AllreduceSettings,
     run_allreduce,
 )
+from hfai.core.daemon import bounded
 from hfai.protocol.types import HealthCheck
 
 log = logging.getLogger(__name__)

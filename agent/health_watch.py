@@ -11,13 +11,13 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from hfai import _nats
-from hfai._clock import Clock
-from hfai._daemon import raise_if_cancelled
 from hfai.agent.gpu import GpuSource, SimulatedGpus
 from hfai.agent.health import GpuSignal, NodeHealth, Signal
 from hfai.agent.health_allreduce import AllreduceSettings
 from hfai.agent.health_check import run_check, steps_for
+from hfai.core import nats as _nats
+from hfai.core.clock import Clock
+from hfai.core.daemon import raise_if_cancelled
 from hfai.protocol import decode, names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import (

@@ -19,9 +19,6 @@ import psutil
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from hfai._clock import Clock
-from hfai._daemon import raise_if_cancelled, wait_event
-from hfai._retry import Backoff
 from hfai._version import __version__
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.fence import Fence
@@ -32,7 +29,10 @@ from hfai.agent.plan import RunPhase
 from hfai.agent.runs import RunStore
 from hfai.agent.statefile import LocalStateError
 from hfai.agent.watchdog import read_watch
-from hfai.config import AgentConfig
+from hfai.core.clock import Clock
+from hfai.core.config import AgentConfig
+from hfai.core.daemon import raise_if_cancelled, wait_event
+from hfai.core.retry import Backoff
 from hfai.protocol import encode, names
 from hfai.protocol.types import HostStat, NodeRecord
 

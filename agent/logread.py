@@ -11,10 +11,10 @@ import os
 
 from nats.aio.client import Client
 
-from hfai import _nats
 from hfai.agent import logtimes, safefs
 from hfai.agent.runs import RunStore
 from hfai.agent.trust import check_log_request
+from hfai.core import nats as _nats
 from hfai.protocol import decode, names
 from hfai.protocol.types import LogChunk, LogRequest
 

@@ -15,10 +15,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hfai import _nats
-from hfai._clock import SYSTEM, Clock
 from hfai.agent.plan import LocalRun, RunPhase
 from hfai.agent.runs import RunStore
+from hfai.core import nats as _nats
+from hfai.core.clock import SYSTEM, Clock
 from hfai.protocol import decode, names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import (

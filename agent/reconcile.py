@@ -17,8 +17,6 @@ import signal
 
 import nats.errors
 
-from hfai._clock import Clock
-from hfai._daemon import FailureStreak, raise_if_cancelled, wait_event
 from hfai.agent.assignment import AssignmentWatch
 from hfai.agent.cleanup import Cleanup
 from hfai.agent.diskwatch import DiskWatch
@@ -31,7 +29,9 @@ from hfai.agent.reports import REPORTS, Reports
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.statefile import LocalStateError
 from hfai.agent.trust import StartError
-from hfai.config import AgentConfig
+from hfai.core.clock import Clock
+from hfai.core.config import AgentConfig
+from hfai.core.daemon import FailureStreak, raise_if_cancelled, wait_event
 from hfai.protocol.types import RunAssignment, RunEventKind
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 
-from hfai._clock import Clock
 from hfai.agent.diskwatch import DiskWatch
 from hfai.agent.health_watch import HealthWatch
 from hfai.agent.metrics import AgentMetrics
@@ -27,6 +26,7 @@ from hfai.agent.plan import Act, Action, LocalRun, RunPhase, RunUsage, next_stat
 from hfai.agent.runs import RunStore
 from hfai.agent.throughput import Relay, read_window
 from hfai.agent.watchdog import span
+from hfai.core.clock import Clock
 from hfai.protocol import encode, names
 from hfai.protocol.types import GpuFaultEvent, RunAssignment, RunEvent, RunEventKind, RunThroughput
 

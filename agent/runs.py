@@ -53,7 +53,6 @@ import psutil
 
 from hfai import base_envs
 from hfai._atomic import write_atomic
-from hfai._clock import SYSTEM, Clock
 from hfai._job import ACK_FILE, SUSPEND_FILE, WHOLE_LIFE_FILE
 from hfai._proc import pid_alive, start_ticks
 from hfai.agent import safefs, stamps
@@ -72,6 +71,7 @@ from hfai.agent.stamps import ACK_STAMP, SUSPEND_STAMP
 from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.agent.watchdog import HUNG_FILE, WatchdogSettings, run_watchdog_s, watchdog_spec
+from hfai.core.clock import SYSTEM, Clock
 from hfai.protocol import decode, encode
 from hfai.protocol.errors import InvalidRequest, ProtocolError
 from hfai.protocol.names import is_token

@@ -17,8 +17,8 @@ systemd to restart it, rather than heartbeat on while doing nothing.
 One discipline for the loops: each reads the time and sleeps through the agent's :class:`Clock`
 (a FakeClock in timing tests), tests ``Task.cancelling()`` every round (``raise_if_cancelled``:
 nats-py can swallow a cancellation), waits for its wake-up event or its period with
-:func:`hfai._daemon.wait_event` (never 3.11's ``asyncio.wait_for``), and retries what NATS refused after a
-jittered backoff (``hfai._retry``), so a thousand agents do not retry in the same instant after a
+:func:`hfai.core.daemon.wait_event` (never 3.11's ``asyncio.wait_for``), and retries what NATS refused after a
+jittered backoff (``hfai.core.retry``), so a thousand agents do not retry in the same instant after a
 NATS restart. The one time not read from the clock is the liveness stamp of the launchers: other
 processes compare it with the host's CLOCK_MONOTONIC (see :mod:`hfai.agent.heartbeat`).
 """
@@ -32,10 +32,7 @@ import os
 import psutil
 from nats.aio.client import Client
 
-from hfai import _nats
 from hfai._atomic import write_atomic
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import Supervisor
 from hfai._metrics import MetricsServer
 from hfai.agent.assignment import AssignmentWatch
 from hfai.agent.cleanup import Cleanup
@@ -58,7 +55,10 @@ from hfai.agent.reconcile import Reconciler
 from hfai.agent.reports import Reports
 from hfai.agent.runs import RunStore
 from hfai.agent.watchdog import WatchdogSettings
-from hfai.config import Config
+from hfai.core import nats as _nats
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.config import Config
+from hfai.core.daemon import Supervisor
 from hfai.protocol import names
 from hfai.protocol.types import LogChunk, LogRequest, RunAssignment
 

@@ -2,7 +2,7 @@
 acknowledgement), as files of the run's directory that the interrupt windows are measured from.
 
 A stamp is one line, ``"<wall> <boottime>"``: the wall time for people, the boot clock
-(:meth:`hfai._clock.Clock.boottime`) for deadlines. The boot clock is the same in every process of
+(:meth:`hfai.core.clock.Clock.boottime`) for deadlines. The boot clock is the same in every process of
 a boot and is never stepped, so an agent restarted mid-window, or a wall clock stepped by NTP or by
 hand, neither stretches nor cuts a window (a clock stepped back by minutes would keep a job that
 never acknowledges alive long past its SIGTERM's window; stepped forward, it would cut a
@@ -22,8 +22,8 @@ import math
 import os
 from pathlib import Path
 
-from hfai._clock import Clock
 from hfai.agent.statefile import write_state
+from hfai.core.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from hfai._atomic import write_atomic
 
 class LocalStateError(RuntimeError):
     """The agent cannot write its own state on this node: waiting does not cure that, so the
-    task that met it ends and the agent stops (see :class:`hfai._daemon.Supervisor`)."""
+    task that met it ends and the agent stops (see :class:`hfai.core.daemon.Supervisor`)."""
 
 
 def write_volatile(path: str | os.PathLike, data: bytes | str) -> None:

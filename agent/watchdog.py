@@ -58,7 +58,7 @@ FAULT_QUIET_S = 0.3
 
 @dataclass(frozen=True)
 class WatchdogSettings:
-    """``[agent] watchdog_s``, ``watchdog_poll_s``, ``watchdog_dump_s`` (see hfai.config)."""
+    """``[agent] watchdog_s``, ``watchdog_poll_s``, ``watchdog_dump_s`` (see hfai.core.config)."""
 
     default_s: float = 1800.0
     poll_s: float = 1.0

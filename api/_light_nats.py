@@ -7,7 +7,7 @@ each assumption against the installed nats-py, so an upgrade that breaks one fai
   for a transport hfai's ``nats://``/``tls://`` URLs never use. aiohttp is hidden while nats-py
   loads (``sys.modules[name] = None``: the import system's documented way to make an import fail),
   then visible again for anything else in the process; a ``ws://`` URL gets the transport back at
-  connect (:func:`hfai._nats.connect`).
+  connect (:func:`hfai.core.nats.connect`).
 * ``importlib.metadata``, which nats-py imports in a ``try`` for its own version string (sent in
   CONNECT), is hidden too; the version is read from the name of nats-py's ``.dist-info`` folder.
 * ``import nats.js``, the JetStream client (its API dataclasses, the KV and object stores): the core

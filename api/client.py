@@ -26,9 +26,9 @@ import nats.errors
 from nats.aio.client import Client
 # isort: on
 
-from hfai import _nats
 from hfai.api.config import creds_path, current_user
-from hfai.config import Config
+from hfai.core import nats as _nats
+from hfai.core.config import Config
 from hfai.protocol import decode, encode, names, verbs
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import ErrorSub, Forbidden, InvalidRequest, Unavailable, error_of
@@ -330,11 +330,11 @@ class ApiClient:
         which from then on carries this client's requests; None to stay.
 
         Where the credentials may ask JetStream (none, or a daemon's), the question the daemons'
-        watch asks decides (hfai._cutoff.check: does the cluster behind this server answer?). A
+        watch asks decides (hfai.core.cutoff.check: does the cluster behind this server answer?). A
         user's credentials may not ask it, nor anything else that only a server with its cluster
         answers: then the silence is the sign. Moving costs one connection, and what is sent again
         is only what may be (``repeatable``, or a submit named by its ``request_id``)."""
-        from hfai import _cutoff
+        from hfai.core import cutoff as _cutoff
 
         nc = self._conn
         here = nc.connected_url.netloc if nc.connected_url is not None else ""

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hfai.config import Config, config_file, hfai_home, load_config
+from hfai.core.config import Config, config_file, hfai_home, load_config
 from hfai.protocol import names
 
 #: The state file of a local cluster under its root: its NATS URL, pids and owner.

@@ -10,7 +10,7 @@ One operator signs two accounts: ``HFAI`` (everything hfai does, JetStream on) a
 server's system account, used only to push a changed ``HFAI`` account to running servers). Users,
 agents and controllers are users of ``HFAI`` whose JWTs carry their permissions
 (:mod:`hfai.auth.roles`). Adding a user needs no server change at all; revoking one changes the
-account JWT, which :mod:`hfai.auth.push` hands to the servers.
+account JWT, which :mod:`hfai.core.accounts` hands to the servers.
 """
 
 from __future__ import annotations

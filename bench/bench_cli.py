@@ -79,8 +79,8 @@ with hfai.cli.main._loading("hfai.cli.jobs"):
     import asyncio, hfai.api._light_nats; mark("asyncio and nats-py's core client")
     import hfai.protocol.codec; mark("hfai.protocol (codec, types, reasons, msgpack)")
     import hfai.cli.common; mark("cli/common.py, errors.py, render.py")
-    import hfai.config; mark("hfai.config (its dataclasses made at first use)")
-    import hfai.api.client; mark("hfai.api.client (hfai._nats, protocol.names, api.config)")
+    import hfai.core.config; mark("hfai.core.config (its dataclasses made at first use)")
+    import hfai.api.client; mark("hfai.api.client (hfai.core.nats, protocol.names, api.config)")
     import hfai.cli.jobs; mark("cli/jobs.py, arrays.py")
 import hfai.auth.nkey, nacl._sodium; mark("PyNaCl's libsodium module (signing the server's nonce)")
 from hfai.cli.main import main

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hfai.agent.contain import make_containment
 from hfai.agent.runs import RunStore
-from hfai.config import AgentConfig
+from hfai.core.config import AgentConfig
 from hfai.protocol.types import DesiredRun, RunAssignment
 
 

@@ -26,9 +26,9 @@ from types import SimpleNamespace
 
 from hfai.agent.gpu import SimulatedGpus
 from hfai.cli import render
-from hfai.config import ControllerConfig
 from hfai.controller.api import ApiService, Caller
 from hfai.controller.nodes import NodeTracker
+from hfai.core.config import ControllerConfig
 from hfai.protocol import decode, encode
 from hfai.protocol.types import ChainState, HostStat, JobRecord, JobSpec, NodeRecord, NodesReply, NodesRequest
 

@@ -47,14 +47,14 @@ import nats.errors
 import psutil
 from bench_throughput import SLURM_JOBS_PER_S, breakdown, kv_revisions, run_batch
 
-from hfai import _nats
 from hfai.agent import fleet
 from hfai.api.client import ApiClient
 from hfai.auth.roles import Role
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER
 from hfai.cli.local.nats_server import start_nats
-from hfai.config import AgentConfig, Config, ControllerConfig
+from hfai.core import nats as _nats
+from hfai.core.config import AgentConfig, Config, ControllerConfig
 from hfai.protocol import decode, names, verbs
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, NodeRecord, NodesRequest, NodeState
 

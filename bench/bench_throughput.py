@@ -26,12 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from hfai import _nats
 from hfai.api.client import ApiClient
 from hfai.auth.roles import Role
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.layout import LOCAL_AGENT
-from hfai.config import Config
+from hfai.core import nats as _nats
+from hfai.core.config import Config
 from hfai.protocol import names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from spine_cluster import Cluster  # noqa: E402
 
-from hfai.config import WebConfig  # noqa: E402
+from hfai.core.config import WebConfig  # noqa: E402
 from hfai.protocol import encode  # noqa: E402
 from hfai.protocol.types import GpuStat, HostStat, JobSpec, NodeRecord  # noqa: E402
 
@@ -39,7 +39,7 @@ def free_port() -> int:
 
 
 async def write_nodes(c: Cluster, count: int) -> None:
-    from hfai import _nats
+    from hfai.core import nats as _nats
 
     nc = await _nats.connect(c.config, "bench-nodes", reconnect=False, creds=str(c.service_creds()))
     try:

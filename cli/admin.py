@@ -125,7 +125,7 @@ def user_list():
 def user_remove(name: str):
     """Revoke NAME's credentials on the running cluster (no restart)."""
     from hfai.api.config import cli_config
-    from hfai.auth.push import push_account
+    from hfai.core.accounts import push_account
 
     held = _issuer().revoke(name)
     asyncio.run(push_account(_issuer(), cli_config()))
@@ -281,7 +281,7 @@ async def admin_validate(node_name: str, wait_s: float):
 
 def daemon_options(f):
     """--config and --log-level, passed on to the daemon (whose own parser checks them too)."""
-    from hfai._daemon import CONFIG_HELP, LOG_LEVEL_HELP, LOG_LEVELS
+    from hfai.core.daemon import CONFIG_HELP, LOG_LEVEL_HELP, LOG_LEVELS
 
     f = click.option("--log-level", default="INFO", show_default=True, metavar="LEVEL",
                      type=click.Choice(LOG_LEVELS, case_sensitive=False), help=LOG_LEVEL_HELP)(f)

@@ -50,7 +50,7 @@ def local_up(nodes: int, slice_s: float | None, fresh: bool):
     from hfai.cli.local.daemons import free_port
     from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER, LOCAL_METRICS_PORT
     from hfai.cli.local.supervision import SupervisePolicy
-    from hfai.config import WebConfig
+    from hfai.core.config import WebConfig
 
     require_platform("hfai local up", nats_server=True)
     cc = dataclasses.replace(LOCAL_CONTROLLER, metrics_port=LOCAL_METRICS_PORT)

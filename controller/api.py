@@ -20,8 +20,6 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from hfai import _nats
-from hfai.config import ControllerConfig, DevConfig
 from hfai.controller import transitions
 from hfai.controller.node_pages import NodePages
 from hfai.controller.nodes import NodeTracker
@@ -31,6 +29,8 @@ from hfai.controller.transitions import apply_stop
 from hfai.controller.validate import check_array, parse_dependency
 from hfai.controller.views import job_view, quotas_of
 from hfai.controller.waits import WaitBoard
+from hfai.core import nats as _nats
+from hfai.core.config import ControllerConfig, DevConfig
 from hfai.kv import KVCache, cas_update, cas_value
 from hfai.protocol import decode, encode, names, verbs
 from hfai.protocol.codec import Encoded, pack

@@ -27,8 +27,8 @@ from nats.js import JetStreamContext
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from hfai._daemon import repeat
 from hfai.controller.store_health import health_bucket
+from hfai.core.daemon import repeat
 from hfai.protocol import names
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import CANCEL_TIMEOUT_S, cancel_and_wait, raise_if_cancelled
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.daemon import CANCEL_TIMEOUT_S, cancel_and_wait, raise_if_cancelled
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import LeaderLease
 
@@ -44,7 +44,7 @@ def renewal_allowed(last_beat: float | None, now: float, stall_s: float) -> bool
 
 class LeaseElection:
     """One replica's campaign for the lease. Every reading of the time and every pause goes
-    through ``clock``, so the timing rules are tested on a :class:`hfai._clock.FakeClock`."""
+    through ``clock``, so the timing rules are tested on a :class:`hfai.core.clock.FakeClock`."""
 
     def __init__(self, kv: KeyValue, holder: str, ttl_s: float, poll_s: float, stall_s: float = math.inf,
                  clock: Clock = SYSTEM):

@@ -10,7 +10,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
-from hfai.config import Config
+from hfai.core.config import Config
 from hfai.protocol import names
 
 

@@ -7,10 +7,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from hfai.config import ControllerConfig
 from hfai.controller.nodes import NodeTracker, unknown_nodes
 from hfai.controller.plan import PlanNode, PlanSettings
 from hfai.controller.views import policy_config
+from hfai.core.config import ControllerConfig
 from hfai.protocol import names
 from hfai.protocol.types import JobRecord, QuotaTable, RestrictedUsers
 

@@ -20,7 +20,7 @@ runs meanwhile, and a round writes for at most ROUND_SHARE_OF_TTL of the lease's
 The loop reports progress (:meth:`Leader.beat`) at every tick and every record written; the lease
 is renewed only while it does, and the controller's watchdog ends a loop that stopped (see
 election.py and service.py). Every loop here also tests for a cancellation that an await inside
-nats-py swallowed (see hfai._daemon), so stopping the leader cannot hang.
+nats-py swallowed (see hfai.core.daemon), so stopping the leader cannot hang.
 """
 
 from __future__ import annotations
@@ -36,11 +36,6 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import bounded, cancel_and_wait, raise_if_cancelled, wait_event
-from hfai._nats import events_subscription
-from hfai._retry import Backoff
-from hfai.config import Config
 from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments, fence_bound, same_work
 from hfai.controller.clockcheck import ClockWatch
@@ -53,6 +48,11 @@ from hfai.controller.policy.gain import live_policy
 from hfai.controller.runclock import RunClock, recount, with_ages
 from hfai.controller.throughput import apply_throughput
 from hfai.controller.waits import WaitBoard, pack_batches
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.config import Config
+from hfai.core.daemon import bounded, cancel_and_wait, raise_if_cancelled, wait_event
+from hfai.core.nats import events_subscription
+from hfai.core.retry import Backoff
 from hfai.kv import KVCache, cas_update
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import HfaiError, NotFound, ProtocolError

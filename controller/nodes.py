@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping
 
-from hfai._clock import SYSTEM, Clock
+from hfai.core.clock import SYSTEM, Clock
 from hfai.kv import KVCache
 from hfai.protocol import names
 from hfai.protocol.types import ChainState, DrainedNodes, JobRecord, NodeInfo, NodeRecord, NodeState

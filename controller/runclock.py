@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from hfai._clock import SYSTEM, Clock
 from hfai.controller.plan import PlanSettings
+from hfai.core.clock import SYSTEM, Clock
 from hfai.protocol.types import JobRecord
 
 

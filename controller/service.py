@@ -17,12 +17,7 @@ import socket
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from hfai import _nats
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import StuckTasksError, Supervisor, raise_if_cancelled
 from hfai._metrics import MetricsServer
-from hfai._retry import Backoff
-from hfai.config import Config
 from hfai.controller.api import ApiService
 from hfai.controller.clockcheck import ClockCheck, ClockMetrics
 from hfai.controller.election import LeaseElection
@@ -31,6 +26,11 @@ from hfai.controller.nodes import NodeTracker
 from hfai.controller.runclock import RunClock
 from hfai.controller.store_health import StoreProbe
 from hfai.controller.waits import WaitBoard
+from hfai.core import nats as _nats
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.config import Config
+from hfai.core.daemon import StuckTasksError, Supervisor, raise_if_cancelled
+from hfai.core.retry import Backoff
 from hfai.kv import KVCache
 from hfai.protocol import names
 from hfai.protocol.types import DrainedNodes, JobRecord, NodeRecord, QuotaTable, RestrictedUsers

@@ -14,9 +14,9 @@ already allocated and succeed on a full disk, one of a page or more cannot.
 
 A failed write is a store fault only if the server's JetStream answers otherwise: a server cut off
 from its cluster (a partition), or down, fails every write too. So each failed write is followed
-by an account-info request (hfai._cutoff.check); unanswered, the probe is counted as *unreachable*:
+by an account-info request (hfai.core.cutoff.check); unanswered, the probe is counted as *unreachable*:
 it neither raises nor clears the alarm, and is logged as what it is (the connection moves to
-another server by itself, hfai._cutoff).
+another server by itself, hfai.core.cutoff).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from hfai import _cutoff
-from hfai._daemon import repeat
+from hfai.core import cutoff as _cutoff
+from hfai.core.daemon import repeat
 from hfai.protocol import names
 from hfai.protocol.types import StoreHealth
 
@@ -154,7 +154,7 @@ class StoreProbe:
         failure = probe.failure
         if not probe.reachable:
             self.watch.observe(False, time.time(), failure, reachable=False)
-            # Not the store's fault: the connection moves to a server that answers (hfai._cutoff).
+            # Not the store's fault: the connection moves to a server that answers (hfai.core.cutoff).
             log.warning("store probe: no JetStream to ask (%d probes in a row): %s", self.watch.unreachable, failure)
             return self.health
         if self.watch.observe(not failure, time.time(), failure):

@@ -16,10 +16,10 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from hfai import _nats
-from hfai._daemon import raise_if_cancelled
-from hfai.config import Config
 from hfai.controller.usage import merge, runs_of, usage_rows
+from hfai.core import nats as _nats
+from hfai.core.config import Config
+from hfai.core.daemon import raise_if_cancelled
 from hfai.kv import KVCache
 from hfai.protocol import encode, names
 from hfai.protocol.errors import InvalidRequest

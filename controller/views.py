@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from hfai.config import ControllerConfig
 from hfai.controller.policy import JobView, PolicyConfig
+from hfai.core.config import ControllerConfig
 from hfai.protocol.quotas import quotas_of
 from hfai.protocol.types import JOB_DEV, DrainedNodes, JobRecord, QuotaTable
 

@@ -9,9 +9,9 @@ from typing import Generic, TypeVar
 
 from nats.js.kv import KeyValue
 
-from hfai import _nats
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import cancel_and_wait
+from hfai.core import nats as _nats
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.daemon import cancel_and_wait
 from hfai.protocol import decode
 from hfai.protocol.errors import ProtocolError
 

@@ -47,7 +47,7 @@ def _simulation_file() -> str | None:
         return None
     path = os.environ.get("HFAI_SIMULATE_STATE")
     if not path:
-        # hfai.config.hfai_home, spelled out: importing hfai.config would make `import hfai` heavy.
+        # hfai.core.config.hfai_home, spelled out: importing hfai.core.config would make `import hfai` heavy.
         home = os.environ.get("HFAI_HOME") or os.path.join(os.path.expanduser("~"), ".hfai")
         key = hashlib.sha256("\0".join([os.getcwd(), *sys.argv]).encode(errors="replace")).hexdigest()[:16]
         path = os.environ["HFAI_SIMULATE_STATE"] = os.path.join(home, "simulate", f"{key}.json")

@@ -66,7 +66,7 @@ def env_root() -> Path | None:
     raw = os.environ.get(ROOT_ENV)
     if raw:
         return Path(raw)
-    from hfai.config import load_config
+    from hfai.core.config import load_config
 
     try:
         return Path(load_config().agent.env_root)

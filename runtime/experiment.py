@@ -35,7 +35,7 @@ from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority
 
 if TYPE_CHECKING:
     from hfai.api.client import ApiClient
-    from hfai.config import Config
+    from hfai.core.config import Config
 
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ def _default_workdir() -> str:
 
 
 class Client:
-    """A user's handle on the cluster. ``config``: a :class:`hfai.config.Config` (default: the
+    """A user's handle on the cluster. ``config``: a :class:`hfai.core.config.Config` (default: the
     CLI's); ``user``: whose credentials file to present (default ``HFAI_USER`` or the login name;
     who you then are is what that file proves)."""
 

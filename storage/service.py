@@ -27,9 +27,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
-from hfai import _nats
-from hfai._daemon import Supervisor, raise_if_cancelled
-from hfai.config import Config
+from hfai.core import nats as _nats
+from hfai.core.config import Config
+from hfai.core.daemon import Supervisor, raise_if_cancelled
 from hfai.protocol import decode, names
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest
@@ -51,7 +51,7 @@ MAX_HANDLERS = 16
 MAX_CHUNK_INDEX = 2**31
 #: Room a reply keeps beside a manifest slice (its other fields, msgpack's framing).
 SLICE_ROOM = 4096
-#: nats-py reads the service's socket this many bytes at a time (hfai._nats.read_in), not 32 KiB.
+#: nats-py reads the service's socket this many bytes at a time (hfai.core.nats.read_in), not 32 KiB.
 READ_BYTES = 1024 * 1024
 #: Requests waiting for a handler are held by the subscription up to this many bytes (beyond it,
 #: NATS drops them as a slow consumer's and their clients time out): some 30 pushing clients'

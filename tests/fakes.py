@@ -11,7 +11,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from hfai._clock import FakeClock
+from hfai.core.clock import FakeClock
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import LeaderLease
 

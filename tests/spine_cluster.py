@@ -14,11 +14,11 @@ from pathlib import Path
 import hfai_cli
 from waits import wait_for
 
-from hfai import _nats
 from hfai.api.client import ApiClient
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.nats_server import start_nats
-from hfai.config import AgentConfig, ControllerConfig
+from hfai.core import nats as _nats
+from hfai.core.config import AgentConfig, ControllerConfig
 from hfai.protocol import decode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease
 

@@ -11,7 +11,7 @@ import pytest
 from waits import until
 
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment, RunEventKind
 

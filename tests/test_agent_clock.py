@@ -15,14 +15,14 @@ from types import SimpleNamespace
 import pytest
 from waits import until
 
-from hfai._clock import FakeClock
-from hfai._daemon import wait_event
 from hfai._job import SUSPEND_FILE
 from hfai.agent import stamps
 from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.clock import FakeClock
+from hfai.core.config import AgentConfig, Config
+from hfai.core.daemon import wait_event
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment, RunEventKind
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment
 

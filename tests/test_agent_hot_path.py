@@ -15,7 +15,7 @@ from waits import until, wait_for
 from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment, RunEventKind
 

@@ -17,7 +17,7 @@ from hfai.agent.identity import Account, job_identity
 from hfai.agent.plan import Act, Action, RunPhase
 from hfai.agent.service import Agent
 from hfai.agent.trust import LOG_CHUNK_MAX, StartError, assignment_problem, run_problem
-from hfai.config import AgentConfig, Config
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import encode
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import DesiredRun, LogChunk, LogRequest, NodeAssignment, RunAssignment, RunEventKind

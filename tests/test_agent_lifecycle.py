@@ -208,7 +208,7 @@ def test_the_agent_refuses_an_illegal_act_before_it_touches_the_run(tmp_path: Pa
     """The executor checks each act against the snapshot the plan was made from: a SIGKILL for a
     run never sent SIGTERM, or an exit report for a live run, raises and writes nothing."""
     from hfai.agent.service import Agent
-    from hfai.config import AgentConfig, Config
+    from hfai.core.config import AgentConfig, Config
 
     cfg = AgentConfig(node="n1", state_dir=str(tmp_path / "state"), env_root=str(tmp_path / "envs"),
                       gpu_source="sim", run_as="agent", launcher=LAUNCH_EXEC)

@@ -7,7 +7,7 @@ import os
 import time
 
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol.types import DesiredRun, RunAssignment
 
 

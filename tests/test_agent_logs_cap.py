@@ -78,7 +78,7 @@ def test_reading_a_capped_log_pages_through_a_bounded_file(tmp_path):
     """What `hfai logs` reads (the agent's read_log, paged) is the capped file: a few pages, not
     the 21 MB the job printed."""
     from hfai.agent.service import Agent
-    from hfai.config import AgentConfig, Config
+    from hfai.core.config import AgentConfig, Config
 
     agent = Agent(Config(agent=AgentConfig(node="n0", state_dir=str(tmp_path / "state"), env_root=str(tmp_path),
                                            gpu_source="sim", run_as="agent", launcher=LAUNCH_EXEC,

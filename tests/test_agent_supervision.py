@@ -15,7 +15,7 @@ import pytest
 from spine_cluster import Cluster
 from waits import wait_for
 
-from hfai._daemon import EXIT_FAILED
+from hfai.core.daemon import EXIT_FAILED
 
 pytestmark = pytest.mark.slow
 

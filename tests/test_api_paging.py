@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hfai.config import ControllerConfig
 from hfai.controller.api import ApiService, Caller
 from hfai.controller.nodes import NodeTracker, jobs_on_nodes
 from hfai.controller.paging import fill_page, paged_reply
+from hfai.core.config import ControllerConfig
 from hfai.protocol import codec, decode, encode
 from hfai.protocol.types import (
     ChainState,

@@ -15,7 +15,7 @@ import pytest
 from spine_cluster import nats_server
 
 from hfai.api.client import ApiClient, try_plan
-from hfai.config import Config, NatsConfig
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol import encode, names, verbs
 from hfai.protocol.errors import ErrorSub, Unavailable
 from hfai.protocol.types import JobList, JobRequest, JobSpec

@@ -14,8 +14,8 @@ import pytest
 from spine_cluster import JOBS, Cluster
 from waits import until
 
-from hfai import _nats
 from hfai.api.client import ApiClient
+from hfai.core import nats as _nats
 from hfai.protocol import encode, names
 from hfai.protocol.errors import ErrorSub, Forbidden, HfaiError
 from hfai.protocol.types import ChainState, JobReply, RunEvent, RunEventKind, StopRequest
@@ -71,7 +71,7 @@ def test_a_client_without_credentials_cannot_connect(cluster):
     async def go():
         with pytest.raises(nats.errors.Error, match="Authorization Violation") as refused:
             await nats.connect(cluster.config.nats.url, allow_reconnect=False, max_reconnect_attempts=0)
-        # The one reading of nats-py's words (hfai._nats.server_refusal) knows the real server's.
+        # The one reading of nats-py's words (hfai.core.nats.server_refusal) knows the real server's.
         assert _nats.server_refusal(refused.value) is ErrorSub.CREDENTIALS_REFUSED
         with pytest.raises(Forbidden) as ours:
             await _nats.connect(cluster.config, name="anonymous", reconnect=False, creds="")

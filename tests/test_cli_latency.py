@@ -72,8 +72,8 @@ import hfai.api.client
 import nats.aio.transport as t
 assert t.aiohttp is None
 import aiohttp  # hidden only while nats-py loaded
-from hfai import _nats
-from hfai.config import Config, NatsConfig
+from hfai.core import nats as _nats
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol.errors import Unavailable
 config = Config(nats=NatsConfig(url="ws://127.0.0.1:1", connect_timeout_s=0.5))
 try:

@@ -1,6 +1,6 @@
 """What an `hfai ps` or `hfai status ID` spares in presenting its credentials and reading its
 config, and that what it does instead is what it replaced: the credentials file is read once (not
-three times: the client, hfai._nats, nats-py), the server's nonce is signed without nkeys (whose
+three times: the client, hfai.core.nats, nats-py), the server's nonce is signed without nkeys (whose
 import is PyNaCl's whole bindings package) and the signature is the one nkeys makes, and the
 config file a local cluster writes is read without tomllib, into what tomllib reads from it.
 The whole-process checks run `hfai` as a real process against a real cluster."""
@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spine_cluster import Cluster, cli_env
 
-from hfai import _nats
 from hfai.auth import jwt, nkey
-from hfai.config import Config, dump_toml, load_config, read_simple_toml
+from hfai.core import nats as _nats
+from hfai.core.config import Config, dump_toml, load_config, read_simple_toml
 from hfai.protocol.errors import Forbidden, InvalidRequest
 from hfai.protocol.types import ChainState
 

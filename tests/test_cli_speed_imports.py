@@ -19,7 +19,7 @@ from spine_cluster import Cluster, cli_env
 from hfai.protocol.types import ChainState
 
 #: Loaded by an `hfai ps` before these changes, and needed by none of its steps.
-NOT_NEEDED = ("argparse", "getpass", "termios", "hfai._daemon", "aiohttp", "importlib.metadata", "nats.js.api")
+NOT_NEEDED = ("argparse", "getpass", "termios", "hfai.core.daemon", "aiohttp", "importlib.metadata", "nats.js.api")
 
 PROBE = f"""
 import json, sys
@@ -90,8 +90,8 @@ import hfai.api.client  # nats-py, as `hfai ps` loads it
 import asyncio
 assert "aiohttp" not in sys.modules and "nats.js.client" not in sys.modules
 import nats
-from hfai import _nats
-from hfai.config import Config, NatsConfig
+from hfai.core import nats as _nats
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol.errors import Unavailable
 
 async def main():

@@ -18,10 +18,11 @@ import pytest
 from hfai.protocol import _lazy
 
 #: The lazily made classes a CLI call meets (the protocol's messages are listed by MESSAGE_TYPES).
-OTHERS = ("hfai.config:NatsConfig", "hfai.config:ControllerConfig", "hfai.config:AgentConfig",
-          "hfai.config:WebConfig", "hfai.config:StorageConfig", "hfai.config:DevConfig",
+OTHERS = ("hfai.core.config:NatsConfig", "hfai.core.config:ControllerConfig", "hfai.core.config:AgentConfig",
+          "hfai.core.config:WebConfig", "hfai.core.config:StorageConfig", "hfai.core.config:DevConfig",
           "hfai.api.client:JobFilter", "hfai.api.arrays:Target", "hfai.cli.render:QuotaUse",
-          "hfai._nats:Buckets", "hfai.protocol.reasons:Reason", "hfai.config:Config", "hfai.auth.roles:Permissions")
+          "hfai.core.nats:Buckets", "hfai.protocol.reasons:Reason", "hfai.core.config:Config",
+          "hfai.auth.roles:Permissions")
 
 
 def run(code: str) -> str:
@@ -161,13 +162,13 @@ print(repr(made), got.jobs[1].history[0].why.params["by"], got == sent)
 
 
 def test_a_loaded_config_checks_every_section_and_makes_each_at_its_first_read(tmp_path):
-    from hfai.config import Config, dump_toml
+    from hfai.core.config import Config, dump_toml
 
     path = tmp_path / "hfai.toml"
     path.write_text(dump_toml(Config()).replace("slice_s = 1800.0", "slice_s = 60"))
     out = run(f"""
 import json, os
-from hfai.config import _SECTIONS, Config, load_config
+from hfai.core.config import _SECTIONS, Config, load_config
 from hfai.protocol import _lazy
 os.environ["HFAI_AGENT_SIM_GPUS"] = "3"
 c = load_config({str(path)!r})
@@ -182,7 +183,7 @@ print(json.dumps([pending, c.controller.slice_s, c.agent.sim_gpus, c.agent == Co
 @pytest.mark.parametrize("text, error", [("[dev]\nno_such_key = 1\n", "unknown keys: no_such_key"),
                                          ("[agent]\nsim_gpus = 'many'\n", "is not a int")])
 def test_a_bad_section_is_refused_at_load_even_though_it_is_made_later(tmp_path, text, error):
-    from hfai.config import load_config
+    from hfai.core.config import load_config
     from hfai.protocol.errors import InvalidRequest
 
     path = tmp_path / "hfai.toml"
@@ -192,7 +193,7 @@ def test_a_bad_section_is_refused_at_load_even_though_it_is_made_later(tmp_path,
 
 
 def test_the_config_sections_are_read_back_as_given(tmp_path):
-    from hfai.config import Config, NatsConfig, dump_toml, load_config
+    from hfai.core.config import Config, NatsConfig, dump_toml, load_config
 
     want = dataclasses.replace(Config(), nats=NatsConfig(url="nats://h:1", request_copies=3))
     path = tmp_path / "hfai.toml"

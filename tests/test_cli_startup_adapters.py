@@ -10,7 +10,7 @@ slower or different `hfai` call (docs/performance.md, "Adapters"):
 * hfai.cli.main._exit_now: CPython's ``atexit._run_exitfuncs`` runs the handlers, once.
 * hfai.cli.workspace.keep_freed_memory: glibc's ``mallopt`` takes the two settings.
 
-* hfai._nats.read_in: nats-py 2.x has the module constant ``DEFAULT_BUFFER_SIZE`` (that it reads
+* hfai.core.nats.read_in: nats-py 2.x has the module constant ``DEFAULT_BUFFER_SIZE`` (that it reads
   its sockets that many bytes at a time is checked on a real connection in
   tests/test_storage_push.py).
 
@@ -68,7 +68,7 @@ def test_what_is_hidden_while_nats_py_loads_is_importable_again_after():
 
 def test_a_websocket_url_gets_nats_pys_transport_back():
     out = _fresh("import json, hfai.api._light_nats, nats.aio.transport\n"
-                 "from hfai import _nats\n"
+                 "from hfai.core import nats as _nats\n"
                  "_nats._websocket_transport()\n"
                  "print(json.dumps(nats.aio.transport.aiohttp.__name__))")
     assert out == "aiohttp"
@@ -101,19 +101,19 @@ asyncio.run(main())
         proc.wait(10)
 
 
-# ------------------------------------------------------------------------------ hfai._nats.read_in
+# ------------------------------------------------------------------------------ hfai.core.nats.read_in
 
 def test_read_in_sets_nats_pys_read_size_and_says_so_where_it_has_none(monkeypatch, caplog):
     """Where nats-py reads with it: tests/test_storage_push.py, on a real connection."""
     import nats.aio.client
 
-    from hfai import _nats
+    from hfai.core import nats as _nats
 
     assert isinstance(nats.aio.client.DEFAULT_BUFFER_SIZE, int)
     monkeypatch.setattr(nats.aio.client, "DEFAULT_BUFFER_SIZE", nats.aio.client.DEFAULT_BUFFER_SIZE)
     assert _nats.read_in(1 << 20) is True and nats.aio.client.DEFAULT_BUFFER_SIZE == 1 << 20
     monkeypatch.delattr(nats.aio.client, "DEFAULT_BUFFER_SIZE")
-    with caplog.at_level("WARNING", logger="hfai._nats"):
+    with caplog.at_level("WARNING", logger="hfai.core.nats"):
         assert _nats.read_in(1 << 20) is False
     assert "no DEFAULT_BUFFER_SIZE" in caplog.text
 

@@ -29,7 +29,7 @@ os.environ.pop("LD_PRELOAD", None)
 from hfai._job import ACK_FILE, SUSPEND_FILE
 from hfai.agent import stamps
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment, RunEventKind
 

@@ -13,8 +13,6 @@ import nats
 import pytest
 from fakes import FakeElection, FakeKV, FakeMsg
 
-from hfai._clock import FakeClock
-from hfai.config import Config
 from hfai.controller import transitions as tr
 from hfai.controller.clockcheck import ClockWatch, measure
 from hfai.controller.leader import Leader
@@ -22,6 +20,8 @@ from hfai.controller.nodes import NodeTracker
 from hfai.controller.policy import Start, Suspend
 from hfai.controller.runclock import RunClock, recount
 from hfai.controller.store_health import health_bucket
+from hfai.core.clock import FakeClock
+from hfai.core.config import Config
 from hfai.kv import KVCache
 from hfai.protocol import decode, encode, names
 from hfai.protocol.reasons import ReasonCode, reason

@@ -10,14 +10,14 @@ import asyncio
 
 from fakes import FakeElection, FakeKV
 
-from hfai._clock import FakeClock
-from hfai.config import Config
 from hfai.controller import transitions as tr
 from hfai.controller.leader import Leader
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Interrupt, Planner, PlanNode, PlanSettings
 from hfai.controller.policy import PolicyConfig, Start
 from hfai.controller.runclock import RunClock
+from hfai.core.clock import FakeClock
+from hfai.core.config import Config
 from hfai.kv import KVCache
 from hfai.protocol import encode
 from hfai.protocol.reasons import ReasonCode

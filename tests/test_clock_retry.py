@@ -1,11 +1,11 @@
-"""The shared fake clock and the jittered backoff (hfai._clock, hfai._retry)."""
+"""The shared fake clock and the jittered backoff (hfai.core.clock, hfai.core.retry)."""
 
 import asyncio
 
 import pytest
 
-from hfai._clock import FakeClock
-from hfai._retry import Backoff, delay
+from hfai.core.clock import FakeClock
+from hfai.core.retry import Backoff, delay
 
 
 def test_delay_doubles_up_to_the_cap_within_half_to_full():

@@ -17,12 +17,12 @@ from types import SimpleNamespace
 
 from waits import until
 
-from hfai._clock import FakeClock
 from hfai._job import ACK_FILE, SUSPEND_FILE
 from hfai.agent import stamps
 from hfai.agent.plan import RunPhase
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.clock import FakeClock
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, RunAssignment, RunEventKind
 

@@ -16,7 +16,7 @@ from waits import wait_for
 from hfai.agent.contain import make_containment, reachable
 from hfai.agent.plan import RunPhase
 from hfai.agent.runs import RunStore
-from hfai.config import AgentConfig
+from hfai.core.config import AgentConfig
 from hfai.protocol.types import DesiredRun, RunAssignment
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),

@@ -1,5 +1,5 @@
 """When a CLI call left unanswered moves to another NATS server (hfai.api.client: ApiClient._move),
-without NATS: a client that may ask JetStream moves only if the cluster check of hfai._cutoff
+without NATS: a client that may ask JetStream moves only if the cluster check of hfai.core.cutoff
 says its server is cut off; one whose credentials may not (a user's) moves on the silence alone;
 it goes to a configured server it has not left, and nowhere once none is left."""
 
@@ -8,9 +8,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from urllib.parse import urlparse
 
-from hfai import _cutoff, _nats
 from hfai.api.client import ApiClient
-from hfai.config import Config, NatsConfig
+from hfai.core import cutoff as _cutoff
+from hfai.core import nats as _nats
+from hfai.core.config import Config, NatsConfig
 
 URLS = "nats://10.0.0.1:4222,nats://10.0.0.2:4222,nats://10.0.0.3:4222"
 

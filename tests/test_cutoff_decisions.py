@@ -1,4 +1,4 @@
-"""The pure decisions behind leaving a NATS server cut off from its cluster (hfai._cutoff), and the
+"""The pure decisions behind leaving a NATS server cut off from its cluster (hfai.core.cutoff), and the
 store probe's judgement of a probe that found no JetStream to ask (issue 38 §7). The live
 partition is tests/test_cutoff_partition.py."""
 
@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 import pytest
 from nats.aio.client import Server
 
-from hfai._cutoff import CutoffWatch, ServerChooser, Verdict, may_publish, quorum_failure
 from hfai.controller.store_health import StoreWatch
+from hfai.core.cutoff import CutoffWatch, ServerChooser, Verdict, may_publish, quorum_failure
 
 
 def test_a_server_is_cut_off_only_after_a_run_of_unanswered_checks_lasting_the_set_time():

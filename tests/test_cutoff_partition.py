@@ -15,9 +15,9 @@ import pytest
 from cutoff_cluster import PartitionableCluster
 from waits import until
 
-from hfai import _nats
-from hfai.config import Config, NatsConfig
 from hfai.controller.store_health import StoreProbe, health_bucket
+from hfai.core import nats as _nats
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol import names
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -47,7 +47,7 @@ async def _put_within(kv, key: str, timeout_s: float) -> bool:
 
 
 def test_a_daemon_leaves_a_server_cut_off_from_its_cluster_and_writes_again(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="hfai._cutoff")
+    caplog.set_level(logging.WARNING, logger="hfai.core.cutoff")
 
     async def go(cluster: PartitionableCluster) -> dict[str, float]:
         config = Config(nats=NatsConfig(url=cluster.url, replicas=3, **CHECKS))

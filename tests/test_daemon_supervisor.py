@@ -14,8 +14,8 @@ import nats.errors
 import pytest
 from waits import settle, until
 
-from hfai import _nats
-from hfai._daemon import EXIT_FAILED, Supervisor, serve
+from hfai.core import nats as _nats
+from hfai.core.daemon import EXIT_FAILED, Supervisor, serve
 
 
 async def _forever() -> None:
@@ -31,7 +31,7 @@ async def test_a_task_that_fails_fails_the_daemon(caplog):
     sup = Supervisor()
     sup.spawn(_forever(), "steady")
     sup.spawn(_raise_soon(IsADirectoryError(21, "Is a directory", "fence")), "assignment-watch")
-    with caplog.at_level(logging.ERROR, logger="hfai._daemon"):
+    with caplog.at_level(logging.ERROR, logger="hfai.core.daemon"):
         reason = await asyncio.wait_for(sup.failed(), 2.0)
     assert reason.startswith("task assignment-watch failed: IsADirectoryError") and "fence" in reason
     assert any(r.exc_info for r in caplog.records), "the traceback is logged"
@@ -159,8 +159,8 @@ async def test_follow_lets_its_handlers_errors_end_it():
 
 async def test_a_controller_whose_cache_or_lease_task_dies_fails(nats_url):
     """Each long-lived task a controller relies on is watched, its KV caches' and lease's too."""
-    from hfai.config import Config, ControllerConfig, NatsConfig
     from hfai.controller.service import Controller
+    from hfai.core.config import Config, ControllerConfig, NatsConfig
 
     for victim in ("jobs", "lease"):
         c = Controller(Config(nats=NatsConfig(url=nats_url), controller=ControllerConfig(id="c0", lease_ttl_s=2.0)))
@@ -175,7 +175,7 @@ async def test_a_controller_whose_cache_or_lease_task_dies_fails(nats_url):
 
 
 def test_a_failure_streak_ends_at_its_limit_and_a_success_resets_it():
-    from hfai._daemon import FailureStreak
+    from hfai.core.daemon import FailureStreak
 
     streak = FailureStreak(3)
     assert not streak.failed() and not streak.failed()
@@ -192,7 +192,7 @@ async def test_an_agent_whose_reconcile_keeps_failing_on_local_state_stops(tmp_p
 
     from hfai.agent.service import Agent
     from hfai.agent.statefile import LocalStateError
-    from hfai.config import AgentConfig, Config
+    from hfai.core.config import AgentConfig, Config
 
     # A round NATS refused is retried after a backoff capped at one heartbeat interval: short here.
     config = Config(agent=dataclasses.replace(AgentConfig(), node="n0", state_dir=str(tmp_path),

@@ -1,6 +1,6 @@
 """Code decides on an error's sub-code (hfai.protocol.errors.ErrorSub), never on its words: each
 place that used to match a message is given the same case in other words here, and still decides
-the same way. The one reading of nats-py's words (hfai._nats.server_refusal) is held against a
+the same way. The one reading of nats-py's words (hfai.core.nats.server_refusal) is held against a
 real server's in tests/test_auth.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import nats.errors
 import pytest
 
-from hfai import _nats
-from hfai.config import Config, NatsConfig
+from hfai.core import nats as _nats
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol import decode, encode
 from hfai.protocol import storage as s
 from hfai.protocol.errors import ErrorSub, Forbidden, Unavailable, error_of

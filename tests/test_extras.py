@@ -66,7 +66,7 @@ _PROBE = textwrap.dedent("""
     import hfai
     hfai.receive_suspend_command()
     hfai.set_whole_life_state(hfai.get_whole_life_state())
-    group("job", ["hfai.data", "hfai.checkpoint", "hfai.client", "hfai.config", "hfai.experiment", "hfai.numa",
+    group("job", ["hfai.data", "hfai.checkpoint", "hfai.client", "hfai.core.config", "hfai.experiment", "hfai.numa",
                   "hfai.except_hook", "hfai.auto_resume", "hfai.env_switch", "hfai.watchdog", "hfai.datasets",
                   "hfai.distributed", "hfai.multiprocessing", "ffrecord", "hf_env", "hfai_env", "haiscale"])
     import hfai.cli

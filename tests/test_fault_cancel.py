@@ -16,9 +16,17 @@ import pytest
 from fakes import FakeElection
 from waits import settle
 
-from hfai._daemon import EXIT_FAILED, EXIT_WEDGED, StuckTasksError, bounded, cancel_and_wait, raise_if_cancelled, serve
-from hfai.config import Config
 from hfai.controller.leader import Leader
+from hfai.core.config import Config
+from hfai.core.daemon import (
+    EXIT_FAILED,
+    EXIT_WEDGED,
+    StuckTasksError,
+    bounded,
+    cancel_and_wait,
+    raise_if_cancelled,
+    serve,
+)
 
 
 class ReadyAsCancelledPsub:

@@ -22,7 +22,7 @@ from hfai.agent.launchers import LAUNCH_EXEC, ExecLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.runs import DiskFull, RunStore
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import decode, encode
 from hfai.protocol.types import DesiredRun, NodeAssignment, NodeRecord, RunAssignment, RunEventKind
 

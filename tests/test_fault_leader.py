@@ -19,8 +19,8 @@ import nats.errors
 import pytest
 from spine_cluster import JOBS, Cluster
 
-from hfai import _nats
 from hfai.auth.roles import Role
+from hfai.core import nats as _nats
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, JobRecord, RunEvent, RunEventKind
 

@@ -36,9 +36,9 @@ import pytest
 from spine_cluster import JOBS, Cluster
 from waits import until
 
-from hfai import _nats
 from hfai.api.client import ApiClient
 from hfai.cli.local.nats_server import start_nats
+from hfai.core import nats as _nats
 from hfai.protocol import decode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, LeaderLease
 
@@ -458,7 +458,7 @@ class StallAfterNatsRestart(AssertionError):
     """A stall of new work after a NATS restart (the defect described above)."""
 
 
-# Once a real defect (fixed in runtime/_nats.py follow: watches are renewed on reconnect): after a
+# Once a real defect (fixed in core/nats.py follow: watches are renewed on reconnect): after a
 # nats-server restart, KV watches stayed silent, with no error, until nats-py's ordered consumer
 # missed two idle-heartbeat checks (10-20 s); agents started nothing new meanwhile, and a leader
 # with a shorter heartbeat timeout requeued every job (they then ran twice, one after the other).

@@ -12,7 +12,7 @@ from spine_cluster import Cluster
 
 from hfai.agent import fleet
 from hfai.auth.roles import Role
-from hfai.config import AgentConfig, Config, NatsConfig
+from hfai.core.config import AgentConfig, Config, NatsConfig
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import ChainState, NodeState
 

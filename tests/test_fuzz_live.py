@@ -19,7 +19,7 @@ import pytest
 from fuzzing import mutate
 from spine_cluster import JOBS, REPO, Cluster
 
-from hfai import _nats
+from hfai.core import nats as _nats
 from hfai.protocol import decode, encode, names
 from hfai.protocol.errors import ProtocolError
 from hfai.protocol.types import (

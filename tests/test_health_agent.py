@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from hfai._clock import FakeClock
 from hfai.agent.gpu import NvmlGpus, SimulatedGpus
 from hfai.agent.health import GpuSignal, HealthState, Signal
 from hfai.agent.health_watch import HealthWatch
@@ -20,8 +19,9 @@ from hfai.agent.launchers import LAUNCH_EXEC
 from hfai.agent.metrics import AgentMetrics
 from hfai.agent.plan import Act, Action, LocalRun, RunPhase
 from hfai.agent.service import Agent
-from hfai.config import AgentConfig, Config
 from hfai.controller import transitions
+from hfai.core.clock import FakeClock
+from hfai.core.config import AgentConfig, Config
 from hfai.protocol import encode, names
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.types import (

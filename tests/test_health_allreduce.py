@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from hfai._clock import FakeClock
 from hfai.agent.gpu import SimulatedGpus
 from hfai.agent.health import GpuSignal, HealthState, Signal
 from hfai.agent.health_allreduce import AllreduceSettings, RankResult, bus_gbps, judge, run_allreduce
 from hfai.agent.health_watch import HealthWatch
-from hfai.config import AgentConfig
+from hfai.core.clock import FakeClock
+from hfai.core.config import AgentConfig
 
 MIB = 2**20
 

@@ -15,9 +15,9 @@ import pytest
 from fakes import FakeKV
 from nats.js.kv import KeyValue
 
-from hfai._clock import FakeClock
 from hfai.controller.election import LeaseElection, lease_valid, renewal_allowed
 from hfai.controller.service import leader_stuck
+from hfai.core.clock import FakeClock
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import LeaderLease
 
@@ -231,8 +231,8 @@ async def test_an_assignment_key_deleted_before_is_written_at_its_marker():
     never gets work again."""
     from fakes import FakeElection
 
-    from hfai.config import Config
     from hfai.controller.leader import Leader
+    from hfai.core.config import Config
     from hfai.kv import KVCache
     from hfai.protocol.types import JobRecord, NodeAssignment
 

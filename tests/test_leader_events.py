@@ -9,10 +9,10 @@ import logging
 
 from fakes import FakeElection, FakeKV, FakeMsg
 
-from hfai.config import Config
 from hfai.controller import transitions as tr
 from hfai.controller.leader import Leader
 from hfai.controller.policy import Start
+from hfai.core.config import Config
 from hfai.kv import KVCache
 from hfai.protocol import decode, encode, names
 from hfai.protocol.reasons import ReasonCode, reason

@@ -12,7 +12,7 @@ import pytest
 from spine_cluster import Cluster
 from waits import until
 
-from hfai import _nats
+from hfai.core import nats as _nats
 from hfai.protocol import names
 from hfai.protocol.types import ChainState, JobSpec
 

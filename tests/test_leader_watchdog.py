@@ -9,11 +9,11 @@ import asyncio
 import time
 from types import SimpleNamespace
 
-from hfai._clock import FakeClock
-from hfai._daemon import StuckTasksError, cancel_and_wait
-from hfai.config import Config, ControllerConfig
 from hfai.controller import service
 from hfai.controller.service import Controller
+from hfai.core.clock import FakeClock
+from hfai.core.config import Config, ControllerConfig
+from hfai.core.daemon import StuckTasksError, cancel_and_wait
 
 
 def _controller(clock: FakeClock | None = None, **cc) -> Controller:

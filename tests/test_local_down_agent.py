@@ -60,7 +60,7 @@ def test_an_agent_that_does_not_answer_is_reported_silent(tmp_path):
     stopping that node's jobs itself."""
     from hfai.cli.local.interrupt import suspend_nodes
     from hfai.cli.local.nats_server import start_nats
-    from hfai.config import Config, NatsConfig
+    from hfai.core.config import Config, NatsConfig
 
     server, url = start_nats(tmp_path / "nats", tmp_path / "nats.log")
     try:

@@ -19,7 +19,7 @@ from waits import wait_for
 from hfai._proc import pid_alive
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.supervision import Step, SupervisePolicy, Track, store_restart_due
-from hfai.config import WebConfig
+from hfai.core.config import WebConfig
 from hfai.protocol.errors import Unavailable
 
 POLICY = SupervisePolicy(first_delay_s=1.0, max_delay_s=8.0, burst=3, window_s=100.0, steady_s=20.0)

@@ -14,9 +14,9 @@ import pytest
 from ports import free_port
 from waits import until
 
-from hfai import _nats
 from hfai.cli.local.nats_server import start_nats
-from hfai.config import Config, NatsConfig
+from hfai.core import nats as _nats
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol.errors import Unavailable
 
 

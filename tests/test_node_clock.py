@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 from fakes import FakeKV
 
-from hfai._clock import FakeClock
 from hfai.controller.nodes import NodeState, NodeTracker
+from hfai.core.clock import FakeClock
 from hfai.kv import KVCache
 from hfai.protocol import encode
 from hfai.protocol.types import NodeRecord

@@ -12,8 +12,8 @@ import typing
 import pytest
 
 from hfai.api.client import ApiClient
-from hfai.config import Config, NatsConfig
 from hfai.controller.api import ApiService
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol import ProtocolError, _lazy, decode, encode, names, verbs
 from hfai.protocol import types as t
 

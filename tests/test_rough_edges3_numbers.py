@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from hfai.api.client import ApiClient
 from hfai.cli.main import main
-from hfai.config import load_config
 from hfai.controller.validate import check_array, check_spec
+from hfai.core.config import load_config
 from hfai.protocol import verbs
 from hfai.protocol.errors import InvalidRequest
 from hfai.protocol.limits import MAX_ARRAY_INDEX, MAX_NODES

@@ -8,7 +8,7 @@ import os
 
 from hfai._atomic import write_atomic
 from hfai.cli.local import LocalCluster
-from hfai.config import WebConfig, dump_toml, load_config
+from hfai.core.config import WebConfig, dump_toml, load_config
 
 
 def _started(tmp_path, web: WebConfig | None) -> LocalCluster:
@@ -44,6 +44,6 @@ def test_the_local_daemons_metrics_listen_on_loopback(tmp_path):
     read = load_config(c.config_path, env={})
     assert (read.controller.metrics_host, read.agent.metrics_host) == ("127.0.0.1", "127.0.0.1")
     # A cluster of many hosts keeps serving every interface, for its Prometheus.
-    from hfai.config import AgentConfig, ControllerConfig
+    from hfai.core.config import AgentConfig, ControllerConfig
 
     assert ControllerConfig().metrics_host == AgentConfig().metrics_host == "0.0.0.0"

@@ -25,7 +25,7 @@ from browser import chromium
 from ports import free_port
 from spine_cluster import Cluster
 
-from hfai.config import WebConfig
+from hfai.core.config import WebConfig
 from hfai.protocol.types import JOB_DEV, ChainState, Priority
 
 pytestmark = pytest.mark.slow

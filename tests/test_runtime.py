@@ -11,7 +11,7 @@ import pytest
 
 import hfai
 import hfai.checkpoint
-from hfai.config import load_config
+from hfai.core.config import load_config
 from hfai.protocol.errors import InvalidRequest
 
 
@@ -22,7 +22,7 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_import_hfai_and_cli_help_stay_light():
-    r = _python("import sys, hfai, hfai.cli.main, hfai.config, hfai.client\n"
+    r = _python("import sys, hfai, hfai.cli.main, hfai.core.config, hfai.client\n"
                 "print(sorted(m for m in ('torch', 'numpy', 'nats') if m in sys.modules))")
     assert r.stdout.strip() == "[]", r.stderr
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "hfai.cli.main", "--help"],

@@ -172,9 +172,9 @@ def test_a_reader_that_left_ends_the_command_quietly(tmp_path):
 # ------------------------------------------------------------------------ config discovery
 
 def test_config_file_and_the_clis_local_cluster(tmp_path, monkeypatch):
-    from hfai import config
     from hfai.api.config import cli_config
     from hfai.cli.local import LocalCluster
+    from hfai.core import config
 
     missing = tmp_path / "etc-hfai.toml"
     monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", missing)

@@ -1,5 +1,5 @@
 """The tests' real sleeps stay within a budget (issue 37 §3): a test that waits for time to pass
-(a timeout, an idle period, a window, a backoff) moves a :class:`hfai._clock.FakeClock` instead,
+(a timeout, an idle period, a window, a backoff) moves a :class:`hfai.core.clock.FakeClock` instead,
 and one that waits for a real process polls through ``tests/waits.py``.
 
 Counted: each call ``time.sleep(...)`` or ``asyncio.sleep(...)`` in a test module or helper, read

@@ -18,10 +18,10 @@ import pytest
 from spine_cluster import JOBS, Cluster
 from waits import until, wait_for
 
-from hfai import _nats
 from hfai.cli.local import LocalCluster
 from hfai.cli.local.nats_server import nats_server_binary
-from hfai.config import Config, NatsConfig
+from hfai.core import nats as _nats
+from hfai.core.config import Config, NatsConfig
 from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
 from hfai.protocol.types import ChainState, NodeState

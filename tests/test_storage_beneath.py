@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hfai.config import Config, StorageConfig
+from hfai.core.config import Config, StorageConfig
 from hfai.protocol import storage as s
 from hfai.protocol.errors import Conflict, InvalidRequest
 from hfai.storage import commit as commit_mod

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from spine_cluster import Cluster
 
-from hfai.config import StorageConfig
+from hfai.core.config import StorageConfig
 from hfai.storage.commit import FAULT_ENV, NEXT_PREFIX, TMP_SUFFIX
 
 pytestmark = pytest.mark.slow

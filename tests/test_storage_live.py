@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from spine_cluster import Cluster
 
-from hfai.config import StorageConfig
+from hfai.core.config import StorageConfig
 from hfai.protocol.types import ChainState
 
 pytestmark = pytest.mark.slow

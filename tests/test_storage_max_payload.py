@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from spine_cluster import start_nats
 
-from hfai.config import Config, NatsConfig, StorageConfig
+from hfai.core.config import Config, NatsConfig, StorageConfig
 from hfai.protocol import encode
 from hfai.protocol.errors import HfaiError
 from hfai.protocol.storage import CommitRequest

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeMsg
 
-from hfai.config import Config, StorageConfig
+from hfai.core.config import Config, StorageConfig
 from hfai.protocol import decode
 from hfai.protocol import storage as s
 from hfai.protocol.errors import InvalidRequest
@@ -290,7 +290,7 @@ def test_a_push_sends_no_more_a_request_than_the_server_delivers(nats_url):
 def test_the_service_has_nats_py_read_its_socket_a_megabyte_at_a_time(nats_url, monkeypatch):
     import nats.aio.client
 
-    from hfai import _nats
+    from hfai.core import nats as _nats
     from hfai.storage.service import READ_BYTES
 
     monkeypatch.setattr(nats.aio.client, "DEFAULT_BUFFER_SIZE", nats.aio.client.DEFAULT_BUFFER_SIZE)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from spine_cluster import Cluster
 
-from hfai.config import StorageConfig
+from hfai.core.config import StorageConfig
 
 pytestmark = pytest.mark.slow
 

@@ -16,14 +16,14 @@ import asyncio
 from fakes import FakeElection, FakeKV
 from waits import wait_for
 
-from hfai._clock import FakeClock
-from hfai.config import Config, ControllerConfig
 from hfai.controller import transitions as tr
 from hfai.controller.election import LeaseElection
 from hfai.controller.leader import ExplainThrottle, Leader
 from hfai.controller.plan import LoseNode, Planner, PlanNode, PlanSettings
 from hfai.controller.policy import Start
 from hfai.controller.waits import WaitBoard
+from hfai.core.clock import FakeClock
+from hfai.core.config import Config, ControllerConfig
 from hfai.kv import KVCache
 from hfai.protocol import decode, encode, names
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, Priority, evolve

@@ -8,7 +8,7 @@ import gzip
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from hfai.config import Config
+from hfai.core.config import Config
 from hfai.web import assets
 from hfai.web.service import WebService
 

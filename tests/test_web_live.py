@@ -19,7 +19,7 @@ from browser import chromium
 from ports import free_port
 from spine_cluster import Cluster
 
-from hfai.config import WebConfig
+from hfai.core.config import WebConfig
 from hfai.protocol.types import ChainState, Priority
 
 pytestmark = pytest.mark.slow
@@ -183,7 +183,7 @@ def test_usage_outlives_the_purged_job_record(cluster):
     nc_creds = str(c.service_creds())
 
     async def with_js(act):
-        from hfai import _nats
+        from hfai.core import nats as _nats
 
         nc = await _nats.connect(c.config, "test-purge", reconnect=False, creds=nc_creds)
         try:

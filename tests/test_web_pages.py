@@ -23,7 +23,7 @@ from spine_cluster import Cluster
 
 from hfai.agent import fleet
 from hfai.auth.roles import Role
-from hfai.config import WebConfig
+from hfai.core.config import WebConfig
 from hfai.protocol.types import ChainState, NodeState, Priority
 
 pytestmark = pytest.mark.slow

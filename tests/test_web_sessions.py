@@ -18,11 +18,11 @@ import psutil
 import pytest
 from waits import until, wait_for
 
-from hfai._clock import FakeClock
-from hfai.auth.push import push_account
 from hfai.auth.roles import Role
 from hfai.cli.local import LocalCluster
-from hfai.config import WebConfig
+from hfai.core.accounts import push_account
+from hfai.core.clock import FakeClock
+from hfai.core.config import WebConfig
 from hfai.web.service import WebService
 from hfai.web.sessions import COOKIE
 

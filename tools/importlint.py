@@ -29,7 +29,7 @@ RUNTIME_CONTRACT = "The runtime and compat/ import no daemon nor the CLI"
 
 
 def runtime_modules(root: Path) -> set[str]:
-    """hfai's modules and packages in the runtime folder (``hfai.config``, ``hfai.data``, ...)."""
+    """hfai's modules and packages in the runtime folder (``hfai.core.config``, ``hfai.data``, ...)."""
     found = set()
     for entry in (root / package_dirs(root)["hfai"]).iterdir():
         if entry.name.startswith((".", "__")):  # __init__.py is hfai itself (a contract of its own)

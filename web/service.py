@@ -13,12 +13,12 @@ import time
 from aiohttp import web
 from nats.aio.client import Client
 
-from hfai import _nats
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import Supervisor
 from hfai.api.client import LIST_HISTORY
 from hfai.api.present import csv_lines, totals
-from hfai.config import Config
+from hfai.core import nats as _nats
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.config import Config
+from hfai.core.daemon import Supervisor
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest, NotFound, Unavailable
 from hfai.protocol.types import ListRequest, UsageRow
 from hfai.web import assets, pages, views

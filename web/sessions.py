@@ -16,10 +16,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfai._clock import SYSTEM, Clock
-from hfai._daemon import raise_if_cancelled
 from hfai.api.client import ApiClient
-from hfai.config import Config
+from hfai.core.clock import SYSTEM, Clock
+from hfai.core.config import Config
+from hfai.core.daemon import raise_if_cancelled
 from hfai.protocol.errors import Forbidden, HfaiError, InvalidRequest
 
 log = logging.getLogger(__name__)

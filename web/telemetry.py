@@ -15,9 +15,9 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from hfai._daemon import raise_if_cancelled
-from hfai._retry import Backoff
-from hfai.config import Config
+from hfai.core.config import Config
+from hfai.core.daemon import raise_if_cancelled
+from hfai.core.retry import Backoff
 from hfai.protocol import decode, names
 from hfai.protocol.errors import ProtocolError
 from hfai.protocol.types import NodeRecord

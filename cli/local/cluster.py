@@ -24,7 +24,7 @@ from hfai.cli.local.credentials import Credentials
 from hfai.cli.local.layout import LOCAL_AGENT, LOCAL_CONTROLLER, ClusterState, Layout, default_root
 from hfai.cli.local.nats_server import MAX_PAYLOAD, NO_CONSUMER_CAP, start_nats
 from hfai.cli.local.supervision import SupervisePolicy
-from hfai.config import (
+from hfai.core.config import (
     AgentConfig,
     Config,
     ControllerConfig,
@@ -229,8 +229,8 @@ class LocalCluster:
 
         import nats.js.errors
 
-        from hfai import _nats
         from hfai.auth.roles import Role
+        from hfai.core import nats as _nats
 
         creds = str(self.service_creds("controller-0", Role.CONTROLLER)) if self.auth else None
         wanted = [self.node_name(i) for i in range(self.nodes)]

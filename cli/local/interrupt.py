@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hfai.api.client import ApiClient
-from hfai.config import Config
+from hfai.core.config import Config
 from hfai.protocol import names
 from hfai.protocol.errors import Unavailable
 from hfai.protocol.types import NodeSuspendReply, NodeSuspendRequest

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hfai._atomic import write_atomic
 from hfai.api.config import LOCAL_CONFIG_FILE, LOCAL_STATE_FILE, local_root, read_local_state
-from hfai.config import AgentConfig, ControllerConfig, StorageConfig
+from hfai.core.config import AgentConfig, ControllerConfig, StorageConfig
 
 # Local defaults: short windows so the time-sharing cycle is visible within a minute.
 LOCAL_CONTROLLER = ControllerConfig(

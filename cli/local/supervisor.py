@@ -150,9 +150,9 @@ class LocalSupervisor:
 
     async def probe_store(self) -> None:
         """Probe the store every ``store_probe_s`` until stopped; restart nats-server when due."""
-        from hfai import _nats
         from hfai.auth.roles import Role
         from hfai.controller.store_health import StoreProbe
+        from hfai.core import nats as _nats
 
         c, p = self.cluster, self.policy
         creds = str(c.service_creds("supervisor", Role.CONTROLLER)) if c.auth else None

@@ -60,7 +60,7 @@ class NatsConfig:
     # question given cutoff_timeout_s; one whose stream leader heard from no quorum of replicas
     # within cutoff_silent_s counts as unanswered. None answered for cutoff_after_s means the
     # server is cut off from its cluster: the daemon reconnects to another server and tries that
-    # one last for cutoff_avoid_s (runtime/_cutoff.py). cutoff_check_s 0: no checks.
+    # one last for cutoff_avoid_s (core/cutoff.py). cutoff_check_s 0: no checks.
     cutoff_check_s: float = 1.0
     cutoff_timeout_s: float = 1.0
     cutoff_silent_s: float = 3.0

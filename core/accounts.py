@@ -14,9 +14,9 @@ from pathlib import Path
 import nats
 import nats.errors
 
-from hfai._nats import tls_options
 from hfai.auth.issuer import Issuer, write_secret
-from hfai.config import Config
+from hfai.core.config import Config
+from hfai.core.nats import tls_options
 from hfai.protocol.errors import Unavailable
 
 CLAIMS_UPDATE = "$SYS.REQ.CLAIMS.UPDATE"

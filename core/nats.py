@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from nats.js.kv import KeyValue
 
-from hfai._retry import Backoff
-from hfai.config import Config
+from hfai.auth import jwt, nkey, roles
+from hfai.core.config import Config
+from hfai.core.retry import Backoff
 from hfai.protocol import names
 from hfai.protocol._lazy import frozen_dataclass
 from hfai.protocol.errors import ErrorSub, Forbidden, InvalidRequest, Unavailable
@@ -53,8 +54,6 @@ class Credentials:
     __slots__ = ("path", "jwt", "claims", "_seed")
 
     def __init__(self, path: str, text: str) -> None:
-        from hfai.auth import jwt, nkey
-
         token, seed = jwt.parse_creds(text)
         try:
             nkey.decode_seed(seed)
@@ -66,8 +65,6 @@ class Credentials:
     @property
     def inbox_prefix(self) -> str:
         """The inbox prefix the JWT's permissions let this client subscribe to."""
-        from hfai.auth import roles
-
         return roles.from_claims(self.claims["nats"]).inbox_prefix
 
     def user_jwt(self) -> bytes:
@@ -76,8 +73,6 @@ class Credentials:
     def sign_nonce(self, nonce: str) -> bytes:
         """The server's nonce signed with the seed, as nats-py sends it (base64)."""
         import base64
-
-        from hfai.auth import nkey
 
         return base64.b64encode(nkey.sign(self._seed, nonce.encode()))
 
@@ -106,15 +101,13 @@ def _identity(creds: str | Credentials) -> dict:
 
 
 def _check_stream(creds: str | Credentials) -> str | None:
-    """The stream whose info a daemon's cluster checks ask (hfai._cutoff): the nodes bucket's, which
+    """The stream whose info a daemon's cluster checks ask (hfai.core.cutoff): the nodes bucket's, which
     every daemon's role but the web's may ask about (the web's checks ask for the account's info)."""
-    from hfai import _cutoff
+    from hfai.core import cutoff as _cutoff
 
     stream = f"KV_{names.BUCKET_NODES}"
     if not creds:
         return stream
-    from hfai.auth import roles
-
     try:
         allowed = roles.from_claims(_credentials(creds).claims["nats"]).pub
     except (Forbidden, InvalidRequest, KeyError):
@@ -178,9 +171,9 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
     reconnects, so the bound is enforced here. ``reconnect=True`` (the daemons) waits for the
     servers to come up, logging every ``WAIT_LOG_INTERVAL_S`` while it waits, and checks for as
     long as it is open that its server still answers for its cluster, moving to another server
-    when it does not (hfai._cutoff; the checks stop when the connection closes).
+    when it does not (hfai.core.cutoff; the checks stop when the connection closes).
     """
-    from hfai import _cutoff
+    from hfai.core import cutoff as _cutoff
 
     nc = Client()
     reconnect_wait = Backoff(RECONNECT_WAIT_S, RECONNECT_WAIT_CAP_S)
@@ -258,9 +251,9 @@ async def connect(config: Config, name: str, reconnect: bool = True, creds: str 
         ) from e
     finally:
         if not attempt.done():  # cancelled while waiting for NATS: our own task ends with us
-            # hfai._daemon (and argparse with it) is the daemons' and the watches': a CLI call that
+            # hfai.core.daemon (and argparse with it) is the daemons' and the watches': a CLI call that
             # connects does without it.
-            from hfai._daemon import CANCEL_TIMEOUT_S, cancel_and_wait
+            from hfai.core.daemon import CANCEL_TIMEOUT_S, cancel_and_wait
 
             await cancel_and_wait([attempt], CANCEL_TIMEOUT_S)
         if not nc.is_connected:
@@ -379,7 +372,7 @@ class _Reconnected(Exception):
 
 async def _next(it: Any, reconnected: asyncio.Event) -> Any:
     """The watch's next entry, or :class:`_Reconnected` if a reconnect happens first."""
-    from hfai._daemon import abandon, raise_if_cancelled
+    from hfai.core.daemon import abandon, raise_if_cancelled
 
     nxt = asyncio.ensure_future(it.__anext__())
     if not nxt.done():
@@ -411,7 +404,7 @@ async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[A
     caller tracks of one snapshot starts anew). NATS errors (:data:`WATCH_ERRORS`) are retried
     after a jittered wait, ``retry_s`` at first and doubling up to :data:`REWATCH_CAP_S` until a
     watch delivers again; errors of ``on_entry`` end the task: a fault of our own is no reason to
-    watch again, and its daemon's :class:`hfai._daemon.Supervisor` stops the process."""
+    watch again, and its daemon's :class:`hfai.core.daemon.Supervisor` stops the process."""
     reconnected = asyncio.Event()
     _RECONNECT_WAITERS.add(reconnected)
     try:
@@ -423,7 +416,7 @@ async def follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[A
 async def _follow(open_watch: Callable[[], Awaitable[Any]], on_entry: Callable[[Any], None], what: str,
                   on_watch: Callable[[], None] | None, watcher: Any, retry_s: float,
                   reconnected: asyncio.Event) -> NoReturn:
-    from hfai._daemon import raise_if_cancelled
+    from hfai.core.daemon import raise_if_cancelled
 
     backoff = Backoff(retry_s, max(retry_s, REWATCH_CAP_S))
     while True:

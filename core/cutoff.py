@@ -15,7 +15,7 @@ nothing has been answered for ``cutoff_after_s``, the connection is moved
 
 The decisions are pure (:class:`CutoffWatch`, :class:`ServerChooser`, :func:`quorum_failure`);
 :class:`ClusterWatch` is the task that acts on them, one per daemon connection, started and
-stopped by ``hfai._nats.connect``. The store probe (hfai.controller.store_health) asks
+stopped by ``hfai.core.nats.connect``. The store probe (hfai.controller.store_health) asks
 :func:`check` too: a write that failed while the cluster answers nothing is a server cut off (or
 down), not a store that refuses writes.
 """
@@ -189,7 +189,7 @@ class ServerChooser:
 
 @dataclass(frozen=True)
 class CutoffSettings:
-    """``[nats] cutoff_*`` (hfai.config): ``check_s`` 0 turns the checks off. ``stream``: the
+    """``[nats] cutoff_*`` (hfai.core.config): ``check_s`` 0 turns the checks off. ``stream``: the
     replicated stream whose info the checks ask (None: the account's info only)."""
 
     check_s: float

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from hfai._clock import SYSTEM, Clock
+from hfai.core.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ def run_daemon(prog: str, description: str, make: Callable[[object], Daemon], ar
     A daemon may have ``async failed() -> str`` (returns, with the reason, when the daemon must
     stop: the process then exits EXIT_FAILED) and ``shutdown_timeout_s``."""
     from hfai._extras import require_platform
-    from hfai.config import load_config
+    from hfai.core.config import load_config
     from hfai.protocol.errors import HfaiError
 
     p = argparse.ArgumentParser(prog=prog, description=description)
