@@ -82,7 +82,7 @@ class PlanSettings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     restricted: Mapping[str, str] = field(default_factory=dict)  # user -> why
     master_port_base: int = 20000
-    master_port_span: int = 20000
+    master_port_span: int = 12768  # [controller] master_port_span's default (hfai.core.config)
     #: A waiting job's reason is rewritten at most this often, and only when its gist changes.
     wait_reason_interval_s: float = 30.0
     #: A job whose run failed waits this long before its first retry, twice as long before each

@@ -92,8 +92,11 @@ class ControllerConfig:
     event_ack_wait_s: float = 10.0
     # Fetches quiet this long while the consumer reports pending events: renew the subscription.
     event_stall_s: float = 3.0
+    # MASTER_PORT of each run comes from [base, base + span): below Linux's default range of
+    # ephemeral ports (32768-60999), so that a job's rendezvous port is never the local port of
+    # some outgoing connection on its node (its bind would fail: address already in use).
     master_port_base: int = 20000
-    master_port_span: int = 20000
+    master_port_span: int = 12768
     # ABOVE_NORMAL counts as NORMAL once a job has run this long in total (0: never).
     above_normal_s: float = 0.0
     # A log request relayed to an agent gives up after this long.

@@ -150,3 +150,17 @@ def test_auto_gpu_source_falls_back_without_nvml():
     assert open_gpu_source("auto").name == "sim"
     with pytest.raises(InvalidRequest, match="NVML"):
         open_gpu_source("nvml")
+
+
+def test_master_ports_stay_below_the_kernels_ephemeral_ports():
+    # A job's rendezvous port taken as some outgoing connection's local port fails its bind
+    # (EADDRINUSE): seen when the range reached into 32768-60999, Linux's default.
+    from hfai.core.config import Config
+
+    cc = Config().controller
+    low = 32768
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    assert cc.master_port_base + cc.master_port_span <= min(low, 32768)
