@@ -109,9 +109,11 @@ class Reconciler:
                 reports.append(action)
             else:
                 await self.do(action, local)
+        # Throughput first: a run's last window (written as it exited) reaches the leader before
+        # its exit report, while the job still holds the size it was measured at.
+        await self.reports.relay_throughput(local)
         if reports:
             await self.reports.send(reports, local)
-        await self.reports.relay_throughput(local)
 
     def _wanted(self, local: dict[str, LocalRun]) -> dict[str, RunAssignment]:
         """The desired runs; while they are unknown (just started, or only a refused entry in KV),

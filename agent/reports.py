@@ -183,14 +183,16 @@ class Reports:
     # ------------------------------------------------------------------------- throughput
 
     async def relay_throughput(self, local: dict[str, LocalRun]) -> None:
-        """Relay the throughput windows of this node's rank-0 runs that are due (agent/throughput.py)."""
-        alive = {k: r for k, r in local.items() if r.phase is RunPhase.ALIVE}
-        self._throughput.forget(set(alive))
+        """Relay the throughput windows of this node's rank-0 runs that are due (agent/throughput.py):
+        an alive run's at most once an interval, an exited run's last one before its exit is reported."""
+        live = {k: r for k, r in local.items() if RunEventKind.EXITED not in r.sent}
+        self._throughput.forget(set(live))
         now = self.clock.boottime()
-        for key, run in alive.items():
-            if not self._throughput.wants(run.assignment, now):
+        for key, run in live.items():
+            final = run.phase is RunPhase.EXITED
+            if not self._throughput.wants(run.assignment, now, final):
                 continue
-            w = self._throughput.due(run.assignment, read_window(self.store.control_dir(key)), now)
+            w = self._throughput.due(run.assignment, read_window(self.store.control_dir(key)), now, final)
             if w is not None:
                 ra = run.assignment
                 ev = RunThroughput(node=self.node, job_id=ra.job_id, run_id=ra.run_id, ts=self.clock.time(),

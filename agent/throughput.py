@@ -5,7 +5,10 @@ A job's runtime writes the rate of its latest window into its control directory
 :func:`hfai.agent.safefs.read_small` (bounded, no links, its owner's only) and every figure is
 checked. The node of rank 0 relays a window it has not relayed yet, at most every
 ``[agent] throughput_relay_s`` per run, as a :class:`~hfai.protocol.types.RunThroughput`: a few
-messages a minute however often the job writes.
+messages a minute however often the job writes. A run that exited has its file read once more,
+whenever its last relay was: the job writes the window under way as it exits, and that window is
+relayed before the run's exit report (agent/reconcile.py), while the leader still holds it
+running (or suspending) at the size it was measured at.
 """
 
 from __future__ import annotations
@@ -65,14 +68,15 @@ class Relay:
         self.interval_s = interval_s
         self._last: dict[str, tuple[bytes, float]] = {}  # run key -> (file relayed, when: boot clock)
 
-    def wants(self, ra: RunAssignment, now: float) -> bool:
-        """Whether ``ra``'s file is worth reading now (rank 0, its last relay an interval ago)."""
+    def wants(self, ra: RunAssignment, now: float, final: bool = False) -> bool:
+        """Whether ``ra``'s file is worth reading now (rank 0, its last relay an interval ago, or
+        ``final``: the run exited, and its last window is relayed whenever the one before was)."""
         last = self._last.get(ra.key)
-        return ra.rank == 0 and self.interval_s >= 0 and (last is None or now - last[1] >= self.interval_s)
+        return ra.rank == 0 and self.interval_s >= 0 and (final or last is None or now - last[1] >= self.interval_s)
 
-    def due(self, ra: RunAssignment, raw: bytes | None, now: float) -> Window | None:
+    def due(self, ra: RunAssignment, raw: bytes | None, now: float, final: bool = False) -> Window | None:
         """The window to relay for ``ra`` now, or None. ``now``: the agent's boot clock."""
-        if raw is None or not self.wants(ra, now):
+        if raw is None or not self.wants(ra, now, final):
             return None
         last = self._last.get(ra.key)
         if last is not None and last[0] == raw:

@@ -46,7 +46,7 @@ from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
 from hfai.controller.policy.gain import live_policy
 from hfai.controller.runclock import RunClock, recount, with_ages
-from hfai.controller.throughput import apply_throughput
+from hfai.controller.throughput import apply_throughput, nodes_utilization
 from hfai.controller.waits import WaitBoard, pack_batches
 from hfai.core.clock import SYSTEM, Clock
 from hfai.core.config import Config
@@ -395,10 +395,13 @@ class Leader:
         await m.ack()
 
     async def _handle_throughput(self, m, ev: RunThroughput, node: str) -> None:
-        """A run's measured throughput (controller/throughput.py), from its rank 0's own agent."""
+        """A run's measured throughput (controller/throughput.py), from its rank 0's own agent,
+        kept with the GPU utilisation of the job's nodes as their heartbeats say now."""
         if ev.node == node:
+            records = self.nodes.cache.values
             try:
-                await self._update(ev.job_id, lambda job: apply_throughput(job, ev))
+                await self._update(ev.job_id,
+                                   lambda job: apply_throughput(job, ev, nodes_utilization(records, job.nodes)))
             except HfaiError as e:
                 log.info("throughput of %s not kept: %s", ev.job_id, e)
             except (TimeoutError, nats.errors.Error) as e:

@@ -17,22 +17,48 @@ history, on the leader's clock), plus how long its next run took from its start 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
+from hfai.protocol.nodes import NodeRecord
 from hfai.protocol.types import ChainState, JobRecord, RunThroughput, SizeRate
 from hfai.protocol.types import evolve as replace
 
 #: Seconds of earlier measurements at a size that weigh against a new window at most.
 MEMORY_S = 600.0
+#: Seconds of GPU utilisation measured at a size before it says anything of the job's scaling
+#: (JobView.gpu_util): a few heartbeats' samples, each of an instant, are no evidence.
+UTIL_MIN_S = 300.0
 
 
-def merged(rates: tuple[SizeRate, ...], nodes: int, rate: float, seconds: float) -> tuple[SizeRate, ...]:
-    """``rates`` with a window of ``rate`` over ``seconds`` on ``nodes`` nodes averaged in."""
-    old = next((r for r in rates if r.nodes == nodes), None)
+def _avg(old: float | None, old_s: float, new: float, new_s: float) -> float:
     if old is None:
-        new = SizeRate(nodes=nodes, rate=rate, seconds=seconds)
-    else:
-        w = min(old.seconds, MEMORY_S)
-        new = SizeRate(nodes=nodes, rate=(old.rate * w + rate * seconds) / (w + seconds), seconds=old.seconds + seconds)
+        return new
+    w = min(old_s, MEMORY_S)
+    return (old * w + new * new_s) / (w + new_s)
+
+
+def merged(rates: tuple[SizeRate, ...], nodes: int, rate: float, seconds: float,
+           gpu_util: float | None = None) -> tuple[SizeRate, ...]:
+    """``rates`` with a window of ``rate`` over ``seconds`` on ``nodes`` nodes averaged in, and
+    the GPU utilisation of its nodes meanwhile (None: unknown, the size's stays as it was)."""
+    old = next((r for r in rates if r.nodes == nodes), None) or SizeRate(nodes=nodes, rate=rate, seconds=0.0)
+    new = replace(old, rate=_avg(old.rate, old.seconds, rate, seconds), seconds=old.seconds + seconds)
+    if gpu_util is not None:
+        new = replace(new, gpu_util=_avg(old.gpu_util, old.util_s, gpu_util, seconds), util_s=old.util_s + seconds)
     return tuple(sorted((*(r for r in rates if r.nodes != nodes), new), key=lambda r: r.nodes))
+
+
+def nodes_utilization(records: Mapping[str, NodeRecord], nodes: Iterable[str]) -> float | None:
+    """The mean utilisation (%) of the GPUs of ``nodes`` as their latest heartbeats said (the
+    agent samples NVML), or None where no heartbeat of theirs reports a GPU."""
+    utils = [g.utilization for n in nodes if (r := records.get(n)) is not None for g in r.gpus]
+    return sum(utils) / len(utils) if utils else None
+
+
+def persistent_utilization(rates: Iterable[SizeRate]) -> tuple[tuple[int, float], ...]:
+    """``(nodes, GPU utilisation %)`` of the sizes whose utilisation was measured over at least
+    :data:`UTIL_MIN_S`: what the policy sees (JobView.gpu_util)."""
+    return tuple((r.nodes, r.gpu_util) for r in rates if r.gpu_util is not None and r.util_s >= UTIL_MIN_S)
 
 
 def last_suspension_s(job: JobRecord) -> float:
@@ -46,10 +72,13 @@ def last_suspension_s(job: JobRecord) -> float:
     return 0.0
 
 
-def apply_throughput(job: JobRecord, ev: RunThroughput) -> JobRecord | None:
+def apply_throughput(job: JobRecord, ev: RunThroughput, gpu_util: float | None = None) -> JobRecord | None:
     """The record with ``ev``'s window kept, or None when it is not for the job's running rank 0
-    (a late window of an earlier run, another node's)."""
-    if (ev.job_id != job.id or ev.run_id != job.run_id or job.state is not ChainState.RUNNING
+    (a late window of an earlier run, another node's). A suspending job's window counts: its
+    last, written as it exited (agent/throughput.py). ``gpu_util``: the utilisation of the job's
+    nodes (:func:`nodes_utilization`) when the window came."""
+    if (ev.job_id != job.id or ev.run_id != job.run_id
+            or job.state not in (ChainState.RUNNING, ChainState.SUSPENDING)
             or not job.nodes or ev.node != job.nodes[0]):
         return None
     if ev.seconds <= 0 or ev.rate < 0:
@@ -60,5 +89,8 @@ def apply_throughput(job: JobRecord, ev: RunThroughput) -> JobRecord | None:
         return None
     rates = job.throughput if ev.unit == (job.throughput_unit or ev.unit) else ()
     restart = last_suspension_s(job) + ev.startup_s if job.suspend_count else job.restart_s
-    return replace(job, throughput=merged(rates, len(job.nodes), ev.rate, ev.seconds), throughput_unit=ev.unit,
+    if job.state is ChainState.SUSPENDING:
+        gpu_util = None  # its GPUs idle while it checkpoints: no evidence of how it scales
+    return replace(job, throughput=merged(rates, len(job.nodes), ev.rate, ev.seconds, gpu_util),
+                   throughput_unit=ev.unit,
                    restart_s=restart)

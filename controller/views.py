@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from hfai.controller.policy import JobView, PolicyConfig
+from hfai.controller.throughput import persistent_utilization
 from hfai.core.config import ControllerConfig
 from hfai.protocol.quotas import quotas_of
 from hfai.protocol.types import JOB_DEV, DrainedNodes, JobRecord, QuotaTable
@@ -18,7 +19,7 @@ def job_view(j: JobRecord) -> JobView:
         min_nodes=s.min_nodes, max_nodes=s.max_nodes, run_s=j.run_s, queued_ts=j.queued_ts,
         exempt=s.by_operator, dev=s.kind == JOB_DEV, name=s.name,
         throughput=tuple((r.nodes, r.rate) for r in j.throughput), throughput_unit=j.throughput_unit,
-        restart_s=j.restart_s,
+        restart_s=j.restart_s, gpu_util=persistent_utilization(j.throughput),
     )
 
 

@@ -192,12 +192,16 @@ class JobEvent:
 class SizeRate:
     """A job's throughput measured at one size: its steps (or samples) per second
     on ``nodes`` nodes, averaged over ``seconds`` of its runs at that size. The policy fits its
-    speedup curve to these (hfai.controller.policy.speedup)."""
+    speedup curve to these (hfai.controller.policy.speedup). ``gpu_util``: the mean GPU
+    utilisation (%) of its nodes meanwhile, as their heartbeats said, over ``util_s`` of those
+    seconds (None: no heartbeat said)."""
 
     KIND: ClassVar[str]
     nodes: int
     rate: float
     seconds: float = 0.0
+    gpu_util: float | None = None
+    util_s: float = 0.0
 
 
 @message("job_record")

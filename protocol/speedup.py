@@ -42,10 +42,15 @@ class Speedup:
 
     serial: float = 0.0
     sync: float = 0.0
+    #: Nodes past which the job gains nothing (0: none): it kept its GPUs mostly idle at this
+    #: size, so its bottleneck is not the GPUs (controller/throughput.py).
+    cap: int = 0
 
     def relative(self, n: int) -> float:
         if n <= 0:
             return 0.0
+        if self.cap:
+            n = min(n, self.cap)
         return (1.0 + self.serial) / (1.0 / n + self.serial + self.sync * (n - 1))
 
     def gain(self, n: int, k: int = 1) -> float:

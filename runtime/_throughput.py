@@ -18,10 +18,16 @@ The first marked step starts the first window: importing, loading data and resto
 checkpoint are not steps. How long they took (from the start of the job's session, the run's
 first process, to its first step) is written beside the rate as ``startup_s``, the restart cost
 the scheduler weighs a resize against.
+
+When the process exits normally (the script returned, or called ``sys.exit``: how a job ends,
+and how it leaves after a suspend's checkpoint) the window under way is written too, however
+short: a job resized every few minutes would otherwise lose up to a whole interval of each run
+at each size, and a job shorter than an interval would be measured not at all.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -87,6 +93,11 @@ class Meter:
         if now - self.start >= self.interval_s:
             self.flush(now)
 
+    def close(self) -> None:
+        """Write the window under way, if it counted anything (at the process's exit)."""
+        if self.start is not None and self.count > 0:
+            self.flush(self.clock())
+
     def flush(self, now: float) -> None:
         seconds = now - self.start if self.start is not None else 0.0
         if seconds <= 0:
@@ -113,6 +124,8 @@ def _get() -> Meter | None:
     if not _made:
         cdir = os.environ.get("HFAI_CONTROL_DIR")
         _meter, _made = (Meter(cdir, _interval_s()) if cdir else None), True
+        if _meter is not None:
+            atexit.register(_meter.close)
     return _meter
 
 

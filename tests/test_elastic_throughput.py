@@ -100,6 +100,29 @@ def test_a_script_that_only_asks_for_the_suspend_flag_reports_its_steps(tmp_path
     assert w["unit"] == "steps" and 0 < w["rate"] <= 20.0 and w["seconds"] >= 1.0
 
 
+def test_the_window_under_way_is_written_when_the_process_exits(tmp_path):
+    clock = FakeClock()
+    m = Meter(str(tmp_path), interval_s=20.0, clock=clock)
+    m.close()  # nothing counted: nothing written
+    assert not os.path.exists(os.path.join(tmp_path, THROUGHPUT_FILE))
+    for _ in range(11):  # 10 steps in 5 s of a 20 s window
+        m.mark("suspend")
+        clock.t += 0.5
+    m.close()
+    w = window(tmp_path)
+    assert w["rate"] == pytest.approx(10 / 5.5) and w["seconds"] == pytest.approx(5.5)
+    # A job shorter than one interval is measured too: the process writes its window as it exits.
+    script = ("import time, hfai\n"
+              "for _ in range(10):\n"
+              "    hfai.receive_suspend_command()\n"
+              "    time.sleep(0.02)\n")
+    env = {**os.environ, "HFAI_CONTROL_DIR": str(tmp_path / "short"), "HFAI_THROUGHPUT_INTERVAL_S": "600"}
+    os.mkdir(tmp_path / "short")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    w = window(tmp_path / "short")
+    assert w["seq"] == 1 and 0 < w["seconds"] < 600 and w["rate"] > 0
+
+
 # ------------------------------------------------------------------------------ the agent's relay
 
 
@@ -131,6 +154,57 @@ def test_rank_0_relays_a_new_window_at_most_once_an_interval():
     assert relay.due(assignment(), newer, 17.0) is not None  # a new run key starts afresh
 
 
+def test_an_exited_runs_last_window_is_relayed_before_its_exit_is_reported(tmp_path):
+    import asyncio
+
+    from hfai.agent.plan import LocalRun, RunPhase
+    from hfai.agent.reports import Reports
+    from hfai.protocol.types import RunEventKind
+
+    relay = Relay(interval_s=15.0)
+    first = json.dumps({"seq": 1, "rate": 2.0, "seconds": 20.0}).encode()
+    last = json.dumps({"seq": 2, "rate": 3.0, "seconds": 4.0}).encode()
+    assert relay.due(assignment(), first, 0.0) is not None
+    assert relay.due(assignment(), last, 5.0) is None  # too soon for an alive run's
+    assert relay.due(assignment(), last, 5.0, final=True).rate == 3.0  # not for an exited one's
+    assert relay.due(assignment(), last, 6.0, final=True) is None  # once
+
+    class Store:
+        def control_dir(self, key):
+            return tmp_path
+
+    class Clock:
+        t = 0.0
+
+        def boottime(self):
+            return self.t
+
+        def time(self):
+            return 1000.0 + self.t
+
+    sent: list[RunThroughput] = []
+
+    class JetStream:
+        async def publish(self, subject, data, **kw):
+            sent.append(decode(data, RunThroughput))
+
+    clock = Clock()
+    reports = Reports("a", Store(), None, None, clock, timeout_s=1.0, throughput_relay_s=15.0)
+    reports.connect(JetStream())
+    ra = assignment()
+    (tmp_path / THROUGHPUT_FILE).write_bytes(first)
+    asyncio.run(reports.relay_throughput({ra.key: LocalRun(ra.key, ra, RunPhase.ALIVE)}))
+    (tmp_path / THROUGHPUT_FILE).write_bytes(last)  # written as the job exited, 5 s later
+    clock.t = 5.0
+    exited = LocalRun(ra.key, ra, RunPhase.EXITED, exit_code=0)
+    asyncio.run(reports.relay_throughput({ra.key: exited}))
+    assert [e.rate for e in sent] == [2.0, 3.0]
+    clock.t = 30.0
+    (tmp_path / THROUGHPUT_FILE).write_bytes(first)
+    asyncio.run(reports.relay_throughput({ra.key: replace(exited, sent=frozenset({RunEventKind.EXITED}))}))
+    assert len(sent) == 2  # its exit reported: nothing more of it
+
+
 # ------------------------------------------------------------------------------ the record
 
 
@@ -154,7 +228,9 @@ def test_windows_are_kept_per_size_and_only_from_the_running_rank_0():
     assert job.throughput_unit == "steps"
     assert apply_throughput(job, event(4.0, node="b")) is None  # not rank 0's node
     assert apply_throughput(job, replace(event(4.0), run_id=1)) is None  # an earlier run's late window
-    assert apply_throughput(replace(job, state=ChainState.SUSPENDING), event(4.0)) is None
+    # A suspending job's last window (written as it exited) counts; a suspended one's does not.
+    assert apply_throughput(replace(job, state=ChainState.SUSPENDING), event(4.0)) is not None
+    assert apply_throughput(replace(job, state=ChainState.SUSPENDED), event(4.0)) is None
     # A size it ran at before keeps its own rate; a new unit starts the measurements over.
     four = apply_throughput(replace(job, nodes=("a", "b", "c", "d")), event(7.0))
     assert [(r.nodes, r.rate) for r in four.throughput] == [(2, pytest.approx(3.0)), (4, 7.0)]
@@ -182,6 +258,43 @@ def test_the_restart_cost_is_the_last_interruption_and_the_next_runs_startup():
     assert job_view(job).restart_s == pytest.approx(42.0)
     # Never interrupted: nothing measured yet.
     assert apply_throughput(record(), event(2.0, startup_s=12.0)).restart_s == 0.0
+
+
+def test_the_gpu_utilisation_of_the_jobs_nodes_is_kept_beside_each_window():
+    from hfai.controller.throughput import UTIL_MIN_S, nodes_utilization
+    from hfai.protocol.nodes import GpuStat, NodeRecord
+
+    def node(name, *utils):
+        gpus = tuple(GpuStat(index=i, name="g", utilization=u, memory_used=0, memory_total=1, temperature=0.0,
+                             power_w=0.0) for i, u in enumerate(utils))
+        return NodeRecord(name=name, group="default", address="", ts=0.0, seq=1, gpus=gpus)
+
+    records = {"a": node("a", 20.0, 40.0), "b": node("b", 30.0, 30.0), "c": node("c")}
+    assert nodes_utilization(records, ("a", "b")) == pytest.approx(30.0)
+    assert nodes_utilization(records, ("c", "z")) is None  # no GPU reported: unknown
+    job = apply_throughput(record(), event(2.0, seconds=UTIL_MIN_S / 2), gpu_util=30.0)
+    assert job.throughput[0].gpu_util == 30.0 and job_view(job).gpu_util == ()  # not yet persistent
+    job = apply_throughput(job, event(2.0, seconds=UTIL_MIN_S / 2), gpu_util=50.0)
+    job = apply_throughput(job, event(2.0, seconds=20.0), gpu_util=None)  # unknown: kept as it was
+    assert job.throughput[0].gpu_util == pytest.approx(40.0) and job.throughput[0].util_s == UTIL_MIN_S
+    assert job_view(job).gpu_util == ((2, pytest.approx(40.0)),)
+    assert decode(encode(job), JobRecord) == job
+
+
+def test_a_job_that_keeps_its_gpus_idle_is_not_grown_however_well_it_seemed_to_scale():
+    nodes = [NodeView(f"n{i}") for i in range(4)]
+    job = JobView("j", "u", NORMAL, 2, 0.0, ChainState.RUNNING, held=("n0", "n1"), started_ts=0.0, min_nodes=1,
+                  max_nodes=4, throughput=((1, 1.0), (2, 2.0)))
+    config = PolicyConfig(slice_s=600.0, resize_cost_s=60.0)
+    busy = replace(job, gpu_util=((1, 95.0), (2, 90.0)))
+    assert [(type(d), d.size) for d in gain_decide([busy], nodes, 10_000.0, config)] == [(Resize, 4)]
+    idle = replace(job, gpu_util=((1, 95.0), (2, 25.0)))
+    assert gain_decide([idle], nodes, 10_000.0, config) == []
+    # Idle already at one node: its second node is surplus, given first to a job that waits.
+    waiting = JobView("w", "v", NORMAL, 1, 5_000.0, ChainState.QUEUED)
+    held = replace(job, held=("n0", "n1", "n2", "n3"), gpu_util=((1, 25.0),))
+    out = gain_decide([held, waiting], nodes, 10_000.0, config)
+    assert [(type(d), d.job_id, d.size) for d in out if isinstance(d, Resize)] == [(Resize, "j", 3)]
 
 
 # ------------------------------------------------------------------------------ the policy

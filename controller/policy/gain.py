@@ -45,8 +45,12 @@ from hfai.protocol.speedup import Speedup, fit
 
 
 def model_of(job: JobView, config: PolicyConfig) -> Speedup:
-    """The job's speedup curve, fitted to its measured throughput (the prior without any)."""
-    return fit(job.throughput, config.prior_serial)
+    """The job's speedup curve, fitted to its measured throughput (the prior without any), flat
+    past the smallest size it kept its GPUs mostly idle at (``low_gpu_util``): there, whatever
+    the fit says of sizes not yet seen, more nodes will not help."""
+    model = fit(job.throughput, config.prior_serial)
+    idle = [n for n, util in job.gpu_util if util < config.low_gpu_util]
+    return replace(model, cap=min(idle)) if idle else model
 
 
 def _even(x: float) -> float:

@@ -38,6 +38,10 @@ class PolicyConfig:
     #: The gain policy's prior for sizes a job was not measured at: Amdahl's serial fraction (0:
     #: linear, what hfai assumes of every job; controller/policy/speedup.py says why).
     prior_serial: float = 0.0
+    #: The gain policy takes a job whose GPUs were used less than this (%, mean over its nodes,
+    #: persistently: JobView.gpu_util) at some size to gain nothing from more nodes than that:
+    #: its bottleneck is elsewhere (input, storage, communication).
+    low_gpu_util: float = 40.0
     #: Attained-service bands, in slices of node-time (``slice_s`` node-seconds; with the default
     #: slice: 1, 8 and 64 node-hours). Within a priority, jobs in a lower band (less service so far)
     #: go first and may take a time slice from jobs in a higher one; FIFO within a band.
@@ -88,6 +92,10 @@ class JobView:
     #: latest restart cost, seconds (0: never measured; the policy's ``resize_cost_s`` then).
     throughput_unit: str = ""
     restart_s: float = 0.0
+    #: ``(nodes, GPU utilisation %)`` of the sizes its nodes' utilisation was measured at long
+    #: enough (controller/throughput.py): a size it kept its GPUs mostly idle at is one past which
+    #: more nodes will not help it (``PolicyConfig.low_gpu_util``).
+    gpu_util: tuple[tuple[int, float], ...] = ()
     # Worked out once per view (a round reads them millions of times in a replay):
     lo: int = field(init=False, repr=False, compare=False)  # fewest nodes the job can run on
     hi: int = field(init=False, repr=False, compare=False)  # most nodes the job can use
