@@ -23,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import reasons
 from hfai.protocol.types import GpuFault, HealthCheck
 
 
@@ -94,10 +94,9 @@ def classify(s: GpuSignal, ts: float = 0.0) -> tuple[FaultClass, GpuFault]:
         klass, meaning = POLLED[s.signal]
     if s.detail:
         meaning = f"{meaning} ({s.detail})"
-    params: dict[str, object] = {"gpu": s.gpu, "meaning": meaning, "kind": klass.value}
-    if s.signal is Signal.XID:
-        params["xid"] = s.xid
-    return klass, GpuFault(ts=ts, why=reason(ReasonCode.GPU_FAULT, **params), hardware=klass is FaultClass.HARDWARE)
+    xid = s.xid if s.signal is Signal.XID else None
+    why = reasons.gpu_fault(gpu=s.gpu, meaning=meaning, kind=klass.value, xid=xid)
+    return klass, GpuFault(ts=ts, why=why, hardware=klass is FaultClass.HARDWARE)
 
 
 class HealthState(enum.Enum):
@@ -150,7 +149,7 @@ class NodeHealth:
         if check.ok and self.fault is not None and check.ts >= self.fault.ts:
             self.fault = None
         elif not check.ok and self.fault is None:
-            self.fault = GpuFault(ts=check.ts, why=reason(ReasonCode.TEXT, text=f"health check failed: {check.detail}"),
+            self.fault = GpuFault(ts=check.ts, why=reasons.text(text=f"health check failed: {check.detail}"),
                                   hardware=True)
             self.faults.append(self.fault)
 

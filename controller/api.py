@@ -32,11 +32,10 @@ from hfai.controller.waits import WaitBoard
 from hfai.core import nats as _nats
 from hfai.core.config import ControllerConfig, DevConfig
 from hfai.kv import KVCache, cas_update, cas_value
-from hfai.protocol import decode, encode, names, verbs
+from hfai.protocol import decode, encode, names, reasons, verbs
 from hfai.protocol.codec import Encoded, pack
 from hfai.protocol.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable, error_of
 from hfai.protocol.limits import MAX_NODES
-from hfai.protocol.reasons import ReasonCode, reason
 from hfai.protocol.types import (
     AUTO_PRIORITY,
     JOB_DEV,
@@ -232,7 +231,7 @@ class ApiService:
     async def _create(self, spec: JobSpec, user: str, now: float, job_id: str = "") -> JobRecord:
         """A new job's record, at ``job_id`` (random if ""). A record there already (a copy of the
         same submission got there first, see SubmitRequest.request_id) is the one returned."""
-        queued, submitted = reason(ReasonCode.QUEUED), reason(ReasonCode.SUBMITTED, by=user)
+        queued, submitted = reasons.queued(), reasons.submitted(by=user)
         record = JobRecord(
             id=job_id or uuid.uuid4().hex[:10], spec=spec, state=ChainState.QUEUED, submit_ts=now,
             reason=queued.text(), why=queued,

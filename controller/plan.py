@@ -52,7 +52,8 @@ from hfai.controller.policy import (
 )
 from hfai.controller.queues import JobIndex
 from hfai.controller.views import job_view
-from hfai.protocol.reasons import Reason, ReasonCode, reason
+from hfai.protocol import reasons
+from hfai.protocol.reasons import Reason, ReasonCode
 from hfai.protocol.types import ChainState, JobRecord, evolve
 
 #: A running job's view is moved to the leader's measure of its run (Planner._rebase) when its
@@ -377,8 +378,7 @@ class Planner:
                 continue
             job = rnd.current(job_id)
             if n.alive:
-                fault = {"fault": n.fault} if n.fault else {}
-                d = Suspend(job_id, reason(ReasonCode.GPU_ERROR, node=n.name, **fault), for_job="")
+                d = Suspend(job_id, reasons.gpu_error(node=n.name, fault=n.fault), for_job="")
                 interrupt = Interrupt(job_id, d, avoid=n.name)
                 rnd.take(interrupt, interrupt.apply(job, rnd.now))
             else:
@@ -397,9 +397,9 @@ class Planner:
             job = rnd.overlay.get(job_id, job)
             if job.state.waiting:
                 rnd.hidden.append(job_id)
-                self._explain(rnd.actions, job, reason(ReasonCode.RESTRICTED, why=why), rnd.now, rnd.settings)
+                self._explain(rnd.actions, job, reasons.restricted(why=why), rnd.now, rnd.settings)
             else:
-                d = Suspend(job_id, reason(ReasonCode.RESTRICTED_INTERRUPT, user=job.spec.user, why=why),
+                d = Suspend(job_id, reasons.restricted_interrupt(user=job.spec.user, why=why),
                             for_job="")
                 rnd.take(Interrupt(job_id, d), transitions.apply_suspend(job, d, rnd.now))
 
@@ -411,7 +411,7 @@ class Planner:
             this_run = rnd.settings.ran.get(job_id)
             if transitions.time_limit_reached(job, now, this_run):
                 ran = transitions.run_time(job, now, this_run)
-                out_of_time = reason(ReasonCode.TIME_LIMIT, ran=_hms(ran), limit=_hms(job.spec.time_limit_s))
+                out_of_time = reasons.time_limit(ran=_hms(ran), limit=_hms(job.spec.time_limit_s))
                 rnd.take(StopRun(job_id, out_of_time), transitions.apply_platform_stop(job, now, out_of_time))
 
     def _hold_gated(self, rnd: _Round) -> None:
@@ -440,7 +440,7 @@ class Planner:
             running = len(self._array_active.get(array_id, ()))
             room = max(0, limit - running)
             members.sort(key=lambda j: (j.spec.array_index, j.id))
-            full = reason(ReasonCode.ARRAY_LIMIT, array=array_id, limit=limit, running=running, ahead=room)
+            full = reasons.array_limit(array=array_id, limit=limit, running=running, ahead=room)
             for job in members[room:]:
                 rnd.hidden.append(job.id)
                 self._explain(rnd.actions, job, full, rnd.now, rnd.settings)
@@ -571,8 +571,7 @@ class Planner:
             return None
         since, job_id = late
         stop_at, kill_at = since + settings.ack_window_s, since + settings.ack_window_s + settings.kill_window_s
-        return reason(ReasonCode.UNACKED, job=job_id, since=since, stop_at=stop_at, kill_at=kill_at,
-                      late="" if now < stop_at else 1)
+        return reasons.unacked(job=job_id, since=since, stop_at=stop_at, kill_at=kill_at, late=now >= stop_at)
 
     def _gate(self, job: JobRecord, settings: PlanSettings, now: float) -> tuple[bool, Reason] | None:
         """Why a waiting job may not start yet: (False, reason) to wait, (True, reason) to stop it
@@ -582,16 +581,16 @@ class Planner:
         left = transitions.retry_wait(job, now, settings.retry_backoff_s, settings.retry_backoff_max_s,
                                       settings.retried.get(job.id))
         if left > 0:
-            return False, reason(ReasonCode.RETRY_BACKOFF, retried=job.retried, retries=job.spec.retries,
-                                 seconds=max(1, round(left)))
+            return False, reasons.retry_backoff(retried=job.retried, retries=job.spec.retries,
+                                                seconds=max(1, round(left)))
         for entry in job.spec.after:
             dep, _, kind = entry.partition(":")
             if dep in self.records:
-                return False, reason(ReasonCode.AFTER, job=dep, until="succeed" if kind != "any" else "end")
+                return False, reasons.after(job=dep, until="succeed" if kind != "any" else "end")
             ended = self.ended.get(dep)
             # A dependency we never saw end is long gone (purged after its retention): met.
             if ended is not None and kind != "any" and ended is not ChainState.SUCCEEDED:
-                return True, reason(ReasonCode.DEPENDENCY_FAILED, job=dep, state=ended.value)
+                return True, reasons.dependency_failed(job=dep, state=ended.value)
         return None
 
     def _explain(self, actions: list[JobAction], job: JobRecord, why: Reason, now: float,

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hfai.controller.policy import Start, Suspend
+from hfai.protocol import reasons
 from hfai.protocol.errors import IllegalTransition
-from hfai.protocol.reasons import Reason, ReasonCode, describe, reason
+from hfai.protocol.reasons import Reason, describe
 from hfai.protocol.types import (
     DEV_IDLE_EXIT,
     JOB_DEV,
@@ -46,7 +47,7 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
         return replace(job, acked=(*job.acked, ev.node))
     if ev.event is RunEventKind.START_FAILED:
         return _finish(job, ChainState.FAILED, now,
-                       reason(ReasonCode.START_FAILED, node=ev.node, message=ev.message))
+                       reasons.start_failed(node=ev.node, message=ev.message))
     # EXITED
     if ev.node in job.exits:
         return None
@@ -64,20 +65,19 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
     if dev and job.state is ChainState.RUNNING and not ev.platform_stopped and code == DEV_IDLE_EXIT:
         # Its JupyterLab stopped itself after [dev] idle_s without activity (agent/devsession.py):
         # the session ended as configured, neither the user's success nor a failure to retry.
-        return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.DEV_IDLE, idle_s=f"{dev_idle_s:g}"))
+        return _finish(job, ChainState.STOPPED, now, reasons.dev_idle(idle_s=dev_idle_s))
     if dev and job.state is ChainState.RUNNING and ev.platform_stopped:
         # Its launcher fenced it or its end went unrecorded: a session is never requeued
         # (apply_node_lost says why).
         return _finish(job, ChainState.STOPPED, now,
-                       reason(ReasonCode.DEV_NODE_LOST, node=ev.node, message=ev.message or "interrupted"))
+                       reasons.dev_node_lost(node=ev.node, message=ev.message or "interrupted"))
     if job.state is ChainState.RUNNING and not ev.platform_stopped and ev.hung_s > 0:
         return _hung(job, now, rank, ev)
     if job.state is ChainState.RUNNING and not ev.platform_stopped and code != 0:
         if job.retried < job.spec.retries:
             # --retry: like an interruption, the other ranks are asked to stop first and the
             # job is requeued once every rank has exited (no rank outlives its restart).
-            why = reason(ReasonCode.EXITED, rank=rank, node=ev.node, code=code, retry=job.retried + 1,
-                         retries=job.spec.retries)
+            why = reasons.exited(rank=rank, node=ev.node, code=code, retry=(job.retried + 1, job.spec.retries))
             job = replace(job, retried=job.retried + 1, retry_ts=now)
             if len(exits) == len(job.nodes):
                 return requeue(job, now, why)
@@ -85,17 +85,18 @@ def apply_event(job: JobRecord, ev: RunEvent, now: float, dev_idle_s: float = 0.
         # One rank failing fails the gang; the other nodes lose the run from their assignment.
         if ev.oom_limit_bytes:
             return _finish(job, ChainState.FAILED, now,
-                           reason(ReasonCode.OUT_OF_MEMORY, rank=rank, node=ev.node, limit=ev.oom_limit_bytes))
-        return _finish(job, ChainState.FAILED, now, reason(ReasonCode.EXITED, rank=rank, node=ev.node, code=code))
+                           reasons.out_of_memory(rank=rank, node=ev.node, limit=ev.oom_limit_bytes))
+        return _finish(job, ChainState.FAILED, now, reasons.exited(rank=rank, node=ev.node, code=code))
     if job.state is ChainState.RUNNING and ev.platform_stopped:
         # The platform stopped a rank (its launcher fenced the job when its agent went silent):
         # an interruption, never the user's failure. The other ranks are asked to suspend, and
         # the job is requeued once every rank has exited, so no rank outlives its restart.
-        stopped = {"rank": rank, "node": ev.node, "message": ev.message}
         job = avoiding(job, ev.node)
         if len(exits) == len(job.nodes):
-            return requeue(job, now, reason(ReasonCode.PLATFORM_STOPPED, **stopped, requeued=1))
-        return job.transition(ChainState.SUSPENDING, now, reason(ReasonCode.PLATFORM_STOPPED, **stopped))
+            return requeue(job, now, reasons.platform_stopped(rank=rank, node=ev.node, message=ev.message,
+                                                              requeued=True))
+        return job.transition(ChainState.SUSPENDING, now,
+                              reasons.platform_stopped(rank=rank, node=ev.node, message=ev.message))
     if len(exits) < len(job.nodes):
         return job
     return _all_exited(job, now)
@@ -106,11 +107,11 @@ def _hung(job: JobRecord, now: float, rank: int, ev: RunEvent) -> JobRecord:
     in the log): the user's failure, not the platform's, unless ``--restart-on-hang`` grants a
     restart. A restart is a requeue once every rank has exited (the others are asked to stop
     first, as for a --retry), counted in ``hang_restarts``, never in ``retried``."""
-    hung = {"rank": rank, "node": ev.node, "silent_s": ev.hung_s}
     if job.hang_restarts >= job.spec.restart_on_hang:
-        return _finish(job, ChainState.FAILED, now, reason(ReasonCode.HUNG, **hung))
+        return _finish(job, ChainState.FAILED, now, reasons.hung(rank=rank, node=ev.node, silent_s=ev.hung_s))
     job = replace(job, hang_restarts=job.hang_restarts + 1)
-    why = reason(ReasonCode.HUNG, **hung, restart=job.hang_restarts, restarts=job.spec.restart_on_hang)
+    why = reasons.hung(rank=rank, node=ev.node, silent_s=ev.hung_s,
+                       restart=(job.hang_restarts, job.spec.restart_on_hang))
     if len(job.exits) == len(job.nodes):
         return requeue(job, now, why)
     return job.transition(ChainState.SUSPENDING, now, why)
@@ -148,15 +149,15 @@ def _all_exited(job: JobRecord, now: float) -> JobRecord:
     if job.state is ChainState.SUSPENDING:
         if all(c == 0 for c in codes.values()) and not job.acked:
             # It finished its work before it saw the suspend request.
-            return _finish(job, ChainState.SUCCEEDED, now, reason(ReasonCode.FINISHED_SUSPENDING))
-        how = ReasonCode.ACKNOWLEDGED if len(job.acked) == len(job.nodes) else ReasonCode.NOT_ACKNOWLEDGED
-        return requeue(job, now, reason(how, cause=describe(job)))
+            return _finish(job, ChainState.SUCCEEDED, now, reasons.finished_suspending())
+        how = reasons.acknowledged if len(job.acked) == len(job.nodes) else reasons.not_acknowledged
+        return requeue(job, now, how(cause=describe(job)))
     if job.state is ChainState.STOPPING:
         return _finish(job, ChainState.STOPPED, now, job.why or job.reason or "stopped")
     if all(c == 0 for c in codes.values()):
-        return _finish(job, ChainState.SUCCEEDED, now, reason(ReasonCode.SUCCEEDED))
+        return _finish(job, ChainState.SUCCEEDED, now, reasons.succeeded())
     listed = ", ".join(f"{n}={codes[n]}" for n in job.nodes if n in codes)
-    return _finish(job, ChainState.FAILED, now, reason(ReasonCode.EXIT_CODES, codes=listed))
+    return _finish(job, ChainState.FAILED, now, reasons.exit_codes(codes=listed))
 
 
 def _finish(job: JobRecord, state: ChainState, now: float, why: str | Reason) -> JobRecord:
@@ -177,7 +178,7 @@ def requeue(job: JobRecord, now: float, why: str | Reason) -> JobRecord:
 def apply_start(job: JobRecord, d: Start, now: float, master_addr: str, master_port: int) -> JobRecord | None:
     if not job.state.waiting:
         return None
-    why = reason(ReasonCode.RESUMED if job.run_id > 0 else ReasonCode.STARTED, nodes=", ".join(d.nodes))
+    why = (reasons.resumed if job.run_id > 0 else reasons.started)(nodes=", ".join(d.nodes))
     return job.transition(
         ChainState.RUNNING, now, why,
         run_id=job.run_id + 1, nodes=d.nodes, last_nodes=d.nodes, exits={}, acked=(), started_ts=now,
@@ -250,19 +251,19 @@ def apply_hold(job: JobRecord, by: str, hold: bool) -> JobRecord:
         return replace(job, hold=by, reason=why.text(), why=why)
     if not job.hold:
         return job
-    why = reason(ReasonCode.RELEASED, by=by)
+    why = reasons.released(by=by)
     return replace(job, hold="", reason=why.text(), why=why)
 
 
 def held_reason(job: JobRecord, by: str | None = None) -> Reason:
-    return reason(ReasonCode.HELD, by=by or job.hold, job=job.id)
+    return reasons.held(by=by or job.hold, job=job.id)
 
 
 def apply_requeue(job: JobRecord, now: float, by: str) -> JobRecord:
     """Interrupt a running job through the normal protocol; it keeps its place in line."""
     if job.state is not ChainState.RUNNING:
         raise IllegalTransition(f"job {job.id} is {job.state.value}: only a running job can be requeued")
-    return job.transition(ChainState.SUSPENDING, now, reason(ReasonCode.REQUEUED_BY, by=by))
+    return job.transition(ChainState.SUSPENDING, now, reasons.requeued_by(by=by))
 
 
 def apply_update(job: JobRecord, priority: int | None, nodes: int | None) -> JobRecord:
@@ -323,10 +324,10 @@ def apply_node_lost(job: JobRecord, node: str, now: float) -> JobRecord | None:
     if not job.state.holds_nodes or node not in job.nodes:
         return None
     if job.state is ChainState.STOPPING:
-        return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.NODE_LOST, node=node, cause=describe(job)))
+        return _finish(job, ChainState.STOPPED, now, reasons.node_lost(node=node, cause=describe(job)))
     if job.spec.kind == JOB_DEV and job.state is ChainState.RUNNING:
-        return _finish(job, ChainState.STOPPED, now, reason(ReasonCode.DEV_NODE_LOST, node=node))
-    return requeue(avoiding(job, node), now, reason(ReasonCode.NODE_LOST, node=node))
+        return _finish(job, ChainState.STOPPED, now, reasons.dev_node_lost(node=node))
+    return requeue(avoiding(job, node), now, reasons.node_lost(node=node))
 
 
 def avoiding(job: JobRecord, node: str) -> JobRecord:
@@ -341,7 +342,7 @@ def apply_gpu_fault(job: JobRecord, ev: GpuFaultEvent) -> JobRecord | None:
     run is over or the fault is there already (a redelivered event)."""
     if ev.job_id != job.id or ev.run_id != job.run_id or not job.state.holds_nodes or ev.node not in job.nodes:
         return None
-    why = Reason(ev.fault.why.code, {**ev.fault.why.params, "node": ev.node})
+    why = reasons.at_node(ev.fault.why, ev.node)
     if any(e.why == why and e.ts == ev.fault.ts for e in job.faults):
         return None
     line = JobEvent(ts=ev.fault.ts, state=job.state, reason=why.text(), why=why)
@@ -352,7 +353,7 @@ def apply_stop(job: JobRecord, now: float, by: str) -> JobRecord | None:
     """A user's stop: waiting jobs stop at once, running ones are asked to stop."""
     if job.state.final or job.state is ChainState.STOPPING:
         return None
-    why = reason(ReasonCode.STOPPED_BY, by=by)
+    why = reasons.stopped_by(by=by)
     if job.state.waiting:
         return _finish(job, ChainState.STOPPED, now, why)
     return job.transition(ChainState.STOPPING, now, why)

@@ -7,6 +7,10 @@ and read at the edges (the CLI, the web pages). Code that needs to know what a r
 compares its ``code`` and reads its ``params``; nothing parses the words back. A reason given
 only as words (``why`` is None) is shown as it is by :func:`describe`.
 
+Each code has a builder here, named as the code (``reasons.preempted(job=..., priority=...,
+victim_priority=...)``), whose keyword parameters are the code's, typed: a missing or misspelt
+parameter is a type error where the reason is made. Every reason is made by one of them.
+
 Parameters are strings on the wire (numbers as written by ``str``), so a reader never meets a type
 it did not expect; a code this side does not know (a newer controller's) renders as the text the
 record carries.
@@ -18,64 +22,66 @@ import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from hfai.protocol._lazy import frozen_dataclass
 
 
 class ReasonCode(enum.StrEnum):
+    """What a reason is about; its parameters are its builder's (below)."""
+
     # -- the policy: why a job waits
-    TOO_BIG = "too_big"  # need, group, usable
-    OVER_QUOTA = "over_quota"  # user, priority, group, held, limit, need
-    QUOTA_CLOSED = "quota_closed"  # user, priority, group, closed_above, job
-    NO_NODES = "no_nodes"  # reserved ("1": the free nodes are pinned for jobs ahead, "": the group is full)
-    NOT_PREEMPTIBLE = "not_preemptible"  # need
-    TIME_SLICE_WAIT = "time_slice_wait"  # minutes (to the next turn)
-    OWN_SESSION = "own_session"  # job, name, nodes, priority (its user's dev session's) [, minutes: as above]
+    TOO_BIG = "too_big"
+    OVER_QUOTA = "over_quota"
+    QUOTA_CLOSED = "quota_closed"
+    NO_NODES = "no_nodes"
+    NOT_PREEMPTIBLE = "not_preemptible"
+    TIME_SLICE_WAIT = "time_slice_wait"
+    OWN_SESSION = "own_session"
     BEHIND_OWN_JOB = "behind_own_job"
     RELEASING = "releasing"
     PREEMPTING = "preempting"
     # -- the policy: why a running job is interrupted or resized
-    PREEMPTED = "preempted"  # job, priority, victim_priority [, size: shrinks to]
-    TIME_SLICE = "time_slice"  # job, minutes (held so far) [, size: shrinks to]
-    GROWS = "grows"  # held, size [, gain: % more throughput expected, unit: of the rates (1.8)]
+    PREEMPTED = "preempted"
+    TIME_SLICE = "time_slice"
+    GROWS = "grows"
     # -- the plan: gates and the platform's own interruptions
-    UNACKED = "unacked"  # job, since, stop_at, kill_at, late ("1": past stop_at)
-    RESTRICTED = "restricted"  # why ("" : by an operator)
-    RESTRICTED_INTERRUPT = "restricted_interrupt"  # user, why
-    GPU_ERROR = "gpu_error"  # node [, fault: what the node's health watch saw, rendered]
-    GPU_FAULT = "gpu_fault"  # gpu, meaning, kind ("hardware", "application", "warn") [, xid, node]
-    HELD = "held"  # by, job
-    RETRY_BACKOFF = "retry_backoff"  # retried, retries, seconds
-    AFTER = "after"  # job, until ("succeed" or "end")
-    ARRAY_LIMIT = "array_limit"  # array, limit [, running: members holding nodes, ahead: members let start first]
-    TIME_LIMIT = "time_limit"  # ran, limit (H:MM:SS)
-    DEPENDENCY_FAILED = "dependency_failed"  # job, state (how it ended)
+    UNACKED = "unacked"
+    RESTRICTED = "restricted"
+    RESTRICTED_INTERRUPT = "restricted_interrupt"
+    GPU_ERROR = "gpu_error"
+    GPU_FAULT = "gpu_fault"
+    HELD = "held"
+    RETRY_BACKOFF = "retry_backoff"
+    AFTER = "after"
+    ARRAY_LIMIT = "array_limit"
+    TIME_LIMIT = "time_limit"
+    DEPENDENCY_FAILED = "dependency_failed"
     # -- transitions: how runs begin and end (the timeline reads these)
-    STARTED = "started"  # nodes (", "-separated, rank order)
-    RESUMED = "resumed"  # nodes
-    ACKNOWLEDGED = "acknowledged"  # cause (the interruption's text): every rank acknowledged
-    NOT_ACKNOWLEDGED = "not_acknowledged"  # cause: some rank was stopped after the interrupt windows
-    NODE_LOST = "node_lost"  # node [, cause: the stop it ended; without one the job is requeued]
-    PLATFORM_STOPPED = "platform_stopped"  # rank, node, message [, requeued "1": every rank had exited]
-    EXITED = "exited"  # rank, node, code (not 0) [, retry, retries: the retry it gets]
-    OUT_OF_MEMORY = "out_of_memory"  # rank, node, limit (bytes: the run's memory limit)
-    HUNG = "hung"  # rank, node, silent_s (its watchdog time) [, restart, restarts: the restart it gets]
-    START_FAILED = "start_failed"  # node, message
-    FINISHED_SUSPENDING = "finished_suspending"  # every rank exited 0 before it saw the interrupt
+    STARTED = "started"
+    RESUMED = "resumed"
+    ACKNOWLEDGED = "acknowledged"
+    NOT_ACKNOWLEDGED = "not_acknowledged"
+    NODE_LOST = "node_lost"
+    PLATFORM_STOPPED = "platform_stopped"
+    EXITED = "exited"
+    OUT_OF_MEMORY = "out_of_memory"
+    HUNG = "hung"
+    START_FAILED = "start_failed"
+    FINISHED_SUSPENDING = "finished_suspending"
     SUCCEEDED = "succeeded"
-    EXIT_CODES = "exit_codes"  # codes ("node=code, ...", rank order)
+    EXIT_CODES = "exit_codes"
     # -- people: who did what to the job
-    SUBMITTED = "submitted"  # by
+    SUBMITTED = "submitted"
     QUEUED = "queued"
-    STOPPED_BY = "stopped_by"  # by
-    REQUEUED_BY = "requeued_by"  # by
-    RELEASED = "released"  # by
+    STOPPED_BY = "stopped_by"
+    REQUEUED_BY = "requeued_by"
+    RELEASED = "released"
     # -- a reason that is only words (the simulator's baseline policies give these)
-    TEXT = "text"  # text
+    TEXT = "text"
     # -- development sessions (docs/dev.md): how one ends that the user did not stop
-    DEV_IDLE = "dev_idle"  # idle_s: its JupyterLab stopped itself after that long without activity
-    DEV_NODE_LOST = "dev_node_lost"  # node [, message: the platform stopped it there]; never requeued
+    DEV_IDLE = "dev_idle"
+    DEV_NODE_LOST = "dev_node_lost"
 
 
 @frozen_dataclass
@@ -96,9 +102,261 @@ class Reason:
         return (self.code, *(self.params.get(k, "") for k in keep))
 
 
-def reason(code: ReasonCode, /, **params: object) -> Reason:
-    """A :class:`Reason` with its parameters written as strings."""
-    return Reason(code.value, {k: v if type(v) is str else str(v) for k, v in params.items()})
+def _reason(code: ReasonCode, /, **params: object) -> Reason:
+    """A :class:`Reason` with its parameters written as strings; a parameter given as None is left
+    out (its code's words read it as absent)."""
+    return Reason(code.value, {k: v if type(v) is str else str(v) for k, v in params.items() if v is not None})
+
+
+# -- Each code's builder: its parameters, typed. Every reason the platform gives is made by one of
+# these (tests/test_reasons.py checks that each builder writes exactly what its code's words read).
+# Optional parameters left at their default are not written; flags are written "1" when set.
+
+# The policy: why a job waits.
+
+
+def too_big(*, need: int, group: str, usable: int) -> Reason:
+    """The job needs more nodes than its group has in service."""
+    return _reason(ReasonCode.TOO_BIG, need=need, group=group, usable=usable)
+
+
+def over_quota(*, user: str, priority: str, group: str, held: int, limit: int, need: int) -> Reason:
+    return _reason(ReasonCode.OVER_QUOTA, user=user, priority=priority, group=group, held=held, limit=limit,
+                   need=need)
+
+
+def quota_closed(*, user: str, priority: str, group: str, closed_above: str, job: str) -> Reason:
+    """``priority`` (a label) needs a quota the user does not have: levels above ``closed_above``
+    are closed until an operator sets one."""
+    return _reason(ReasonCode.QUOTA_CLOSED, user=user, priority=priority, group=group, closed_above=closed_above,
+                   job=job)
+
+
+def no_nodes(*, reserved: bool) -> Reason:
+    """No node left and none to preempt: ``reserved``, the free ones are pinned for jobs ahead of
+    it; otherwise the group is full."""
+    return _reason(ReasonCode.NO_NODES, reserved="1" if reserved else "")
+
+
+def not_preemptible(*, need: int) -> Reason:
+    return _reason(ReasonCode.NOT_PREEMPTIBLE, need=need)
+
+
+def time_slice_wait(*, minutes: int) -> Reason:
+    """Its time slice comes in about ``minutes``."""
+    return _reason(ReasonCode.TIME_SLICE_WAIT, minutes=minutes)
+
+
+def own_session(*, job: str, name: str, nodes: str, priority: str, minutes: int | None = None) -> Reason:
+    """Its user's development session (``job``, ``name``, at ``priority``) holds ``nodes`` (", "-joined)
+    that it lacks; ``minutes``: its time slice's turn, if one comes."""
+    return _reason(ReasonCode.OWN_SESSION, job=job, name=name, nodes=nodes, priority=priority, minutes=minutes)
+
+
+def behind_own_job() -> Reason:
+    return _reason(ReasonCode.BEHIND_OWN_JOB)
+
+
+def releasing() -> Reason:
+    return _reason(ReasonCode.RELEASING)
+
+
+def preempting() -> Reason:
+    return _reason(ReasonCode.PREEMPTING)
+
+
+# The policy: why a running job is interrupted or resized. ``size``: the size a victim shrinks to
+# instead; ``lost``: what the nodes it gives up added, % of its throughput in ``unit`` (the gain
+# policy's speedup curve says).
+
+
+def preempted(*, job: str, priority: str, victim_priority: str, size: int | None = None, lost: int | None = None,
+              unit: str = "") -> Reason:
+    """For job ``job`` of a higher priority (both are labels)."""
+    return _reason(ReasonCode.PREEMPTED, job=job, priority=priority, victim_priority=victim_priority, size=size,
+                   lost=lost, unit=unit or None)
+
+
+def time_slice(*, job: str, minutes: float, size: int | None = None, lost: int | None = None,
+               unit: str = "") -> Reason:
+    """Yields to job ``job`` of its priority after holding its nodes ``minutes``."""
+    return _reason(ReasonCode.TIME_SLICE, job=job, minutes=f"{minutes:.1f}", size=size, lost=lost, unit=unit or None)
+
+
+def grows(*, held: int, size: int, gain: int | None = None, unit: str = "") -> Reason:
+    """From ``held`` to ``size`` nodes; ``gain``: % more throughput expected, in ``unit``."""
+    return _reason(ReasonCode.GROWS, held=held, size=size, gain=gain, unit=unit or None)
+
+
+# The plan: gates and the platform's own interruptions.
+
+
+def unacked(*, job: str, since: float, stop_at: float, kill_at: float, late: bool) -> Reason:
+    """Job ``job`` was asked to release its nodes at ``since`` and has not acknowledged; the
+    platform stops it at ``stop_at`` and kills it at ``kill_at`` (``late``: past ``stop_at``)."""
+    return _reason(ReasonCode.UNACKED, job=job, since=since, stop_at=stop_at, kill_at=kill_at,
+                   late="1" if late else "")
+
+
+def restricted(*, why: str) -> Reason:
+    """The job's user is restricted; ``why`` ("": by an operator, who gave none)."""
+    return _reason(ReasonCode.RESTRICTED, why=why)
+
+
+def restricted_interrupt(*, user: str, why: str) -> Reason:
+    return _reason(ReasonCode.RESTRICTED_INTERRUPT, user=user, why=why)
+
+
+def gpu_error(*, node: str, fault: str = "") -> Reason:
+    """``fault``: what the node's health watch saw, rendered."""
+    return _reason(ReasonCode.GPU_ERROR, node=node, fault=fault or None)
+
+
+def gpu_fault(*, gpu: int, meaning: str, kind: str, xid: int | None = None, node: str | None = None) -> Reason:
+    """A GPU fault; ``kind``: its class ("hardware", "application", "warn"); ``node``: where, in a
+    job's history (:func:`at_node`)."""
+    return _reason(ReasonCode.GPU_FAULT, gpu=gpu, meaning=meaning, kind=kind, xid=xid, node=node)
+
+
+def at_node(fault: Reason, node: str) -> Reason:
+    """A node's fault (:func:`gpu_fault`, or :func:`text` for a failed health check) as a job's
+    history keeps it: with the node it happened on."""
+    return Reason(fault.code, {**fault.params, "node": node})
+
+
+def held(*, by: str, job: str) -> Reason:
+    return _reason(ReasonCode.HELD, by=by, job=job)
+
+
+def retry_backoff(*, retried: int, retries: int, seconds: int) -> Reason:
+    return _reason(ReasonCode.RETRY_BACKOFF, retried=retried, retries=retries, seconds=seconds)
+
+
+def after(*, job: str, until: Literal["succeed", "end"]) -> Reason:
+    return _reason(ReasonCode.AFTER, job=job, until=until)
+
+
+def array_limit(*, array: str, limit: int, running: int, ahead: int) -> Reason:
+    """``running``: its members holding nodes; ``ahead``: members let start before this one."""
+    return _reason(ReasonCode.ARRAY_LIMIT, array=array, limit=limit, running=running, ahead=ahead)
+
+
+def time_limit(*, ran: str, limit: str) -> Reason:
+    """Both as H:MM:SS."""
+    return _reason(ReasonCode.TIME_LIMIT, ran=ran, limit=limit)
+
+
+def dependency_failed(*, job: str, state: str) -> Reason:
+    """``state``: how job ``job`` ended."""
+    return _reason(ReasonCode.DEPENDENCY_FAILED, job=job, state=state)
+
+
+# Transitions: how runs begin and end (the timeline reads these). ``nodes``: ", "-joined, rank order.
+
+
+def started(*, nodes: str) -> Reason:
+    return _reason(ReasonCode.STARTED, nodes=nodes)
+
+
+def resumed(*, nodes: str) -> Reason:
+    return _reason(ReasonCode.RESUMED, nodes=nodes)
+
+
+def acknowledged(*, cause: str) -> Reason:
+    """Every rank acknowledged the interruption ``cause`` (its words)."""
+    return _reason(ReasonCode.ACKNOWLEDGED, cause=cause)
+
+
+def not_acknowledged(*, cause: str) -> Reason:
+    """Some rank was stopped after the interrupt windows."""
+    return _reason(ReasonCode.NOT_ACKNOWLEDGED, cause=cause)
+
+
+def node_lost(*, node: str, cause: str | None = None) -> Reason:
+    """``cause``: the stop it ended; without one the job is requeued."""
+    return _reason(ReasonCode.NODE_LOST, node=node, cause=cause)
+
+
+def platform_stopped(*, rank: int, node: str, message: str, requeued: bool = False) -> Reason:
+    """``requeued``: every rank had exited."""
+    return _reason(ReasonCode.PLATFORM_STOPPED, rank=rank, node=node, message=message,
+                   requeued="1" if requeued else None)
+
+
+def exited(*, rank: int, node: str, code: int, retry: tuple[int, int] | None = None) -> Reason:
+    """Exited with ``code`` (not 0); ``retry``: the retry it gets, of how many (--retry)."""
+    nth, of = retry or (None, None)
+    return _reason(ReasonCode.EXITED, rank=rank, node=node, code=code, retry=nth, retries=of)
+
+
+def out_of_memory(*, rank: int, node: str, limit: int) -> Reason:
+    """``limit``: the run's memory limit, bytes."""
+    return _reason(ReasonCode.OUT_OF_MEMORY, rank=rank, node=node, limit=limit)
+
+
+def hung(*, rank: int, node: str, silent_s: float, restart: tuple[int, int] | None = None) -> Reason:
+    """Silent for ``silent_s`` (its watchdog time); ``restart``: the restart it gets, of how many."""
+    nth, of = restart or (None, None)
+    return _reason(ReasonCode.HUNG, rank=rank, node=node, silent_s=silent_s, restart=nth, restarts=of)
+
+
+def start_failed(*, node: str, message: str) -> Reason:
+    return _reason(ReasonCode.START_FAILED, node=node, message=message)
+
+
+def finished_suspending() -> Reason:
+    """Every rank exited 0 before it saw the interrupt."""
+    return _reason(ReasonCode.FINISHED_SUSPENDING)
+
+
+def succeeded() -> Reason:
+    return _reason(ReasonCode.SUCCEEDED)
+
+
+def exit_codes(*, codes: str) -> Reason:
+    """``codes``: "node=code, ...", rank order."""
+    return _reason(ReasonCode.EXIT_CODES, codes=codes)
+
+
+# People: who did what to the job.
+
+
+def submitted(*, by: str) -> Reason:
+    return _reason(ReasonCode.SUBMITTED, by=by)
+
+
+def queued() -> Reason:
+    return _reason(ReasonCode.QUEUED)
+
+
+def stopped_by(*, by: str) -> Reason:
+    return _reason(ReasonCode.STOPPED_BY, by=by)
+
+
+def requeued_by(*, by: str) -> Reason:
+    return _reason(ReasonCode.REQUEUED_BY, by=by)
+
+
+def released(*, by: str) -> Reason:
+    return _reason(ReasonCode.RELEASED, by=by)
+
+
+def text(*, text: str) -> Reason:
+    """A reason that is only words (the simulator's baseline policies, a failed health check)."""
+    return _reason(ReasonCode.TEXT, text=text)
+
+
+# Development sessions (docs/dev.md): how one ends that the user did not stop.
+
+
+def dev_idle(*, idle_s: float) -> Reason:
+    """Its JupyterLab stopped itself after ``idle_s`` without activity."""
+    return _reason(ReasonCode.DEV_IDLE, idle_s=f"{idle_s:g}")
+
+
+def dev_node_lost(*, node: str, message: str | None = None) -> Reason:
+    """Lost with its node, or (``message``) the platform stopped it there; never requeued."""
+    return _reason(ReasonCode.DEV_NODE_LOST, node=node, message=message)
 
 
 def _utc(ts: str) -> str:

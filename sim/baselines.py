@@ -33,7 +33,7 @@ from hfai.controller.policy import (
     indexed,
 )
 from hfai.controller.queues import GroupJobs, JobIndex, Ordering
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import reasons
 from hfai.protocol.types import Priority
 
 #: Above every priority a job can have (ranks LAS classes by priority first).
@@ -173,8 +173,8 @@ def _las_group(g: GroupJobs, running: dict[int, list[JobView]], free: list[str],
                 if r.size <= cap[0]:
                     cap[0] -= r.size
                 else:
-                    out.append(Suspend(r.id, reason(ReasonCode.TEXT, text=f"las: class {q} yields to jobs with less "
-                                                                          f"attained service"), for_job=""))
+                    out.append(Suspend(r.id, reasons.text(text=f"las: class {q} yields to jobs with less "
+                                                                 f"attained service"), for_job=""))
                 continue
             assert w is not None
             if w.lo <= cap[0]:  # the cap may have shrunk since the merge offered it

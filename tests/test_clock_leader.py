@@ -23,8 +23,7 @@ from hfai.controller.store_health import health_bucket
 from hfai.core.clock import FakeClock
 from hfai.core.config import Config
 from hfai.kv import KVCache
-from hfai.protocol import decode, encode, names
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import decode, encode, names, reasons
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, NodeRecord, RunEvent, RunEventKind
 
 HOUR, DAY = 3600.0, 86400.0
@@ -87,7 +86,7 @@ async def test_a_requeue_adds_the_run_time_measured_not_the_wall_stamps_differen
 
 
 def _suspend() -> Suspend:
-    return Suspend("j1", reason(ReasonCode.PREEMPTING), for_job="")
+    return Suspend("j1", reasons.preempting(), for_job="")
 
 
 def _done(clock: FakeClock, job_id: str, ended_ago_s: float) -> JobRecord:

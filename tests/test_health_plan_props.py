@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 from hfai.controller.inputs import plan_nodes
 from hfai.controller.nodes import NodeTracker
 from hfai.controller.plan import Interrupt, PlanSettings, StartRun, plan_once
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import reasons
+from hfai.protocol.reasons import ReasonCode
 from hfai.protocol.types import ChainState, GpuFault, GpuStat, JobRecord, JobSpec, NodeRecord
 
 NOW = 1_750_000_000.0
 TIMEOUT_S = 30.0
-FAULT = GpuFault(ts=NOW, why=reason(ReasonCode.GPU_FAULT, gpu=3, xid=79, meaning="fell off the bus", kind="hardware"),
+FAULT = GpuFault(ts=NOW, why=reasons.gpu_fault(gpu=3, xid=79, meaning="fell off the bus", kind="hardware"),
                  hardware=True)
 HEALTHS = ("ok", "ok", "fault", "fatal", "drained", "dead")
 

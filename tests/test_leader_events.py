@@ -14,8 +14,7 @@ from hfai.controller.leader import Leader
 from hfai.controller.policy import Start
 from hfai.core.config import Config
 from hfai.kv import KVCache
-from hfai.protocol import decode, encode, names
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import decode, encode, names, reasons
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
 
 SPEC = JobSpec(name="train", entrypoint=("python", "t.py"), workdir="/w", nodes=2, user="bob")
@@ -45,14 +44,14 @@ def test_an_event_must_come_from_the_node_it_names_and_that_holds_the_run():
     assert "holds no nodes" in tr.event_rejection(done, exited("n0"), "n0")
 
 
-FULL, RESERVED = reason(ReasonCode.NO_NODES, reserved=""), reason(ReasonCode.NO_NODES, reserved=1)
+FULL, RESERVED = reasons.no_nodes(reserved=False), reasons.no_nodes(reserved=True)
 
 
 def test_wait_gist_drops_the_wording_that_changes_every_round():
     assert FULL.gist() == RESERVED.gist() and FULL.text() != RESERVED.text()
-    assert (reason(ReasonCode.TOO_BIG, need=4, group="a", usable=3).gist()
-            == reason(ReasonCode.TOO_BIG, need=5, group="a", usable=2).gist())
-    assert FULL.gist() != reason(ReasonCode.PREEMPTING).gist()
+    assert (reasons.too_big(need=4, group="a", usable=3).gist()
+            == reasons.too_big(need=5, group="a", usable=2).gist())
+    assert FULL.gist() != reasons.preempting().gist()
 
 
 def test_a_wait_reason_is_written_when_its_gist_changes_at_most_once_per_interval():
@@ -62,7 +61,7 @@ def test_a_wait_reason_is_written_when_its_gist_changes_at_most_once_per_interva
     explained = tr.apply_wait_reason(queued, full)
     assert not tr.wait_reason_due(explained, reserved, 100.0, 100.5, 30.0)  # same gist: never
     assert not tr.wait_reason_due(explained, reserved, None, 1e9, 30.0)
-    preempting = reason(ReasonCode.PREEMPTING)
+    preempting = reasons.preempting()
     assert not tr.wait_reason_due(explained, preempting, 100.0, 110.0, 30.0)  # too soon after the last
     assert tr.wait_reason_due(explained, preempting, 100.0, 130.0, 30.0)
     assert not tr.wait_reason_due(bobs_job(), full, None, 0.0, 30.0)  # running jobs do not wait

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from hfai.controller.policy import JobView, NodeView, PolicyConfig, Wait, decide
 from hfai.controller.views import job_view
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import reasons
+from hfai.protocol.reasons import ReasonCode
 from hfai.protocol.types import JOB_DEV, ChainState, JobRecord, JobSpec, Priority
 
 LOW, NORMAL, HIGH = Priority.LOW.value, Priority.NORMAL.value, Priority.HIGH.value
@@ -60,6 +61,6 @@ def test_the_leader_gives_the_policy_the_sessions_name():
     view = job_view(JobRecord(id="j1", spec=spec, state=ChainState.RUNNING, submit_ts=0.0, nodes=("n0",)))
     assert view.dev and view.name == "my-lab"
     # The gist names the session: another session holding the node is news.
-    a = reason(ReasonCode.OWN_SESSION, job="a", name="x", nodes="n0", priority="NORMAL")
-    b = reason(ReasonCode.OWN_SESSION, job="b", name="y", nodes="n0", priority="NORMAL")
+    a = reasons.own_session(job="a", name="x", nodes="n0", priority="NORMAL")
+    b = reasons.own_session(job="b", name="y", nodes="n0", priority="NORMAL")
     assert a.gist() != b.gist()

@@ -10,10 +10,11 @@ from hfai.controller import transitions
 from hfai.controller.assignments import desired_assignments
 from hfai.controller.plan import Explain, Planner, PlanNode, PlanSettings, StartRun
 from hfai.controller.policy import PolicyConfig, Start
-from hfai.protocol.reasons import Reason, ReasonCode, reason
+from hfai.protocol import reasons
+from hfai.protocol.reasons import Reason
 from hfai.protocol.types import ChainState, JobRecord, JobSpec, RunEvent, RunEventKind
 
-_PREEMPTED = reason(ReasonCode.PREEMPTED, job="w", priority="HIGH", victim_priority="NORMAL")
+_PREEMPTED = reasons.preempted(job="w", priority="HIGH", victim_priority="NORMAL")
 
 NOW = 1_000_000.0
 SETTINGS = PlanSettings(policy=PolicyConfig(slice_s=1800.0), retry_backoff_s=30.0, retry_backoff_max_s=100.0)

@@ -8,8 +8,7 @@ from fakes import FakeKV
 from hfai.controller.api import ApiService, Caller
 from hfai.controller.nodes import NodeTracker
 from hfai.kv import KVCache
-from hfai.protocol import decode, encode
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import decode, encode, reasons
 from hfai.protocol.types import ChainState, JobList, JobRecord, JobRequest, JobSpec, ListRequest, NodeRecord
 
 
@@ -64,7 +63,7 @@ async def test_a_list_and_status_show_the_reason_the_leader_noted():
     w = job(1, "alice")
     jobs.put_local(w.id, w, kv._put(w.id, encode(w)))
     board = WaitBoard(jobs.revisions)
-    why = reason(ReasonCode.NO_NODES, reserved="")
+    why = reasons.no_nodes(reserved=False)
     board.note(w.id, jobs.revisions[w.id], why)
     api = ApiService(kv, jobs, NodeTracker(KVCache(FakeKV(), NodeRecord), 10.0), waits=board)
     [listed] = decode((await api.list(Caller("bob"), ListRequest())).data, JobList).jobs

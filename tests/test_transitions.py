@@ -5,10 +5,10 @@ from __future__ import annotations
 from hfai.controller import transitions as tr
 from hfai.controller.assignments import desired_assignments, pick_master_port
 from hfai.controller.policy import Start, Suspend
-from hfai.protocol.reasons import ReasonCode, reason
+from hfai.protocol import reasons
 from hfai.protocol.types import ChainState, DesiredRun, JobRecord, JobSpec, RunEvent, RunEventKind
 
-PREEMPTED = reason(ReasonCode.PREEMPTED, job="x", priority="HIGH", victim_priority="LOW")
+PREEMPTED = reasons.preempted(job="x", priority="HIGH", victim_priority="LOW")
 
 SPEC = JobSpec(name="j", entrypoint=("python", "t.py"), workdir="/w", nodes=2, user="alice")
 
@@ -118,7 +118,7 @@ def test_expired_finished_jobs_are_forgotten_after_the_retention():
 def test_a_time_slice_countdown_is_rewritten_as_it_runs_down():
     """Its gist keeps the minutes, so the shown turn follows the clock (at most once per interval)."""
     queued = JobRecord(id="q", spec=SPEC, state=ChainState.QUEUED, submit_ts=1.0, reason="queued")
-    ten, nine = reason(ReasonCode.TIME_SLICE_WAIT, minutes=10), reason(ReasonCode.TIME_SLICE_WAIT, minutes=9)
+    ten, nine = reasons.time_slice_wait(minutes=10), reasons.time_slice_wait(minutes=9)
     explained = tr.apply_wait_reason(queued, ten)
     assert explained.reason == "waiting for its time slice, next turn in ~10 min"
     assert ten.gist() != nine.gist()

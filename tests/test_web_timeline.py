@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hfai.controller.policy import Start, Suspend
 from hfai.controller.transitions import apply_start, apply_suspend, requeue
-from hfai.protocol.reasons import Reason, ReasonCode, reason
+from hfai.protocol import reasons
+from hfai.protocol.reasons import Reason
 from hfai.protocol.types import ChainState, JobEvent, JobRecord, JobSpec, QuotaEntry, QuotaTable, evolve
 from hfai.web import views
 from hfai.web.timeline import PALETTE, MarkKind, job_timeline, mark_kind, timeline
@@ -23,16 +24,16 @@ def preempted_and_resumed() -> JobRecord:
     """Built with the controller's own transitions, so the reasons are the ones it writes."""
     j = apply_start(record(), Start("j1", ("n1", "n2")), T0 + 10, "n1", 1)
     assert j is not None
-    j = apply_suspend(j, Suspend("j1", reason(ReasonCode.PREEMPTED, job="h", priority="HIGH", victim_priority="LOW"),
+    j = apply_suspend(j, Suspend("j1", reasons.preempted(job="h", priority="HIGH", victim_priority="LOW"),
                                  for_job="h"), T0 + 100)
     assert j is not None
-    j = requeue(j, T0 + 104, reason(ReasonCode.ACKNOWLEDGED, cause=j.reason))
+    j = requeue(j, T0 + 104, reasons.acknowledged(cause=j.reason))
     j = apply_start(j, Start("j1", ("n3", "n1")), T0 + 200, "n3", 1)
     assert j is not None
-    j = apply_suspend(j, Suspend("j1", reason(ReasonCode.TIME_SLICE, job="k", minutes="1.0"), for_job="k",
+    j = apply_suspend(j, Suspend("j1", reasons.time_slice(job="k", minutes=1.0), for_job="k",
                                  sliced=True), T0 + 260)
     assert j is not None
-    return requeue(j, T0 + 275, reason(ReasonCode.NOT_ACKNOWLEDGED, cause=j.reason))
+    return requeue(j, T0 + 275, reasons.not_acknowledged(cause=j.reason))
 
 
 def test_runs_become_bars_on_the_nodes_the_controller_named():
@@ -58,7 +59,7 @@ def test_a_running_job_is_drawn_up_to_now_and_unknown_reasons_still_show():
     assert mark_kind(SG, None) is MarkKind.INTERRUPTED  # a reason in words only ("requeued by alice")
     assert mark_kind(SG, Reason("a_code_of_a_later_controller")) is MarkKind.INTERRUPTED
     assert mark_kind(SD, None) is None  # marked when interrupted
-    assert mark_kind(R, reason(ReasonCode.STARTED, nodes="n1")) is None
+    assert mark_kind(R, reasons.started(nodes="n1")) is None
 
 
 def test_a_history_cut_inside_a_run_keeps_that_run_on_the_latest_nodes():

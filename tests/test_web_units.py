@@ -181,11 +181,11 @@ def test_the_cli_and_the_usage_command_import_no_web_or_metrics_library():
 def test_a_nodes_health_line_names_its_fault_its_last_check_and_what_containment_lacks():
     import dataclasses
 
-    from hfai.protocol.reasons import ReasonCode, reason
+    from hfai.protocol import reasons
     from hfai.protocol.types import GpuFault, HealthCheck
 
-    fault = GpuFault(ts=T0, why=reason(ReasonCode.GPU_FAULT, gpu=3, xid=79, meaning="fell off the bus",
-                                       kind="hardware", node="n0"), hardware=True)
+    fault = GpuFault(ts=T0, why=reasons.gpu_fault(gpu=3, xid=79, meaning="fell off the bus",
+                                                kind="hardware", node="n0"), hardware=True)
     sick = dataclasses.replace(_record(T0, (0.0,)), fault=fault, faults=(fault,), containment="bwrap, cgroup v1",
                                check=HealthCheck(ts=T0, ok=False, duration_s=1.5, detail="gemm on GPU 3: wrong result"))
     health = views.node_row(NodeInfo(record=sick, state=NodeState.DRAINED, age_s=1.0), T0)["health"]

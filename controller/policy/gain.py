@@ -36,11 +36,10 @@ from dataclasses import replace
 from hfai.controller.policy.interface import FunctionPolicy, Policy
 from hfai.controller.policy.rounds import HFAI, GroupRound, decide_with, quiet_until
 from hfai.controller.policy.rules import ordering, service_band
-from hfai.controller.policy.victims import Victim
-from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize, Suspend
+from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize
 from hfai.controller.queues import GroupJobs, JobIndex
+from hfai.protocol import reasons
 from hfai.protocol.errors import InvalidRequest
-from hfai.protocol.reasons import Reason, ReasonCode, reason
 from hfai.protocol.speedup import Speedup, fit
 
 
@@ -63,11 +62,6 @@ def restart_cost(job: JobView, config: PolicyConfig) -> float:
     """Seconds a resize of ``job`` costs: its measured restart (JobRecord.restart_s), else the
     configured ``resize_cost_s``; at most a slice."""
     return min(job.restart_s or config.resize_cost_s, config.slice_s)
-
-
-def _units(job: JobView) -> dict[str, str]:
-    """A resize reason's unit parameter: the job's measured unit, if any."""
-    return {"unit": job.throughput_unit} if job.throughput_unit else {}
 
 
 def pays(model: Speedup, n: int, m: int, config: PolicyConfig, cost_s: float | None = None) -> float:
@@ -171,7 +165,7 @@ class GainRound(GroupRound):
         model = self.model(job)
         gain = round(100 * (model.relative(size) / model.relative(n) - 1))
         self.resized.add(job.id)
-        self.out.append(Resize(job.id, reason(ReasonCode.GROWS, held=n, size=size, gain=gain, **_units(job)),
+        self.out.append(Resize(job.id, reasons.grows(held=n, size=size, gain=gain, unit=job.throughput_unit),
                                for_job=for_job, size=size))
 
     # -- nodes moved between running elastic jobs
@@ -211,22 +205,18 @@ class GainRound(GroupRound):
         nd = len(d.held)
         dm = self.model(d)
         lost = round(100 * (1 - dm.relative(nd - k) / dm.relative(nd)))
-        why = Reason(ReasonCode.TIME_SLICE.value, {"job": r.id, "minutes": f"{(self.now - d.started_ts) / 60:.1f}",
-                                                   "size": str(nd - k), "lost": str(lost), **_units(d)})
+        why = reasons.time_slice(job=r.id, minutes=(self.now - d.started_ts) / 60, size=nd - k, lost=lost,
+                                 unit=d.throughput_unit)
         self.resized.add(d.id)
         self.out.append(Resize(d.id, why, for_job=r.id, sliced=True, size=nd - k))
         self.grow(r, len(r.held) + k, for_job="")
 
     # -- contended nodes: which eligible victims give first
 
-    def victim_decision(self, job: JobView, v: Victim) -> Suspend:
-        """hfai's decision, and for a shrink what the nodes it gives up added (its curve)."""
-        d = super().victim_decision(job, v)
-        if isinstance(d, Resize) and d.size:
-            model, n = self.model(v.job), len(v.job.held)
-            lost = round(100 * (1 - model.relative(d.size) / model.relative(n)))
-            return replace(d, why=Reason(d.why.code, {**d.why.params, "lost": str(lost), **_units(v.job)}))
-        return d
+    def shrink_loss(self, victim: JobView, size: int) -> int:
+        """What the nodes a victim shrunk to ``size`` gives up added, by its speedup curve."""
+        model, n = self.model(victim), len(victim.held)
+        return round(100 * (1 - model.relative(size) / model.relative(n)))
 
     def candidates(self, job: JobView, p: int) -> Iterator[JobView]:
         """The victims :class:`GroupRound` allows, per priority level in its order, except that

@@ -14,7 +14,8 @@ from hfai.controller.policy.rules import ABOVE_NORMAL, BAND_WEIGHT, indexed, ord
 from hfai.controller.policy.victims import Victim, VictimPool, drop_unneeded
 from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConfig, Resize, Start, Suspend, Wait
 from hfai.controller.queues import GroupJobs, JobIndex, Key, Level
-from hfai.protocol.reasons import Reason, ReasonCode, reason
+from hfai.protocol import reasons
+from hfai.protocol.reasons import Reason
 from hfai.protocol.types import Priority
 
 
@@ -185,7 +186,7 @@ class GroupRound:
         if self.config.explain_waits:
             # Every waiting job gets its reason: O(queue), so kept tight. The cap changes only
             # when something starts, is taken or is pinned (``state``).
-            views, prio, wband, reasons, out = level.views, self.prio, self.wband, self.reasons, self.out
+            views, prio, wband, memos, out = level.views, self.prio, self.wband, self.reasons, self.out
             state: tuple[int, int, int] | None = None
             cap = 0
             for key, job_id in level.keys_in_order():
@@ -199,9 +200,9 @@ class GroupRound:
                     self.reserve(p)
                     # A long tail repeats a few situations: the reason depends only on these.
                     memo = (p, job.lo, job.user, job.priority, band, state)
-                    why = reasons.get(memo)
+                    why = memos.get(memo)
                     if why is None:
-                        why = reasons[memo] = self.skip_reason(job, p)
+                        why = memos[memo] = self.skip_reason(job, p)
                     out.append(Wait(job_id, why))
                 else:
                     self.place(job)
@@ -267,23 +268,22 @@ class GroupRound:
         if room is not None and room < lo:
             return self.over_quota(job, room)
         need = lo - self.n_free() - self.leaving
-        fallback = self.no_nodes() if self.hopeless(p) else reason(ReasonCode.NOT_PREEMPTIBLE, need=need)
+        fallback = self.no_nodes() if self.hopeless(p) else reasons.not_preemptible(need=need)
         short = need - self.pool.lower_nodes(p) - self.slices(job, p)
         return self.own_session(job, short) or self.slice_wait(job, short) or fallback
 
     # -- wait reasons that both walks give (the explaining walk's skip_reason, and place)
 
     def too_big(self, job: JobView) -> Reason:
-        return reason(ReasonCode.TOO_BIG, need=job.lo, group=self.group, usable=self.usable)
+        return reasons.too_big(need=job.lo, group=self.group, usable=self.usable)
 
     def over_quota(self, job: JobView, room: int) -> Reason:
         held = self.used.get((job.user, job.priority, self.group), 0)
         if self.config.quotas.closed_by_default(job.user, job.priority, self.group, job.exempt):
-            return reason(ReasonCode.QUOTA_CLOSED, user=job.user, priority=Priority.label(job.priority),
-                          group=self.group, closed_above=Priority.label(self.config.quotas.closed_above or 0),
-                          job=job.id)
-        return reason(ReasonCode.OVER_QUOTA, user=job.user, held=held, limit=room + held,
-                      priority=Priority.label(job.priority), group=self.group, need=job.lo)
+            return reasons.quota_closed(user=job.user, priority=Priority.label(job.priority), group=self.group,
+                                        closed_above=Priority.label(self.config.quotas.closed_above or 0), job=job.id)
+        return reasons.over_quota(user=job.user, held=held, limit=room + held, priority=Priority.label(job.priority),
+                                  group=self.group, need=job.lo)
 
     def no_nodes(self) -> Reason:
         """No free node is left for a job and it can preempt nothing: some were pinned for a
@@ -337,7 +337,7 @@ class GroupRound:
                 p = self.prio[job.id]
                 short = need - from_leaving - self.pool.lower_nodes(p) - self.slices(job, p)
                 self.wait(job, self.own_session(job, short) or self.slice_wait(job, short) or
-                          reason(ReasonCode.NOT_PREEMPTIBLE, need=need - from_leaving), quiet=True)
+                          reasons.not_preemptible(need=need - from_leaving), quiet=True)
             self.reserve(self.prio[job.id])
             # Free and preemptible nodes only shrink this round: the user's later, not smaller,
             # jobs here (same band or higher: fewer victims) cannot gather theirs either.
@@ -368,10 +368,9 @@ class GroupRound:
         if len(nodes) < short:
             return None
         first = holding[0]
-        turn = self.slice_wait(job, short)
-        minutes = {"minutes": turn.params["minutes"]} if turn is not None else {}
-        return reason(ReasonCode.OWN_SESSION, job=first.id, name=first.name or first.id, nodes=", ".join(nodes),
-                      priority=_label(self.prio.get(first.id, first.priority)), **minutes)
+        return reasons.own_session(job=first.id, name=first.name or first.id, nodes=", ".join(nodes),
+                                   priority=_label(self.prio.get(first.id, first.priority)),
+                                   minutes=self.slice_minutes(job, short))
 
     def sessions_of(self) -> dict[str, list[JobView]]:
         """The running development sessions of this group by user, oldest first (made once a round)."""
@@ -386,6 +385,12 @@ class GroupRound:
         its priority that may not be sliced for it yet (held their nodes less than a slice, or
         have had no more service than it) hold at least the ``short`` nodes it lacks beyond what
         it could take now. Its turn comes when enough of them may."""
+        minutes = self.slice_minutes(job, short)
+        return None if minutes is None else reasons.time_slice_wait(minutes=minutes)
+
+    def slice_minutes(self, job: JobView, short: int) -> int | None:
+        """Minutes (at least 1) until the job's time slice comes, as :meth:`slice_wait` says;
+        None: it does not."""
         if short <= 0:
             return None
         p = self.prio[job.id]
@@ -396,7 +401,7 @@ class GroupRound:
         turn = self.turns[key]
         if turn is None:
             return None
-        return reason(ReasonCode.TIME_SLICE_WAIT, minutes=max(1, math.ceil(turn / 60)))
+        return max(1, math.ceil(turn / 60))
 
     def slice_turn(self, p: int, user: str, short: int, band: int) -> float | None:
         """Seconds until running jobs of priority ``p`` and other users than ``user`` will have
@@ -447,17 +452,23 @@ class GroupRound:
 
     def victim_decision(self, job: JobView, v: Victim) -> Suspend:
         vp, jp = self.prio[v.job.id], self.prio[job.id]
-        size = len(v.job.held) - v.gives if v.shrink else 0
-        shrinks = {"size": str(size)} if v.shrink else {}
+        size = len(v.job.held) - v.gives if v.shrink else None
+        lost = self.shrink_loss(v.job, size) if size else None
+        unit = v.job.throughput_unit if lost is not None else ""
         if v.sliced:
-            held_min = f"{(self.now - v.job.started_ts) / 60:.1f}"
-            why = Reason(ReasonCode.TIME_SLICE.value, {"job": job.id, "minutes": held_min, **shrinks})
+            why = reasons.time_slice(job=job.id, minutes=(self.now - v.job.started_ts) / 60, size=size, lost=lost,
+                                     unit=unit)
         else:
-            why = Reason(ReasonCode.PREEMPTED.value, {"job": job.id, "priority": _label(jp),
-                                                      "victim_priority": _label(vp), **shrinks})
-        if v.shrink:
+            why = reasons.preempted(job=job.id, priority=_label(jp), victim_priority=_label(vp), size=size, lost=lost,
+                                    unit=unit)
+        if size is not None:
             return Resize(v.job.id, why, for_job=job.id, sliced=v.sliced, size=size)
         return Suspend(v.job.id, why, for_job=job.id, sliced=v.sliced)
+
+    def shrink_loss(self, victim: JobView, size: int) -> int | None:
+        """What the nodes a victim shrunk to ``size`` gives up added, % of its throughput, for its
+        reason to say; None: this policy does not know (hfai's rules have no speedup curves)."""
+        return None
 
     def choose_victims(self, job: JobView, need: int) -> list[Victim] | None:
         """Jobs (or elastic surplus) whose nodes add up to ``need``, cheapest first; None if
@@ -523,7 +534,7 @@ class GroupRound:
             self.take_free(extra)  # set aside for its restart
             self.used[(job.user, job.priority, self.group)] += extra
             size = len(job.held) + extra
-            self.out.append(Resize(job.id, reason(ReasonCode.GROWS, held=len(job.held), size=size), for_job="",
+            self.out.append(Resize(job.id, reasons.grows(held=len(job.held), size=size), for_job="",
                                    size=size))
 
 
@@ -534,11 +545,11 @@ def _label(priority: int) -> str:
 
 
 
-_FULL = reason(ReasonCode.NO_NODES, reserved="")
-_RESERVED = reason(ReasonCode.NO_NODES, reserved=1)
-_BEHIND_OWN_JOB = reason(ReasonCode.BEHIND_OWN_JOB)
-_RELEASING = reason(ReasonCode.RELEASING)
-_PREEMPTING = reason(ReasonCode.PREEMPTING)
+_FULL = reasons.no_nodes(reserved=False)
+_RESERVED = reasons.no_nodes(reserved=True)
+_BEHIND_OWN_JOB = reasons.behind_own_job()
+_RELEASING = reasons.releasing()
+_PREEMPTING = reasons.preempting()
 
 #: hfai's policy, as the leader runs it (and the simulator under the name "hfai").
 HFAI: Policy = FunctionPolicy("hfai", decide, ordering, quiet_until)
