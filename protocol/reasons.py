@@ -110,7 +110,7 @@ def _reason(code: ReasonCode, /, **params: object) -> Reason:
 
 # -- Each code's builder: its parameters, typed. Every reason the platform gives is made by one of
 # these (tests/test_reasons.py checks that each builder writes exactly what its code's words read).
-# Optional parameters left at their default are not written; flags are written "1" when set.
+# Optional parameters left at their default are not written; a flag is written "1" when set.
 
 # The policy: why a job waits.
 
