@@ -13,6 +13,11 @@ interruptions per job:
   and 0.9, one priority, 30% of the multi-node jobs elastic), where the gain policy must make
   nothing worse.
 
+Beside each Pollux workload it prints the fluid bounds of sim/oracle.py on the elastic variant
+(every curve known, free and instant resizes at node granularity): **oracle-clairvoyant** also
+knows each job's duration (shortest remaining time first); **oracle-blind** does not (least
+attained service, FIFO within LAS's bands). Their rows have no p99 wait or interruptions.
+
 Run: ``python bench/bench_elastic.py [--artifact PATH] [--workloads N ...] [--synthetic-jobs N]``.
 ``--artifact`` is a checkout of github:petuum/adaptdl at ``osdi21-artifact`` or a clone's git
 directory; without it the checked-in ``bench/traces/pollux-workload-1-*.csv`` are used.
@@ -30,6 +35,7 @@ from pathlib import Path
 from hfai.controller.policy import PolicyConfig
 from hfai.protocol.types import Priority
 from hfai.sim import SimConfig, TraceJob, read_trace, simulate, tracegen
+from hfai.sim.oracle import fluid_avg_jct
 from hfai.sim.report import SimResult
 
 HERE = Path(__file__).parent
@@ -62,6 +68,18 @@ def pollux_traces(artifact: str | None, workloads: list[str]) -> dict[str, list[
 def row(label: str, policy: str, r: SimResult) -> str:
     return (f"{label:34s} {policy:10s} {r.avg_jct_s / 60:9.1f} {r.p99_queue_s / 60:9.1f} "
             f"{r.interrupts_per_job:6.2f}")
+
+
+def oracle_row(label: str, name: str, avg_jct_s: float) -> str:
+    return f"{label:34s} {name:17s} {avg_jct_s / 60:9.1f} {'':>9s} {'':>6s}"
+
+
+def bounds(results: dict[tuple[str, str], SimResult], stem: str, oracles: dict[str, float]) -> str:
+    """What the fluid bounds get against LAS on rigid: no policy that must guess durations (the
+    blind one) or pay restarts and slices can be expected to do better."""
+    las = results[(f"{stem} rigid", "las")].avg_jct_s
+    return (f"{stem}: the fluid bounds' avg JCT vs LAS: clairvoyant {oracles['clairvoyant'] / las - 1:+.0%}, "
+            f"blind {oracles['blind'] / las - 1:+.0%}")
 
 
 def verdict(results: dict[tuple[str, str], SimResult], stem: str, gain_row: str = "hfai-gain") -> list[str]:
@@ -98,14 +116,21 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=a.workers, mp_context=multiprocessing.get_context("fork")) as pool:
         done = list(pool.map(_run, jobs))
     results = {(label, policy): r for label, policy, r in done}
+    stems = sorted({label.rsplit(" ", 1)[0] for label in traces if label.endswith(" elastic")})
+    oracles = {stem: {kind: fluid_avg_jct(traces[f"{stem} elastic"][0], NODES, clairvoyant=kind == "clairvoyant")
+                      for kind in ("clairvoyant", "blind")} for stem in stems}
     print(f"{'trace':34s} {'policy':10s} {'avg JCT':>9s} {'p99 wait':>9s} {'intr/job':>8s}")
     print(f"{'':34s} {'':10s} {'(min)':>9s} {'(min)':>9s}")
     for label, policy, r in done:
         print(row(label, policy, r))
+        stem = label.rsplit(" ", 1)[0]
+        if label.endswith(" elastic") and policy == POLICIES[-1][0]:
+            for kind, jct in oracles[stem].items():
+                print(oracle_row(label, f"oracle-{kind}", jct))
     print()
-    stems = sorted({label.rsplit(" ", 1)[0] for label in traces if label.endswith(" elastic")})
     for stem in stems:
-        print("\n".join(verdict(results, stem) + verdict(results, stem, "gain-p5")))
+        lines = verdict(results, stem) + verdict(results, stem, "gain-p5") + [bounds(results, stem, oracles[stem])]
+        print("\n".join(lines))
     for label in traces:
         if label.startswith("synthetic"):
             g, h, las = (results[(label, p)] for p in ("hfai-gain", "hfai", "las"))

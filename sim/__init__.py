@@ -3,7 +3,8 @@ through the leader's own plan, under hfai's policy or a baseline, and the tables
 
 :mod:`~hfai.sim.replay` (the replay and the registry of policies), :mod:`~hfai.sim.baselines`
 (fifo, las, las-prio), :mod:`~hfai.sim.trace` (the CSV trace format), :mod:`~hfai.sim.tracegen`
-(synthetic traces), :mod:`~hfai.sim.report` (results, the table and the plot). The controller
+(synthetic traces), :mod:`~hfai.sim.report` (results, the table and the plot),
+:mod:`~hfai.sim.oracle` (fluid bounds for traces with speedup curves, bench/bench_elastic.py). The controller
 never imports this package: the simulator is a client of its plan, like the leader.
 """
 
