@@ -39,13 +39,16 @@ in the lifecycle state its files record (lifecycle.py).
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -68,7 +71,15 @@ from hfai.agent.launchspec import Fencing, LaunchSpec, Limits, SwitchTo
 from hfai.agent.logcap import check_cap
 from hfai.agent.plan import LocalRun, RunPhase, RunUsage
 from hfai.agent.stamps import ACK_STAMP, SUSPEND_STAMP
-from hfai.agent.statefile import disk_full, make_reserve, touch, write_state, write_volatile
+from hfai.agent.statefile import (
+    RESERVE_BYTES,
+    RESERVE_SUFFIX,
+    disk_full,
+    make_reserve,
+    touch,
+    write_state,
+    write_volatile,
+)
 from hfai.agent.trust import StartError, inside, is_run_key, run_problem
 from hfai.agent.watchdog import HUNG_FILE, WatchdogSettings, run_watchdog_s, watchdog_spec
 from hfai.core.clock import SYSTEM, Clock
@@ -82,6 +93,14 @@ __all__ = ["DiskFull", "RunStore", "fence_spec", "settle_exit"]
 KILLED_FILE = "killed"  # in a run directory: the agent sent SIGKILL
 CONTAINMENT_FILE = "containment"  # in the state directory: Containment.summary, written at start
 CGROUP_REMOVE_S = 2.0  # how long a round of the trash waits for a forgotten run's cgroup to empty
+# The files a run must be able to write on a full disk, each with a reserve (statefile.py).
+RESERVED = ("exit_code", "child_pid", FENCED_FILE, HUNG_FILE, "term", SUSPEND_STAMP, ACK_STAMP)
+# Forgotten run directories kept, emptied but for their unused reserves, as the next runs' (see
+# RunStore.empty_trash): at most this many.
+SPARES_MAX = 32
+# A run directory in the trash: "<run key>.<agent pid>.<count>" (RunStore.cleanup); a control
+# directory's name there ("<run key>.control.<pid>.<count>") never matches.
+_TRASHED_RUN = re.compile(r"^[A-Za-z0-9_-]{1,64}\.[0-9]{1,18}\.[0-9]+\.[0-9]+$")
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +130,17 @@ class RunStore:
         self.logs_dir = self.root / "logs"
         self.control_root = self.root / "control"
         self.trash_dir = self.root / "trash"  # made on first use (see cleanup)
+        self.spare_dir = self.root / "spare"  # made on first use (see empty_trash)
         self._trashed = 0
         self._cgroups_left: list[RunCgroup] = []  # forgotten runs' cgroups, for empty_trash to remove
         for d, mode in ((self.root, 0o711), (self.runs_dir, 0o700), (self.logs_dir, 0o711), (self.control_root, 0o711)):
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(mode)
         self._real_root = self.root.resolve()
+        # Spare run directories (made whole by empty_trash, in its thread; taken by start): a
+        # deque's append and popleft are atomic.
+        self._spares: collections.deque[Path] = collections.deque(
+            Path(e.path) for e in (os.scandir(self.spare_dir) if self.spare_dir.is_dir() else ()))
         if run_as == RUN_AS_SUBMITTER and os.geteuid() == 0:
             _warn_if_unreachable(self.control_root)
         self.node = node
@@ -239,14 +263,14 @@ class RunStore:
         the run again: :meth:`_interrupted` then records it as over instead (returns None)."""
         d = self.dir(ra.key)
         try:
-            d.mkdir(mode=0o700)
+            reserved = self._make_run_dir(d)
         except FileExistsError:
             self._interrupted(ra, d)
             return None
         except OSError as e:
             raise self._no_room(ra, e) from None
         try:
-            self._write_run_files(ra, d)
+            self._write_run_files(ra, d, reserved)
         except OSError as e:
             raise self._no_room(ra, e) from None
         try:
@@ -277,12 +301,40 @@ class RunStore:
         shutil.rmtree(self.control_root / ra.key, ignore_errors=True)
         return DiskFull(self.full_reason(e), e.errno)
 
-    def _write_run_files(self, ra: RunAssignment, d: Path) -> None:
-        """The assignment, and the reserves of the files a run must write even on a full disk
-        (statefile.py): the job's pid, its exit status, the fence and SIGTERM markers."""
+    def _make_run_dir(self, d: Path) -> bool:
+        """Make run directory ``d``: a spare one renamed into place, with its reserves (returns
+        True), else a new one (False). FileExistsError if ``d`` is there: no run starts twice.
+
+        A new file costs far more than a rename where the filesystem looks for a free inode (on
+        ext4 without a journal, it steps over every inode freed in the last seconds, 0.3-0.5 ms
+        of CPU per file at a few dozen runs a second: docs/performance.md), and the reserves are
+        seven files per run that, unused, are as good for the next run."""
+        if os.path.lexists(d):
+            raise FileExistsError(errno.EEXIST, "run directory exists", str(d))
+        while self._spares:
+            spare = self._spares.popleft()
+            try:
+                # Only this agent makes run directories, one at a time, and ``d`` is not there:
+                # the rename, which would replace an empty directory, replaces nothing.
+                os.rename(spare, d)
+                return True
+            except FileNotFoundError:
+                continue  # gone meanwhile (a sweep of the state by hand): the next
+            except OSError as e:
+                if disk_full(e):
+                    raise
+                break
+        d.mkdir(mode=0o700)
+        return False
+
+    def _write_run_files(self, ra: RunAssignment, d: Path, reserved: bool = False) -> None:
+        """The assignment, and (unless ``reserved``: a spare directory has them) the reserves of
+        the files a run must write even on a full disk (statefile.py): the job's pid, its exit
+        status, the fence and SIGTERM markers."""
         write_volatile(d / "assignment", encode(ra))
-        for name in ("exit_code", "child_pid", FENCED_FILE, HUNG_FILE, "term", SUSPEND_STAMP, ACK_STAMP):
-            make_reserve(d / name)
+        if not reserved:
+            for name in RESERVED:
+                make_reserve(d / name)
 
     def full_reason(self, e: OSError | None = None) -> str:
         """What a run or the node is told when this node's state directory is full."""
@@ -499,10 +551,44 @@ class RunStore:
         returns how many entries went."""
         gone = 0
         for entry in os.scandir(self.trash_dir) if self.trash_dir.is_dir() else ():
-            shutil.rmtree(entry.path, ignore_errors=True)
+            if not self._keep_spare(entry):
+                shutil.rmtree(entry.path, ignore_errors=True)
             gone += 1
         self._remove_cgroups_left()
         return gone
+
+    def _keep_spare(self, entry: os.DirEntry) -> bool:
+        """Keep trashed run directory ``entry`` as a spare for a later run (see _make_run_dir):
+        emptied but for its reserves, which must all be there, unused (the agent's own regular
+        files of RESERVE_BYTES, one link each), and moved to the spare folder. False (the caller
+        deletes it) for anything else: a control directory, which its job could write, never
+        qualifies, by name and as its reserves would be missing."""
+        if len(self._spares) >= SPARES_MAX or not _TRASHED_RUN.match(entry.name):
+            return False
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+                return False
+            wanted = {f"{name}{RESERVE_SUFFIX}" for name in RESERVED}
+            found = set()
+            for f in os.scandir(entry.path):
+                fst = f.stat(follow_symlinks=False)
+                if f.name in wanted and stat.S_ISREG(fst.st_mode) and fst.st_size == RESERVE_BYTES \
+                        and fst.st_nlink == 1 and fst.st_uid == os.geteuid():
+                    found.add(f.name)
+                elif stat.S_ISDIR(fst.st_mode):
+                    return False
+                else:
+                    os.unlink(f.path)
+            if found != wanted:
+                return False
+            self.spare_dir.mkdir(mode=0o700, exist_ok=True)
+            spare = self.spare_dir / entry.name
+            os.rename(entry.path, spare)
+        except OSError:
+            return False
+        self._spares.append(spare)
+        return True
 
     def _forget_cgroup(self, key: str) -> None:
         """Queue the cgroup of forgotten run ``key`` for removal by :meth:`empty_trash`, off the

@@ -5,7 +5,11 @@ controller and agents as processes, the `hfai local` windows) and prints, in one
   * jobs/s from the first submit to the last job finished, and the ratio against Slurm's
     2.4 jobs/s measured on the same kind of machine (docs/performance.md);
   * KV writes per job: revisions added to the jobs bucket and to the assignments bucket while
-    the batch ran (every revision is one JetStream write, replicated on a real cluster).
+    the batch ran (every revision is one JetStream write, replicated on a real cluster);
+  * CPU per job: the cluster's own processes' (nats-server, controller, agents, zygotes,
+    launchers, containers, jobs: a cpuacct cgroup they are born in, where the host has cgroup v1),
+    and the whole host's busy CPU (which includes the kernel workers that tear down containers'
+    namespaces, and whatever else ran).
 
 Once per launcher kind ([agent] launcher: forked from a zygote, or exec'd) and container ([agent]
 container: bwrap, or none), with their ratios.
@@ -86,6 +90,72 @@ def host_busy_s() -> float:
     return (sum(ticks) - idle) / hz
 
 
+CPUACCT = "/sys/fs/cgroup/cpuacct"
+
+
+class ClusterCpu:
+    """The CPU time of a cluster's process tree, however its processes end: a cpuacct cgroup (v1)
+    that the bench joins while the cluster starts, so that every daemon, and every process they
+    start, is born in it (the launchers and jobs are reaped by the kernel, so no rusage has
+    them). Kernel workers are in none; the host's /proc/stat line has them. Where the host has no
+    writable cpuacct hierarchy, :meth:`read` says None."""
+
+    def __init__(self, name: str):
+        self.dir = os.path.join(CPUACCT, name)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError:
+            self.dir = ""
+
+    def __enter__(self) -> ClusterCpu:
+        self._home = _own_cpuacct()
+        if self.dir and self._home is not None:
+            self._write(self.dir, os.getpid())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.dir and self._home is not None:
+            self._write(self._home, os.getpid())  # back out: the bench's own polling is not the cluster's
+
+    @staticmethod
+    def _write(d: str, pid: int) -> None:
+        try:
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(f"{pid}\n")
+        except OSError:
+            pass
+
+    def read(self) -> tuple[float, float] | None:
+        """CPU seconds of the cluster's processes so far, and of those in the kernel; None if not
+        measured."""
+        try:
+            with open(os.path.join(self.dir, "cpuacct.usage")) as f:
+                total = int(f.read()) / 1e9
+            with open(os.path.join(self.dir, "cpuacct.stat")) as f:
+                ticks = dict(line.split() for line in f)
+        except (OSError, ValueError):
+            return None
+        user, system = int(ticks.get("user", 0)), int(ticks.get("system", 0))
+        return total, total * system / (user + system) if user + system else 0.0
+
+    def remove(self) -> None:
+        if self.dir:
+            try:
+                os.rmdir(self.dir)
+            except OSError:
+                pass
+
+
+def _own_cpuacct() -> str | None:
+    """This process's cpuacct cgroup folder, None if it has none."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            if "cpuacct" in ctrls.split(","):
+                return CPUACCT + path.rstrip("/")
+    return None
+
+
 def breakdown(jobs: list[JobRecord]) -> tuple[float, float]:
     """Medians of (start decided -> exit recorded: the agent's round trip) and (a node's exit
     recorded -> the leader's next start decision on that node: the leader's reaction)."""
@@ -100,11 +170,20 @@ def breakdown(jobs: list[JobRecord]) -> tuple[float, float]:
     return statistics.median(runs), statistics.median(gaps) if gaps else 0.0
 
 
-def measure(args, launcher: str, container: str) -> tuple[float, list[JobRecord], dict[str, int], dict[str, int],
-                                                           float]:
+@dataclasses.dataclass
+class Batch:
+    took: float
+    jobs: list[JobRecord]
+    before: dict[str, int]
+    after: dict[str, int]
+    host_busy_s: float  # the whole host's busy CPU while the batch ran
+    cluster_s: tuple[float, float] | None  # the cluster's processes' CPU, and its kernel part (None: not measured)
+
+
+def measure(args, launcher: str, container: str) -> Batch:
     """One batch on a fresh cluster whose agents start launchers the way ``launcher`` says and
     run jobs in ``container`` ("bwrap" or "none": bare processes, without cgroups either); also
-    the host's busy CPU seconds while the batch ran."""
+    the CPU seconds it took."""
     with tempfile.TemporaryDirectory(prefix="hfai-bench-tp-") as tmp:
         if args.keep:
             tmp = f"{args.keep}/{launcher}-{container}"
@@ -112,20 +191,24 @@ def measure(args, launcher: str, container: str) -> tuple[float, list[JobRecord]
         agent = dataclasses.replace(LOCAL_AGENT, run_as="agent", launcher=launcher, container=container,
                                     cgroups=container != "none")
         cluster = LocalCluster(root=Path(tmp), nodes=args.nodes, agent=agent)
+        cpu = ClusterCpu(f"hfai-bench-{os.getpid()}-{launcher}-{container}")
         try:
-            cluster.up()
+            with cpu:
+                cluster.up()
             cluster.wait_ready()
             config = cluster.config()
             cluster.user_creds("bench")
             creds = str(cluster.service_creds("controller-0", Role.CONTROLLER))
             before = asyncio.run(kv_revisions(config, creds))
-            busy0 = host_busy_s()
+            busy0, cpu0 = host_busy_s(), cpu.read()
             took, jobs = asyncio.run(run_batch(config, args.jobs, tmp, args.timeout))
-            busy = host_busy_s() - busy0
+            busy, cpu1 = host_busy_s() - busy0, cpu.read()
             after = asyncio.run(kv_revisions(config, creds))
         finally:
             cluster.down()
-    return took, jobs, before, after, busy
+            cpu.remove()
+    spent = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]) if cpu0 is not None and cpu1 is not None else None
+    return Batch(took, jobs, before, after, busy, spent)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     rates = {}
     for launcher, container in itertools.product(args.launchers.split(","), args.containers.split(",")):
         load_before = os.getloadavg()[0]
-        took, jobs, before, after, busy = measure(args, launcher, container)
+        b = measure(args, launcher, container)
+        took, jobs, before, after, busy = b.took, b.jobs, b.before, b.after, b.host_busy_s
         rate = rates[launcher, container] = args.jobs / took
         jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
         assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
@@ -154,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
               f"{rate / SLURM_JOBS_PER_S:.2f}x)")
         print(f"  KV writes per job   {jobs_w:8.2f} job records + {assign_w:.2f} assignments")
+        if b.cluster_s is not None:
+            total_s, kernel_s = b.cluster_s
+            print(f"  cluster CPU per job {total_s / args.jobs * 1000:8.1f} ms   ({kernel_s / args.jobs * 1000:.1f} ms "
+                  "in the kernel; its processes' own: nats-server, controller, agents, launchers, containers, jobs)")
         print(f"  host CPU per job    {busy / args.jobs * 1000:8.1f} ms   ({busy:.1f} of {took * os.cpu_count():.1f} "
               f"core-seconds busy while the batch ran, whatever ran)")
         agent_s, leader_s = breakdown(jobs)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 from waits import until, wait_for
 
+from hfai.agent import runs
 from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.service import Agent
@@ -228,3 +229,58 @@ def test_a_run_a_crash_left_unreadable_is_reported_ended_not_started_again(tmp_p
     assert not (d / "launcher_pid").exists() and agent.reconciler.wake.is_set()
     asyncio.run(agent.reconcile())
     assert [(k, f.get("exit_code")) for k, f in sent] == [(RunEventKind.STARTED, None), (RunEventKind.EXITED, -9)]
+
+
+def test_a_forgotten_runs_reserves_serve_the_next_run(tmp_path, monkeypatch):
+    """A run's reserves (statefile.py), unused, are as good for the next run: emptying the trash
+    keeps a forgotten run's directory with them alone, and the next start renames it into place
+    rather than making seven new files (on a filesystem that looks long for a free inode, the
+    costly part of a run's start: docs/performance.md). Nothing of the first run reaches the next."""
+    agent = _agent(tmp_path)
+    store = agent.store
+    first, second = _ra(tmp_path, "j4"), _ra(tmp_path, "j5")
+    store.start(first)
+    _wait_exited(agent, first.key)
+    store.cleanup(first.key)
+    store.empty_trash()
+    reserves = {f"{name}.reserve" for name in runs.RESERVED}
+    (spare,) = store.spare_dir.iterdir()
+    assert {p.name for p in spare.iterdir()} == reserves  # the exit status, pids, assignment: gone
+    made: list[str] = []
+    real = runs.make_reserve
+    monkeypatch.setattr(runs, "make_reserve", lambda path: made.append(os.fspath(path)) or real(path))
+    store.start(second)
+    assert made == [] and not spare.exists()
+    _wait_exited(agent, second.key)
+    run = store.snapshot()[second.key]
+    assert run.assignment == second and run.exit_code == 0 and not run.sent
+    assert reserves <= {p.name for p in store.dir(second.key).iterdir()}
+
+
+def test_only_a_whole_run_directory_of_the_agent_is_kept_as_a_spare(tmp_path):
+    """What a job could have written (its control directory), or a run directory with a reserve
+    used, missing or not a plain file of its own, or holding a folder, is deleted, never kept."""
+    store = _agent(tmp_path).store
+    store.trash_dir.mkdir()
+
+    def trashed(name: str, skip: str = "") -> Path:
+        d = store.trash_dir / name
+        d.mkdir(mode=0o700)
+        for reserve in runs.RESERVED:
+            if reserve != skip:
+                runs.make_reserve(d / reserve)
+        return d
+
+    trashed("j6.1.control.7.1")  # a control directory, reserves planted
+    trashed("j7.1.7.2", skip="exit_code")  # used on a full disk, or missing
+    trashed("j8.1.7.3").joinpath("sub").mkdir()
+    linked = trashed("j9.1.7.4")
+    os.link(linked / "term.reserve", tmp_path / "elsewhere")  # a second name: not the run's alone
+    symlinked = trashed("j10.1.7.5")
+    (symlinked / "hung.reserve").unlink()
+    (symlinked / "hung.reserve").symlink_to(tmp_path / "elsewhere")
+    trashed("j11.1.7.6").chmod(0o755)
+    whole = trashed("j12.1.7.7")
+    (whole / "exit_code").write_text("0\n")
+    assert store.empty_trash() == 7 and not any(store.trash_dir.iterdir())
+    assert [p.name for p in store.spare_dir.iterdir()] == ["j12.1.7.7"]
