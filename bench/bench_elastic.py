@@ -71,7 +71,7 @@ def row(label: str, policy: str, r: SimResult) -> str:
 
 
 def oracle_row(label: str, name: str, avg_jct_s: float) -> str:
-    return f"{label:34s} {name:17s} {avg_jct_s / 60:9.1f} {'':>9s} {'':>6s}"
+    return f"{label:34s} {name:10s} {avg_jct_s / 60:{max(1, 19 - len(name))}.1f}"
 
 
 def bounds(results: dict[tuple[str, str], SimResult], stem: str, oracles: dict[str, float]) -> str:
