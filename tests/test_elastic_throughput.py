@@ -353,3 +353,49 @@ def test_an_hfai_data_loader_counts_its_batches_as_steps(tmp_path):
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
     w = window(tmp_path)
     assert w["unit"] == "steps" and 0 < w["rate"] <= 20.0
+
+
+def test_a_runs_last_window_reaches_the_leader_before_its_exit(tmp_path):
+    """A real run that exits before its first interval is over: its window, written as it exits,
+    is relayed in the same reconcile round as its exit report, and before it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from waits import wait_for
+
+    from hfai.agent.plan import RunPhase
+    from hfai.agent.service import Agent
+    from hfai.core.config import AgentConfig, Config
+    from hfai.protocol.types import NodeAssignment, RunEventKind
+
+    cfg = AgentConfig(node="n0", state_dir=str(tmp_path / "state"), env_root=str(tmp_path / "envs"),
+                      gpu_source="sim", run_as="agent")
+    agent = Agent(Config(agent=cfg))
+    script = "import hfai\nfor _ in range(20):\n    hfai.receive_suspend_command()\n"
+    ra = RunAssignment(job_id="j1", run_id=1, name="j1", user="u", group="default", priority=NORMAL, rank=0,
+                       world_size=1, master_addr="127.0.0.1", master_port=20000,
+                       entrypoint=(sys.executable, "-c", script), workdir=str(tmp_path), desired=DesiredRun.RUN)
+    agent.assignment.on_assignment(SimpleNamespace(value=encode(NodeAssignment(node="n0", fence=1, runs=(ra,))),
+                                                   operation=None))
+    order: list[str] = []
+
+    async def publish(ra, kind, **fields):
+        order.append(kind.value)
+        return True
+
+    async def publish_throughput(ev):
+        order.append(f"throughput {ev.rate > 0} {ev.seconds < 20}")
+
+    agent.reports.publish = publish  # type: ignore[method-assign]
+    agent.reports._publish_throughput = publish_throughput  # type: ignore[method-assign]
+    asyncio.run(agent.reconcile())  # starts it
+
+    def exited() -> bool:
+        run = agent.store.snapshot().get(ra.key)
+        return run is not None and run.phase is RunPhase.EXITED
+
+    wait_for(exited, 60.0, "the run to exit", poll=0.01)
+    asyncio.run(agent.reconcile())
+    assert agent.store.snapshot()[ra.key].exit_code == 0
+    # Its window is relayed once, before the exit report (STARTED goes out with the exit).
+    assert order == ["throughput True True", RunEventKind.STARTED.value, RunEventKind.EXITED.value]
