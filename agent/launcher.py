@@ -63,6 +63,7 @@ LAUNCH_FILE = "launch"
 ALIVE_FILE = "alive"  # in the agent's state directory (see RunStore.mark_alive)
 ALIVE_WIDTH = 24  # characters of every stamp, so that one can overwrite another in place
 FENCED_FILE = "fenced"  # in the run directory: the launcher stopped the job (self-fencing)
+BLANK_POOL = "l"  # the launcher's blanks in a run directory kept from an earlier run (statefile.py)
 
 
 class Fence(enum.Enum):
@@ -148,7 +149,7 @@ def main(argv: list[str]) -> int:
         # container's pid 1, which takes no signal it has no handler for but SIGKILL), so that
         # signals reach the job and not bwrap, whose death ends the container.
         group = [_container_init(child) if contained else child.pid]
-        write_state(os.path.join(run_dir, "child_pid"), f"{group[0]}\n")  # see statefile.py
+        write_state(os.path.join(run_dir, "child_pid"), f"{group[0]}\n", pool=BLANK_POOL)  # see statefile.py
 
         def forward(signum, _frame):
             try:
@@ -174,7 +175,7 @@ def main(argv: list[str]) -> int:
         if usage is not None and usage[0].oom_kills:
             out.write(f"=== hfai: {oom_message(spec.limits.memory_bytes)} ===\n".encode())
         out.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
-    write_state(exit_file, f"{code}\n")
+    write_state(exit_file, f"{code}\n", pool=BLANK_POOL)
     # The agent wakes when this process exits and reports the status at once; the status and the
     # assignment reach the disk meanwhile, in a child (statefile.py).
     _persist_after_exit([exit_file, os.path.join(run_dir, "assignment")])
@@ -299,7 +300,8 @@ def _end_cgroup(run: RunCgroup | None, run_dir: str, limit: int) -> tuple[Usage,
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         usage = dataclasses.replace(usage, cpu_s=children.ru_utime + children.ru_stime)
     try:
-        write_state(os.path.join(run_dir, USAGE_FILE), json.dumps({**usage.__dict__, "limit_bytes": limit}) + "\n")
+        write_state(os.path.join(run_dir, USAGE_FILE), json.dumps({**usage.__dict__, "limit_bytes": limit}) + "\n",
+                    pool=BLANK_POOL)
     except OSError:
         pass  # the exit status matters more; the record goes without usage
     return usage, killed

@@ -74,6 +74,7 @@ from hfai.agent.stamps import ACK_STAMP, SUSPEND_STAMP
 from hfai.agent.statefile import (
     RESERVE_BYTES,
     RESERVE_SUFFIX,
+    blank_names,
     disk_full,
     make_reserve,
     touch,
@@ -95,9 +96,10 @@ CONTAINMENT_FILE = "containment"  # in the state directory: Containment.summary,
 CGROUP_REMOVE_S = 2.0  # how long a round of the trash waits for a forgotten run's cgroup to empty
 # The files a run must be able to write on a full disk, each with a reserve (statefile.py).
 RESERVED = ("exit_code", "child_pid", FENCED_FILE, HUNG_FILE, "term", SUSPEND_STAMP, ACK_STAMP)
-# Forgotten run directories kept, emptied but for their unused reserves, as the next runs' (see
-# RunStore.empty_trash): at most this many.
+# Forgotten run directories kept, emptied but for their unused reserves and blanks, as the next
+# runs' (see RunStore.empty_trash): at most this many.
 SPARES_MAX = 32
+AGENT_POOL = "a"  # the agent's blanks in a run directory (statefile.py)
 # A run directory in the trash: "<run key>.<agent pid>.<count>" (RunStore.cleanup); a control
 # directory's name there ("<run key>.control.<pid>.<count>") never matches.
 _TRASHED_RUN = re.compile(r"^[A-Za-z0-9_-]{1,64}\.[0-9]{1,18}\.[0-9]+\.[0-9]+$")
@@ -287,7 +289,7 @@ class RunStore:
                 raise
             raise StartError(f"cannot prepare the run on node {self.node}: {e}") from None
         try:
-            write_volatile(d / LAUNCH_FILE, spec.to_json())  # read by this boot's launcher only
+            write_volatile(d / LAUNCH_FILE, spec.to_json(), AGENT_POOL)  # read by this boot's launcher only
         except OSError as e:
             raise self._no_room(ra, e) from None
         return self._launch(ra, d)
@@ -331,7 +333,7 @@ class RunStore:
         """The assignment, and (unless ``reserved``: a spare directory has them) the reserves of
         the files a run must write even on a full disk (statefile.py): the job's pid, its exit
         status, the fence and SIGTERM markers."""
-        write_volatile(d / "assignment", encode(ra))
+        write_volatile(d / "assignment", encode(ra), AGENT_POOL)
         if not reserved:
             for name in RESERVED:
                 make_reserve(d / name)
@@ -387,7 +389,7 @@ class RunStore:
             created = time.time()  # already gone: it wrote its exit status, or none and counts as killed
         ticks = start_ticks(pid)
         stamp = f"{pid} {created}" if ticks is None else f"{pid} {created} {ticks}"
-        write_volatile(d / "launcher_pid", stamp.encode())  # a pid means nothing after a reboot
+        write_volatile(d / "launcher_pid", stamp.encode(), AGENT_POOL)  # a pid means nothing after a reboot
         return Launched(pid, created, ticks)
 
     def _make_control_dir(self, key: str, who: JobIdentity) -> Path:
@@ -500,7 +502,7 @@ class RunStore:
         return killed
 
     def mark_sent(self, key: str, kind: RunEventKind) -> None:
-        touch(self.dir(key) / f"{kind.value}.sent")  # not fsynced: see statefile.py
+        touch(self.dir(key) / f"{kind.value}.sent", AGENT_POOL)  # not fsynced: see statefile.py
 
     def record_never_ran(self, ra: RunAssignment) -> None:
         d = self.dir(ra.key)
@@ -559,10 +561,11 @@ class RunStore:
 
     def _keep_spare(self, entry: os.DirEntry) -> bool:
         """Keep trashed run directory ``entry`` as a spare for a later run (see _make_run_dir):
-        emptied but for its reserves, which must all be there, unused (the agent's own regular
-        files of RESERVE_BYTES, one link each), and moved to the spare folder. False (the caller
-        deletes it) for anything else: a control directory, which its job could write, never
-        qualifies, by name and as its reserves would be missing."""
+        its reserves, which must all be there, unused (the agent's own regular files of
+        RESERVE_BYTES, one link each), and its other files as blanks for the next run's writes
+        (statefile.py), moved to the spare folder. False (the caller deletes it) for anything
+        else: a control directory, which its job could write, never qualifies, by name and as
+        its reserves would be missing."""
         if len(self._spares) >= SPARES_MAX or not _TRASHED_RUN.match(entry.name):
             return False
         try:
@@ -570,18 +573,30 @@ class RunStore:
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
                 return False
             wanted = {f"{name}{RESERVE_SUFFIX}" for name in RESERVED}
-            found = set()
+            found: set[str] = set()
+            others: list[str] = []
             for f in os.scandir(entry.path):
                 fst = f.stat(follow_symlinks=False)
-                if f.name in wanted and stat.S_ISREG(fst.st_mode) and fst.st_size == RESERVE_BYTES \
-                        and fst.st_nlink == 1 and fst.st_uid == os.geteuid():
+                own = stat.S_ISREG(fst.st_mode) and fst.st_nlink == 1 and fst.st_uid == os.geteuid()
+                if f.name in wanted and own and fst.st_size == RESERVE_BYTES:
                     found.add(f.name)
                 elif stat.S_ISDIR(fst.st_mode):
                     return False
+                elif own and f.name not in wanted:
+                    others.append(f.name)
                 else:
                     os.unlink(f.path)
             if found != wanted:
                 return False
+            slots = blank_names()
+            free = [b for b in slots if b not in others]
+            for name in others:
+                if name in slots:
+                    continue  # a blank the run did not use
+                if free:
+                    os.rename(os.path.join(entry.path, name), os.path.join(entry.path, free.pop(0)))
+                else:
+                    os.unlink(os.path.join(entry.path, name))
             self.spare_dir.mkdir(mode=0o700, exist_ok=True)
             spare = self.spare_dir / entry.name
             os.rename(entry.path, spare)

@@ -41,10 +41,13 @@ class LocalStateError(RuntimeError):
     task that met it ends and the agent stops (see :class:`hfai.core.daemon.Supervisor`)."""
 
 
-def write_volatile(path: str | os.PathLike, data: bytes | str) -> None:
-    """Replace ``path`` with ``data`` atomically (temp file, rename), without an fsync."""
+def write_volatile(path: str | os.PathLike, data: bytes | str, pool: str = "") -> None:
+    """Replace ``path`` with ``data`` atomically (temp file, rename), without an fsync; the temp
+    file a blank of ``pool`` where its folder has one (see below)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp.{os.getpid()}"
+    if pool:
+        take_blank(path, tmp, pool)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         with open(fd, "wb") as f:
@@ -58,9 +61,59 @@ def write_volatile(path: str | os.PathLike, data: bytes | str) -> None:
         raise
 
 
-def touch(path: str | os.PathLike) -> None:
-    """Create the empty marker file ``path`` (nothing to tear: it exists or it does not)."""
+def touch(path: str | os.PathLike, pool: str = "") -> None:
+    """Create the empty marker file ``path`` (nothing to tear: it exists or it does not); a blank
+    of ``pool`` emptied and renamed there where its folder has one (see below)."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    if pool and take_blank(path, tmp, pool):
+        try:
+            os.truncate(tmp, 0)
+            os.replace(tmp, path)
+            return
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
+
+
+# ------------------------------------------------------------------------------ recycled files
+#
+# Where making a file costs far more than renaming one (a filesystem that looks long for a free
+# inode: ext4 without a journal steps over every inode freed in the last minute, hundreds of
+# microseconds of CPU per new file at a few dozen runs a second: docs/performance.md), a run
+# directory kept as a spare for the next run (RunStore.empty_trash) keeps its old run's files as
+# blanks: ``blank.<pool><i>``. A writer given a pool takes one (a rename) as its temp file instead
+# of making one; the temp file is truncated and written whole before its rename into place, so a
+# reader sees what a new file would have shown. One pool per writer (the agent's, the launcher's),
+# as both write in a run directory at once: a blank that the other took fails the rename
+# (ENOENT), and the next one is tried.
+
+BLANK_PREFIX = "blank."
+# The agent's writes (assignment, launch, launcher_pid, two .sent) and the launcher's (child_pid,
+# exit_code, usage).
+BLANKS = {"a": 5, "l": 3}
+
+
+def blank_names() -> list[str]:
+    """Every blank's name, in the order a spare directory is filled with them."""
+    return [f"{BLANK_PREFIX}{pool}{i}" for pool, n in BLANKS.items() for i in range(n)]
+
+
+def take_blank(path: str, tmp: str, pool: str) -> bool:
+    """Rename a blank of ``pool`` in ``path``'s folder to ``tmp``; False if there is none."""
+    folder = os.path.dirname(path)
+    for i in range(BLANKS.get(pool, 0)):
+        try:
+            os.rename(os.path.join(folder, f"{BLANK_PREFIX}{pool}{i}"), tmp)
+            return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return False
 
 
 # ------------------------------------------------------------------------------- a full disk
@@ -93,16 +146,16 @@ def make_reserve(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_state(path: str | os.PathLike, data: bytes | str, durable: bool = False) -> None:
+def write_state(path: str | os.PathLike, data: bytes | str, durable: bool = False, pool: str = "") -> None:
     """Replace ``path`` with ``data`` (at most RESERVE_BYTES - 1 bytes) atomically, fsynced if
     ``durable``; on a full disk through ``path``'s reserve. Raises the disk's OSError when that
-    fails too (no reserve, or it was used already)."""
+    fails too (no reserve, or it was used already). ``pool``: see write_volatile."""
     raw = data.encode() if isinstance(data, str) else data
     try:
         if durable:
             write_atomic(path, raw)
         else:
-            write_volatile(path, raw)
+            write_volatile(path, raw, pool)
         return
     except OSError as e:
         if not disk_full(e):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from waits import until, wait_for
 
-from hfai.agent import runs
+from hfai.agent import runs, statefile
 from hfai.agent.launchers import ExecLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.service import Agent
@@ -231,21 +231,27 @@ def test_a_run_a_crash_left_unreadable_is_reported_ended_not_started_again(tmp_p
     assert [(k, f.get("exit_code")) for k, f in sent] == [(RunEventKind.STARTED, None), (RunEventKind.EXITED, -9)]
 
 
-def test_a_forgotten_runs_reserves_serve_the_next_run(tmp_path, monkeypatch):
-    """A run's reserves (statefile.py), unused, are as good for the next run: emptying the trash
-    keeps a forgotten run's directory with them alone, and the next start renames it into place
-    rather than making seven new files (on a filesystem that looks long for a free inode, the
-    costly part of a run's start: docs/performance.md). Nothing of the first run reaches the next."""
+def test_a_forgotten_runs_files_serve_the_next_run(tmp_path, monkeypatch):
+    """A run's reserves (statefile.py), unused, are as good for the next run, and its other files
+    as the next run's temp files: emptying the trash keeps a forgotten run's directory with its
+    reserves and its files renamed to blanks, and the next start renames it into place; its
+    writes, and its launcher's, take the blanks, rather than making new files (on a filesystem that
+    looks long for a free inode, the costly part of a run's start: docs/performance.md). Nothing of
+    the first run reaches the next."""
     agent = _agent(tmp_path)
     store = agent.store
     first, second = _ra(tmp_path, "j4"), _ra(tmp_path, "j5")
     store.start(first)
     _wait_exited(agent, first.key)
+    store.mark_sent(first.key, RunEventKind.STARTED)
+    store.mark_sent(first.key, RunEventKind.EXITED)
     store.cleanup(first.key)
     store.empty_trash()
     reserves = {f"{name}.reserve" for name in runs.RESERVED}
     (spare,) = store.spare_dir.iterdir()
-    assert {p.name for p in spare.iterdir()} == reserves  # the exit status, pids, assignment: gone
+    # The exit status, pids, assignment, launch spec and markers (and usage, with a cgroup): blanks.
+    blanks = {"blank.a0", "blank.a1", "blank.a2", "blank.a3", "blank.a4", "blank.l0", "blank.l1"}
+    assert blanks | reserves <= {p.name for p in spare.iterdir()} <= reserves | set(statefile.blank_names())
     made: list[str] = []
     real = runs.make_reserve
     monkeypatch.setattr(runs, "make_reserve", lambda path: made.append(os.fspath(path)) or real(path))
@@ -254,7 +260,11 @@ def test_a_forgotten_runs_reserves_serve_the_next_run(tmp_path, monkeypatch):
     _wait_exited(agent, second.key)
     run = store.snapshot()[second.key]
     assert run.assignment == second and run.exit_code == 0 and not run.sent
-    assert reserves <= {p.name for p in store.dir(second.key).iterdir()}
+    store.mark_sent(second.key, RunEventKind.STARTED)
+    store.mark_sent(second.key, RunEventKind.EXITED)
+    assert store.snapshot()[second.key].sent == {RunEventKind.STARTED, RunEventKind.EXITED}
+    left = {p.name for p in store.dir(second.key).iterdir()}
+    assert reserves <= left and not left & blanks  # every file the second run wrote was a blank
 
 
 def test_only_a_whole_run_directory_of_the_agent_is_kept_as_a_spare(tmp_path):
