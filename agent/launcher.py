@@ -119,7 +119,9 @@ def read_stamp(path: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], syncer: int | None = None) -> int:
+    """``syncer``: the write end of the zygote's pipe that fsyncs files for its launchers (see
+    _persist_after_exit), where this launcher was forked by one."""
     if len(argv) != 1:
         print("usage: python -m hfai.agent.launcher RUN_DIR", file=sys.stderr)
         return 2
@@ -177,16 +179,28 @@ def main(argv: list[str]) -> int:
         out.write(f"=== hfai: process exited with code {code} at {time.strftime('%H:%M:%S')} ===\n".encode())
     write_state(exit_file, f"{code}\n", pool=BLANK_POOL)
     # The agent wakes when this process exits and reports the status at once; the status and the
-    # assignment reach the disk meanwhile, in a child (statefile.py).
-    _persist_after_exit([exit_file, os.path.join(run_dir, "assignment")])
+    # assignment reach the disk meanwhile, in the zygote or a child (statefile.py).
+    _persist_after_exit([exit_file, os.path.join(run_dir, "assignment")], syncer)
     return 0
 
 
-def _persist_after_exit(paths: list[str]) -> None:
-    """fsync ``paths`` in a child process, so that this launcher can exit (which wakes the agent)
-    without waiting for the disk: two fsyncs would otherwise be on every run's path.
-    After a power loss the files are whole or missing, never torn (renamed into place), and a
-    missing one reads as a run killed with its node (RunStore). Without a fork, synced here."""
+def _persist_after_exit(paths: list[str], syncer: int | None = None) -> None:
+    """fsync ``paths`` elsewhere, so that this launcher can exit (which wakes the agent) without
+    waiting for the disk: two fsyncs would otherwise be on every run's path. After a power loss
+    the files are whole or missing, never torn (renamed into place), and a missing one reads as a
+    run killed with its node (RunStore).
+
+    Handed to the zygote that forked this launcher where there is one (``syncer``, its pipe:
+    zygote.py), as a forked child costs more CPU than the fsyncs (its page tables copied, the
+    pages it writes copied, its exit). Else, or if the zygote is gone or behind, in a child; and
+    without a fork, here."""
+    line = b"\0".join(os.fsencode(p) for p in paths) + b"\n"
+    if syncer is not None and len(line) <= select.PIPE_BUF:
+        try:
+            os.write(syncer, line)  # whole or not at all (PIPE_BUF), never blocking (O_NONBLOCK)
+            return
+        except OSError:
+            pass
     try:
         pid = os.fork()
     except OSError:

@@ -26,6 +26,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 
 from hfai.agent import launcher
 
@@ -106,9 +107,27 @@ def serve(requests, replies) -> int:
     own, its stdio on /dev/null) before it is handed out: a request only passes the run directory
     to it and answers its pid. Forking on request and waiting for the child to settle would put two
     more process switches (a fork, the child's setsid) on every run's path; the next spare is
-    forked after the answer, while the run goes on."""
+    forked after the answer, while the run goes on.
+
+    The launchers hand the files to fsync as their run ends (launcher._persist_after_exit) to a
+    thread of this process, through a pipe each inherits the write end of; once the input ends,
+    what they handed over is synced before this returns. A launcher that outlives this process
+    gets EPIPE and syncs its files itself."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the launchers: no zombies
-    spare = _fork_spare()
+    sync_r, sync_w = os.pipe2(os.O_CLOEXEC)  # no job inherits either end
+    os.set_blocking(sync_w, False)
+    threading.Thread(target=_sync_loop, args=(sync_r,), name="fsync", daemon=True).start()
+    try:
+        _serve(requests, replies, sync_r, sync_w)
+    finally:
+        os.close(sync_w)
+        os.set_blocking(sync_r, False)
+        _sync_handed(sync_r)  # what is in the pipe now (the thread may be syncing some of it too)
+    return 0
+
+
+def _serve(requests, replies, sync_r: int, sync_w: int) -> None:
+    spare = _fork_spare(sync_r, sync_w)
     for line in requests:
         run_dir = line.rstrip(b"\n")
         pid = 0
@@ -121,13 +140,32 @@ def serve(requests, replies) -> int:
             os.close(to_spare)
         replies.write(f"{pid}\n".encode())
         replies.flush()
-        spare = _fork_spare()
+        spare = _fork_spare(sync_r, sync_w)
     if spare is not None:
         os.close(spare[1])  # the spare reads end of input and leaves
-    return 0
 
 
-def _fork_spare() -> tuple[int, int] | None:
+def _sync_loop(sync_r: int) -> None:
+    """The fsync thread: the files the launchers hand over, a line each (NUL-separated paths)."""
+    while _sync_handed(sync_r):
+        pass
+
+
+def _sync_handed(sync_r: int) -> bool:
+    """fsync the files of the lines read from ``sync_r`` at once; False at its end (or, not
+    blocking, once empty). A line is whole in one read: each was written at once, below PIPE_BUF."""
+    try:
+        data = os.read(sync_r, 1 << 16)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return False
+    for line in data.splitlines():
+        launcher._fsync_all([os.fsdecode(p) for p in line.split(b"\0") if p])
+    return bool(data)
+
+
+def _fork_spare(sync_r: int, sync_w: int) -> tuple[int, int] | None:
     """Fork a launcher-to-be and wait until it settled; returns its pid and the pipe on which it
     waits for its run directory, or None if the fork failed."""
     settled, settled_w = os.pipe()
@@ -141,7 +179,8 @@ def _fork_spare() -> tuple[int, int] | None:
     if pid == 0:
         os.close(settled)
         os.close(work_w)
-        _become_launcher(work, settled_w)  # never returns
+        os.close(sync_r)  # only the zygote reads it: once it is gone, a write meets EPIPE
+        _become_launcher(work, settled_w, sync_w)  # never returns
     os.close(settled_w)
     os.close(work)
     os.read(settled, 1)  # EOF once the child is settled (or gone)
@@ -149,7 +188,7 @@ def _fork_spare() -> tuple[int, int] | None:
     return pid, work_w
 
 
-def _become_launcher(work: int, settled: int) -> None:
+def _become_launcher(work: int, settled: int, syncer: int) -> None:
     """In the forked child: what ``python -m hfai.agent.launcher RUN_DIR`` started in a new
     session with /dev/null for stdio would be, once ``work`` gives it a run directory (at end of
     input it leaves: the zygote ended). Never returns into the zygote's loop."""
@@ -169,7 +208,7 @@ def _become_launcher(work: int, settled: int) -> None:
             code = 0
             return
         os.chdir(run_dir)
-        code = launcher.main([run_dir])
+        code = launcher.main([run_dir], syncer)
     except BaseException:
         code = 1  # no stderr to tell: the agent sees a launcher gone without an exit status
     finally:

@@ -68,3 +68,45 @@ def test_exec_launchers_remain_available(tmp_path):
     launched = store.start(_ra(tmp_path, "execd", "import sys; sys.exit(3)"))
     assert _exit_code(store, "execd.1") == 3
     assert psutil.Process(os.getpid()).pid != launched.pid and sys.executable
+
+
+def test_a_forked_launcher_hands_its_fsyncs_to_the_zygote(tmp_path, monkeypatch):
+    """A launcher's last fsyncs (its exit status and assignment, off its run's path: launcher.py)
+    go to the zygote's thread through the pipe it inherited, rather than to a forked child (a
+    copy of its page tables and of every page it then writes, and an exit, for two fsyncs)."""
+    from hfai.agent import launcher
+
+    sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(sync_w, False)
+    paths = [str(tmp_path / "exit_code"), str(tmp_path / "assignment")]
+    for p in paths:
+        open(p, "w").close()
+
+    def no_fork() -> int:
+        raise AssertionError("forked a child to fsync")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    launcher._persist_after_exit(paths, sync_w)
+    synced: list[list[str]] = []
+    monkeypatch.setattr(launcher, "_fsync_all", synced.append)
+    assert zygote._sync_handed(sync_r) and synced == [paths]
+    os.close(sync_w)
+    assert not zygote._sync_handed(sync_r)  # the pipe's end: the thread stops
+    os.close(sync_r)
+
+
+def test_a_launcher_whose_zygote_is_gone_fsyncs_all_the_same(tmp_path, monkeypatch):
+    from hfai.agent import launcher
+
+    sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
+    os.close(sync_r)  # the zygote ended: a write meets EPIPE
+    synced: list[list[str]] = []
+    monkeypatch.setattr(launcher, "_fsync_all", synced.append)
+
+    def cannot_fork() -> int:
+        raise OSError("no fork here")  # the last resort: synced in the launcher itself
+
+    monkeypatch.setattr(os, "fork", cannot_fork)
+    launcher._persist_after_exit([str(tmp_path / "exit_code")], sync_w)
+    assert synced == [[str(tmp_path / "exit_code")]]
+    os.close(sync_w)
