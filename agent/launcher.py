@@ -432,13 +432,15 @@ def _wait(child: subprocess.Popen, pidfd: int | None, timeout: float, out: Outpu
     """The child's exit status once it exited, else None after ``timeout`` or once some output
     was relayed (a pidfd turns readable on exit, so an exit is seen at once without waking up
     every few ms)."""
-    watch = [fd for fd in (pidfd, out.pipe_fd) if fd is not None]
+    # Not the pipe once it ended: the job's last writer (in a container, bwrap's init) may close it
+    # some milliseconds before the child exits (a PID namespace's teardown).
+    watch = [fd for fd in (pidfd, None if out.ended else out.pipe_fd) if fd is not None]
     if watch:
         ready, _, _ = select.select(watch, [], [], timeout)
         if out.pipe_fd is not None and out.pipe_fd in ready:
             out.pump()
     else:
-        time.sleep(timeout)
+        time.sleep(min(timeout, 0.01) if out.ended else timeout)  # no pidfd: look for the exit often
     return child.poll()
 
 

@@ -41,6 +41,9 @@ class Output:
         self.last_output = clock()
         pipe_fd, write_end = os.pipe2(os.O_CLOEXEC)
         self.pipe_fd: int | None = pipe_fd
+        # Every writer closed the pipe (read its end): it stays readable, so whoever waits for the
+        # job's exit must no longer wait on it (the launcher would spin until the exit).
+        self.ended = False
         self._write_end: int | None = write_end
         try:
             fcntl.fcntl(write_end, _F_SETPIPE_SZ, _PIPE_BYTES)
@@ -74,6 +77,7 @@ class Output:
             except BlockingIOError:
                 return True
             if not data:
+                self.ended = True
                 return False
             self.last_output = self.clock()
             self._sink.write(data)

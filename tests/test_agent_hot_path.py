@@ -294,3 +294,30 @@ def test_only_a_whole_run_directory_of_the_agent_is_kept_as_a_spare(tmp_path):
     (whole / "exit_code").write_text("0\n")
     assert store.empty_trash() == 7 and not any(store.trash_dir.iterdir())
     assert [p.name for p in store.spare_dir.iterdir()] == ["j12.1.7.7"]
+
+
+def test_once_the_jobs_output_ended_the_launcher_waits_for_the_exit_alone(tmp_path, monkeypatch):
+    """In a container the job's last writer (bwrap's init) closes the output pipe some
+    milliseconds before bwrap exits (its PID namespace's teardown). A pipe at its end stays
+    readable: the launcher then waits on the exit alone, instead of spinning on the pipe."""
+    from hfai.agent import launcher
+    from hfai.agent.output import Output
+
+    out = Output(os.open(tmp_path / "job.log", os.O_RDWR | os.O_CREAT, 0o600), 0)
+    out.job_started()  # the launcher's copy of the write end goes; no job holds one: the pipe ended
+    assert not out.pump() and out.ended
+    waited_on: list[list[int]] = []
+
+    def select(rlist, wlist, xlist, timeout):
+        waited_on.append(list(rlist))
+        return [], [], []
+
+    monkeypatch.setattr(launcher.select, "select", select)
+    exit_r, exit_w = os.pipe()  # the child's pidfd: not readable, the child lives
+    try:
+        assert launcher._wait(SimpleNamespace(poll=lambda: None), exit_r, 0.01, out) is None
+    finally:
+        os.close(exit_r)
+        os.close(exit_w)
+        out.close()
+    assert waited_on == [[exit_r]]
