@@ -46,12 +46,16 @@ def write_volatile(path: str | os.PathLike, data: bytes | str, pool: str = "") -
     file a blank of ``pool`` where its folder has one (see below)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp.{os.getpid()}"
-    if pool:
-        take_blank(path, tmp, pool)
+    recycled = bool(pool) and take_blank(path, tmp, pool)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        # A blank is overwritten, then cut to the new length: emptied first, it would give its
+        # blocks back (a discard, on a disk mounted so) only to take them again.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if recycled else os.O_TRUNC),
+                     0o666)
         with open(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+            if recycled:
+                f.truncate()
         os.replace(tmp, path)
     except BaseException:
         try:  # leave no temp file behind
@@ -62,13 +66,13 @@ def write_volatile(path: str | os.PathLike, data: bytes | str, pool: str = "") -
 
 
 def touch(path: str | os.PathLike, pool: str = "") -> None:
-    """Create the empty marker file ``path`` (nothing to tear: it exists or it does not); a blank
-    of ``pool`` emptied and renamed there where its folder has one (see below)."""
+    """Create the marker file ``path`` (nothing to tear: it exists or it does not), empty; or a
+    blank of ``pool`` renamed there, where its folder has one (see below): a marker's existence is
+    all it says, so the blank's old bytes stay (emptying it would give its block back)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp.{os.getpid()}"
     if pool and take_blank(path, tmp, pool):
         try:
-            os.truncate(tmp, 0)
             os.replace(tmp, path)
             return
         except OSError:

@@ -321,3 +321,12 @@ def test_once_the_jobs_output_ended_the_launcher_waits_for_the_exit_alone(tmp_pa
         os.close(exit_w)
         out.close()
     assert waited_on == [[exit_r]]
+
+
+def test_a_blank_written_over_keeps_nothing_of_its_old_bytes(tmp_path):
+    """A write through a blank longer than the new content reads as the new content alone."""
+    (tmp_path / "blank.a0").write_bytes(b"x" * 10000)
+    statefile.write_volatile(tmp_path / "exit_code", b"0\n", runs.AGENT_POOL)
+    assert (tmp_path / "exit_code").read_bytes() == b"0\n" and not (tmp_path / "blank.a0").exists()
+    statefile.touch(tmp_path / "started.sent")  # no blank left: a new, empty marker
+    assert (tmp_path / "started.sent").read_bytes() == b""
