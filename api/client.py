@@ -17,10 +17,10 @@ import asyncio
 import fnmatch
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -55,6 +55,9 @@ from hfai.protocol.types import (
     UsageRow,
 )
 from hfai.protocol.verbs import Verb
+
+if TYPE_CHECKING:
+    from nats.aio.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +225,27 @@ class ApiClient:
                                  "(the wire carries 64-bit integers)") from None
         return await self._request(subject, payload, reply, repeatable=repeatable, movable=movable,
                                    timeout_s=timeout)
+
+    async def subscribe(self, subject: str, received: Callable[[bytes], None]) -> Subscription:
+        """Hand each message on ``subject`` (its bytes) to ``received``, from when this returns on:
+        the server has the subscription by then. The stream of a service's session (hfai exec's
+        output); ``unsubscribe()`` the result when done."""
+
+        async def deliver(msg) -> None:
+            received(msg.data)
+
+        sub = await self._conn.subscribe(subject, cb=deliver)
+        await self._conn.flush()
+        return sub
+
+    async def publish(self, subject: str, message: object) -> None:
+        """Send a message on ``subject``, no reply awaited (the next part of a session's stream)."""
+        await self._conn.publish(subject, encode(message))
+
+    @property
+    def max_payload(self) -> int:
+        """The most bytes one message may carry, as the NATS server announced it."""
+        return self._conn.max_payload
 
     @property
     def _conn(self) -> Client:

@@ -26,7 +26,7 @@ async def list_cmd():
     from hfai.protocol import storage as s
 
     async with _client() as client:
-        reply = await client.scall(s.VERB_DATASET_LIST, s.DatasetListRequest(), s.DatasetList)
+        reply = await client.scall(s.DATASET_LIST, s.DatasetListRequest())
     if not reply.datasets:
         click.echo("no datasets (an operator publishes one with: hfai dataset add NAME PATH)")
         return
@@ -45,6 +45,5 @@ async def add(name: str, path: str, group: str):
     from hfai.protocol import storage as s
 
     async with _client() as client:
-        d = await client.scall(s.VERB_DATASET_ADD, s.DatasetAddRequest(name=name, path=path, group=group),
-                               s.DatasetInfo)
+        d = await client.scall(s.DATASET_ADD, s.DatasetAddRequest(name=name, path=path, group=group))
     click.echo(f"dataset {d.name} at {d.path}, readable by {'everyone' if d.public else 'group ' + d.group}")

@@ -23,7 +23,7 @@ import click
 from hfai.api.client import ApiClient
 from hfai.api.config import cli_config
 from hfai.cli.common import run_async
-from hfai.protocol import decode, encode, names
+from hfai.protocol import decode, names
 from hfai.protocol.errors import Conflict, ErrorSub, Forbidden, InvalidRequest, Unavailable
 from hfai.protocol.limits import MAX_RANK
 from hfai.protocol.types import ChainState, ExecExit, ExecInput, ExecOutput, ExecRequest, ExecStarted
@@ -119,47 +119,46 @@ class _Terminal:
     typed_ahead: bytes = b""  # keys typed before the session, sent first (see _raw)
 
 
-class ExecClient(ApiClient):
-    """The API client, and the session's own traffic with the agent of the rank's node: the
-    request that opens it, its output stream, and its input stream."""
+class ExecClient:
+    """The session's own traffic with the agent of the rank's node, through the API client
+    ``api`` (its public requests, publishes and subscriptions): the request that opens it, its
+    output stream, and its input stream."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
 
     async def start(self, node: str, req: ExecRequest) -> ExecStarted:
-        subject = names.agent_op_subject(node, self.user, names.AGENT_OP_EXEC) if self.operator else \
-            names.agent_exec_subject(node, self.user)
+        user = self.api.user
+        subject = names.agent_op_subject(node, user, names.AGENT_OP_EXEC) if self.api.operator else \
+            names.agent_exec_subject(node, user)
         try:
-            return await self.request(subject, req, ExecStarted)
+            return await self.api.request(subject, req, ExecStarted)
         except Forbidden as e:
             if e.sub is not ErrorSub.SUBJECT_DENIED:
                 raise  # the agent's refusal: not the job's owner
-            raise Forbidden(f"the cluster does not let {self.user} run commands in jobs (credentials issued "
+            raise Forbidden(f"the cluster does not let {user} run commands in jobs (credentials issued "
                             f"before hfai exec existed? ask an operator for new ones)", sub=e.sub) from None
         except Unavailable as e:
             raise Unavailable(f"the agent of node {node} does not answer", sub=e.sub) from None
 
     async def listen(self, node: str, session: str, inbox: asyncio.Queue) -> Subscription:
         """Put the session's output messages (their bytes) in ``inbox``, from before it starts."""
-
-        async def received(msg) -> None:
-            inbox.put_nowait(msg.data)
-
-        sub = await self._conn.subscribe(names.exec_stream_subject(node, self.user, session, names.EXEC_OUT),
-                                         cb=received)
-        await self._conn.flush()
-        return sub
+        return await self.api.subscribe(names.exec_stream_subject(node, self.api.user, session, names.EXEC_OUT),
+                                        inbox.put_nowait)
 
     async def send(self, node: str, message: ExecInput) -> None:
-        await self._conn.publish(names.exec_stream_subject(node, self.user, message.session, names.EXEC_IN),
-                                 encode(message))
+        await self.api.publish(names.exec_stream_subject(node, self.api.user, message.session, names.EXEC_IN),
+                               message)
 
 
 async def _session(job_ref: str, rank: int, argv: tuple[str, ...], tty: bool, term: _Terminal) -> int:
     """Run ``argv`` (a shell when empty) in rank ``rank`` of the job, relaying ``term``; the
     command's exit status."""
-    async with ExecClient(cli_config()) as api:
+    async with ApiClient(cli_config()) as api:
         job = await api.status(job_ref)
         node = target(job, rank)
         req = _request(job, rank, argv, tty, term)
-        end, lost = await _Session(api, node, req, term).run()
+        end, lost = await _Session(ExecClient(api), node, req, term).run()
         _report(term, end, lost, tty)
         return end.exit_code
 

@@ -207,7 +207,7 @@ async def list_cmd():
     from hfai.protocol import storage as s
 
     async with _client() as client:
-        reply = await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)
+        reply = await client.scall(s.WS_LIST, s.ListWorkspaces())
     if not reply.workspaces:
         click.echo("no workspaces (hfai workspace init NAME, then hfai workspace push, makes one)")
         return
@@ -224,7 +224,7 @@ async def remove(name: str):
     from hfai.protocol import storage as s
 
     async with _client() as client:
-        info = await client.scall(s.VERB_WS_REMOVE, s.WorkspaceRequest(workspace=name), s.WorkspaceInfo)
+        info = await client.scall(s.WS_REMOVE, s.WorkspaceRequest(workspace=name))
     click.echo(f"removed {info.name} ({_mb(info.bytes)}) from the cluster")
 
 
@@ -245,7 +245,7 @@ async def usage():
     from hfai.protocol import storage as s
 
     async with _client() as client:
-        _show_usage(await client.scall(s.VERB_USAGE, s.UsageRequest(), s.UsageReply))
+        _show_usage(await client.scall(s.USAGE, s.UsageRequest()))
 
 
 @workspace.command("restore-request")
@@ -255,7 +255,7 @@ async def restore_request():
     from hfai.protocol import storage as s
 
     async with _client() as client:
-        u = await client.scall(s.VERB_RESTORE, s.UsageRequest(), s.UsageReply)
+        u = await client.scall(s.RESTORE, s.UsageRequest())
     _show_usage(u)
     if u.restricted:
         raise click.ClickException("still over the limit; remove more (hfai workspace remove NAME) and ask again")

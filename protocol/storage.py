@@ -11,6 +11,7 @@ from dataclasses import field
 from typing import ClassVar
 
 from hfai.protocol.types import message
+from hfai.protocol.verbs import Verb
 
 # Verbs on hfai.storage.<user>.<verb> (operators: hfai.storage.<user>.op.<verb>).
 VERB_WS_MISSING = "ws_missing"
@@ -297,3 +298,34 @@ class DatasetAddRequest:
     name: str
     path: str
     group: str = ""
+
+
+# ---------------------------------------------------------------------------------- verbs
+# The storage service's verbs, each stated once as hfai.protocol.verbs states the controller's:
+# the service decodes a request as its verb's ``request`` (hfai.storage.service) and the client
+# calls by them (``StorageClient.scall(WS_LIST, ListWorkspaces())`` is typed ``WorkspaceList``).
+# ``repeatable``: a second copy changes nothing and costs little, so the client sends copies to
+# the service's queue group when one does not answer (hfai.api.client.try_plan). Not a request
+# or reply that carries chunks, hashes by the thousand or a manifest's piece (a copy would move
+# its megabytes again: a push or pull that times out is run again whole), nor what changes state
+# (commit, remove, restore, dataset_add).
+
+WS_MISSING = Verb(VERB_WS_MISSING, MissingRequest, MissingReply)
+WS_PUT = Verb(VERB_WS_PUT, PutRequest, PutReply)
+WS_COMMIT = Verb(VERB_WS_COMMIT, CommitRequest, WorkspaceInfo)
+WS_COMMIT_STATUS = Verb(VERB_WS_COMMIT_STATUS, WorkspaceRequest, CommitStatus, repeatable=True)
+WS_CURRENT = Verb(VERB_WS_CURRENT, CurrentRequest, CurrentReply, repeatable=True)
+WS_MANIFEST_PART = Verb(VERB_WS_MANIFEST_PART, ManifestPart, ManifestPartReply)
+WS_MANIFEST_SLICE = Verb(VERB_WS_MANIFEST_SLICE, ManifestSliceRequest, ManifestSlice)
+WS_FETCH = Verb(VERB_WS_FETCH, FetchRequest, Chunks)
+WS_LIST = Verb(VERB_WS_LIST, ListWorkspaces, WorkspaceList, repeatable=True)
+WS_REMOVE = Verb(VERB_WS_REMOVE, WorkspaceRequest, WorkspaceInfo)
+USAGE = Verb(VERB_USAGE, UsageRequest, UsageReply, repeatable=True)
+RESTORE = Verb(VERB_RESTORE, UsageRequest, UsageReply)
+DATASET_LIST = Verb(VERB_DATASET_LIST, DatasetListRequest, DatasetList, repeatable=True)
+DATASET_ADD = Verb(VERB_DATASET_ADD, DatasetAddRequest, DatasetInfo)
+
+#: Every storage verb by name: what the storage service serves, and all it serves.
+STORAGE_VERBS: dict[str, Verb] = {v.name: v for v in (
+    WS_MISSING, WS_PUT, WS_COMMIT, WS_COMMIT_STATUS, WS_CURRENT, WS_MANIFEST_PART, WS_MANIFEST_SLICE, WS_FETCH,
+    WS_LIST, WS_REMOVE, USAGE, RESTORE, DATASET_LIST, DATASET_ADD)}

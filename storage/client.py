@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from hfai.api.client import ApiClient
+from hfai.core.config import Config
 from hfai.protocol import encode, names
 from hfai.protocol.errors import ErrorSub, HfaiError, InvalidRequest, Unavailable
+from hfai.protocol.verbs import Verb
 
 #: Room left in a message beside its chunks (the request's other fields, msgpack's framing); at
 #: most a quarter of a small max_payload.
@@ -29,41 +31,73 @@ CHUNK_COST = 160
 #: A request's fixed fields (workspace, file key, envelope), bounded by the names' limits.
 FRAME_BYTES = 4096
 
-R = TypeVar("R")
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
 
 
-class StorageClient(ApiClient):
-    async def scall(self, verb: str, request: object, expect: type[R], timeout_s: float | None = None) -> R:
-        """One request to the storage service (``timeout_s``: other than ``[nats] request_timeout_s``)."""
-        subject = names.storage_subject(self.user, verb, operator=self.operator)
+class StorageClient:
+    """The storage service's client: its verbs (hfai.protocol.storage's table) sent through an
+    API client's public requests, on the service's subjects. Used as ``async with
+    StorageClient(config) as client:`` (it opens and closes its own :class:`ApiClient`), or
+    around a connected one (``StorageClient(api=...)``), which it leaves open."""
+
+    def __init__(self, config: Config | None = None, user: str | None = None, *, api: ApiClient | None = None):
+        if api is None:
+            if config is None:
+                raise TypeError("StorageClient needs a config or an ApiClient")
+            api = ApiClient(config, user)
+        self.api = api
+        self._owned = config is not None
+
+    @property
+    def user(self) -> str:
+        return self.api.user
+
+    async def __aenter__(self) -> Self:
+        if self._owned:
+            await self.api.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._owned:
+            await self.api.close()
+
+    async def scall(self, verb: Verb[Req, Rep], request: Req, *, timeout_s: float | None = None) -> Rep:
+        """One request to the storage service (``verb``: an entry of hfai.protocol.storage's
+        table), its typed reply; sent again as the verb's ``repeatable`` allows. ``timeout_s``:
+        other than ``[nats] request_timeout_s``."""
+        if not isinstance(request, verb.request):
+            raise TypeError(f"{verb.name} takes a {verb.request.__name__}, not a {type(request).__name__}")
+        subject = names.storage_subject(self.api.user, verb.name, operator=self.api.operator)
         # Here, not at the top: hfai.api.client loads nats-py first, its own way (api/_light_nats.py:
         # without aiohttp); by now it has.
         import nats.errors
 
         try:
-            return await self.request(subject, request, expect, timeout=timeout_s)
+            return await self.api.request(subject, request, verb.reply, timeout=timeout_s,
+                                          repeatable=verb.repeatable)
         except Unavailable as e:
             if e.sub is ErrorSub.NO_RESPONDERS:
                 raise Unavailable("no storage service answers; is `hfai-storage` running?",
                                   sub=ErrorSub.NO_RESPONDERS) from None
             raise
         except nats.errors.MaxPayloadError:
-            raise InvalidRequest(f"a {verb} request of {len(encode(request))} bytes is over the NATS server's "
-                                 f"max_payload ({self._conn.max_payload} bytes); this client should have split it: "
+            raise InvalidRequest(f"a {verb.name} request of {len(encode(request))} bytes is over the NATS server's "
+                                 f"max_payload ({self.api.max_payload} bytes); this client should have split it: "
                                  "please report it") from None
         except nats.errors.Error as e:
-            raise Unavailable(f"NATS: {e or type(e).__name__} (during {verb}); push again") from None
+            raise Unavailable(f"NATS: {e or type(e).__name__} (during {verb.name}); push again") from None
 
     def room(self) -> int:
         """The most bytes one message may carry beside its envelope, within the max_payload the
         NATS server announced (a larger message is refused): read from the connection, never
         assumed."""
-        announced = self._conn.max_payload
+        announced = self.api.max_payload
         return max(1, announced - min(ENVELOPE_BYTES, announced // 4))
 
     def message_bytes(self) -> int:
         """The most bytes of chunks and their costs (:data:`CHUNK_COST`) one message may carry."""
-        return max(1, self._conn.max_payload - FRAME_BYTES)
+        return max(1, self.api.max_payload - FRAME_BYTES)
 
     def request_size(self, configured: int) -> int:
         """The most chunk bytes one put or fetch carries: ``configured`` ([storage] request_bytes),

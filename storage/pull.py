@@ -40,8 +40,8 @@ async def _pull(client: StorageClient, name: str, dest: Path, request_bytes: int
                 _finish_pulled(dest, f, writing.pop(f.path))
         for at in range(0, len(slots), per):
             batch = slots[at:at + per]
-            got = await client.scall(s.VERB_WS_FETCH, s.FetchRequest(
-                workspace=name, hashes=tuple(dict.fromkeys(h for _f, _i, h in batch))), s.Chunks)
+            got = await client.scall(s.WS_FETCH, s.FetchRequest(
+                workspace=name, hashes=tuple(dict.fromkeys(h for _f, _i, h in batch))))
             data = {c.hash: c.data for c in got.chunks}
             for f, i, h in batch:
                 fd = writing[f.path] if i else _open_pulled(dest, f, writing)  # opened at its first chunk
@@ -80,12 +80,12 @@ async def _pulled_manifest(client: StorageClient, name: str, tries: int = 3) -> 
     """The workspace's manifest, read in slices that fit one reply each (a manifest of many files
     is larger than one message); read again if a commit changed it between two slices."""
     for _ in range(tries):
-        first = await client.scall(s.VERB_WS_MANIFEST_SLICE,
-                                   s.ManifestSliceRequest(workspace=name, limit=client.room()), s.ManifestSlice)
+        first = await client.scall(s.WS_MANIFEST_SLICE,
+                                   s.ManifestSliceRequest(workspace=name, limit=client.room()))
         parts, got = [first.data], len(first.data)
         while got < first.total:
-            more = await client.scall(s.VERB_WS_MANIFEST_SLICE, s.ManifestSliceRequest(
-                workspace=name, offset=got, limit=client.room()), s.ManifestSlice)
+            more = await client.scall(s.WS_MANIFEST_SLICE, s.ManifestSliceRequest(
+                workspace=name, offset=got, limit=client.room()))
             if more.digest != first.digest or not more.data:
                 break
             parts.append(more.data)

@@ -66,7 +66,7 @@ async def _already_there(client: StorageClient, name: str, digest: str) -> s.Wor
     """The workspace's info if the cluster holds exactly the manifest of ``digest`` already (one
     small request, where asking for every chunk and committing would send the whole manifest
     twice), else None."""
-    reply = await client.scall(s.VERB_WS_CURRENT, s.CurrentRequest(workspace=name, digest=digest), s.CurrentReply)
+    reply = await client.scall(s.WS_CURRENT, s.CurrentRequest(workspace=name, digest=digest))
     return reply.info if reply.current else None
 
 
@@ -237,7 +237,7 @@ async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout
         upload = await transport.upload(client, name, whole)
         request = s.CommitRequest(workspace=name, manifest=s.Manifest(), upload=upload,
                                   digest=hashlib.sha256(whole).hexdigest())
-    ask = asyncio.ensure_future(client.scall(s.VERB_WS_COMMIT, request, s.WorkspaceInfo, timeout_s=timeout_s))
+    ask = asyncio.ensure_future(client.scall(s.WS_COMMIT, request, timeout_s=timeout_s))
     forgotten = 0
     try:
         while True:
@@ -272,7 +272,7 @@ class CommitSeen(enum.Enum):
 async def _commit_alive(client: StorageClient, name: str) -> CommitSeen:
     """Whether the service is still committing ``name`` for us, and if not, what happened to it."""
     try:
-        status = await client.scall(s.VERB_WS_COMMIT_STATUS, s.WorkspaceRequest(workspace=name), s.CommitStatus)
+        status = await client.scall(s.WS_COMMIT_STATUS, s.WorkspaceRequest(workspace=name))
     except Unavailable as e:
         return CommitSeen.NOT_RUNNING if e.sub is ErrorSub.NO_RESPONDERS else CommitSeen.SILENT
     return CommitSeen.GOING if status.committing else CommitSeen.FORGOTTEN

@@ -114,21 +114,22 @@ class StorageService:
         self._handling: set[asyncio.Task] = set()
         self._cleaning: set[asyncio.Task] = set()  # packs a commit used, removed after its reply
         self._slots = asyncio.Semaphore(MAX_HANDLERS)
-        self._handlers: dict[str, tuple[type, Callable[[str, bool, Any], Awaitable[object]]]] = {
-            s.VERB_WS_MISSING: (s.MissingRequest, self.ws_missing),
-            s.VERB_WS_PUT: (s.PutRequest, self.ws_put),
-            s.VERB_WS_COMMIT: (s.CommitRequest, self.ws_commit),
-            s.VERB_WS_COMMIT_STATUS: (s.WorkspaceRequest, self.ws_commit_status),
-            s.VERB_WS_CURRENT: (s.CurrentRequest, self.ws_current),
-            s.VERB_WS_MANIFEST_PART: (s.ManifestPart, self.ws_manifest_part),
-            s.VERB_WS_MANIFEST_SLICE: (s.ManifestSliceRequest, self.ws_manifest_slice),
-            s.VERB_WS_FETCH: (s.FetchRequest, self.ws_fetch),
-            s.VERB_WS_LIST: (s.ListWorkspaces, self.ws_list),
-            s.VERB_WS_REMOVE: (s.WorkspaceRequest, self.ws_remove),
-            s.VERB_USAGE: (s.UsageRequest, self.usage),
-            s.VERB_RESTORE: (s.UsageRequest, self.restore),
-            s.VERB_DATASET_LIST: (s.DatasetListRequest, self.dataset_list),
-            s.VERB_DATASET_ADD: (s.DatasetAddRequest, self.dataset_add),
+        # Each handler takes its verb's request type (hfai.protocol.storage's verb table, hence Any).
+        self._handlers: dict[str, Callable[[str, bool, Any], Awaitable[object]]] = {
+            s.WS_MISSING.name: self.ws_missing,
+            s.WS_PUT.name: self.ws_put,
+            s.WS_COMMIT.name: self.ws_commit,
+            s.WS_COMMIT_STATUS.name: self.ws_commit_status,
+            s.WS_CURRENT.name: self.ws_current,
+            s.WS_MANIFEST_PART.name: self.ws_manifest_part,
+            s.WS_MANIFEST_SLICE.name: self.ws_manifest_slice,
+            s.WS_FETCH.name: self.ws_fetch,
+            s.WS_LIST.name: self.ws_list,
+            s.WS_REMOVE.name: self.ws_remove,
+            s.USAGE.name: self.usage,
+            s.RESTORE.name: self.restore,
+            s.DATASET_LIST.name: self.dataset_list,
+            s.DATASET_ADD.name: self.dataset_add,
         }
 
     async def start(self) -> None:
@@ -230,9 +231,8 @@ class StorageService:
         user, verb, operator = names.parse_storage_subject(subject)
         names.check_token("user name", user)
         if verb not in self._handlers:
-            raise InvalidRequest(f"unknown storage verb {verb[:64]!r}")
-        kind, handler = self._handlers[verb]
-        if verb == s.VERB_WS_COMMIT:
+            raise InvalidRequest(f"unknown storage verb {verb[:64]!r}; known: {', '.join(s.STORAGE_VERBS)}")
+        if verb == s.WS_COMMIT.name:
             # Its manifest is recorded as the request carried it: packing it again would be a
             # large part of a one-edit push.
             req: s.CommitRequest = decode(data, s.CommitRequest)
@@ -246,7 +246,12 @@ class StorageService:
                 m = await asyncio.to_thread(lambda: decode(whole, s.Manifest, max_bytes=s.MAX_MANIFEST_BYTES))
                 return await self.ws_commit(user, operator, s.CommitRequest(workspace=req.workspace, manifest=m),
                                             packed_body(whole))
-        return await handler(user, operator, decode(data, kind))
+        return await self._handlers[verb](user, operator, decode(data, s.STORAGE_VERBS[verb].request))
+
+    @property
+    def served(self) -> frozenset[str]:
+        """The verbs this service answers (every one of hfai.protocol.storage's table: a test holds it)."""
+        return frozenset(self._handlers)
 
     def _lock(self, user: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((user, name), asyncio.Lock())

@@ -82,8 +82,8 @@ def parts(lacking: list[str], where: dict[str, tuple[s.FileEntry, int]]) -> dict
 async def ask_missing(client: StorageClient, name: str, hashes: tuple[str, ...]) -> tuple[str, ...]:
     """Those of ``hashes`` the service lacks, asked in batches that fit a message each."""
     batch = max(1, min(MISSING_BATCH, client.room() // NAME_COST))
-    asks = [client.scall(s.VERB_WS_MISSING, s.MissingRequest(workspace=name, hashes=hashes[i:i + batch]),
-                         s.MissingReply) for i in range(0, len(hashes), batch)]
+    asks = [client.scall(s.WS_MISSING, s.MissingRequest(workspace=name, hashes=hashes[i:i + batch]))
+            for i in range(0, len(hashes), batch)]
     lacking: list[str] = []
     for reply in await asyncio.gather(*asks):  # in flight together: one round trip, not one per batch
         lacking.extend(reply.hashes)
@@ -96,9 +96,9 @@ async def upload(client: StorageClient, name: str, whole: bytes) -> str:
     piece = client.room()
     offsets = list(range(0, len(whole), piece))
     for i in range(0, len(offsets), PIECES_IN_FLIGHT):
-        await asyncio.gather(*(client.scall(s.VERB_WS_MANIFEST_PART, s.ManifestPart(
-            workspace=name, upload=upload_id, offset=at, total=len(whole), data=whole[at:at + piece]),
-            s.ManifestPartReply) for at in offsets[i:i + PIECES_IN_FLIGHT]))
+        await asyncio.gather(*(client.scall(s.WS_MANIFEST_PART, s.ManifestPart(
+            workspace=name, upload=upload_id, offset=at, total=len(whole), data=whole[at:at + piece]))
+            for at in offsets[i:i + PIECES_IN_FLIGHT]))
     return upload_id
 
 
@@ -107,8 +107,7 @@ async def put_unnamed(client: StorageClient, name: str, chunks: tuple[s.ChunkDat
     """Put chunks the client did not hash (of one file's part file with ``key``); their names."""
     if not chunks:
         return ()
-    reply = await client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=name, chunks=chunks, file=key, first=first),
-                               s.PutReply)
+    reply = await client.scall(s.WS_PUT, s.PutRequest(workspace=name, chunks=chunks, file=key, first=first))
     return reply.hashes
 
 
@@ -153,8 +152,8 @@ class _Sends:
         chunks = [s.ChunkData(hash=h, data=d) for h, d in zip(group, datas, strict=True)]
         whole = tuple(h for h in group if len(where[h][0].chunks) == 1)
         key, first = self.part_of.get(group[0], ""), where[group[0]][1]
-        await self.client.scall(s.VERB_WS_PUT, s.PutRequest(workspace=self.name, chunks=tuple(chunks), whole=whole,
-                                                            file=key, first=first if key else 0), s.PutReply)
+        await self.client.scall(s.WS_PUT, s.PutRequest(workspace=self.name, chunks=tuple(chunks), whole=whole,
+                                                       file=key, first=first if key else 0))
         return sum(len(d) for d in datas)
 
     async def put_unhashed(self, files: list[s.FileEntry]) -> int:

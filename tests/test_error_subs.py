@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import nats.errors
 import pytest
 
+from hfai.api.client import ApiClient
 from hfai.core import nats as _nats
 from hfai.core.config import Config, NatsConfig
 from hfai.protocol import decode, encode
@@ -32,19 +33,19 @@ def _storage_client(monkeypatch, raises: BaseException | None = None, reply=None
             raise raises
         return reply
 
-    monkeypatch.setattr(client, "request", request)
+    monkeypatch.setattr(client.api, "request", request)
     return client
 
 
 def test_storage_says_no_service_runs_by_the_sub_code(monkeypatch):
     client = _storage_client(monkeypatch, Unavailable(REWORDED, sub=ErrorSub.NO_RESPONDERS))
     with pytest.raises(Unavailable, match="no storage service answers") as e:
-        asyncio.run(client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList))
+        asyncio.run(client.scall(s.WS_LIST, s.ListWorkspaces()))
     assert e.value.sub is ErrorSub.NO_RESPONDERS  # told on, for _commit_alive
     # "no controller" in the words, another case: passed on as it is.
     other = _storage_client(monkeypatch, Unavailable("no controller, no answer", sub=ErrorSub.NO_ANSWER))
     with pytest.raises(Unavailable, match="no controller, no answer"):
-        asyncio.run(other.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList))
+        asyncio.run(other.scall(s.WS_LIST, s.ListWorkspaces()))
 
 
 @pytest.mark.parametrize("raises, reply, seen", [
@@ -66,8 +67,8 @@ class _Committing:
     def room(self) -> int:
         return 1 << 20
 
-    async def scall(self, verb, request, expect, timeout_s=None):
-        if verb == s.VERB_WS_COMMIT:
+    async def scall(self, verb, request, timeout_s=None):
+        if verb is s.WS_COMMIT:
             await asyncio.Event().wait()
         return s.CommitStatus(workspace="ws", committing=self.seen.pop(0))
 
@@ -84,13 +85,13 @@ def test_an_exec_start_tells_the_servers_refusal_from_the_agents(monkeypatch):
     from hfai.cli.exec import ExecClient
 
     def refusing(e: BaseException) -> ExecClient:
-        api = ExecClient(Config(nats=NatsConfig(url="nats://127.0.0.1:1")), user="alice")  # never connected
+        api = ApiClient(Config(nats=NatsConfig(url="nats://127.0.0.1:1")), user="alice")  # never connected
 
         async def request(*a, **k):
             raise e
 
         monkeypatch.setattr(api, "request", request)
-        return api
+        return ExecClient(api)
 
     with pytest.raises(Forbidden, match="run commands in jobs"):
         asyncio.run(refusing(Forbidden(REWORDED, sub=ErrorSub.SUBJECT_DENIED)).start("n0", None))  # type: ignore

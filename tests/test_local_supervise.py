@@ -164,4 +164,4 @@ async def _workspaces(c: LocalCluster) -> tuple:
 
     client = StorageClient(c.config(), user=c.owner)
     async with client:
-        return (await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)).workspaces
+        return (await client.scall(s.WS_LIST, s.ListWorkspaces())).workspaces

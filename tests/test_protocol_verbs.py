@@ -1,6 +1,8 @@
-"""The API's verb table (hfai.protocol.verbs): the controller serves exactly its verbs, decodes
-each request as the table's type, every request and reply type round-trips, and the client's
-``call`` takes a verb of the table and refuses a request of another type."""
+"""The API's verb table (hfai.protocol.verbs) and the storage service's (hfai.protocol.storage):
+each service serves exactly its table's verbs, decodes each request as the table's type, every
+request and reply type round-trips, and each client calls by its table (its own ``call``/``scall``
+takes a verb of the table and refuses a request of another type, sends copies of a repeatable one
+only) through the API client's public requests, not as a subclass of it."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from hfai.api.client import ApiClient
 from hfai.controller.api import ApiService
 from hfai.core.config import Config, NatsConfig
 from hfai.protocol import ProtocolError, _lazy, decode, encode, names, verbs
+from hfai.protocol import storage as s
 from hfai.protocol import types as t
 
 
@@ -49,7 +52,8 @@ def _sample(tp, depth: int = 0):
     return {str: "x1", int: 7, float: 2.5, bool: True, bytes: b"\x00b"}[tp]
 
 
-@pytest.mark.parametrize("kind", sorted({k for v in verbs.VERBS.values() for k in (v.request, v.reply)},
+@pytest.mark.parametrize("kind", sorted({k for v in (*verbs.VERBS.values(), *s.STORAGE_VERBS.values())
+                                         for k in (v.request, v.reply)},
                                         key=lambda k: k.__name__), ids=lambda k: k.__name__)
 def test_every_request_and_reply_type_round_trips(kind):
     msg = _sample(kind)
@@ -60,3 +64,66 @@ def test_call_takes_the_request_its_verb_names():
     client = ApiClient(Config(nats=NatsConfig(url="nats://127.0.0.1:1")), user="alice")  # never connected
     with pytest.raises(TypeError, match="status takes a JobRequest, not a StopRequest"):
         asyncio.run(client.call(verbs.STATUS, t.StopRequest(job="j1")))  # type: ignore[arg-type]
+
+
+def _storage_service():
+    from hfai.core.config import StorageConfig
+    from hfai.storage.service import StorageService
+
+    return StorageService(Config(storage=StorageConfig(workspace_root="/nonexistent/ws", state_dir="/nonexistent/st")))
+
+
+def test_the_storage_service_serves_every_verb_of_its_table_and_no_other():
+    assert _storage_service().served == set(s.STORAGE_VERBS)
+    assert all(verb.name == name for name, verb in s.STORAGE_VERBS.items())
+    # Every verb constant of the module is in the table: none is served or called outside it.
+    declared = {value for key, value in vars(s).items() if key.startswith("VERB_")}
+    assert declared == set(s.STORAGE_VERBS)
+
+
+@pytest.mark.parametrize("verb", sorted(s.STORAGE_VERBS.values(), key=lambda v: v.name), ids=lambda v: v.name)
+def test_the_storage_service_decodes_a_request_as_its_verbs_type(verb):
+    wrong = t.StopRequest(job="j1")  # no storage verb's request
+    with pytest.raises(ProtocolError, match=f"expected {verb.request.__name__}, got"):
+        asyncio.run(_storage_service()._dispatch(names.storage_subject("alice", verb.name), encode(wrong)))
+
+
+def _storage_client(sent: list):
+    from hfai.storage.client import StorageClient
+
+    client = StorageClient(Config(nats=NatsConfig(url="nats://127.0.0.1:1")), user="alice")  # never connected
+
+    async def request(subject, request, reply, *, timeout=None, repeatable=False, movable=False):
+        sent.append((subject, type(request), reply, repeatable))
+        return _sample(reply)
+
+    client.api.request = request  # type: ignore[method-assign]
+    return client
+
+
+def test_scall_takes_the_request_its_verb_names_and_types_the_reply_by_it():
+    sent: list = []
+    client = _storage_client(sent)
+    with pytest.raises(TypeError, match="ws_list takes a ListWorkspaces, not a WorkspaceRequest"):
+        asyncio.run(client.scall(s.WS_LIST, s.WorkspaceRequest(workspace="w")))  # type: ignore[arg-type]
+    assert sent == []
+    reply = asyncio.run(client.scall(s.WS_REMOVE, s.WorkspaceRequest(workspace="w")))
+    assert isinstance(reply, s.WorkspaceInfo)
+    assert sent == [("hfai.storage.alice.ws_remove", s.WorkspaceRequest, s.WorkspaceInfo, False)]
+
+
+def test_scall_sends_copies_of_a_repeatable_storage_verb_only():
+    sent: list = []
+    client = _storage_client(sent)
+    asyncio.run(client.scall(s.WS_LIST, s.ListWorkspaces()))
+    asyncio.run(client.scall(s.WS_PUT, s.PutRequest(workspace="w", chunks=())))
+    assert [(subject.rsplit(".", 1)[1], repeatable) for subject, _, _, repeatable in sent] == \
+        [("ws_list", True), ("ws_put", False)]
+
+
+def test_no_extension_subclasses_the_api_client():
+    """The storage client and hfai exec's use ApiClient's public calls by holding one."""
+    import hfai.cli.exec  # noqa: F401
+    import hfai.storage.client  # noqa: F401
+
+    assert ApiClient.__subclasses__() == []

@@ -276,7 +276,7 @@ def test_a_push_sends_no_more_a_request_than_the_server_delivers(nats_url):
         nc = await nats.connect(nats_url)
         try:
             client = StorageClient(Config())
-            client._nc = nc
+            client.api._nc = nc
             return nc.max_payload, client.request_size(StorageConfig().request_bytes)
         finally:
             await nc.close()
@@ -367,7 +367,7 @@ def test_the_service_answers_while_another_request_is_still_being_served(tmp_pat
             await release.wait()
             return s.WorkspaceList(workspaces=())
 
-        svc._handlers[s.VERB_WS_LIST] = (s.ListWorkspaces, slow)
+        svc._handlers[s.VERB_WS_LIST] = slow
         replies: asyncio.Queue = asyncio.Queue()
         # Bounded: before the fix the first call itself waited for the slow handler.
         await asyncio.wait_for(svc.handle(FakeMsg("hfai.storage.alice.ws_list", s.ListWorkspaces(), replies)), 10)

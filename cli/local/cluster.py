@@ -331,9 +331,9 @@ class LocalCluster:
 
         async def serving(client: StorageClient) -> bool:
             try:
-                if len(await client.nodes()) < self.nodes:
+                if len(await client.api.nodes()) < self.nodes:
                     return False
-                await client.scall(s.VERB_WS_LIST, s.ListWorkspaces(), s.WorkspaceList)  # a cheap verb
+                await client.scall(s.WS_LIST, s.ListWorkspaces())  # a cheap verb
             except Unavailable:
                 return False
             return await web_listens()
