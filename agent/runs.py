@@ -549,7 +549,8 @@ class RunStore:
                 pass
 
     def empty_trash(self) -> int:
-        """Delete what :meth:`cleanup` moved aside (blocking: the agent runs it in a thread);
+        """Delete what :meth:`cleanup` moved aside, but for up to SPARES_MAX run directories kept
+        for the next runs (:meth:`_keep_spare`) (blocking: the agent runs it in a thread);
         returns how many entries went."""
         gone = 0
         for entry in os.scandir(self.trash_dir) if self.trash_dir.is_dir() else ():

@@ -14,8 +14,9 @@ all on its path through the agent's event loop and its launcher. What each fsync
   ``Nats-Msg-Id`` and applying one twice changes nothing).
 
 What reaches the disk later, off the run's path: ``assignment`` and ``exit_code``, which the
-agent reads back after a reboot, are fsynced by a child of the launcher once the job is over
-(launcher.py), while the agent already reports the exit; a long run's assignment is written back
+agent reads back after a reboot, are fsynced once the job is over by the zygote that forked the
+launcher (a thread of it), else by a child of the launcher (launcher.py), while the agent already
+reports the exit; a long run's assignment is written back
 by the kernel meanwhile. A crash of the host before that leaves either file whole or missing (or
 empty), never torn. A missing exit status reads as a run killed with its node; the window in which
 a crash loses one is the few milliseconds of that fsync, and the agent reports the status in those
