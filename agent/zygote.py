@@ -116,13 +116,13 @@ def serve(requests, replies) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the launchers: no zombies
     sync_r, sync_w = os.pipe2(os.O_CLOEXEC)  # no job inherits either end
     os.set_blocking(sync_w, False)
-    threading.Thread(target=_sync_loop, args=(sync_r,), name="fsync", daemon=True).start()
+    threading.Thread(target=_sync_loop, args=(sync_r, bytearray()), name="fsync", daemon=True).start()
     try:
         _serve(requests, replies, sync_r, sync_w)
     finally:
         os.close(sync_w)
         os.set_blocking(sync_r, False)
-        _sync_handed(sync_r)  # what is in the pipe now (the thread may be syncing some of it too)
+        _sync_handed(sync_r, bytearray())  # what is in the pipe now (the thread may sync some of it too)
     return 0
 
 
@@ -145,22 +145,24 @@ def _serve(requests, replies, sync_r: int, sync_w: int) -> None:
         os.close(spare[1])  # the spare reads end of input and leaves
 
 
-def _sync_loop(sync_r: int) -> None:
+def _sync_loop(sync_r: int, rest: bytearray) -> None:
     """The fsync thread: the files the launchers hand over, a line each (NUL-separated paths)."""
-    while _sync_handed(sync_r):
+    while _sync_handed(sync_r, rest):
         pass
 
 
-def _sync_handed(sync_r: int) -> bool:
-    """fsync the files of the lines read from ``sync_r`` at once; False at its end (or, not
-    blocking, once empty). A line is whole in one read: each was written at once, below PIPE_BUF."""
+def _sync_handed(sync_r: int, rest: bytearray) -> bool:
+    """fsync the files of the whole lines read from ``sync_r`` at once (``rest``: a line's start
+    that the last read ended in, kept for the next); False at its end (or, not blocking, once
+    empty)."""
     try:
         data = os.read(sync_r, 1 << 16)
-    except BlockingIOError:
+    except OSError:  # BlockingIOError: nothing more now
         return False
-    except OSError:
-        return False
-    for line in data.splitlines():
+    rest += data
+    *lines, tail = bytes(rest).split(b"\n")
+    rest[:] = tail
+    for line in lines:
         launcher._fsync_all([os.fsdecode(p) for p in line.split(b"\0") if p])
     return bool(data)
 

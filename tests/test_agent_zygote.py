@@ -89,9 +89,14 @@ def test_a_forked_launcher_hands_its_fsyncs_to_the_zygote(tmp_path, monkeypatch)
     launcher._persist_after_exit(paths, sync_w)
     synced: list[list[str]] = []
     monkeypatch.setattr(launcher, "_fsync_all", synced.append)
-    assert zygote._sync_handed(sync_r) and synced == [paths]
+    rest = bytearray()
+    assert zygote._sync_handed(sync_r, rest) and synced == [paths]
+    os.write(sync_w, b"/a\0/b")  # a line cut by a read: synced once it is whole
+    assert zygote._sync_handed(sync_r, rest) and synced == [paths]
+    os.write(sync_w, b"c\n")
+    assert zygote._sync_handed(sync_r, rest) and synced == [paths, ["/a", "/bc"]]
     os.close(sync_w)
-    assert not zygote._sync_handed(sync_r)  # the pipe's end: the thread stops
+    assert not zygote._sync_handed(sync_r, rest)  # the pipe's end: the thread stops
     os.close(sync_r)
 
 
