@@ -13,7 +13,10 @@ The fit: least squares on the logarithm of the measured rates over a small grid 
 sync), with ``A`` solved in closed form, plus a weak prior that pulls towards a serial fraction
 (``PolicyConfig.prior_serial``, 0 by default) and no sync cost, so a job measured at one size
 (or none) is assumed to scale as the prior says until it has shown otherwise: that is how sizes
-not yet seen are predicted. The default prior is linear, what the ``hfai`` policy assumes of every
+not yet seen are predicted. Nor is a curve fitted that peaks between two measured sizes, well
+above both: a job as fast on 1 node as on 4 is flat, not fastest on 2 (a sync cost can bend a
+curve so, and the prior, which weighs a huge serial fraction more than a sync cost, would prefer
+it). The default prior is linear, what the ``hfai`` policy assumes of every
 job: a job without measurements at two sizes is sized exactly as ``hfai`` sizes it (bench/bench_elastic.py: a
 5% serial prior shortened the Pollux-derived traces' average JCT by up to 8% more, but made
 traces without curves worse by 1-4%, with twice the interruptions). Rates are whatever
@@ -32,6 +35,9 @@ from dataclasses import dataclass
 #: point off by 10% weighs about as much as doubling the serial fraction: two measured sizes
 #: decide the curve.
 PRIOR_WEIGHT = 0.01
+#: How much more than its best measured size the curve may promise a size between two measured
+#: ones (see _peaks_between).
+PEAK_TOLERANCE = 0.05
 _SERIAL = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _SYNC = (0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5)
 
@@ -74,9 +80,12 @@ def fit(points: tuple[tuple[int, float], ...], prior_serial: float = 0.0) -> Spe
     if not pts:
         return prior
     log_prior = math.log1p(prior_serial)
+    lo, hi = min(n for n, _ in pts), max(n for n, _ in pts)
     best, best_err = prior, math.inf
     for s in _SERIAL:
         for c in _SYNC:
+            if c and hi - lo > 1 and _peaks_between(s, c, lo, hi, {n for n, _ in pts}):
+                continue
             # log rate = log K - log shape(n): K in closed form, the residuals' mean is zero.
             res = [lr + math.log(_shape(s, c, n)) for n, lr in pts]
             mean = sum(res) / len(res)
@@ -85,6 +94,14 @@ def fit(points: tuple[tuple[int, float], ...], prior_serial: float = 0.0) -> Spe
             if err < best_err - 1e-12:
                 best, best_err = Speedup(s, c), err
     return best
+
+
+def _peaks_between(s: float, c: float, lo: int, hi: int, measured: set[int]) -> bool:
+    """Whether the curve (serial ``s``, sync ``c``) promises a size strictly between the measured
+    ``lo`` and ``hi`` more than :data:`PEAK_TOLERANCE` above every measured size: a peak where
+    nothing was measured, which two points (a job as fast on 1 node as on 4) never show."""
+    best = max(1.0 / _shape(s, c, n) for n in measured)
+    return any(1.0 / _shape(s, c, n) > best * (1 + PEAK_TOLERANCE) for n in range(lo + 1, hi) if n not in measured)
 
 
 def fit_points(points: Sequence[tuple[int, float]], prior_serial: float = 0.0) -> Speedup:
