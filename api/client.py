@@ -201,8 +201,7 @@ class ApiClient:
         sent again or elsewhere as the verb's ``repeatable`` and ``movable`` allow. ``timeout``:
         seconds to wait for it, other than ``[nats] request_timeout_s``. A refusal raises the
         typed error the reply names (:func:`hfai.protocol.errors.error_of`)."""
-        if not isinstance(request, verb.request):
-            raise TypeError(f"{verb.name} takes a {verb.request.__name__}, not a {type(request).__name__}")
+        verb.check(request)
         if isinstance(request, SubmitRequest) and not request.request_id:
             # Named, so that a copy sent through another server makes no second job.
             request = replace(request, request_id=os.urandom(8).hex())

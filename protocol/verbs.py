@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 
 from hfai.protocol import names
 from hfai.protocol._lazy import frozen_dataclass
+from hfai.protocol.codec import Encoded
 from hfai.protocol.types import (
     DrainRequest,
     EstimateReply,
@@ -58,6 +59,18 @@ class Verb(Generic[Req, Rep]):
     reply: type[Rep]
     repeatable: bool = False
     movable: bool = False
+
+    def check(self, request: object) -> None:
+        """Raise TypeError unless ``request`` is of this verb's request type, or one encoded
+        already (:class:`hfai.protocol.codec.Encoded`) whose kind is that type's."""
+        if isinstance(request, self.request):
+            return
+        kind = getattr(self.request, "KIND", None)
+        if isinstance(request, Encoded) and request.kind == kind:
+            return
+        got = f"an encoded {request.kind or 'message'}" if isinstance(request, Encoded) else \
+            f"a {type(request).__name__}"
+        raise TypeError(f"{self.name} takes a {self.request.__name__}, not {got}")
 
 
 SUBMIT = Verb(names.VERB_SUBMIT, SubmitRequest, JobReply, movable=True)

@@ -66,8 +66,7 @@ class StorageClient:
         """One request to the storage service (``verb``: an entry of hfai.protocol.storage's
         table), its typed reply; sent again as the verb's ``repeatable`` allows. ``timeout_s``:
         other than ``[nats] request_timeout_s``."""
-        if not isinstance(request, verb.request):
-            raise TypeError(f"{verb.name} takes a {verb.request.__name__}, not a {type(request).__name__}")
+        verb.check(request)
         subject = names.storage_subject(self.api.user, verb.name, operator=self.api.operator)
         # Here, not at the top: hfai.api.client loads nats-py first, its own way (api/_light_nats.py:
         # without aiohttp); by now it has.

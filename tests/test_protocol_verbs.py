@@ -127,3 +127,17 @@ def test_no_extension_subclasses_the_api_client():
     import hfai.storage.client  # noqa: F401
 
     assert ApiClient.__subclasses__() == []
+
+
+def test_a_request_encoded_already_is_taken_by_its_kind():
+    """A push sends its commit packed already (codec.encode_packed): the table still checks it."""
+    from hfai.protocol import codec
+
+    manifest = s.Manifest()
+    packed = codec.encode_packed(s.CommitRequest(workspace="w", manifest=manifest), manifest=codec.pack(manifest))
+    s.WS_COMMIT.check(packed)
+    with pytest.raises(TypeError, match="ws_put takes a PutRequest, not an encoded ws_commit_request"):
+        s.WS_PUT.check(packed)
+    sent: list = []
+    asyncio.run(_storage_client(sent).scall(s.WS_COMMIT, packed))
+    assert sent == [("hfai.storage.alice.ws_commit", codec.Encoded, s.WorkspaceInfo, False)]

@@ -63,8 +63,7 @@ def test_the_local_cluster_lets_a_push_send_its_configured_request_size(cluster)
     cluster.creds("tester")
 
     async def sizes(api) -> tuple[int, int]:
-        client = StorageClient(cluster.config, user="tester")
-        client._nc = api._nc  # the same authenticated connection, as a storage client
+        client = StorageClient(api=api)  # around the same authenticated connection
         return api._nc.max_payload, client.request_size(StorageConfig().request_bytes)
 
     announced, size = cluster.run(sizes)
