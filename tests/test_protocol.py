@@ -27,10 +27,10 @@ SPEC = JobSpec(name="mnist", entrypoint=("python", "train.py"), workdir="/home/a
 
 def test_golden_bytes_of_a_small_message():
     # Pinned: changing the encoding of an existing message breaks deployed agents and controllers.
-    # {"k": "stop_request", "v": [1, 10], "b": {"job": "abc"}}: only the minor version moved
-    # (1.2 to 1.10 added fields with defaults and new messages; a 1.1 peer still decodes this).
+    # {"k": "stop_request", "v": [1, 11], "b": {"job": "abc"}}: only the minor version moved
+    # (1.2 to 1.11 added fields with defaults and new messages; a 1.1 peer still decodes this).
     assert encode(StopRequest(job="abc")).hex() == (
-        "83" "a16b" "ac73746f705f72657175657374" "a176" "92010a" "a162" "81" "a36a6f62" "a3616263"
+        "83" "a16b" "ac73746f705f72657175657374" "a176" "92010b" "a162" "81" "a36a6f62" "a3616263"
     )
 
 
