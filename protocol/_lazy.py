@@ -21,6 +21,17 @@ Code that only needs to know a class's fields (the codec decoding a reply into i
 with ``object.__new__``, the config loader checking a file's keys) asks :func:`fields`, which reads
 them from a pending class's body as ``dataclass()`` would, without making it: a CLI call then
 makes only the classes whose instances it creates or compares.
+
+An adapter (docs/performance.md, "the adapters kept"): it stands in for ``dataclasses`` until a
+class is made, so it assumes two things of the installed Python, and a class made where either
+no longer holds raises :class:`AdapterError` instead of going on subtly different:
+
+* ``dataclass(frozen=True)`` adds exactly the names of ``_NAMES`` to a class (a new one, as
+  3.13's ``__replace__``, would be missing from a pending class);
+* the fields :func:`fields` read from a class's body are the ones ``dataclass()`` then finds.
+
+tests/test_cli_startup_adapters.py checks both against the installed Python for every class the
+protocol and a CLI call declare, and that each failure is loud.
 """
 
 from __future__ import annotations
@@ -77,6 +88,11 @@ def is_pending(cls: type) -> bool:
     return any(isinstance(cls.__dict__.get(name), _Pending) for name in _NAMES)
 
 
+class AdapterError(RuntimeError):
+    """``dataclasses`` no longer does what this module assumes of it (see the module docstring):
+    a Python upgrade this adapter must follow."""
+
+
 def materialize(cls: type[_T]) -> type[_T]:
     """Make ``cls`` the frozen dataclass it stands for now (once; later calls return at once)."""
     with _LOCK:
@@ -84,8 +100,30 @@ def materialize(cls: type[_T]) -> type[_T]:
         if mine:
             for name in mine:  # dataclass() adds only what the class does not define itself
                 delattr(cls, name)
+            before = set(cls.__dict__)
             dataclasses.dataclass(frozen=True)(cls)
+            _check(cls, set(cls.__dict__) - before)
     return cls
+
+
+def _check(cls: type, added: set[str]) -> None:
+    """Raise AdapterError where ``dataclass()``, having made ``cls`` (adding ``added``), did
+    other than this module stood in for."""
+    unknown = added - set(_NAMES)
+    if unknown:
+        raise AdapterError(f"dataclasses.dataclass() on Python {sys.version.split()[0]} adds "
+                           f"{', '.join(sorted(unknown))}, which hfai.protocol._lazy does not stand in for "
+                           f"(its _NAMES): a pending {cls.__qualname__} lacked them")
+    read = _FIELDS.get(cls)
+    if read is not None and _spec(read) != _spec(dataclasses.fields(cls)):
+        raise AdapterError(f"hfai.protocol._lazy read the fields of {cls.__qualname__} as {_spec(read)}, "
+                           f"dataclasses.dataclass() on Python {sys.version.split()[0]} as "
+                           f"{_spec(dataclasses.fields(cls))}")
+
+
+def _spec(found: tuple[dataclasses.Field, ...]) -> list[tuple]:
+    """What of each field a pending class's instances and the codec rely on."""
+    return [(f.name, f.type, f.default, f.default_factory, f.init, f.repr, f.hash, f.compare) for f in found]
 
 
 def is_dataclass(cls: type) -> bool:

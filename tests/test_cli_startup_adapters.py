@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import ClassVar  # at the top: dataclass() finds a string's ClassVar in the module
 
 import pytest
 
@@ -165,3 +166,70 @@ def test_glibcs_mallopt_takes_the_push_settings():
     out = subprocess.run([sys.executable, "-c", "from hfai.cli.workspace import keep_freed_memory\n"
                           "print(keep_freed_memory())"], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True"], out.stderr
+
+
+# ------------------------------------------------------------------------- hfai.protocol._lazy
+
+LAZY = """
+import dataclasses, importlib, json
+from hfai.protocol import _lazy
+import hfai.protocol.storage, hfai.protocol.waits
+from hfai.protocol.messages import MESSAGE_TYPES
+classes = list(MESSAGE_TYPES.values())
+for ref in %r:
+    module, name = ref.split(":")
+    classes.append(getattr(importlib.import_module(module), name))
+pending = [c.__name__ for c in classes if not _lazy.is_pending(c)]
+for c in classes:
+    _lazy.fields(c)  # read from its body first, so that making it compares the two
+    _lazy.materialize(c)  # AdapterError where dataclass() added or found other than _lazy read
+print(json.dumps({"count": len(classes), "made_before": pending,
+                  "all_made": all(dataclasses.is_dataclass(c) and not _lazy.is_pending(c) for c in classes)}))
+"""
+
+
+def test_dataclasses_adds_and_finds_what_lazy_stands_in_for_for_every_class_it_defers():
+    """Every lazily made class of the protocol and the CLI (tests/test_cli_speed_lazy.py names
+    the others), made by the installed Python's dataclass() after _lazy read its fields."""
+    from test_cli_speed_lazy import OTHERS
+
+    out = _fresh(LAZY % (OTHERS,))
+    assert out["count"] > 80 and out["made_before"] == [] and out["all_made"] is True
+
+
+def _point():
+    from hfai.protocol import _lazy
+
+    class Point:
+        KIND: ClassVar[str] = "point"
+        x: int
+        y: int = 0
+
+    return _lazy.frozen_dataclass(Point)
+
+
+def test_lazy_fails_loudly_where_dataclass_adds_a_name_it_does_not_stand_in_for(monkeypatch):
+    from hfai.protocol import _lazy
+
+    # As if a Python release added __repr__ (as 3.13 added __replace__): a pending class lacks it.
+    monkeypatch.setattr(_lazy, "_NAMES", tuple(n for n in _lazy._NAMES if n != "__repr__"))
+    P = _point()
+    with pytest.raises(_lazy.AdapterError, match=r"adds __repr__, which hfai.protocol._lazy does not stand in for"):
+        P(1)  # type: ignore[call-arg]  # its first instance past PLAIN_INITS, or any other use, makes it
+        _lazy.materialize(P)
+
+
+def test_lazy_fails_loudly_where_dataclass_finds_other_fields_than_it_read(monkeypatch):
+    import dataclasses
+
+    from hfai.protocol import _lazy
+
+    P = _point()
+    read = _lazy.fields(P)
+    assert [f.name for f in read] == ["x", "y"]
+    # As if dataclass() read a class body otherwise: what _lazy read no longer matches.
+    changed = dataclasses.field(default=5)
+    changed.name, changed.type = "y", "int"
+    monkeypatch.setitem(_lazy._FIELDS, P, (read[0], changed))
+    with pytest.raises(_lazy.AdapterError, match=r"read the fields of .*Point as"):
+        _lazy.materialize(P)
