@@ -70,12 +70,14 @@ def encode(msg: Any) -> bytes:
 @frozen_dataclass
 class Encoded:
     """A message already encoded (by :func:`encode_packed`), which :func:`encode` hands on as it
-    is: a handler may return it wherever its reply would be encoded."""
+    is: a handler may return it wherever its reply would be encoded, a client send it wherever
+    its request would be. ``kind``: the message's kind tag, which the envelope in ``data`` names."""
 
     data: bytes
+    kind: str = ""
 
     def __repr__(self) -> str:  # not the bytes: a page is half a megabyte
-        return f"Encoded({len(self.data)} bytes)"
+        return f"Encoded({self.kind or 'message'}, {len(self.data)} bytes)"
 
 
 def pack(msg: Any, **packed: bytes) -> bytes:
@@ -116,7 +118,7 @@ def encode_packed(msg: Any, **packed: bytes) -> Encoded:
     if head is None:
         head = _HEADS[kind] = b"".join([_MAP_HEADERS[3], *(msgpack.packb(x) for x in ("k", kind, "v")),
                                         msgpack.packb(list(PROTOCOL_VERSION)), msgpack.packb("b")])
-    return Encoded(head + pack(msg, **packed))
+    return Encoded(head + pack(msg, **packed), kind)
 
 
 # Only for headers (each call returns its bytes and resets the packer; it runs under the GIL).
@@ -226,58 +228,9 @@ def _encoder(tp: type) -> Any:
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    """The type of each of ``cls``'s fields, as ``typing.get_type_hints`` finds them. The usual
-    annotations (a name, ``X | None``, ``tuple[X, ...]``, the scalars and their tuples and maps)
-    are looked up rather than compiled and evaluated one by one as get_type_hints does, a fifth
-    of its cost. Anything else: get_type_hints."""
-    import sys
-
-    # A message names the types of its own module (protocol/jobs.py, nodes.py, ...), where it
-    # imports them; protocol/types.py, which names every one, stands in for any it does not.
-    module = vars(sys.modules[cls.__module__])
-    own = cls.__dict__.get("__annotations__", {})
-    try:
-        return {f.name: _annotation(own[f.name], module) for f in _lazy.fields(cls)}
-    except (_Unusual, KeyError):
-        return typing.get_type_hints(cls, {**vars(t), **module})
-
-
-class _Unusual(Exception):
-    """An annotation :func:`_annotation` leaves to typing.get_type_hints."""
-
-
-_COMMON: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "bytes": bytes,
-                           "tuple[str, ...]": tuple[str, ...], "tuple[int, ...]": tuple[int, ...],
-                           "dict[str, str]": dict[str, str], "dict[str, int]": dict[str, int]}
-
-
-def _annotation(text: Any, module: dict[str, Any]) -> Any:
-    """What the annotation ``text`` names in ``module`` (then hfai.protocol.types), where it is one
-    of the forms :func:`_hints` looks up; else :class:`_Unusual`."""
-    if not isinstance(text, str):
-        raise _Unusual
-    common = _COMMON.get(text)
-    if common is not None:
-        return common
-    if text.isidentifier():
-        return _named(text, module)
-    if text.endswith(" | None") and text[:-7].isidentifier():
-        return _named(text[:-7], module) | None
-    if text.startswith("tuple[") and text.endswith(", ...]") and text[6:-6].isidentifier():
-        return tuple[_named(text[6:-6], module), ...]  # type: ignore[misc]
-    raise _Unusual
-
-
-def _named(name: str, module: dict[str, Any]) -> Any:
-    found = module.get(name, _MISSING)
-    if found is _MISSING:
-        found = vars(t).get(name, _MISSING)
-    if not isinstance(found, type):  # a builtin, a typing alias, a name not found: not looked up here
-        raise _Unusual
-    return found
-
-
-_MISSING = object()
+    """The type of each of ``cls``'s fields (its annotations evaluated by typing.get_type_hints in
+    its module, where a message imports the types it names), once per class."""
+    return typing.get_type_hints(cls)
 
 
 def _from_wire(cls: type, body: Any, where: str) -> Any:
