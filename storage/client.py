@@ -18,6 +18,7 @@ from typing import Self, TypeVar
 from hfai.api.client import ApiClient
 from hfai.core.config import Config
 from hfai.protocol import encode, names
+from hfai.protocol.codec import Encoded
 from hfai.protocol.errors import ErrorSub, HfaiError, InvalidRequest, Unavailable
 from hfai.protocol.verbs import Verb
 
@@ -62,10 +63,11 @@ class StorageClient:
         if self._owned:
             await self.api.close()
 
-    async def scall(self, verb: Verb[Req, Rep], request: Req, *, timeout_s: float | None = None) -> Rep:
+    async def scall(self, verb: Verb[Req, Rep], request: Req | Encoded, *, timeout_s: float | None = None) -> Rep:
         """One request to the storage service (``verb``: an entry of hfai.protocol.storage's
-        table), its typed reply; sent again as the verb's ``repeatable`` allows. ``timeout_s``:
-        other than ``[nats] request_timeout_s``."""
+        table), its typed reply; sent again as the verb's ``repeatable`` allows. ``request``: of
+        the verb's type, or one encoded already (a commit's, packed). ``timeout_s``: other than
+        ``[nats] request_timeout_s``."""
         verb.check(request)
         subject = names.storage_subject(self.api.user, verb.name, operator=self.api.operator)
         # Here, not at the top: hfai.api.client loads nats-py first, its own way (api/_light_nats.py:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hfai.api.workspace import MARKER_DIR, Marker, read_marker, write_marker
 from hfai.protocol import storage as s
-from hfai.protocol.codec import encode_packed, pack
+from hfai.protocol.codec import Encoded, encode_packed, pack
 from hfai.protocol.errors import Conflict, ErrorSub, Unavailable
 from hfai.storage import manifest as mf
 from hfai.storage import rules, transport
@@ -231,7 +231,8 @@ async def commit(client: StorageClient, name: str, manifest: s.Manifest, timeout
     committing it) ends the wait with Unavailable within seconds, not ``timeout_s``."""
     if packed is None:
         packed = pack(manifest)
-    request: object = encode_packed(s.CommitRequest(workspace=name, manifest=manifest), manifest=packed)
+    request: s.CommitRequest | Encoded = encode_packed(s.CommitRequest(workspace=name, manifest=manifest),
+                                                       manifest=packed)
     if len(packed) > client.room():  # the manifest goes ahead in pieces, the commit names them
         whole = mf.manifest_head() + packed
         upload = await transport.upload(client, name, whole)
