@@ -1,15 +1,16 @@
 """What the CLI and the web page both show, worded once (the layers: both sit above this one, so
 neither imports the other nor the controller for it): text made safe for a terminal, ages, an
-elastic job's measured throughput and fitted curve, the quota defaults' sentence, and usage
-reports' totals and CSV."""
+elastic job's measured throughput and GPU use per size and its fitted curve, the quota defaults'
+sentence, and usage reports' totals and CSV."""
 
 from __future__ import annotations
 
+import dataclasses
 import unicodedata
 from collections.abc import Iterable
 
-from hfai.protocol.speedup import fit_points
-from hfai.protocol.types import JobRecord, Priority, UsageRow
+from hfai.protocol.speedup import LOW_GPU_UTIL, UTIL_MIN_S, fit_points, idle_cap, persistent_utilization
+from hfai.protocol.types import JobRecord, Priority, SizeRate, UsageRow
 
 DAY_S = 86400.0
 
@@ -42,22 +43,46 @@ def age(seconds: float) -> str:
 
 
 def throughput_lines(j: JobRecord) -> list[str]:
-    """An elastic job's measured throughput per size, the speedup curve fitted to it, and its
-    measured restart cost: what the scheduler sizes it by (docs/scheduling.md)."""
+    """An elastic job's measured throughput, one line per size with how busy its nodes' GPUs were
+    there, the speedup curve fitted to it, and its measured restart cost: what the scheduler sizes
+    it by (docs/scheduling.md). A size it kept its GPUs mostly idle at is said to stop its growth,
+    as the gain policy takes it (its default ``low_gpu_util``); the CLI labels the lines, the job
+    page lists them."""
     rates = j.throughput
     if not rates:
         return []
     unit = clean(j.throughput_unit or "steps")
-    measured = ", ".join(f"{r.nodes} node{'s' if r.nodes > 1 else ''} {r.rate:.3g}" for r in rates)
-    lines = [f"throughput {unit}/s measured: {measured}"]
-    if j.spec.elastic:
-        curve = fit_points([(r.nodes, r.rate) for r in rates])
-        lines.append(f"{'':<11}fitted speedup on 1..{j.spec.max_nodes} nodes: "
-                     + " ".join(f"{curve.relative(n):.2f}" for n in range(1, j.spec.max_nodes + 1)))
+    s = j.spec
+    # Only an elastic job is grown by its curve; at its largest size there is nothing to stop.
+    stops = {r.nodes for r in rates if s.elastic and r.nodes < s.max_nodes}
+    lines = [_size_line(r, unit, r.nodes in stops) for r in rates]
+    if s.elastic:
+        cap = idle_cap(persistent_utilization(rates))
+        curve = dataclasses.replace(fit_points([(r.nodes, r.rate) for r in rates]), cap=cap)
+        lines.append(f"fitted speedup on 1..{s.max_nodes} nodes: "
+                     + " ".join(f"{curve.relative(n):.2f}" for n in range(1, s.max_nodes + 1))
+                     + (f" (flat past {_nodes(cap)}: its GPUs sat idle there)" if 0 < cap < s.max_nodes else ""))
     restart = float(j.restart_s)
     if restart:
-        lines.append(f"{'':<11}a restart costs it {age(restart)} (its latest interruption and start)")
+        lines.append(f"a restart costs it {age(restart)} (its latest interruption and start)")
     return lines
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node{'s' if n != 1 else ''}"
+
+
+def _size_line(r: SizeRate, unit: str, may_stop: bool) -> str:
+    """"2 nodes: 41.2 steps/s, GPUs 35% busy (too idle to grow past)": the GPUs' share is the mean
+    over its nodes' heartbeats while it ran at that size (none said: left out)."""
+    line = f"{_nodes(r.nodes)}: {r.rate:.3g} {unit}/s"
+    if r.gpu_util is None:
+        return line
+    line += f", GPUs {r.gpu_util:.0f}% busy"
+    if may_stop and r.gpu_util < LOW_GPU_UTIL:
+        line += (" (too idle to grow past)" if r.util_s >= UTIL_MIN_S else
+                 f" (too idle to grow past once so for {age(UTIL_MIN_S)}: {age(r.util_s)} so far)")
+    return line
 
 
 def quota_defaults(needed_above: int) -> str:

@@ -246,7 +246,8 @@ def _extras(j: JobRecord) -> list[str]:
     peak, cpu = j.peak_bytes, j.cpu_s
     if peak or cpu:
         lines.append(f"resources  peak memory {_size(peak)} (one rank's run, at most), CPU time {age(cpu)} (all runs)")
-    lines.extend(throughput_lines(j))
+    # Its throughput and GPU use per size, its curve, its restart cost: one item a line.
+    lines.extend(f"{'throughput' if i == 0 else '':<11}{line}" for i, line in enumerate(throughput_lines(j)))
     if s.array_id:
         lines.append(f"array      {clean(s.array_id)} index {s.array_index}"
                      + (f" (at most {s.array_limit} at once)" if s.array_limit else ""))

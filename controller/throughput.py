@@ -25,9 +25,8 @@ from hfai.protocol.types import evolve as replace
 
 #: Seconds of earlier measurements at a size that weigh against a new window at most.
 MEMORY_S = 600.0
-#: Seconds of GPU utilisation measured at a size before it says anything of the job's scaling
-#: (JobView.gpu_util): a few heartbeats' samples, each of an instant, are no evidence.
-UTIL_MIN_S = 300.0
+# What of the utilisation kept per size the policy sees (UTIL_MIN_S, persistent_utilization) is
+# in hfai.protocol.speedup: `hfai status` and the job page say the same without the controller.
 
 
 def _avg(old: float | None, old_s: float, new: float, new_s: float) -> float:
@@ -53,12 +52,6 @@ def nodes_utilization(records: Mapping[str, NodeRecord], nodes: Iterable[str]) -
     agent samples NVML), or None where no heartbeat of theirs reports a GPU."""
     utils = [g.utilization for n in nodes if (r := records.get(n)) is not None for g in r.gpus]
     return sum(utils) / len(utils) if utils else None
-
-
-def persistent_utilization(rates: Iterable[SizeRate]) -> tuple[tuple[int, float], ...]:
-    """``(nodes, GPU utilisation %)`` of the sizes whose utilisation was measured over at least
-    :data:`UTIL_MIN_S`: what the policy sees (JobView.gpu_util)."""
-    return tuple((r.nodes, r.gpu_util) for r in rates if r.gpu_util is not None and r.util_s >= UTIL_MIN_S)
 
 
 def last_suspension_s(job: JobRecord) -> float:

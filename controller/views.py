@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from hfai.controller.policy import JobView, PolicyConfig
-from hfai.controller.throughput import persistent_utilization
 from hfai.core.config import ControllerConfig
 from hfai.protocol.quotas import quotas_of
+from hfai.protocol.speedup import persistent_utilization
 from hfai.protocol.types import JOB_DEV, DrainedNodes, JobRecord, QuotaTable
 
 

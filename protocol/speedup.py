@@ -27,8 +27,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hfai.protocol.types import SizeRate
 
 #: The prior's weight against the squared log error of the measured points: the prior counts
 #: the parameters' distance in log terms (log(1 + serial), log(1 + 10 sync)), weighted 0.01, so a
@@ -38,6 +42,13 @@ PRIOR_WEIGHT = 0.01
 #: How much more than its best measured size the curve may promise a size between two measured
 #: ones (see _peaks_between).
 PEAK_TOLERANCE = 0.05
+#: A job whose GPUs were used less than this (%, the mean over its nodes) at a size gains nothing
+#: from more nodes than that: its bottleneck is elsewhere (input, storage, communication). The
+#: gain policy's default (``PolicyConfig.low_gpu_util``), and what ``hfai status`` says of a size.
+LOW_GPU_UTIL = 40.0
+#: Seconds of GPU utilisation measured at a size before it says anything of the job's scaling: a
+#: few heartbeats' samples, each of an instant, are no evidence.
+UTIL_MIN_S = 300.0
 _SERIAL = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _SYNC = (0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5)
 
@@ -107,3 +118,15 @@ def _peaks_between(s: float, c: float, lo: int, hi: int, measured: set[int]) -> 
 def fit_points(points: Sequence[tuple[int, float]], prior_serial: float = 0.0) -> Speedup:
     """:func:`fit` of any sequence (sorted and made hashable for the cache)."""
     return fit(tuple(sorted(points)), prior_serial)
+
+
+def persistent_utilization(rates: Iterable[SizeRate]) -> tuple[tuple[int, float], ...]:
+    """``(nodes, GPU utilisation %)`` of the sizes whose utilisation was measured over at least
+    :data:`UTIL_MIN_S` (``SizeRate.gpu_util``): what the policy sees (JobView.gpu_util)."""
+    return tuple((r.nodes, r.gpu_util) for r in rates if r.gpu_util is not None and r.util_s >= UTIL_MIN_S)
+
+
+def idle_cap(gpu_util: Iterable[tuple[int, float]], low: float = LOW_GPU_UTIL) -> int:
+    """The smallest size at which the job kept its GPUs used less than ``low`` % (0: none): its
+    curve's :attr:`Speedup.cap`, past which more nodes will not help it."""
+    return min((n for n, util in gpu_util if util < low), default=0)

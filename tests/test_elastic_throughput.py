@@ -261,8 +261,9 @@ def test_the_restart_cost_is_the_last_interruption_and_the_next_runs_startup():
 
 
 def test_the_gpu_utilisation_of_the_jobs_nodes_is_kept_beside_each_window():
-    from hfai.controller.throughput import UTIL_MIN_S, nodes_utilization
+    from hfai.controller.throughput import nodes_utilization
     from hfai.protocol.nodes import GpuStat, NodeRecord
+    from hfai.protocol.speedup import UTIL_MIN_S
 
     def node(name, *utils):
         gpus = tuple(GpuStat(index=i, name="g", utilization=u, memory_used=0, memory_total=1, temperature=0.0,
@@ -323,12 +324,44 @@ def test_status_and_the_job_page_show_the_measured_rates_the_curve_and_the_resta
     job = replace(record(), throughput=(SizeRate(nodes=1, rate=10.0), SizeRate(nodes=2, rate=19.0)),
                   throughput_unit="samples", restart_s=42.0)
     text = job_details(job)
-    assert "samples/s measured: 1 node 10, 2 nodes 19" in text
-    assert "fitted speedup on 1..4 nodes: 1.00 1.9" in text
+    assert "throughput 1 node: 10 samples/s\n           2 nodes: 19 samples/s\n" in text
+    assert "fitted speedup on 1..4 nodes: 1.00 1.9" in text and "flat past" not in text
     assert "a restart costs it" in text
     page = job_detail(job)["throughput"]
-    assert page[0].startswith("throughput samples/s measured") and len(page) == 3
+    assert page[0] == "1 node: 10 samples/s" and len(page) == 4
     assert "throughput" not in job_details(record()).split("history:")[0]  # nothing measured, nothing said
+
+
+def test_status_and_the_job_page_show_how_busy_the_gpus_were_per_size_and_a_size_too_idle_to_grow_past():
+    from hfai.cli.render import job_details
+    from hfai.protocol.speedup import UTIL_MIN_S
+    from hfai.web.views import job_detail
+
+    busy = SizeRate(nodes=1, rate=20.0, seconds=900.0, gpu_util=93.4, util_s=900.0)
+    idle = SizeRate(nodes=2, rate=41.2, seconds=900.0, gpu_util=35.0, util_s=UTIL_MIN_S)
+    job = replace(record(), throughput=(busy, idle), throughput_unit="steps")
+    text = job_details(job)
+    assert "throughput 1 node: 20 steps/s, GPUs 93% busy\n" in text
+    assert "2 nodes: 41.2 steps/s, GPUs 35% busy (too idle to grow past)\n" in text
+    # The curve shown is the one the policy sizes it by: flat past the idle size.
+    assert "fitted speedup on 1..4 nodes: 1.00 2.00 2.00 2.00 (flat past 2 nodes: its GPUs sat idle there)" in text
+    page = job_detail(job)["throughput"]
+    assert page[:2] == ["1 node: 20 steps/s, GPUs 93% busy",
+                        "2 nodes: 41.2 steps/s, GPUs 35% busy (too idle to grow past)"]
+    assert page[2].endswith("(flat past 2 nodes: its GPUs sat idle there)")
+    # Idle, but not yet for long enough to count: said so, and the curve is not capped.
+    short = replace(job, throughput=(busy, replace(idle, util_s=120.0)))
+    text = job_details(short)
+    assert "2 nodes: 41.2 steps/s, GPUs 35% busy (too idle to grow past once so for 5m: 2m so far)" in text
+    assert "flat past" not in text
+    # Not said where it means nothing: at its largest size, and of a rigid job.
+    top = replace(job, throughput=(busy, replace(idle, nodes=4)))
+    assert "GPUs 35% busy\n" in job_details(top) and "too idle" not in job_details(top)
+    rigid = replace(job, spec=replace(job.spec, min_nodes=0, max_nodes=0, nodes=2))
+    assert "GPUs 35% busy" in job_details(rigid) and "too idle" not in job_details(rigid)
+    # No heartbeat said: the rate alone.
+    quiet = replace(job, throughput=(SizeRate(nodes=1, rate=20.0),))
+    assert "throughput 1 node: 20 steps/s\n" in job_details(quiet)
 
 
 def test_a_job_measured_at_fewer_than_two_sizes_grows_as_hfai_grows_it_whatever_the_slice():

@@ -77,8 +77,10 @@ async function load(){const j=await getJSON('/api/jobs/'+JOB);
   const watch=w?` · watchdog ${dur(w.watchdog_s)}, silent for ${dur(w.silent_s)} on ${w.node} at ${when(w.ts)}`:'';
   document.getElementById('meta').textContent=`${j.user} · ${j.group} · ${j.priority} · run ${j.run_id} · `+
     `${j.suspends} suspend(s) · submitted ${when(j.submitted)}${used}${watch}`;
-  // An elastic job's measured throughput per size, its fitted speedup curve (docs/scheduling.md).
-  document.getElementById('meta').textContent+=(j.throughput||[]).map(t=>' · '+t).join('');
+  // Its measured throughput and GPU use per size, its fitted speedup curve (docs/scheduling.md).
+  const tp=j.throughput||[];
+  document.getElementById('throughput-label').hidden=!tp.length;
+  document.getElementById('throughput').replaceChildren(...tp.map(t=>el('li',t)));
   document.getElementById('history').replaceChildren(
     ...j.history.map(e=>el('li',`${when(e.ts)}  ${e.state}  ${e.reason}`)));
   gantt(document.getElementById('timeline'), 'Its nodes over its life: this job and any other that held them',
@@ -281,6 +283,8 @@ def job_page(user: str, job_id: str, poll_s: float, name: str = "", owner: str =
     heading = (f"{html.escape(name or job_id)} <small class='sub'>job {html.escape(job_id)}"
                f"{' of ' + html.escape(owner) if owner else ''}</small>")
     body = ("<p id='meta'></p><p>state <b id='state'></b> — <span id='reason'></span></p>" + actions +
+            "<p id='throughput-label' hidden>throughput (what the scheduler sizes it by):</p>"
+            "<ul id='throughput'></ul>" +
             "<h2>Timeline</h2><p class='note'>Each bar is a run on a node; marks: preemptions, time slices, "
             "suspend acknowledgements, resumes (hover for the reason).</p><div id='timeline' class='chart'></div>"
             "<h2>GPUs over its runs</h2><div class='pair'><div id='job-util' class='chart'></div>"

@@ -53,17 +53,14 @@ def job_detail(j: JobRecord) -> dict:
             "started": j.started_ts, "ended": j.ended_ts, "waiting": j.state.waiting,
             # What its runs used (their cgroups): one rank's peak memory, all runs' CPU time.
             "peak_bytes": j.peak_bytes, "cpu_s": round(j.cpu_s, 3),
-            # An elastic job's measured throughput per size, its fitted curve, its restart cost.
-            "throughput": _throughput_lines(j),
+            # Its measured throughput and GPU use per size, an elastic job's fitted curve (flat
+            # past a size its GPUs sat idle at), its restart cost: one line each.
+            "throughput": throughput_lines(j),
             # Its log watchdog as its nodes last said (None: none, or not running).
             "watchdog": None if j.watchdog is None else {
                 "watchdog_s": j.watchdog.watchdog_s, "silent_s": round(j.watchdog.silent_s, 3),
                 "node": j.watchdog.node, "ts": j.watchdog.ts},
             "history": [{"ts": e.ts, "state": e.state.value, "reason": describe(e)} for e in j.history]}
-
-
-def _throughput_lines(j: JobRecord) -> list[str]:
-    return [" ".join(line.split()) for line in throughput_lines(j)]
 
 
 def node_row(info: NodeInfo, now: float, names: dict[str, str] | None = None) -> dict:

@@ -40,7 +40,7 @@ from hfai.controller.policy.views import Decision, JobView, NodeView, PolicyConf
 from hfai.controller.queues import GroupJobs, JobIndex
 from hfai.protocol import reasons
 from hfai.protocol.errors import InvalidRequest
-from hfai.protocol.speedup import Speedup, fit
+from hfai.protocol.speedup import Speedup, fit, idle_cap
 
 
 def model_of(job: JobView, config: PolicyConfig) -> Speedup:
@@ -48,8 +48,8 @@ def model_of(job: JobView, config: PolicyConfig) -> Speedup:
     past the smallest size it kept its GPUs mostly idle at (``low_gpu_util``): there, whatever
     the fit says of sizes not yet seen, more nodes will not help."""
     model = fit(job.throughput, config.prior_serial)
-    idle = [n for n, util in job.gpu_util if util < config.low_gpu_util]
-    return replace(model, cap=min(idle)) if idle else model
+    cap = idle_cap(job.gpu_util, config.low_gpu_util)
+    return replace(model, cap=cap) if cap else model
 
 
 def _even(x: float) -> float:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from hfai.protocol.quotas import Quotas
 from hfai.protocol.reasons import Reason, render
+from hfai.protocol.speedup import LOW_GPU_UTIL
 from hfai.protocol.types import ChainState
 
 
@@ -41,7 +42,7 @@ class PolicyConfig:
     #: The gain policy takes a job whose GPUs were used less than this (%, mean over its nodes,
     #: persistently: JobView.gpu_util) at some size to gain nothing from more nodes than that:
     #: its bottleneck is elsewhere (input, storage, communication).
-    low_gpu_util: float = 40.0
+    low_gpu_util: float = LOW_GPU_UTIL
     #: Attained-service bands, in slices of node-time (``slice_s`` node-seconds; with the default
     #: slice: 1, 8 and 64 node-hours). Within a priority, jobs in a lower band (less service so far)
     #: go first and may take a time slice from jobs in a higher one; FIFO within a band.
