@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 import urllib.error
 import urllib.parse
@@ -249,7 +250,9 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
         wait.until(lambda _d: row_state(low.id) == "running")
         d.save_screenshot(str(shots / "2-jobs-running.png"))
 
-        high = c.submit([*STEPS, "100000", "0.05"], name="urgent", priority=Priority.HIGH)
+        # Its steps counted in windows of 1 s (the default 20 s would outlast the page's waits).
+        high = c.submit([*STEPS, "100000", "0.05"], name="urgent", priority=Priority.HIGH,
+                        env={"HFAI_THROUGHPUT_INTERVAL_S": "1"})
         wait.until(lambda _d: row_state(low.id) == "suspended")
         wait.until(lambda _d: row_state(high.id) == "running")
         d.save_screenshot(str(shots / "3-jobs-suspended.png"))
@@ -268,6 +271,12 @@ def test_browser_sign_in_watch_suspend_logs_stop_and_gpu_chart(cluster, tmp_path
         # Its log watchdog: the cluster's default time, and how long it has been silent.
         wait.until(lambda _d: "watchdog 30 min, silent for " in d.find_element(By.ID, "meta").text)
         assert " on node-0 at " in d.find_element(By.ID, "meta").text
+        # Its steps/s where it ran, and how busy its node's GPUs were meanwhile, one line a size
+        # under their own label (a rigid job's: nothing said of growing).
+        wait.until(lambda _d: "GPUs" in d.find_element(By.ID, "throughput").text)
+        measured = [li.text for li in d.find_elements(By.CSS_SELECTOR, "#throughput li")]
+        assert len(measured) == 1 and re.fullmatch(r"1 node: [\d.]+ steps/s, GPUs \d+% busy", measured[0]), measured
+        assert d.find_element(By.ID, "throughput-label").is_displayed()
         d.find_element(By.ID, "stop").click()
         d.switch_to.alert.accept()
         wait.until(lambda _d: d.find_element(By.ID, "state").text == "stopped")

@@ -283,7 +283,7 @@ def job_page(user: str, job_id: str, poll_s: float, name: str = "", owner: str =
     heading = (f"{html.escape(name or job_id)} <small class='sub'>job {html.escape(job_id)}"
                f"{' of ' + html.escape(owner) if owner else ''}</small>")
     body = ("<p id='meta'></p><p>state <b id='state'></b> — <span id='reason'></span></p>" + actions +
-            "<p id='throughput-label' hidden>throughput (what the scheduler sizes it by):</p>"
+            "<p id='throughput-label' hidden>measured throughput, per size it ran at:</p>"
             "<ul id='throughput'></ul>" +
             "<h2>Timeline</h2><p class='note'>Each bar is a run on a node; marks: preemptions, time slices, "
             "suspend acknowledgements, resumes (hover for the reason).</p><div id='timeline' class='chart'></div>"
