@@ -4,7 +4,7 @@ slower or different `hfai` call (docs/performance.md, "Adapters"):
 
 * hfai.api._light_nats: nats-py's transport imports aiohttp in a ``try`` and runs without it;
   nats-py reads its version with importlib.metadata in a ``try``; its core client needs nothing
-  of ``nats.js`` to load (a lazily loaded module is enough).
+  of ``nats.js`` to load (a stand-in that imports the real one at first use is enough).
 * hfai.auth.nkey: PyNaCl's private cffi module ``nacl._sodium`` is there and signs as PyNaCl's
   public ``nacl.bindings`` does.
 * hfai.cli.main._exit_now: CPython's ``atexit._run_exitfuncs`` runs the handlers, once.
@@ -42,7 +42,8 @@ import hfai.api._light_nats
 import nats.aio.client, nats.aio.transport
 loaded = {name: name in sys.modules for name in ("aiohttp", "importlib.metadata", "nats.js.api", "nats.js.client")}
 out = {"loaded": loaded, "transport_aiohttp": nats.aio.transport.aiohttp is None,
-       "version": nats.aio.client.__version__, "js_in_place": "nats.js" in sys.modules}
+       "version": nats.aio.client.__version__, "js_in_place": "nats.js" in sys.modules,
+       "stand_in": nats.js.__doc__.startswith("hfai.api._light_nats's stand-in")}
 import nats.js
 out["js_context"] = nats.js.JetStreamContext.__name__  # its first use runs the module
 import importlib.metadata
@@ -56,9 +57,23 @@ def test_nats_py_loads_without_aiohttp_and_importlib_metadata_and_with_nats_js_l
     assert out["loaded"] == {"aiohttp": False, "importlib.metadata": False, "nats.js.api": False,
                              "nats.js.client": False}
     assert out["transport_aiohttp"] is True  # nats-py's own fallback: no WebSocket transport yet
-    assert out["js_in_place"] is True  # in place, not run: nats.js.client is loaded by running it
+    assert out["js_in_place"] is False  # the next import loads the real one by the usual path
+    assert out["stand_in"] is True  # what the core client reads at its first use of nats.js
     assert out["js_context"] == "JetStreamContext"
     assert out["version"] == out["installed"]  # read from its .dist-info folder: what CONNECT sends
+
+
+def test_a_submodule_of_nats_js_imported_after_the_core_client_is_loaded_once():
+    """An ``except nats.js.errors.X`` in the process must catch what nats.js's client raises: with
+    the standard library's LazyLoader it did not (the submodule ran twice, so two classes)."""
+    out = _fresh("import json, sys\n"
+                 "import hfai.api._light_nats\n"
+                 "import nats, nats.js.errors\n"
+                 "import nats.js.client, nats.js.kv\n"
+                 "print(json.dumps([nats.js.client.BucketNotFoundError is nats.js.errors.BucketNotFoundError,\n"
+                 "                  nats.js.JetStreamContext is nats.js.client.JetStreamContext,\n"
+                 "                  nats.js is sys.modules['nats.js'], nats.js.api.Header.__name__]))")
+    assert out == [True, True, True, "Header"]
 
 
 def test_what_is_hidden_while_nats_py_loads_is_importable_again_after():
