@@ -142,9 +142,22 @@ def _own_v2_path() -> str | None:
     return None
 
 
-def _try_write(path: Path, text: str) -> bool:
+def _write(path: str | Path, text: str) -> None:
+    """Write a cgroup file with two system calls. The run's cgroup is made and joined by its
+    launcher, a process forked from the zygote: Path.write_text's text layer (an encoder, a
+    buffered writer) is Python code the launcher would run, and every object it touches copies a
+    page from the zygote (docs/performance.md)."""
+    # As write_text opens it: on a cgroup's own files, O_CREAT and O_TRUNC do nothing.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
-        path.write_text(text)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _try_write(path: str | Path, text: str) -> bool:
+    try:
+        _write(path, text)
         return True
     except OSError:
         return False
@@ -165,34 +178,40 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
 class RunCgroup:
     """One run's cgroup (one folder per hierarchy), used by its launcher."""
 
+    # Folders as strings and files through os calls (_write, _read): the launcher, forked from the
+    # zygote, runs this on every run's path, where pathlib's Python code copies pages (see _write).
     def __init__(self, kind: CgroupKind, dirs: tuple[str, ...]):
         self.kind = kind
-        self.dirs = tuple(Path(d) for d in dirs)
+        self.dirs = tuple(os.fspath(d) for d in dirs)
 
     @classmethod
     def create(cls, kind: CgroupKind, dirs: tuple[str, ...], memory_bytes: int, pids_max: int) -> RunCgroup:
         cg = cls(kind, dirs)
         for d in cg.dirs:
-            d.mkdir(exist_ok=True)
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                pass
+        mem = cg.dirs[0]
         if memory_bytes > 0:
             if kind is CgroupKind.V2:
-                (cg.dirs[0] / "memory.max").write_text(str(memory_bytes))
-                _try_write(cg.dirs[0] / "memory.swap.max", "0")
+                _write(f"{mem}/memory.max", str(memory_bytes))
+                _try_write(f"{mem}/memory.swap.max", "0")
             else:
-                (cg.dirs[0] / "memory.limit_in_bytes").write_text(str(memory_bytes))
-                _try_write(cg.dirs[0] / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swapping past it
+                _write(f"{mem}/memory.limit_in_bytes", str(memory_bytes))
+                _try_write(f"{mem}/memory.memsw.limit_in_bytes", str(memory_bytes))  # no swapping past it
         if pids_max > 0:
-            pids = cg.dirs[0] if kind is CgroupKind.V2 else cg.dirs[1]
-            (pids / "pids.max").write_text(str(pids_max))
+            pids = mem if kind is CgroupKind.V2 else cg.dirs[1]
+            _write(f"{pids}/pids.max", str(pids_max))
         return cg
 
     def join(self, pid: int) -> None:
         for d in self.dirs:
-            (d / "cgroup.procs").write_text(f"{pid}\n")
+            _write(f"{d}/cgroup.procs", f"{pid}\n")
 
     def members(self) -> set[int]:
         try:
-            text = (self.dirs[0] / "cgroup.procs").read_text()
+            text = _read_or_fail(f"{self.dirs[0]}/cgroup.procs")
         except OSError:
             return set()
         return {int(p) for p in text.split()}
@@ -213,12 +232,12 @@ class RunCgroup:
     def usage(self) -> Usage:
         mem = self.dirs[0]
         if self.kind is CgroupKind.V2:
-            peak = _read_int(mem / "memory.peak")
-            events = parse_flat_keyed(_read(mem / "memory.events"))
-            cpu = parse_flat_keyed(_read(mem / "cpu.stat")).get("usage_usec", 0) / 1e6
+            peak = _read_int(f"{mem}/memory.peak")
+            events = parse_flat_keyed(_read(f"{mem}/memory.events"))
+            cpu = parse_flat_keyed(_read(f"{mem}/cpu.stat")).get("usage_usec", 0) / 1e6
             return Usage(peak, cpu, events.get("oom_kill", 0))
-        peak = _read_int(mem / "memory.max_usage_in_bytes")
-        oom = parse_flat_keyed(_read(mem / "memory.oom_control")).get("oom_kill", 0)
+        peak = _read_int(f"{mem}/memory.max_usage_in_bytes")
+        oom = parse_flat_keyed(_read(f"{mem}/memory.oom_control")).get("oom_kill", 0)
         return Usage(peak, 0.0, oom)  # v1: no CPU time here (V1_CONTROLLERS); the launcher's rusage has it
 
     def remove(self) -> bool:
@@ -228,7 +247,7 @@ class RunCgroup:
         left = False
         for d in self.dirs:
             try:
-                d.rmdir()
+                os.rmdir(d)
             except FileNotFoundError:
                 pass
             except OSError:
@@ -259,14 +278,26 @@ def _reap_children() -> None:
             return
 
 
-def _read(path: Path) -> str:
+def _read_or_fail(path: str) -> str:
+    """A cgroup file's text, read with os calls (see _write)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return path.read_text()
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def _read(path: str) -> str:
+    try:
+        return _read_or_fail(path)
     except OSError:
         return ""
 
 
-def _read_int(path: Path) -> int:
+def _read_int(path: str) -> int:
     try:
         return int(_read(path).split()[0])
     except (ValueError, IndexError):

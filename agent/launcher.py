@@ -324,10 +324,15 @@ def _end_cgroup(run: RunCgroup | None, run_dir: str, limit: int) -> tuple[Usage,
 def _floor_oom_score() -> None:
     """An out-of-memory kill in the run's cgroup takes the job, never this launcher (root only)."""
     try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("-1000")
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"-1000")  # os calls, not open(): see _PRCTL
     except OSError:
         pass
+    finally:
+        os.close(fd)
 
 
 CONTAINER_FIND_S = 2.0  # how long the launcher looks for the job inside a new container
@@ -361,13 +366,24 @@ PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_ROUNDS = 50  # kill-and-reap rounds (each a generation of orphans), 0.1 s apart at most
 
 
+def _find_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Found once, at import: in the zygote, before it forks the launchers. A CDLL made in each
+# launcher builds a class and a function pointer there, whose objects copy pages from the zygote
+# on every run's path (docs/performance.md).
+_PRCTL = _find_prctl()
+
+
 def _become_subreaper() -> None:
     """Make the processes the job orphans (a double fork, setsid) children of this launcher, so
     that end_leftovers finds them. Linux >= 3.4; elsewhere the group kill alone remains."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _children() -> list[int]:

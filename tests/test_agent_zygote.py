@@ -115,3 +115,32 @@ def test_a_launcher_whose_zygote_is_gone_fsyncs_all_the_same(tmp_path, monkeypat
     launcher._persist_after_exit([str(tmp_path / "exit_code")], sync_w)
     assert synced == [[str(tmp_path / "exit_code")]]
     os.close(sync_w)
+
+
+def test_a_forked_launcher_becomes_a_subreaper_with_the_prctl_found_before_the_fork(monkeypatch):
+    # A CDLL made in each launcher built a class and a function pointer there, whose objects
+    # copied pages from the zygote on every run's path; the launcher module finds prctl once, at
+    # import (in the zygote), and a launcher only calls it.
+    import ctypes
+
+    from hfai.agent import launcher
+
+    prctl = launcher._PRCTL
+    assert prctl is not None  # Linux
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a CDLL made in the launcher")
+
+    monkeypatch.setattr(ctypes, "CDLL", refuse)
+    pid = os.fork()
+    if pid == 0:  # the launcher's part, in a child: this test process must not become a subreaper
+        code = 3
+        try:
+            launcher._become_subreaper()
+            flag = ctypes.c_int(0)
+            prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+            code = 0 if flag.value == 1 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

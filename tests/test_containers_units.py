@@ -138,6 +138,33 @@ def test_v2_cgroup_files(tmp_path):
     assert cg.usage() == Usage(peak_bytes=777, cpu_s=1.5, oom_kills=1)
 
 
+def test_a_run_cgroup_is_made_joined_read_and_removed_with_os_calls(tmp_path, monkeypatch):
+    # The launcher, forked from the zygote, does this on every run's path: pathlib's and the text
+    # layer's Python code there copied pages from the zygote (about 70 page faults a run,
+    # docs/performance.md). The files' protocol is the same as through pathlib.
+    dirs = _fake_v1(tmp_path)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("pathlib on the launcher's path")
+
+    for name in ("mkdir", "rmdir", "write_text", "read_text", "open"):
+        monkeypatch.setattr(Path, name, refuse)
+    cg = RunCgroup.create(CgroupKind.V1, dirs, memory_bytes=2**30, pids_max=100)
+    assert isinstance(cg.dirs[0], str)
+    cg.join(4242)
+    assert cg.members() == {4242}
+    mem = dirs[0]
+    for name, text in (("memory.max_usage_in_bytes", "123456\n"), ("memory.oom_control", "oom_kill 2\n")):
+        with open(os.path.join(mem, name), "w") as f:
+            f.write(text)
+    assert cg.usage() == Usage(peak_bytes=123456, cpu_s=0.0, oom_kills=2)
+    assert not cg.remove()  # the fake folders hold files: not removed, and no error
+    for d in dirs:
+        for name in os.listdir(d):
+            os.unlink(os.path.join(d, name))
+    assert cg.remove() and not any(os.path.exists(d) for d in dirs)
+
+
 def test_kill_all_spares_the_launcher_and_returns_when_the_cgroup_is_empty(tmp_path):
     dirs = _fake_v1(tmp_path)
     cg = RunCgroup.create(CgroupKind.V1, dirs, 0, 0)
