@@ -22,6 +22,7 @@ from hfai.agent.sandbox import (
     signal_status,
 )
 
+HIDDEN_FOR_TEST = ("/etc/shadow", "/etc/hfai")
 HOST = {"/usr": "dir", "/bin": "link:usr/bin", "/lib": "link:usr/lib", "/etc": "dir", "/etc/shadow": "file",
         "/etc/hfai": "dir"}
 
@@ -56,6 +57,18 @@ def test_the_layout_is_the_guides_and_holds_nothing_else():
     order = [m.dst for m in mounts]
     assert order.index("/etc") < order.index("/etc/shadow")
     assert order.index("/opt/py") < order.index("/ws/alice")
+
+
+def test_sys_is_bound_after_every_other_mount_but_one_inside_it():
+    # /sys brings its own mounts (the cgroup hierarchies) into the table that bwrap reads again
+    # for every later bind: bound last, none of those reads go over them.
+    host = {**HOST, "/sys": "dir", "/opt": "dir"}
+    order = [m.dst for m in plan_mounts(_paths(host=host))]
+    assert order[-1] == "/sys" and order.index("/dev/nvidia0") < order.index("/sys")
+    # Were something mounted inside it, /sys stays before it (else it would cover it).
+    order = [m.dst for m in plan_mounts(_paths(host={**host, "/sys/firmware": "dir"},
+                                               hidden=(*HIDDEN_FOR_TEST, "/sys/firmware")))]
+    assert order.index("/sys") < order.index("/sys/firmware")
 
 
 def test_no_home_no_private_datasets_and_absent_system_folders():
