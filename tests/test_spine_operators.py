@@ -13,6 +13,7 @@ from hfai.protocol.types import ChainState, Priority
 pytestmark = pytest.mark.slow
 
 STEPS = str(JOBS / "steps.py")
+SCALING = str(JOBS / "scaling_steps.py")
 N = Priority.NORMAL
 
 
@@ -58,7 +59,9 @@ def test_drained_node_gets_no_work_until_undrained(tmp_path):
 
 def test_elastic_job_grows_into_idle_nodes_and_shrinks_when_others_wait(tmp_path):
     with Cluster(tmp_path, nodes=2, slice_s=1.0) as c:
-        r = c.cli("submit", "-n", "1:2", "--name", "elastic", "python", STEPS, "150", "0.1", cwd=tmp_path)
+        # A job that scales (its steps/s double on two nodes): the default policy grows a job only
+        # by the gain it measured or expects, and a flat one is rightly left on one node.
+        r = c.cli("submit", "-n", "1:2", "--name", "elastic", "python", SCALING, "300", "0.1", "1", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         elastic = c.job("elastic")
         assert (elastic.spec.min_nodes, elastic.spec.max_nodes) == (1, 2)
