@@ -50,7 +50,10 @@ def test_dump_to_a_directory_of_parts(tmp_path, n, nfiles, parts):
         warnings.simplefilter("always")
         dump(samples, out, nfiles=nfiles)
     assert sorted(os.listdir(out)) == [f"PART_{k:05d}.ffr" for k in range(parts)]
-    assert bool(caught) == (parts != nfiles)  # fewer parts than asked for: a warning says so
+    # Fewer parts than asked for: a warning says so. Only dump's own counts: "always" also lets in
+    # whatever the collector finalises meanwhile (an earlier test's unclosed socket).
+    split = [w for w in caught if "samples split into" in str(w.message)]
+    assert bool(split) == (parts != nfiles)
     r = FileReader(out)
     assert [pickle.loads(s) for s in r.read(list(range(r.n)))] == [i * 2 for i in range(n)]
     assert not [p for p in os.listdir(out.parent) if p.startswith(".")]  # no temporary left
