@@ -15,15 +15,19 @@ Once per launcher kind ([agent] launcher: forked from a zygote, or exec'd) and c
 container: bwrap, or none), with their ratios.
 
     python bench/bench_throughput.py [--jobs 500] [--nodes 3] [--launchers fork,exec] [--containers bwrap,none]
+                                     [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import dataclasses
+import fcntl
 import itertools
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -184,35 +188,87 @@ class Batch:
     cluster_s: tuple[float, float] | None  # the cluster's processes' CPU, and its kernel part (None: not measured)
 
 
-def measure(args, launcher: str, container: str) -> Batch:
-    """One batch on a fresh cluster whose agents start launchers the way ``launcher`` says and
-    run jobs in ``container`` ("bwrap" or "none": bare processes, without cgroups either); also
-    the CPU seconds it took."""
-    with tempfile.TemporaryDirectory(prefix="hfai-bench-tp-") as tmp:
-        if args.keep:
-            tmp = f"{args.keep}/{launcher}-{container}"
-        # Jobs run as the agent's own account: "bench" has no Unix account here.
-        agent = dataclasses.replace(LOCAL_AGENT, run_as="agent", launcher=launcher, container=container,
-                                    cgroups=container != "none")
-        cluster = LocalCluster(root=Path(tmp), nodes=args.nodes, agent=agent)
-        cpu = ClusterCpu(f"hfai-bench-{os.getpid()}-{launcher}-{container}")
+# ext4's FS_IOC_GETFLAGS / FS_IOC_SETFLAGS and its "top of a directory hierarchy" flag (chattr +T).
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000
+
+
+def batches_folder(keep: str | None) -> str:
+    """The folder the batches' clusters are made in, one each (all deleted at the bench's end).
+
+    Marked as the top of a hierarchy (chattr +T) where the filesystem has the flag: ext4 then
+    places each folder made in it, a batch's cluster, in a block group of its own choosing (the
+    Orlov allocator's spread, as for folders made in /), rather than next to its parent. On ext4
+    without a journal a new inode steps over every inode of its group freed in the last five
+    minutes (docs/performance.md): an earlier batch's cluster, deleted next to the new one, would
+    tax every file the new batch makes, and the figure would say how recently the bench last ran."""
+    base = keep or tempfile.mkdtemp(prefix="hfai-bench-tp-")
+    os.makedirs(base, exist_ok=True)
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            with cpu:
-                cluster.up()
-            cluster.wait_ready()
-            config = cluster.config()
-            cluster.user_creds("bench")
-            creds = str(cluster.service_creds("controller-0", Role.CONTROLLER))
-            before = asyncio.run(kv_revisions(config, creds))
-            busy0, cpu0 = host_busy_s(), cpu.read()
-            took, jobs = asyncio.run(run_batch(config, args.jobs, tmp, args.timeout))
-            busy, cpu1 = host_busy_s() - busy0, cpu.read()
-            after = asyncio.run(kv_revisions(config, creds))
+            flags = array.array("l", [0])
+            fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+            flags[0] |= _FS_TOPDIR_FL
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, flags, True)
         finally:
-            cluster.down()
-            cpu.remove()
+            os.close(fd)
+    except OSError:
+        pass  # another filesystem, or not allowed: the clusters lie next to each other
+    return base
+
+
+def measure(args, launcher: str, container: str, folder: str) -> Batch:
+    """One batch on a fresh cluster (in ``folder``) whose agents start launchers the way
+    ``launcher`` says and run jobs in ``container`` ("bwrap" or "none": bare processes, without
+    cgroups either); also the CPU seconds it took."""
+    tmp = tempfile.mkdtemp(prefix=f"{launcher}-{container}-", dir=folder)
+    # Jobs run as the agent's own account: "bench" has no Unix account here.
+    agent = dataclasses.replace(LOCAL_AGENT, run_as="agent", launcher=launcher, container=container,
+                                cgroups=container != "none")
+    cluster = LocalCluster(root=Path(tmp), nodes=args.nodes, agent=agent)
+    cpu = ClusterCpu(f"hfai-bench-{os.getpid()}-{launcher}-{container}")
+    try:
+        with cpu:
+            cluster.up()
+        cluster.wait_ready()
+        config = cluster.config()
+        cluster.user_creds("bench")
+        creds = str(cluster.service_creds("controller-0", Role.CONTROLLER))
+        before = asyncio.run(kv_revisions(config, creds))
+        busy0, cpu0 = host_busy_s(), cpu.read()
+        took, jobs = asyncio.run(run_batch(config, args.jobs, tmp, args.timeout))
+        busy, cpu1 = host_busy_s() - busy0, cpu.read()
+        after = asyncio.run(kv_revisions(config, creds))
+    finally:
+        cluster.down()
+        cpu.remove()
     spent = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]) if cpu0 is not None and cpu1 is not None else None
     return Batch(took, jobs, before, after, busy, spent)
+
+
+def report(args, launcher: str, container: str, b: Batch, load_before: float) -> float:
+    """Print one batch's figures; returns its jobs/s."""
+    took, jobs, before, after, busy = b.took, b.jobs, b.before, b.after, b.host_busy_s
+    rate = args.jobs / took
+    jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
+    assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
+    # The host's other work takes cores from the cluster under test: say how busy it was.
+    print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes, launchers by {launcher}, container "
+          f"{container}: {took:.1f} s "
+          f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
+          f"{rate / SLURM_JOBS_PER_S:.2f}x)")
+    print(f"  KV writes per job   {jobs_w:8.2f} job records + {assign_w:.2f} assignments")
+    if b.cluster_s is not None:
+        total_s, kernel_s = b.cluster_s
+        print(f"  cluster CPU per job {total_s / args.jobs * 1000:8.1f} ms   ({kernel_s / args.jobs * 1000:.1f} ms "
+              "in the kernel; its processes' own: nats-server, controller, agents, launchers, containers, jobs)")
+    print(f"  host CPU per job    {busy / args.jobs * 1000:8.1f} ms   ({busy:.1f} of {took * os.cpu_count():.1f} "
+          f"core-seconds busy while the batch ran, whatever ran)")
+    agent_s, leader_s = breakdown(jobs)
+    print(f"  per job (medians)   {agent_s * 1000:8.0f} ms start decided -> exit recorded, "
+          f"{leader_s * 1000:.0f} ms exit recorded -> next start on the node", flush=True)
+    return rate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,41 +280,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--containers", default="bwrap",
                    help="[agent] container of each run, in order: bwrap (a compute container and cgroup per run) "
                         "and/or none (bare processes); with both, their ratio")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="batches of each kind, taking turns; the figures compared are their medians")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--keep", help="run the clusters under this directory and keep them (logs) afterwards")
     args = p.parse_args(argv)
-    rates = {}
-    for launcher, container in itertools.product(args.launchers.split(","), args.containers.split(",")):
-        load_before = os.getloadavg()[0]
-        b = measure(args, launcher, container)
-        took, jobs, before, after, busy = b.took, b.jobs, b.before, b.after, b.host_busy_s
-        rate = rates[launcher, container] = args.jobs / took
-        jobs_w = (after[names.BUCKET_JOBS] - before[names.BUCKET_JOBS]) / args.jobs
-        assign_w = (after[names.BUCKET_ASSIGN] - before[names.BUCKET_ASSIGN]) / args.jobs
-        # The host's other work takes cores from the cluster under test: say how busy it was.
-        print(f"{args.jobs} one-node `true` jobs on {args.nodes} nodes, launchers by {launcher}, container "
-              f"{container}: {took:.1f} s "
-              f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)")
-        print(f"  throughput          {rate:8.2f} jobs/s   (Slurm {SLURM_JOBS_PER_S} jobs/s: "
-              f"{rate / SLURM_JOBS_PER_S:.2f}x)")
-        print(f"  KV writes per job   {jobs_w:8.2f} job records + {assign_w:.2f} assignments")
-        if b.cluster_s is not None:
-            total_s, kernel_s = b.cluster_s
-            print(f"  cluster CPU per job {total_s / args.jobs * 1000:8.1f} ms   ({kernel_s / args.jobs * 1000:.1f} ms "
-                  "in the kernel; its processes' own: nats-server, controller, agents, launchers, containers, jobs)")
-        print(f"  host CPU per job    {busy / args.jobs * 1000:8.1f} ms   ({busy:.1f} of {took * os.cpu_count():.1f} "
-              f"core-seconds busy while the batch ran, whatever ran)")
-        agent_s, leader_s = breakdown(jobs)
-        print(f"  per job (medians)   {agent_s * 1000:8.0f} ms start decided -> exit recorded, "
-              f"{leader_s * 1000:.0f} ms exit recorded -> next start on the node", flush=True)
+    if args.rounds < 1 or args.jobs < 1:
+        p.error("--rounds and --jobs must be at least 1")
+    kinds = list(itertools.product(args.launchers.split(","), args.containers.split(",")))
+    rates: dict[tuple[str, str], list[float]] = {k: [] for k in kinds}
+    folder = batches_folder(args.keep)
+    try:
+        for n in range(args.rounds):
+            for launcher, container in kinds:
+                if args.rounds > 1:
+                    print(f"[round {n + 1} of {args.rounds}]", end=" ")
+                load_before = os.getloadavg()[0]
+                b = measure(args, launcher, container, folder)
+                rates[launcher, container].append(report(args, launcher, container, b, load_before))
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)  # after the last batch: see batches_folder
+    rate = {k: statistics.median(v) for k, v in rates.items()}
+    if args.rounds > 1:
+        for (launcher, container), v in rates.items():
+            print(f"median of {args.rounds} batches, launchers by {launcher}, container {container}: "
+                  f"{rate[launcher, container]:.2f} jobs/s (each: {', '.join(f'{r:.2f}' for r in v)})")
     first = args.containers.split(",")[0]
-    if {("fork", first), ("exec", first)} <= rates.keys():
-        print(f"fork vs exec launchers, same run: {rates['fork', first]:.2f} / {rates['exec', first]:.2f} jobs/s = "
-              f"{rates['fork', first] / rates['exec', first]:.2f}x")
+    if {("fork", first), ("exec", first)} <= rate.keys():
+        print(f"fork vs exec launchers, same run: {rate['fork', first]:.2f} / {rate['exec', first]:.2f} jobs/s = "
+              f"{rate['fork', first] / rate['exec', first]:.2f}x")
     for launcher in args.launchers.split(","):
-        if {(launcher, "bwrap"), (launcher, "none")} <= rates.keys():
-            print(f"containers vs bare processes ({launcher}), same run: {rates[launcher, 'bwrap']:.2f} / "
-                  f"{rates[launcher, 'none']:.2f} jobs/s = {rates[launcher, 'bwrap'] / rates[launcher, 'none']:.2f}x")
+        if {(launcher, "bwrap"), (launcher, "none")} <= rate.keys():
+            print(f"containers vs bare processes ({launcher}), same run: {rate[launcher, 'bwrap']:.2f} / "
+                  f"{rate[launcher, 'none']:.2f} jobs/s = {rate[launcher, 'bwrap'] / rate[launcher, 'none']:.2f}x")
     return 0
 
 
