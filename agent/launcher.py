@@ -137,9 +137,12 @@ def main(argv: list[str], syncer: int | None = None) -> int:
             # The node's fault, not the job's: it runs without limits rather than not at all.
             out.write(f"=== hfai: this run has no cgroup (no memory or process limit): {e} ===\n".encode())
             cgroup = None
+        # bwrap's monitor tells the container's pid 1 on this pipe (--info-fd) right after making it.
+        info = os.pipe2(os.O_CLOEXEC) if spec.limits.contained else None
         try:
-            child = _spawn(spec, out.job_fd)
+            child = _spawn(spec, out.job_fd, info[1] if info is not None else None)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
+            _close(*(info or ()))
             out.write(f"hfai: cannot start {spec.argv[0]!r}{_as_whom(spec)}: {_reason(e, spec)}\n".encode())
             write_state(exit_file, "127\n", durable=True)
             return 127
@@ -150,7 +153,7 @@ def main(argv: list[str], syncer: int | None = None) -> int:
         # The job's process group: in a container, the session bwrap made for it (led by the
         # container's pid 1, which takes no signal it has no handler for but SIGKILL), so that
         # signals reach the job and not bwrap, whose death ends the container.
-        group = [_container_init(child) if contained else child.pid]
+        group = [_container_init(child, *info) if info is not None else child.pid]
         write_state(os.path.join(run_dir, "child_pid"), f"{group[0]}\n", pool=BLANK_POOL)  # see statefile.py
 
         def forward(signum, _frame):
@@ -336,30 +339,67 @@ def _floor_oom_score() -> None:
 
 
 CONTAINER_FIND_S = 2.0  # how long the launcher looks for the job inside a new container
+SESSION_POLL_S = 0.001  # how often it asks whether the container's pid 1 made its session yet
 
 
-def _container_init(child: subprocess.Popen) -> int:
+def _container_init(child: subprocess.Popen, info_r: int, info_w: int) -> int:
     """The pid (as this launcher sees it) of the container's pid 1 that bwrap ``child`` made:
     bwrap's monitor -> pid 1 (a session and process group leader: ``--new-session``) -> the job,
-    in pid 1's group. ``child.pid`` if it cannot be found in time (a job that ended at once):
-    signalling bwrap then ends the container, which is the fallback."""
+    in pid 1's group. ``child.pid`` if it cannot be found in time (a job that ended at once, a
+    container that failed to start): signalling bwrap then ends the container, the fallback.
+
+    The monitor writes pid 1's pid on ``info_r``'s pipe (``--info-fd``, JSON) as it makes it,
+    before the container is set up; pid 1 makes its session once it is (a few ms later), and
+    only then does a signal to the group reach it: until then the launcher asks the kernel for
+    pid 1's session (a system call every SESSION_POLL_S). It once looked for pid 1 and its child in
+    /proc every millisecond instead: 1.7 ms of CPU per run (docs/performance.md)."""
+    os.close(info_w)  # bwrap has its copy: the pipe ends when the monitor closes it
     deadline = time.monotonic() + CONTAINER_FIND_S
-    while time.monotonic() < deadline and child.poll() is None:
-        for init in _children_of(child.pid):
-            if _children_of(init):  # pid 1 started the job: its session is made
+    init, ended = _read_init(info_r, deadline)
+    if ended:
+        os.close(info_r)
+    # Else the monitor has yet to write (a host too busy to run it for seconds): the read end stays
+    # open until this launcher exits, as bwrap gives up the container if its write finds none.
+    if init is None:
+        return child.pid
+    while time.monotonic() < deadline:
+        try:
+            if os.getsid(init) == init:
                 return init
-        time.sleep(0.001)
+        except ProcessLookupError:
+            return child.pid  # pid 1 is gone already: so is the container
+        if child.poll() is not None:
+            return child.pid
+        time.sleep(SESSION_POLL_S)
     return child.pid
 
 
-def _children_of(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except (FileNotFoundError, ProcessLookupError):
-        return []
-    except OSError:
-        return []
+def _read_init(fd: int, deadline: float) -> tuple[int | None, bool]:
+    """pid 1's pid from bwrap's --info-fd output (``{"child-pid": N, ...}``) read to its end, and
+    whether the end came; None if it did not by ``deadline``, or if the monitor wrote no pid (it
+    failed first)."""
+    data = b""
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            try:
+                pid = json.loads(data)["child-pid"]
+            except (ValueError, KeyError, TypeError):
+                return None, True
+            return (pid if isinstance(pid, int) and pid > 0 else None), True
+        data += chunk
+    return None, False
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -467,8 +507,9 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def _spawn(spec: LaunchSpec, log: int) -> subprocess.Popen:
-    """Start the job in a session of its own, in its workdir, as its user.
+def _spawn(spec: LaunchSpec, log: int, info_fd: int | None = None) -> subprocess.Popen:
+    """Start the job in a session of its own, in its workdir, as its user; in a container, with
+    ``info_fd`` given to bwrap as its --info-fd (see _container_init).
 
     No ``preexec_fn``: Python runs one in the forked child only after a full fork (no vfork) and
     its own after-fork work, the largest part of a trivial job's cycle. The workdir must still be entered as the
@@ -477,8 +518,12 @@ def _spawn(spec: LaunchSpec, log: int) -> subprocess.Popen:
     (:func:`_enter_as`), and the job inherits it. Without a switch, ``cwd`` does the same."""
     common: dict[str, Any] = dict(env=spec.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   start_new_session=True)
+    argv = list(spec.argv)
+    if info_fd is not None:
+        argv[1:1] = ["--info-fd", str(info_fd)]
+        common["pass_fds"] = (info_fd,)
     if spec.switch is None:
-        return subprocess.Popen(spec.argv, cwd=spec.cwd, **common)
+        return subprocess.Popen(argv, cwd=spec.cwd, **common)
     uid, gid, groups = spec.switch.uid, spec.switch.gid, list(spec.switch.groups)
     here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -487,7 +532,7 @@ def _spawn(spec: LaunchSpec, log: int) -> subprocess.Popen:
         except OSError as e:
             raise _WorkdirError(e.errno, e.strerror, spec.cwd) from None
         # extra_groups is always given, even empty: otherwise the job keeps root's groups.
-        return subprocess.Popen(spec.argv, user=uid, group=gid, extra_groups=groups, **common)
+        return subprocess.Popen(argv, user=uid, group=gid, extra_groups=groups, **common)
     finally:
         os.fchdir(here)  # the launcher keeps no hold on the job's directory
         os.close(here)
