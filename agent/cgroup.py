@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CgroupKind", "CgroupSetup", "RunCgroup", "Usage", "detect", "parse_flat_keyed", "sigkill_each"]
+__all__ = ["CgroupKind", "CgroupSetup", "RunCgroup", "Usage", "detect", "parse_flat_keyed", "remove_left",
+           "sigkill_each"]
 
 CGROUP_FS = "/sys/fs/cgroup"
 # Not cpuacct: every hierarchy a run joins costs its launcher a cgroup migration (an RCU grace
@@ -34,6 +36,9 @@ CGROUP_FS = "/sys/fs/cgroup"
 # run's processes, has their CPU time in its own rusage (launcher.py).
 V1_CONTROLLERS = ("memory", "pids")
 KILL_ROUNDS = 200  # kill-and-look rounds (each catches what forked meanwhile; the pids limit bounds it)
+# A run's cgroup is "<job>.<run>" (a run key); one left empty this long is nobody's (remove_left).
+_RUN_CGROUP = re.compile(r"^[A-Za-z0-9_-]{1,64}\.[0-9]{1,18}$")
+LEFT_AGE_S = 600.0
 
 
 class CgroupKind(enum.Enum):
@@ -73,6 +78,34 @@ def detect(node: str, root: str = CGROUP_FS, name: str = "hfai") -> CgroupSetup:
     if v1.kind is CgroupKind.V1:
         return v1
     return CgroupSetup(CgroupKind.NONE, reason=f"no cgroups for runs: {v2.reason}; {v1.reason}")
+
+
+def remove_left(setup: CgroupSetup, min_age_s: float = LEFT_AGE_S, now: float | None = None) -> int:
+    """Remove the run cgroups under ``setup``'s folders that hold no process and were made more than
+    ``min_age_s`` ago; returns how many went. An agent removes a run's cgroup as it forgets the run,
+    but one that stops in between (a restart, a cluster taken down with its runs), or whose state
+    was deleted, leaves empty folders behind, each a memory cgroup the kernel keeps: the node's next
+    agent calls this as it starts. Other clusters on the host may use the same node's name (local
+    clusters do): a cgroup holding a process refuses removal (EBUSY), and the age spares the one a
+    launcher made but has not joined yet (microseconds, by the folder's change time)."""
+    now = time.time() if now is None else now
+    gone = 0
+    for base in setup.bases:
+        try:
+            entries = list(os.scandir(base))
+        except OSError:
+            continue
+        for e in entries:
+            if not _RUN_CGROUP.match(e.name):
+                continue
+            try:
+                if not e.is_dir(follow_symlinks=False) or now - e.stat(follow_symlinks=False).st_ctime < min_age_s:
+                    continue
+                os.rmdir(e.path)
+                gone += 1
+            except OSError:
+                continue  # busy (a live run's), or gone meanwhile
+    return gone
 
 
 def _detect_v1(node: str, root: str, name: str) -> CgroupSetup:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hfai import base_envs
 from hfai.agent import safefs
-from hfai.agent.cgroup import CgroupKind, CgroupSetup, detect
+from hfai.agent.cgroup import CgroupKind, CgroupSetup, detect, remove_left
 from hfai.agent.identity import RUN_AS_SUBMITTER, JobIdentity
 from hfai.agent.launchspec import CgroupPlace, Limits
 from hfai.agent.sandbox import (
@@ -260,6 +260,8 @@ def make_containment(ac, node: str, storage_workspace_root: str, dataset_root: s
     if cgroups.kind is CgroupKind.NONE:
         notes.append(cgroups.reason)
         log.warning("runs on node %s get no memory or pids limit: %s", node, cgroups.reason)
+    elif left := remove_left(cgroups):
+        log.info("removed %d empty run cgroup(s) an earlier agent of node %s left behind", left, node)
     return Containment(
         sandbox=sandbox, cgroups=cgroups,
         memory_bytes=run_memory_limit(total_memory, ac.memory_reserve_bytes, ac.run_memory_bytes),

@@ -619,8 +619,8 @@ class RunStore:
     def _remove_cgroups_left(self) -> None:
         """Empty and remove the cgroups of forgotten runs (blocking: in the trash's thread); one
         still busy past CGROUP_REMOVE_S holds a process that will not die, and is tried again in
-        the next round. (An agent that stops in between leaves an empty folder behind: no sweep at
-        start, as the cgroup folders of a node's name may be shared by other clusters on the host.)"""
+        the next round. (An agent that stops in between leaves an empty folder behind, which the
+        node's next agent removes as it starts: cgroup.remove_left.)"""
         deadline = time.monotonic() + CGROUP_REMOVE_S
         while self._cgroups_left:
             cg = self._cgroups_left.pop(0)

@@ -5,12 +5,24 @@ cgroup v1 and v2 (this machine has only v1; tests/test_containers_live.py uses i
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from hfai.agent.cgroup import CgroupKind, RunCgroup, Usage, parse_flat_keyed
+from hfai.agent.cgroup import (
+    CGROUP_FS,
+    LEFT_AGE_S,
+    V1_CONTROLLERS,
+    CgroupKind,
+    CgroupSetup,
+    RunCgroup,
+    Usage,
+    parse_flat_keyed,
+    remove_left,
+)
 from hfai.agent.contain import run_memory_limit
 from hfai.agent.sandbox import (
     BindMode,
@@ -183,6 +195,51 @@ def test_kill_all_spares_the_launcher_and_returns_when_the_cgroup_is_empty(tmp_p
     cg = RunCgroup.create(CgroupKind.V1, dirs, 0, 0)
     (Path(dirs[0]) / "cgroup.procs").write_text(f"{os.getpid()}\n")
     assert cg.kill_all(spare=os.getpid()) == 0  # only the launcher itself: nothing to kill
+
+
+def test_an_earlier_agents_empty_run_cgroups_go_and_nothing_else(tmp_path):
+    """What an agent that stopped between a run's end and its clean-up left: empty run cgroups,
+    removed by the node's next agent (cgroup.remove_left). Not one a process holds (a folder with
+    a file here: its rmdir fails as a busy cgroup's does), not one made moments ago (another
+    cluster's launcher may be about to join it), not a folder that is no run's."""
+    bases = tuple(str(tmp_path / ctrl / "hfai" / "n0") for ctrl in ("memory", "pids"))
+    for base in bases:
+        os.makedirs(os.path.join(base, "j1.1"))
+        os.makedirs(os.path.join(base, "j2.3"))
+        Path(base, "j2.3", "cgroup.procs").write_text("4242\n")
+        os.makedirs(os.path.join(base, "not-a-run"))
+    setup = CgroupSetup(CgroupKind.V1, bases)
+    assert remove_left(setup) == 0  # all made just now
+    assert remove_left(setup, now=time.time() + LEFT_AGE_S + 1) == 2
+    for base in bases:
+        assert sorted(os.listdir(base)) == ["j2.3", "not-a-run"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(f"{CGROUP_FS}/memory", os.W_OK), reason="no writable cgroup v1")
+def test_remove_left_on_the_kernels_cgroups_spares_a_live_runs():
+    bases = tuple(f"{CGROUP_FS}/{ctrl}/hfai-test-left/n{os.getpid()}" for ctrl in V1_CONTROLLERS)
+    setup = CgroupSetup(CgroupKind.V1, bases)
+    busy, idle = RunCgroup(CgroupKind.V1, setup.for_run("j1.1")), RunCgroup(CgroupKind.V1, setup.for_run("j2.1"))
+    for d in (*busy.dirs, *idle.dirs):
+        os.makedirs(d)
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        busy.join(proc.pid)
+        assert remove_left(setup, now=time.time() + LEFT_AGE_S + 1) == 2  # the idle run's, in both
+        assert all(os.path.isdir(d) for d in busy.dirs) and not any(os.path.exists(d) for d in idle.dirs)
+    finally:
+        proc.kill()
+        proc.wait()
+        for _ in range(200):
+            if busy.remove():
+                break
+            time.sleep(0.01)
+        for base in bases:
+            for d in (base, os.path.dirname(base)):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
 
 
 @pytest.mark.parametrize("text,expected", [("oom_kill 3\nunder_oom 0\n", {"oom_kill": 3, "under_oom": 0}),
