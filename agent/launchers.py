@@ -50,6 +50,10 @@ class Launcher(Protocol):
         """The run ``key`` was cleaned up: drop whatever is still kept for it."""
         ...
 
+    def warm(self) -> None:
+        """Make ready now what the first start would make (the agent calls it as it starts)."""
+        ...
+
 
 class ExecLauncher:
     """Each launcher a new interpreter, a child of the agent (reaped by :meth:`reap`)."""
@@ -72,6 +76,9 @@ class ExecLauncher:
     def forget(self, key: str) -> None:
         self._children.pop(key, None)
 
+    def warm(self) -> None:
+        pass  # nothing kept between runs
+
 
 class ZygoteLauncher:
     """Launchers forked by the zygote (its children, not the agent's: nothing to reap); a run
@@ -93,6 +100,9 @@ class ZygoteLauncher:
 
     def forget(self, key: str) -> None:
         self._fallback.forget(key)
+
+    def warm(self) -> None:
+        self.zygote.warm()
 
 
 def make_launcher(kind: str = LAUNCH_FORK, reply_timeout_s: float = 5.0) -> Launcher:

@@ -121,6 +121,7 @@ class Agent:
         self._metrics_server: MetricsServer | None = None
 
     async def start(self) -> None:
+        self.store.launcher.warm()  # its imports run in its own process while this one connects
         self._nc = nc = await _nats.connect(self.config, name=f"hfai-agent-{self.node}")
         self._js = nc.jetstream()
         self._nodes_kv, self._assign_kv = await _nats.agent_buckets(self._js, self.config)

@@ -13,7 +13,7 @@ import pytest
 from waits import wait_for
 
 from hfai.agent import zygote
-from hfai.agent.launchers import ExecLauncher
+from hfai.agent.launchers import ExecLauncher, ZygoteLauncher
 from hfai.agent.plan import RunPhase
 from hfai.agent.runs import RunStore
 from hfai.protocol.types import DesiredRun, RunAssignment
@@ -61,6 +61,31 @@ def test_runs_outlive_their_zygote_and_a_dead_zygote_is_replaced(tmp_path):
     third = store.start(_ra(tmp_path, "third", "pass"))
     assert z._proc is not None and z._proc.pid != old and psutil.Process(third.pid).ppid() == z._proc.pid
     assert _exit_code(store, "third.1") == 0
+
+
+def test_the_agent_starts_its_zygote_before_the_first_run_which_the_zygote_forks(tmp_path):
+    """warm() (the agent calls it as it starts: agent/service.py) starts the zygote at once, so that
+    its interpreter and imports are not on the node's first run, nor compete with later runs;
+    twice changes nothing, and a zygote found dead is started again."""
+    z = zygote.Zygote()
+    launcher = ZygoteLauncher(source=z)
+    try:
+        launcher.warm()
+        proc = z._proc
+        assert proc is not None and proc.poll() is None
+        launcher.warm()
+        assert z._proc is proc
+        store = RunStore(tmp_path / "state", "n0", tmp_path / "envs", run_as="agent", launcher=launcher)
+        launched = store.start(_ra(tmp_path, "warm", "pass"))
+        assert psutil.Process(launched.pid).ppid() == proc.pid
+        assert _exit_code(store, "warm.1") == 0
+        proc.kill()
+        proc.wait()
+        launcher.warm()
+        assert z._proc is not None and z._proc is not proc and z._proc.poll() is None
+    finally:
+        z.close()
+    assert ExecLauncher().warm() is None  # nothing to make ready
 
 
 def test_exec_launchers_remain_available(tmp_path):
