@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+from waits import wait_for
 
 from hfai.agent import launcher
 from hfai.agent.sandbox import ContainerPaths, bwrap_args, find_bwrap, plan_mounts, probe, signal_status
@@ -43,10 +44,7 @@ def test_the_launcher_gets_pid_1_from_bwrap_and_signals_reach_the_job(bwrap, tmp
         init = launcher._container_init(child, r, w)
         assert init != child.pid and os.getsid(init) == init  # pid 1, its session made
         assert _children(child.pid) == [init]  # bwrap's monitor -> pid 1
-        deadline = time.monotonic() + WAIT_S
-        while not _children(init) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        (job,) = _children(init)
+        (job,) = wait_for(lambda: _children(init), WAIT_S, "pid 1 to start the job", poll=0.01)
         assert os.getpgid(job) == init  # the job is in pid 1's group: a signal to it reaches the job
         os.killpg(init, signal.SIGTERM)
         assert signal_status(child.wait(WAIT_S)) == -signal.SIGTERM
