@@ -159,7 +159,9 @@ class ServerChooser:
     """Pure: the server a reconnect tries next (nats-py's ``reconnect_to_server_handler``).
 
     A server left as cut off is tried last for ``avoid_s``; then the ones that failed least since
-    the last connection, at random among equals (a fleet must not move in lockstep). The first try
+    the last connection, among those a server the client was configured with before one it only
+    heard of from the cluster (a cut-off server is still gossiped about: a client given the others
+    must not move into it), and at random among equals (a fleet must not move in lockstep). The first try
     after a lost connection goes at once; each one after it waits ``wait()`` (the caller's
     jittered backoff)."""
 
@@ -181,7 +183,8 @@ class ServerChooser:
             return None, 0.0
         now = self.clock()
         self.avoided = {k: until for k, until in self.avoided.items() if until > now}
-        pick = min(servers, key=lambda s: (s.uri.netloc in self.avoided, s.reconnects, self.rng.random()))
+        pick = min(servers, key=lambda s: (s.uri.netloc in self.avoided, s.reconnects,
+                                           bool(getattr(s, "discovered", False)), self.rng.random()))
         delay = self.wait() if self.tries else 0.0
         self.tries += 1
         return pick, delay

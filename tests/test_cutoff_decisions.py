@@ -59,6 +59,24 @@ def test_a_reconnect_goes_elsewhere_than_the_server_left_as_cut_off_until_the_av
     assert pick.uri.netloc == "a:1"
 
 
+def test_a_reconnect_prefers_the_servers_it_was_given_to_those_the_cluster_told_of():
+    """A controller given servers b and c that leaves b goes to c, not to a, which it only heard
+    of from the cluster: a server cut off from its cluster is still gossiped about, and a move into
+    it took the controller's API away from every other server (tests/test_cutoff_cli.py, under
+    load). One that failed more than a gossiped one is not preferred for ever."""
+    chooser = ServerChooser(avoid_s=30.0, wait=lambda: 1.0, rng=random.Random(2))
+    pool = _servers("b:1", "c:1", "a:1")
+    pool[2].discovered = True
+    chooser.avoid("b:1")
+    for _ in range(20):
+        chooser.connected()
+        pick, _ = chooser(pool, {})
+        assert pick.uri.netloc == "c:1"
+    pool[1].reconnects = 2
+    pick, _ = chooser(pool, {})
+    assert pick.uri.netloc == "a:1"
+
+
 def test_the_only_server_is_chosen_even_when_avoided():
     chooser = ServerChooser(avoid_s=30.0, wait=lambda: 1.0)
     chooser.avoid("a:1")
