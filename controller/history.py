@@ -11,6 +11,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
 from hfai.core.config import Config
+from hfai.core.nats import is_transient
 from hfai.protocol import names
 
 
@@ -29,7 +30,9 @@ async def ensure_telemetry_stream(js: JetStreamContext, config: Config) -> None:
     except nats.js.errors.NotFoundError:
         try:
             await js.add_stream(cfg)
-        except nats.js.errors.APIError:
+        except nats.js.errors.APIError as e:
+            if is_transient(e):
+                raise  # JetStream cannot place it yet: the caller tries again (core.nats.retry_setup)
             await js.stream_info(names.TELEMETRY_STREAM)  # created by another replica meanwhile
         return
     if info.config.max_age != cfg.max_age:

@@ -113,8 +113,11 @@ class Controller:
         from hfai.controller.history import ensure_telemetry_stream
         from hfai.controller.usage_recorder import UsageRecorder, usage_bucket
 
-        await ensure_telemetry_stream(js, self.config)
-        self.usage = UsageRecorder(await usage_bucket(js, self.config), self.jobs, self.config)
+        # Started together with a NATS cluster, JetStream may not place R3 streams yet ("no suitable
+        # peers"): the controller waits for it, as for its buckets, rather than dying.
+        await _nats.retry_setup(lambda: ensure_telemetry_stream(js, self.config), self.config, "the telemetry stream")
+        bucket = await _nats.retry_setup(lambda: usage_bucket(js, self.config), self.config, "the usage bucket")
+        self.usage = UsageRecorder(bucket, self.jobs, self.config)
         await self.usage.start()
         self._caches.append(self.usage.entries)
         self._supervisor.watch(self.usage.entries.task)

@@ -497,6 +497,22 @@ async def ensure_shared_state(js: JetStreamContext, config: Config) -> Buckets:
             await asyncio.sleep(wait_s)
 
 
+async def retry_setup(step, config: Config, what: str):
+    """``await step()`` until JetStream can do it: a transient refusal (a cluster still placing its
+    peers: "no suitable peers for placement", a leader being elected) waits and tries again, as
+    ensure_shared_state does; anything else raises. Returns what the step returns."""
+    backoff = _setup_backoff(config)
+    while True:
+        try:
+            return await step()
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            wait_s = backoff.next()
+            log.warning("JetStream not ready for %s (%s); retrying in %.1fs", what, e, wait_s)
+            await asyncio.sleep(wait_s)
+
+
 async def events_subscription(js: JetStreamContext, config: Config) -> JetStreamContext.PullSubscription:
     """The leader's durable pull consumer on the events stream (explicit acks)."""
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
